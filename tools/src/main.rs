@@ -1,0 +1,2 @@
+//! The `quire` command line. (Being built.)
+fn main() {}
