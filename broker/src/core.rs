@@ -1,0 +1,1 @@
+//! Pure replication state machines (being built).
