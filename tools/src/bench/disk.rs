@@ -1,0 +1,1057 @@
+//! `quire bench disk`: the raw-disk yardstick. Sequential O_DIRECT writes of one block size
+//! into a pre-written file, `qd` at a time through io_uring, optionally each followed by an
+//! fdatasync — the same job as
+//! `fio --ioengine=io_uring --direct=1 --rw=write --bs=B --iodepth=N [--fdatasync=1]`,
+//! so Quire's own numbers (WAL, node, cluster) can be read as a fraction of what the disk
+//! gives.
+//!
+//! This module owns the benchmark; it knows nothing of the WAL's format.
+//!
+//! # What is measured
+//! - An **op** is one write of `block_size` bytes; with `--fsync every` it is the write and
+//!   the fdatasync linked behind it (`IOSQE_IO_LINK`: the fsync starts only after the write
+//!   completed, and covers it). `qd` ops are kept in flight.
+//! - **Latency** is per op, from just before its submission to its (last) completion, in
+//!   microseconds, recorded in an HDR histogram (3 significant digits).
+//! - **Throughput** counts completed writes over the wall time from the first submission to
+//!   the last completion; ops still in flight at the deadline are waited for and counted.
+//!   `mb_per_s` is in MB = 10^6 bytes (fio's `MB/s`); `mib_per_s` is in MiB = 2^20 bytes.
+//! - With `--fsync none` one fdatasync runs after the timed part, not counted.
+//!
+//! # The file
+//! `DIR/.quire-bench-disk-<pid>.tmp`, created new, preallocated (`fallocate`), written once
+//! fully with zeros and fdatasynced before the timed part: on ext4 an O_DIRECT write into
+//! an unwritten extent or past EOF costs a journal commit, which would measure the file
+//! system's metadata path rather than the disk. Writes wrap to the start at the end of the
+//! file. The file is deleted at the end, also after an error or Ctrl-C.
+//!
+//! # Alignment
+//! From `statx(STATX_DIOALIGN)` when the kernel reports it, else the device's block sizes,
+//! and never below 4096 bytes (see [`crate::dio::detect_alignment`]). `block_size` must be
+//! a multiple of it.
+//!
+//! # JSON output (`--format json`): one object, stable field names
+//! | field | unit / values |
+//! | --- | --- |
+//! | `bench` | `"disk"` |
+//! | `backend` | `"io_uring"` or `"pwrite"` (fallback when io_uring is unavailable) |
+//! | `dir`, `filesystem` | the directory and its file system's name |
+//! | `block_size`, `file_size`, `alignment` | bytes |
+//! | `alignment_source` | `"statx"`, `"block_device"` or `"default"` |
+//! | `dio_mem_align`, `dio_offset_align` | bytes from statx, or `null` |
+//! | `qd` | ops in flight |
+//! | `fsync` | `"every"` or `"none"` |
+//! | `prefill_s`, `duration_s` | seconds (prefill not included in any rate) |
+//! | `ops`, `bytes`, `fsyncs` | totals over `duration_s` |
+//! | `mb_per_s`, `mib_per_s` | 10^6 and 2^20 bytes per second |
+//! | `ops_per_s`, `fsyncs_per_s` | per second (`fsyncs_per_s` is 0 with `fsync = "none"`) |
+//! | `mean_us`, `p50_us`, `p99_us`, `p999_us`, `max_us` | op latency, microseconds |
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use hdrhistogram::Histogram;
+use io_uring::{opcode, squeue, types, IoUring, Probe};
+use serde::Serialize;
+
+use crate::dio::{self, AlignedBuf, AlignmentSource, DioAlignment};
+use crate::interrupt::{self, Interrupted};
+use crate::output::{Report, Table};
+
+/// Most ops in flight (`--qd`).
+pub const QUEUE_DEPTH_MAX: u32 = 1024;
+/// Largest `--block-size`, in bytes (an io_uring write length is a u32; this is far below).
+pub const BLOCK_BYTES_MAX: u64 = 64 << 20;
+/// Most buffer memory, `block_size * qd`, in bytes.
+pub const BUFFER_BYTES_MAX: u64 = 1 << 30;
+/// Longest `--duration`.
+pub const DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
+/// Size of each zero-filling write while preparing the file, in bytes.
+pub const PREFILL_CHUNK_BYTES: u64 = 4 << 20;
+/// Largest latency the histogram holds, in microseconds (one hour); longer ones saturate.
+pub const LATENCY_US_MAX: u64 = 3_600_000_000;
+
+/// Default `--file-size`, in bytes.
+pub const FILE_BYTES_DEFAULT: u64 = 1 << 30;
+
+/// When the benchmark issues an fdatasync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncPolicy {
+    /// Every write is followed by an fdatasync linked to it (fio `--fdatasync=1`).
+    Every,
+    /// No fdatasync while timing; one at the end, untimed.
+    None,
+}
+
+/// Which I/O path to use (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// io_uring; fall back to `pwrite` (with a warning) if the kernel refuses io_uring.
+    #[default]
+    Auto,
+    /// io_uring only; an error if it is unavailable.
+    IoUring,
+    /// `pwrite` + `fdatasync` from `qd` threads (what the fallback runs).
+    Pwrite,
+}
+
+/// The I/O path a run used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Backend {
+    /// io_uring `IORING_OP_WRITE` (+ `IORING_OP_FSYNC` with `IORING_FSYNC_DATASYNC`).
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// `pwrite(2)` (+ `fdatasync(2)`) from `qd` threads.
+    #[serde(rename = "pwrite")]
+    Pwrite,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::IoUring => "io_uring",
+            Backend::Pwrite => "pwrite",
+        }
+    }
+}
+
+/// What to run. Built from the command line, or directly by tests and other commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskBenchConfig {
+    /// Directory on the file system under test; the bench file is created here.
+    pub dir: PathBuf,
+    /// Bytes per write; a multiple of the direct-I/O alignment.
+    pub block_size: u64,
+    /// Ops kept in flight, 1..=[`QUEUE_DEPTH_MAX`].
+    pub qd: u32,
+    /// When to fdatasync.
+    pub fsync: FsyncPolicy,
+    /// How long to keep submitting.
+    pub duration: Duration,
+    /// Size of the bench file in bytes; rounded down to a multiple of `block_size`, and at
+    /// least `block_size * qd`.
+    pub file_size: u64,
+    /// Which I/O path to use.
+    pub backend: BackendChoice,
+}
+
+/// The result of one run; see the module docs for each field's unit.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskBenchReport {
+    /// Always `"disk"`.
+    pub bench: &'static str,
+    /// The I/O path used.
+    pub backend: Backend,
+    /// The directory under test.
+    pub dir: String,
+    /// Its file system.
+    pub filesystem: String,
+    /// Bytes per write.
+    pub block_size: u64,
+    /// Ops in flight.
+    pub qd: u32,
+    /// fdatasync policy.
+    pub fsync: FsyncPolicy,
+    /// Bench file size, bytes.
+    pub file_size: u64,
+    /// Alignment used for buffers, positions and lengths, bytes.
+    pub alignment: u64,
+    /// Where the alignment came from.
+    pub alignment_source: AlignmentSource,
+    /// statx `dio_mem_align`, bytes.
+    pub dio_mem_align: Option<u32>,
+    /// statx `dio_offset_align`, bytes.
+    pub dio_offset_align: Option<u32>,
+    /// Time to preallocate, zero-fill and fdatasync the file, seconds.
+    pub prefill_s: f64,
+    /// Measured wall time, first submission to last completion, seconds.
+    pub duration_s: f64,
+    /// Completed writes.
+    pub ops: u64,
+    /// Bytes written (`ops * block_size`).
+    pub bytes: u64,
+    /// Completed fdatasyncs.
+    pub fsyncs: u64,
+    /// Throughput, 10^6 bytes per second.
+    pub mb_per_s: f64,
+    /// Throughput, 2^20 bytes per second.
+    pub mib_per_s: f64,
+    /// Writes per second.
+    pub ops_per_s: f64,
+    /// fdatasyncs per second.
+    pub fsyncs_per_s: f64,
+    /// Mean op latency, microseconds.
+    pub mean_us: f64,
+    /// Median op latency, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile op latency, microseconds.
+    pub p99_us: u64,
+    /// 99.9th percentile op latency, microseconds.
+    pub p999_us: u64,
+    /// Largest op latency, microseconds.
+    pub max_us: u64,
+}
+
+impl Report for DiskBenchReport {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let fsync = match self.fsync {
+            FsyncPolicy::Every => "fdatasync after every write",
+            FsyncPolicy::None => "no fdatasync",
+        };
+        writeln!(
+            out,
+            "quire bench disk: {} O_DIRECT sequential writes, {fsync}",
+            self.backend.name()
+        )?;
+        let mut alignment = format!("{} B ({}", self.alignment, self.alignment_source);
+        if let (Some(mem), Some(offset)) = (self.dio_mem_align, self.dio_offset_align) {
+            alignment.push_str(&format!(": mem {mem} B, offset {offset} B"));
+        }
+        alignment.push(')');
+        Table::new()
+            .row("dir", format!("{} ({})", self.dir, self.filesystem))
+            .row(
+                "file",
+                format!(
+                    "{}, prefilled in {:.2} s",
+                    human_bytes(self.file_size),
+                    self.prefill_s
+                ),
+            )
+            .row(
+                "block",
+                format!("{}, qd {}", human_bytes(self.block_size), self.qd),
+            )
+            .row("alignment", alignment)
+            .row("duration", format!("{:.2} s", self.duration_s))
+            .row(
+                "throughput",
+                format!("{:.1} MB/s ({:.1} MiB/s)", self.mb_per_s, self.mib_per_s),
+            )
+            .row(
+                "writes",
+                format!("{:.0} /s ({} total)", self.ops_per_s, self.ops),
+            )
+            .row(
+                "fdatasyncs",
+                format!("{:.0} /s ({} total)", self.fsyncs_per_s, self.fsyncs),
+            )
+            .row(
+                "latency",
+                format!(
+                    "mean {:.0} us, p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+                    self.mean_us, self.p50_us, self.p99_us, self.p999_us, self.max_us
+                ),
+            )
+            .write(out)
+    }
+}
+
+/// `1048576` → `"1 MiB"`, `12288` → `"12 KiB"`, `1000` → `"1000 B"`.
+fn human_bytes(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// Runs the benchmark described by `config`: creates and prefills the bench file, measures,
+/// deletes the file, and returns the figures. Installs a SIGINT/SIGTERM handler so Ctrl-C
+/// stops it cleanly.
+///
+/// # Errors
+/// - Invalid configuration (zero or oversized values, block size not a multiple of the
+///   alignment, file too small for `qd` blocks, not enough free space).
+/// - The directory missing, or its file system refusing O_DIRECT (the message names it).
+/// - io_uring unavailable with [`BackendChoice::IoUring`].
+/// - Any failed or short write or fdatasync (the first one, with its position).
+/// - [`Interrupted`] after SIGINT/SIGTERM (the file is still removed).
+pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
+    validate(config)?;
+    let dir = &config.dir;
+    let meta =
+        std::fs::metadata(dir).with_context(|| format!("cannot use --dir {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("--dir {} is not a directory", dir.display());
+    }
+    let filesystem =
+        dio::filesystem_name(dir).with_context(|| format!("cannot statfs {}", dir.display()))?;
+    interrupt::install().context("cannot install the Ctrl-C handler")?;
+
+    let mut ring = match config.backend {
+        BackendChoice::Pwrite => None,
+        BackendChoice::IoUring => Some(open_ring(config.qd).map_err(|e| {
+            anyhow!("io_uring is unavailable: {e}; run with --backend pwrite (or auto)")
+        })?),
+        BackendChoice::Auto => match open_ring(config.qd) {
+            Ok(ring) => Some(ring),
+            Err(e) => {
+                tracing::warn!(
+                    "io_uring is unavailable ({e}); falling back to pwrite + fdatasync \
+                     from {} threads",
+                    config.qd
+                );
+                None
+            }
+        },
+    };
+    let backend = if ring.is_some() {
+        Backend::IoUring
+    } else {
+        Backend::Pwrite
+    };
+
+    let bench_file = BenchFile::create(dir, &filesystem)?;
+    let alignment = dio::detect_alignment(&bench_file.file).map_err(|e| {
+        if e.kind() == io::ErrorKind::Unsupported {
+            anyhow!(
+                "{} ({filesystem}) does not support O_DIRECT: {e}; choose a directory on a \
+                 disk-backed file system such as ext4 or xfs",
+                dir.display()
+            )
+        } else {
+            anyhow!(e).context(format!(
+                "cannot find the direct I/O alignment of {}",
+                bench_file.path.display()
+            ))
+        }
+    })?;
+    let align = alignment.required();
+    if config.block_size % align != 0 {
+        bail!(
+            "--block-size {} is not a multiple of the direct I/O alignment {align} bytes of {} \
+             ({filesystem}, from {})",
+            config.block_size,
+            dir.display(),
+            alignment.source
+        );
+    }
+    let file_size = config.file_size - config.file_size % config.block_size;
+    if file_size != config.file_size {
+        tracing::info!("file size rounded down to {file_size} bytes, a multiple of the block size");
+    }
+    let available = dio::available_bytes(dir).unwrap_or(u64::MAX);
+    if available < file_size {
+        bail!(
+            "not enough free space in {}: the bench file needs {file_size} bytes, {available} \
+             are available; pass a smaller --file-size",
+            dir.display()
+        );
+    }
+
+    tracing::info!(
+        "preparing {} ({file_size} bytes): preallocate, zero-fill, fdatasync",
+        bench_file.path.display()
+    );
+    let prefill_started = Instant::now();
+    prefill(&bench_file.file, file_size, align)
+        .with_context(|| format!("cannot prefill {}", bench_file.path.display()))?;
+    let prefill = prefill_started.elapsed();
+    tracing::info!(
+        "prefilled in {:.2} s; measuring for {:?}",
+        prefill.as_secs_f64(),
+        config.duration
+    );
+
+    let workload = Workload {
+        file: &bench_file.file,
+        block_size: config.block_size,
+        qd: config.qd,
+        fsync: config.fsync,
+        duration: config.duration,
+        file_size,
+        align,
+        filesystem: &filesystem,
+    };
+    let measurement = match ring.as_mut() {
+        Some(ring) => run_io_uring(ring, &workload)?,
+        None => run_pwrite(&workload)?,
+    };
+    if interrupt::is_interrupted() {
+        return Err(Interrupted.into());
+    }
+    if config.fsync == FsyncPolicy::None {
+        bench_file
+            .file
+            .sync_data()
+            .context("the final fdatasync failed")?;
+    }
+    drop(bench_file);
+
+    Ok(report(
+        config,
+        backend,
+        filesystem,
+        file_size,
+        &alignment,
+        prefill,
+        &measurement,
+    ))
+}
+
+fn validate(config: &DiskBenchConfig) -> anyhow::Result<()> {
+    if config.block_size == 0 || config.block_size % dio::DIO_ALIGN_MIN != 0 {
+        bail!(
+            "--block-size {} must be a positive multiple of {} bytes (direct I/O alignment)",
+            config.block_size,
+            dio::DIO_ALIGN_MIN
+        );
+    }
+    if config.block_size > BLOCK_BYTES_MAX {
+        bail!(
+            "--block-size {} is larger than the maximum {BLOCK_BYTES_MAX} bytes",
+            config.block_size
+        );
+    }
+    if config.qd == 0 || config.qd > QUEUE_DEPTH_MAX {
+        bail!("--qd {} must be between 1 and {QUEUE_DEPTH_MAX}", config.qd);
+    }
+    let buffer_bytes = config.block_size * u64::from(config.qd);
+    if buffer_bytes > BUFFER_BYTES_MAX {
+        bail!(
+            "--block-size {} times --qd {} needs {buffer_bytes} bytes of buffers, more than \
+             the maximum {BUFFER_BYTES_MAX}",
+            config.block_size,
+            config.qd
+        );
+    }
+    if config.file_size < buffer_bytes {
+        bail!(
+            "--file-size {} must hold at least --qd {} blocks of {} bytes ({buffer_bytes} bytes)",
+            config.file_size,
+            config.qd,
+            config.block_size
+        );
+    }
+    if config.duration.is_zero() || config.duration > DURATION_MAX {
+        bail!(
+            "--duration {:?} must be more than 0 and at most {:?}",
+            config.duration,
+            DURATION_MAX
+        );
+    }
+    Ok(())
+}
+
+/// Opens an io_uring with room for `qd` write+fsync pairs and checks that the kernel knows
+/// the write and fsync opcodes.
+fn open_ring(qd: u32) -> io::Result<IoUring> {
+    let entries = (2 * qd).next_power_of_two();
+    let ring = IoUring::new(entries)?;
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for (name, code) in [
+        ("IORING_OP_WRITE", opcode::Write::CODE),
+        ("IORING_OP_FSYNC", opcode::Fsync::CODE),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the kernel's io_uring lacks {name}"),
+            ));
+        }
+    }
+    Ok(ring)
+}
+
+/// The bench file; deleted when dropped (after an error or interruption too).
+struct BenchFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl BenchFile {
+    fn create(dir: &Path, filesystem: &str) -> anyhow::Result<Self> {
+        let path = dir.join(format!(".quire-bench-disk-{}.tmp", std::process::id()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            Ok(file) => Ok(Self { path, file }),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Linux creates the file before refusing O_DIRECT; it is ours (create_new).
+                let _ = std::fs::remove_file(&path);
+                bail!(
+                    "cannot open a file in {} with O_DIRECT: the file system ({filesystem}) \
+                     does not support direct I/O ({e}); choose a directory on a disk-backed \
+                     file system such as ext4 or xfs",
+                    dir.display()
+                )
+            }
+            Err(e) => {
+                Err(anyhow!(e).context(format!("cannot create bench file {}", path.display())))
+            }
+        }
+    }
+}
+
+impl Drop for BenchFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!("could not remove bench file {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Preallocates `file_size` bytes, writes them once with zeros (O_DIRECT, in
+/// [`PREFILL_CHUNK_BYTES`] pieces), and fdatasyncs, so the timed writes land in written
+/// extents.
+fn prefill(file: &File, file_size: u64, align: u64) -> anyhow::Result<()> {
+    let len = i64::try_from(file_size).context("file size does not fit off_t")?;
+    // SAFETY: fallocate only reads its integer arguments; the fd is open for the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            // Not every file system preallocates; writing the zeros still works.
+            Some(libc::EOPNOTSUPP) => tracing::debug!("fallocate unsupported: {err}"),
+            Some(libc::ENOSPC) => bail!("no space left for {file_size} bytes: {err}"),
+            _ => return Err(anyhow!(err).context("fallocate failed")),
+        }
+    }
+    let chunk_bytes = PREFILL_CHUNK_BYTES.max(align).min(file_size);
+    let buf = AlignedBuf::zeroed(to_usize(chunk_bytes)?, to_usize(align)?);
+    let mut position = 0;
+    while position < file_size {
+        if interrupt::is_interrupted() {
+            return Err(Interrupted.into());
+        }
+        let len = chunk_bytes.min(file_size - position);
+        // `len` is a multiple of `align`: file_size and chunk_bytes both are.
+        write_block(file, &buf.as_slice()[..to_usize(len)?], position)?;
+        position += len;
+    }
+    file.sync_data().context("fdatasync after prefill failed")?;
+    Ok(())
+}
+
+/// One `pwrite`, retried on EINTR; a short write is an error.
+fn write_block(file: &File, data: &[u8], position: u64) -> anyhow::Result<()> {
+    loop {
+        match file.write_at(data, position) {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(n) => bail!(
+                "short write: {n} of {} bytes at position {position}",
+                data.len()
+            ),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(anyhow!(e).context(format!(
+                    "write of {} bytes at position {position} failed",
+                    data.len()
+                )))
+            }
+        }
+    }
+}
+
+fn to_usize(value: u64) -> anyhow::Result<usize> {
+    usize::try_from(value).with_context(|| format!("{value} does not fit usize"))
+}
+
+/// Everything an engine needs to run the timed part.
+struct Workload<'a> {
+    file: &'a File,
+    block_size: u64,
+    qd: u32,
+    fsync: FsyncPolicy,
+    duration: Duration,
+    file_size: u64,
+    align: u64,
+    filesystem: &'a str,
+}
+
+impl Workload<'_> {
+    /// The error for a failed write or fdatasync completion, with a hint for EINVAL.
+    fn io_error(&self, what: &str, position: u64, errno: i32) -> anyhow::Error {
+        let err = io::Error::from_raw_os_error(errno);
+        let hint = if errno == libc::EINVAL {
+            format!(
+                "; the file system ({}) rejected the direct I/O request (alignment used: {} \
+                 bytes)",
+                self.filesystem, self.align
+            )
+        } else {
+            String::new()
+        };
+        anyhow!(
+            "{what} of the block at position {position} ({} bytes) failed: {err}{hint}",
+            self.block_size
+        )
+    }
+
+    /// A data block filled with pseudo-random bytes (xorshift64), different per `seed`, so
+    /// no layer below can compress or deduplicate it.
+    fn data_block(&self, seed: u64) -> anyhow::Result<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(to_usize(self.block_size)?, to_usize(self.align)?);
+        let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for word in buf.as_mut_slice().chunks_exact_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
+        }
+        Ok(buf)
+    }
+}
+
+/// What an engine measured.
+#[derive(Debug)]
+struct Measurement {
+    ops: u64,
+    fsyncs: u64,
+    latency_us: Histogram<u64>,
+    elapsed: Duration,
+}
+
+fn new_histogram() -> anyhow::Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).context("cannot create latency histogram")
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// io_uring `user_data`: slot index shifted left once, low bit the op kind.
+const KIND_WRITE: u64 = 0;
+const KIND_FSYNC: u64 = 1;
+
+/// One op's buffer and bookkeeping.
+struct Slot {
+    buf: AlignedBuf,
+    position: u64,
+    submitted_at: Instant,
+    /// Completions still to arrive for the op in flight (0 when the slot is free).
+    pending: u8,
+    /// A completion of the op in flight failed; its latency is not recorded.
+    failed: bool,
+}
+
+/// The slots; if dropped while the kernel may still use a buffer (ops in flight, e.g. on a
+/// ring error or a panic), the buffers are leaked instead of freed.
+struct SlotPool {
+    slots: Vec<Slot>,
+    in_flight: usize,
+}
+
+impl Drop for SlotPool {
+    fn drop(&mut self) {
+        if self.in_flight > 0 {
+            tracing::warn!(
+                "{} ops still in flight: leaking their buffers",
+                self.in_flight
+            );
+            for slot in self.slots.drain(..) {
+                std::mem::forget(slot);
+            }
+        }
+    }
+}
+
+/// The timed part through io_uring: keeps `qd` ops in flight until the deadline, then
+/// waits for every one of them.
+fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measurement> {
+    let fd = types::Fd(work.file.as_raw_fd());
+    let write_len = u32::try_from(work.block_size).context("block size does not fit u32")?;
+    let qd = work.qd as usize;
+    let mut pool = SlotPool {
+        slots: Vec::with_capacity(qd),
+        in_flight: 0,
+    };
+    let now = Instant::now();
+    for index in 0..qd {
+        pool.slots.push(Slot {
+            buf: work.data_block(index as u64 + 1)?,
+            position: 0,
+            submitted_at: now,
+            pending: 0,
+            failed: false,
+        });
+    }
+    let mut free: Vec<usize> = (0..qd).rev().collect();
+    let mut completions: Vec<(u64, i32)> = Vec::with_capacity(2 * qd);
+    let mut latency_us = new_histogram()?;
+    let (mut ops, mut fsyncs) = (0u64, 0u64);
+    let mut first_error: Option<anyhow::Error> = None;
+    let mut next_position = 0u64;
+
+    let start = Instant::now();
+    let deadline = start + work.duration;
+    let mut last_completion = start;
+    loop {
+        let stopping =
+            first_error.is_some() || interrupt::is_interrupted() || Instant::now() >= deadline;
+        if !stopping {
+            while let Some(index) = free.pop() {
+                let slot = &mut pool.slots[index];
+                slot.position = next_position;
+                next_position = (next_position + work.block_size) % work.file_size;
+                let user_data = (index as u64) << 1;
+                let write = opcode::Write::new(fd, slot.buf.as_ptr(), write_len)
+                    .offset(slot.position)
+                    .build()
+                    .user_data(user_data | KIND_WRITE);
+                slot.submitted_at = Instant::now();
+                slot.failed = false;
+                let mut sq = ring.submission();
+                let pushed = match work.fsync {
+                    FsyncPolicy::None => {
+                        slot.pending = 1;
+                        // SAFETY: the entry points at `slot.buf`, a heap allocation that
+                        // does not move and is neither reused nor freed before this op's
+                        // completion is reaped (`pending` > 0 keeps the slot off the free
+                        // list; SlotPool leaks the buffers if dropped with ops in flight).
+                        // `fd` stays open: `work.file` outlives this function.
+                        unsafe { sq.push(&write) }
+                    }
+                    FsyncPolicy::Every => {
+                        slot.pending = 2;
+                        let fsync = opcode::Fsync::new(fd)
+                            .flags(types::FsyncFlags::DATASYNC)
+                            .build()
+                            .user_data(user_data | KIND_FSYNC);
+                        // SAFETY: as for the single write above; the fsync entry holds no
+                        // pointer. Both entries are pushed together or not at all.
+                        unsafe { sq.push_multiple(&[write.flags(squeue::Flags::IO_LINK), fsync]) }
+                    }
+                };
+                drop(sq);
+                if pushed.is_err() {
+                    // Cannot happen: the queue holds 2 * qd entries and is emptied by
+                    // every submit below. Stop cleanly rather than trust the state.
+                    let slot = &mut pool.slots[index];
+                    slot.pending = 0;
+                    free.push(index);
+                    first_error = Some(anyhow!(
+                        "bug: the io_uring submission queue is full with {} ops in flight",
+                        pool.in_flight
+                    ));
+                    break;
+                }
+                pool.in_flight += 1;
+            }
+        }
+        if pool.in_flight == 0 {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            // A signal (Ctrl-C): the loop head sees the flag; in-flight ops are still reaped.
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => {
+                // `pool` leaks the in-flight buffers when dropped.
+                return Err(anyhow!(e).context("io_uring_enter failed"));
+            }
+        }
+        completions.clear();
+        completions.extend(
+            ring.completion()
+                .map(|entry| (entry.user_data(), entry.result())),
+        );
+        let now = Instant::now();
+        for &(user_data, result) in &completions {
+            let index = usize::try_from(user_data >> 1).unwrap_or(usize::MAX);
+            let kind = user_data & 1;
+            let Some(slot) = pool.slots.get_mut(index) else {
+                first_error.get_or_insert_with(|| {
+                    anyhow!("bug: io_uring completion with unknown user_data {user_data}")
+                });
+                continue;
+            };
+            if slot.pending == 0 {
+                first_error.get_or_insert_with(|| {
+                    anyhow!("bug: io_uring completion for idle slot {index}")
+                });
+                continue;
+            }
+            slot.pending -= 1;
+            let what = if kind == KIND_WRITE {
+                "write"
+            } else {
+                "fdatasync"
+            };
+            if result < 0 {
+                // A failed write cancels the fsync linked behind it: report the write only.
+                let cancelled_by_write = kind == KIND_FSYNC && result == -libc::ECANCELED;
+                if !(cancelled_by_write && slot.failed) {
+                    first_error.get_or_insert_with(|| work.io_error(what, slot.position, -result));
+                }
+                slot.failed = true;
+            } else if kind == KIND_WRITE && result != write_len as i32 {
+                first_error.get_or_insert_with(|| {
+                    anyhow!(
+                        "short write: {result} of {} bytes at position {}",
+                        work.block_size,
+                        slot.position
+                    )
+                });
+                slot.failed = true;
+            } else if kind == KIND_WRITE {
+                ops += 1;
+            } else {
+                fsyncs += 1;
+            }
+            if slot.pending == 0 {
+                if !slot.failed {
+                    latency_us.saturating_record(micros(now - slot.submitted_at));
+                }
+                pool.in_flight -= 1;
+                free.push(index);
+                last_completion = now;
+            }
+        }
+    }
+    if let Some(err) = first_error {
+        return Err(err);
+    }
+    Ok(Measurement {
+        ops,
+        fsyncs,
+        latency_us,
+        elapsed: last_completion - start,
+    })
+}
+
+/// The timed part with `pwrite` + `fdatasync`, one thread per op in flight: the fallback
+/// when io_uring is unavailable. Threads take consecutive blocks from a shared counter.
+fn run_pwrite(work: &Workload<'_>) -> anyhow::Result<Measurement> {
+    let blocks = work.file_size / work.block_size;
+    let next_block = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let deadline = start + work.duration;
+    let worker = |seed: u64| -> anyhow::Result<(Measurement, Instant)> {
+        let buf = work.data_block(seed)?;
+        let mut latency_us = new_histogram()?;
+        let (mut ops, mut fsyncs) = (0u64, 0u64);
+        let mut last_completion = start;
+        let result = (|| -> anyhow::Result<()> {
+            while !stop.load(Ordering::Relaxed)
+                && !interrupt::is_interrupted()
+                && Instant::now() < deadline
+            {
+                let block = next_block.fetch_add(1, Ordering::Relaxed) % blocks;
+                let position = block * work.block_size;
+                let started = Instant::now();
+                write_block(work.file, buf.as_slice(), position)?;
+                ops += 1;
+                if work.fsync == FsyncPolicy::Every {
+                    work.file.sync_data().map_err(|e| {
+                        work.io_error("fdatasync", position, e.raw_os_error().unwrap_or(0))
+                    })?;
+                    fsyncs += 1;
+                }
+                last_completion = Instant::now();
+                latency_us.saturating_record(micros(last_completion - started));
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        result.map(|()| {
+            (
+                Measurement {
+                    ops,
+                    fsyncs,
+                    latency_us,
+                    elapsed: Duration::ZERO,
+                },
+                last_completion,
+            )
+        })
+    };
+    let results: Vec<anyhow::Result<(Measurement, Instant)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..work.qd)
+            .map(|index| {
+                let worker = &worker;
+                scope.spawn(move || worker(u64::from(index) + 1))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow!("a pwrite worker thread panicked")))
+            })
+            .collect()
+    });
+    let mut total = Measurement {
+        ops: 0,
+        fsyncs: 0,
+        latency_us: new_histogram()?,
+        elapsed: Duration::ZERO,
+    };
+    let mut end = start;
+    for result in results {
+        let (part, last_completion) = result?;
+        total.ops += part.ops;
+        total.fsyncs += part.fsyncs;
+        total
+            .latency_us
+            .add(&part.latency_us)
+            .context("cannot merge latency histograms")?;
+        end = end.max(last_completion);
+    }
+    total.elapsed = end - start;
+    Ok(total)
+}
+
+fn report(
+    config: &DiskBenchConfig,
+    backend: Backend,
+    filesystem: String,
+    file_size: u64,
+    alignment: &DioAlignment,
+    prefill: Duration,
+    measurement: &Measurement,
+) -> DiskBenchReport {
+    let seconds = measurement.elapsed.as_secs_f64();
+    let per_second = |count: f64| if seconds > 0.0 { count / seconds } else { 0.0 };
+    let bytes = measurement.ops * config.block_size;
+    let latency = &measurement.latency_us;
+    DiskBenchReport {
+        bench: "disk",
+        backend,
+        dir: config.dir.display().to_string(),
+        filesystem,
+        block_size: config.block_size,
+        qd: config.qd,
+        fsync: config.fsync,
+        file_size,
+        alignment: alignment.required(),
+        alignment_source: alignment.source,
+        dio_mem_align: alignment.mem_align,
+        dio_offset_align: alignment.offset_align,
+        prefill_s: prefill.as_secs_f64(),
+        duration_s: seconds,
+        ops: measurement.ops,
+        bytes,
+        fsyncs: measurement.fsyncs,
+        mb_per_s: per_second(bytes as f64) / 1e6,
+        mib_per_s: per_second(bytes as f64) / (1u64 << 20) as f64,
+        ops_per_s: per_second(measurement.ops as f64),
+        fsyncs_per_s: per_second(measurement.fsyncs as f64),
+        mean_us: latency.mean(),
+        p50_us: latency.value_at_quantile(0.50),
+        p99_us: latency.value_at_quantile(0.99),
+        p999_us: latency.value_at_quantile(0.999),
+        max_us: latency.max(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path) -> DiskBenchConfig {
+        DiskBenchConfig {
+            dir: dir.to_path_buf(),
+            block_size: 4096,
+            qd: 2,
+            fsync: FsyncPolicy::Every,
+            duration: Duration::from_millis(200),
+            file_size: 1 << 20,
+            backend: BackendChoice::Auto,
+        }
+    }
+
+    #[test]
+    fn validate_rejects_bad_configurations() {
+        let dir = Path::new("/nonexistent");
+        assert!(validate(&config(dir)).is_ok());
+        let cases = [
+            DiskBenchConfig {
+                block_size: 0,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                block_size: 1000,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                block_size: BLOCK_BYTES_MAX * 2,
+                file_size: u64::MAX,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                qd: 0,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                qd: QUEUE_DEPTH_MAX + 1,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                block_size: BLOCK_BYTES_MAX,
+                qd: 32,
+                file_size: u64::MAX,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                file_size: 4096,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                duration: Duration::ZERO,
+                ..config(dir)
+            },
+            DiskBenchConfig {
+                duration: DURATION_MAX * 2,
+                ..config(dir)
+            },
+        ];
+        for case in cases {
+            assert!(validate(&case).is_err(), "accepted {case:?}");
+        }
+    }
+
+    #[test]
+    fn human_bytes_uses_the_largest_exact_unit() {
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+        assert_eq!(human_bytes(256 << 10), "256 KiB");
+        assert_eq!(human_bytes(12288), "12 KiB");
+        assert_eq!(human_bytes(1000), "1000 B");
+    }
+
+    /// Both engines on the real disk, in-process: every write and fsync completes, the
+    /// counts agree with each other, and the file is gone afterwards.
+    #[test]
+    fn both_backends_write_and_clean_up() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in [BackendChoice::Auto, BackendChoice::Pwrite] {
+            for fsync in [FsyncPolicy::Every, FsyncPolicy::None] {
+                let report = run(&DiskBenchConfig {
+                    backend,
+                    fsync,
+                    ..config(dir.path())
+                })
+                .unwrap();
+                assert!(report.ops > 0, "{report:?}");
+                assert_eq!(report.bytes, report.ops * 4096);
+                match fsync {
+                    FsyncPolicy::Every => assert_eq!(report.fsyncs, report.ops),
+                    FsyncPolicy::None => assert_eq!(report.fsyncs, 0),
+                }
+                assert!(report.p50_us <= report.p99_us && report.p99_us <= report.max_us);
+                if backend == BackendChoice::Pwrite {
+                    assert_eq!(report.backend, Backend::Pwrite);
+                }
+                let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+                assert!(left.is_empty(), "bench file left behind: {left:?}");
+            }
+        }
+    }
+}

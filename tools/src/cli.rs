@@ -1,0 +1,182 @@
+//! The `quire` command line, declared with clap's derive API: every subcommand, its
+//! arguments, their defaults and their help text. Nothing here runs anything; `crate::run`
+//! dispatches a parsed [`Cli`] to the module that does the work.
+//!
+//! # Adding a command
+//! 1. Add a variant to [`Command`] (or to a group such as [`BenchCommand`]) with a doc
+//!    comment (it becomes the help text) and an `Args` struct below.
+//! 2. Parse quantities with [`crate::units`] (`value_parser = parse_size` /
+//!    `parse_duration`) and take `#[command(flatten)] format: FormatArgs` if it prints
+//!    results.
+//! 3. Put the work in its own module with a plain config struct (no clap types) and add
+//!    the dispatch line to `crate::run`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy, FILE_BYTES_DEFAULT};
+use crate::output::OutputFormat;
+use crate::units::{parse_duration, parse_size};
+
+/// Quire: a replicated message broker. This is its command line.
+///
+/// Durations take plain seconds or a unit (5, 5s, 500ms, 2m); sizes take plain bytes or a
+/// unit (4096, 64KiB, 1MiB; KB/MB/GB are powers of 1000). Results go to stdout, logs and
+/// errors to stderr; a failed command exits non-zero.
+#[derive(Debug, Parser)]
+#[command(name = "quire", version, propagate_version = true)]
+pub struct Cli {
+    /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Only warnings and errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure the disk (and, later, the WAL, a node, a cluster) against its physical limit.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// `quire bench ...`
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Raw O_DIRECT sequential writes through io_uring, the same job as
+    /// `fio --ioengine=io_uring --direct=1 --rw=write --bs=B --iodepth=N [--fdatasync=1]`.
+    ///
+    /// Creates a file in DIR, writes it once with zeros, then rewrites it block by block
+    /// for the given duration with QD writes in flight, wrapping at the end, and deletes
+    /// it. Prints throughput (MB = 10^6 bytes), IOPS, fdatasyncs per second and op latency
+    /// percentiles in microseconds.
+    Disk(DiskBenchArgs),
+}
+
+/// The `--format` option, for every command that prints results.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct FormatArgs {
+    /// Output format: text for people; json prints one JSON object on one line; jsonl one
+    /// object per line (the same single line for commands with one result).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+/// Arguments of `quire bench disk`.
+#[derive(Debug, Clone, Args)]
+pub struct DiskBenchArgs {
+    /// Directory on the file system to measure; a temporary file is created in it.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Bytes per write; a multiple of the direct I/O alignment (at least 4096).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "256KiB")]
+    pub block_size: u64,
+
+    /// Writes in flight (io_uring queue depth).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub qd: u32,
+
+    /// every: an fdatasync linked behind each write; none: no fdatasync while timing.
+    #[arg(long, value_enum, default_value_t = FsyncPolicy::Every)]
+    pub fsync: FsyncPolicy,
+
+    /// How long to measure.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    pub duration: Duration,
+
+    /// Size of the temporary file the writes cycle through.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size,
+          default_value_t = FILE_BYTES_DEFAULT)]
+    pub file_size: u64,
+
+    /// I/O path: auto uses io_uring and falls back to pwrite if the kernel refuses it.
+    #[arg(long, value_enum, default_value_t)]
+    pub backend: BackendChoice,
+
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+impl DiskBenchArgs {
+    /// The benchmark configuration these arguments describe.
+    pub fn to_config(&self) -> DiskBenchConfig {
+        DiskBenchConfig {
+            dir: self.dir.clone(),
+            block_size: self.block_size,
+            qd: self.qd,
+            fsync: self.fsync,
+            duration: self.duration,
+            file_size: self.file_size,
+            backend: self.backend,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bench_disk_parses_units_and_defaults() {
+        let cli = Cli::try_parse_from([
+            "quire",
+            "bench",
+            "disk",
+            "--dir",
+            "/tmp",
+            "--block-size",
+            "64KiB",
+            "--qd",
+            "32",
+            "--fsync",
+            "none",
+            "--duration",
+            "500ms",
+            "--format",
+            "json",
+        ])
+        .unwrap();
+        let Command::Bench(BenchCommand::Disk(args)) = cli.command;
+        assert_eq!(args.block_size, 64 * 1024);
+        assert_eq!(args.qd, 32);
+        assert_eq!(args.fsync, FsyncPolicy::None);
+        assert_eq!(args.duration, Duration::from_millis(500));
+        assert_eq!(args.file_size, FILE_BYTES_DEFAULT);
+        assert_eq!(args.format.format, OutputFormat::Json);
+        assert_eq!(args.backend, BackendChoice::Auto);
+    }
+
+    #[test]
+    fn bad_units_are_usage_errors_naming_the_value() {
+        let err = Cli::try_parse_from([
+            "quire",
+            "bench",
+            "disk",
+            "--dir",
+            "/tmp",
+            "--block-size",
+            "12q",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let message = err.to_string();
+        assert!(message.contains("--block-size"), "{message}");
+        assert!(message.contains("unknown unit \"q\""), "{message}");
+    }
+}

@@ -1,0 +1,62 @@
+//! `quire-tools`: the library behind the `quire` command line.
+//!
+//! The binary (`src/main.rs`) only parses arguments, sets up logging and maps errors to an
+//! exit status; everything else lives here so tests can call it:
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`cli`] | the clap declarations of every command and option |
+//! | [`units`] | parsers for durations (`5s`, `500ms`) and sizes (`64KiB`, `1MB`) |
+//! | [`output`] | `--format text|json|jsonl` and the shared printing helpers |
+//! | [`bench`] | `quire bench ...` (today: [`bench::disk`]) |
+//! | [`dio`] | direct-I/O alignment discovery and aligned buffers |
+//! | [`interrupt`] | Ctrl-C/SIGTERM as a flag for synchronous commands |
+//!
+//! Conventions for every command: results on stdout in the chosen format; logs (tracing)
+//! and errors on stderr; an error is a non-zero exit (1, or 130 after Ctrl-C; clap usage
+//! errors exit 2).
+
+pub mod bench;
+pub mod cli;
+pub mod dio;
+pub mod interrupt;
+pub mod output;
+pub mod units;
+
+use std::io;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{BenchCommand, Cli, Command};
+
+/// Runs the command `cli` describes, printing its results to stdout.
+///
+/// # Errors
+/// Whatever the command reports; the binary prints it to stderr with its causes.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Bench(BenchCommand::Disk(args)) => {
+            let report = bench::disk::run(&args.to_config())?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+        }
+    }
+    Ok(())
+}
+
+/// Sends `tracing` output to stderr: `info` by default, `debug` with `-v`, `trace` with
+/// `-vv`, `warn` with `-q`; the `RUST_LOG` environment variable, when set, overrides.
+pub fn init_logging(cli: &Cli) {
+    let default = match (cli.quiet, cli.verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // A second initialization (only possible from tests) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_target(false)
+        .try_init();
+}
