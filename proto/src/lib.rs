@@ -1,10 +1,67 @@
-//! quire-proto: the vocabulary types every Quire crate shares, and (as the wire
-//! protocol lands) the one codec for every frame on the wire.
+//! quire-proto: the one definition of Quire's wire bytes, and the vocabulary types every
+//! Quire crate shares.
 //!
-//! This crate is pure: no sockets, no async runtime, no file I/O. It owns the bytes of
-//! the protocol and the newtypes of DESIGN.md's vocabulary ([`Offset`], [`Epoch`], …);
-//! it does not own what a node or a broker does with them.
+//! This crate is a pure codec: no sockets, no async runtime, no file I/O. It owns
+//!
+//! - the frame: a fixed 24-byte header (length, frame type, version, flags, request id,
+//!   body CRC32C, header CRC32C) then a body, all little-endian ([`frame`]);
+//! - every body exchanged between clients, brokers and stores ([`replication`],
+//!   [`client`], [`ErrorResponse`]) and the stable [`ErrorCode`] numbers;
+//! - the payload encodings of the broker's events in the log ([`event_body`]);
+//! - every bound, as a named constant ([`limits`]);
+//! - the newtypes of DESIGN.md's vocabulary ([`Offset`], [`Epoch`], …).
+//!
+//! It does not own what a node or a broker does with a message: the rules live in those
+//! crates, and docs/protocol.md draws the bytes and the message flow.
+//!
+//! # Using it
+//!
+//! Reading: append socket bytes to a `BytesMut` and call [`decode`] until it returns
+//! `Ok(None)`. Payloads in the decoded frames are slices of that buffer (zero copy). On
+//! an error, [`WireError::is_connection_fatal`] says whether to close the connection or to
+//! answer the request with [`ErrorResponse::from_wire_error`] and read on.
+//!
+//! Writing: [`encode`] appends a frame to a `BytesMut` (one copy of each payload). For
+//! large payloads and fan-out, [`encode_body`] builds an [`EncodedBody`] once: its chunks
+//! share the payloads, and each destination gets its own 24-byte header
+//! ([`EncodedBody::header`]) in front of the same chunks, written with one vectored write.
+//!
+//! Nothing in this crate panics on bytes from the network: every malformed input gives a
+//! [`WireError`].
 
+mod codec;
+
+pub mod client;
+pub mod error;
+pub mod error_response;
+pub mod event_body;
+pub mod frame;
+pub mod limits;
+pub mod replication;
 pub mod types;
 
+pub use client::{
+    validate_cursor, validate_topic, BrokerInfo, CommitCursorRequest, CommitCursorResponse,
+    CursorRequest, CursorResponse, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
+    ProduceRequest, ProduceResponse, StoreInfo,
+};
+pub use error::{ErrorCode, WireError};
+pub use error_response::{ErrorDetail, ErrorResponse};
+pub use event_body::{
+    encode_message_event, message_event_bytes, CursorCommitEvent, EpochStartEvent, EventBody,
+    MessageEvent, TopicAction, TopicAdminEvent, TrimEvent, EVENT_BODY_VERSION,
+};
+pub use frame::{
+    decode, decode_frame_body, decode_slice, encode, encode_body, Body, EncodedBody, Flags, Frame,
+    FrameHeader, FrameType, RequestId, HEADER_BYTES, PROTOCOL_VERSION,
+};
+pub use limits::*;
+pub use replication::{
+    AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
+    HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, RejectReason, TailRequest, TailResponse,
+    EVENT_OVERHEAD_BYTES,
+};
 pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
+
+#[cfg(test)]
+mod tests;

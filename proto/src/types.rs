@@ -19,7 +19,11 @@ impl Offset {
     /// On overflow of `u64` (a log of 2^64 events cannot exist).
     #[must_use]
     pub fn next(self) -> Offset {
-        Offset(self.0.checked_add(1).expect("invariant: offsets never reach u64::MAX"))
+        Offset(
+            self.0
+                .checked_add(1)
+                .expect("invariant: offsets never reach u64::MAX"),
+        )
     }
 }
 
@@ -44,7 +48,10 @@ impl Epoch {
     /// If `counter` does not fit in 48 bits.
     #[must_use]
     pub fn compose(counter: u64, broker: BrokerId) -> Epoch {
-        assert!(counter < (1 << 48), "epoch counter {counter} exceeds 48 bits");
+        assert!(
+            counter < (1 << 48),
+            "epoch counter {counter} exceeds 48 bits"
+        );
         Epoch(counter << 16 | u64::from(broker.0))
     }
 

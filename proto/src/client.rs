@@ -1,0 +1,532 @@
+//! The client ↔ broker bodies (a first cut: the broker may add to them): produce, fetch,
+//! cursor commit and lookup, cluster metadata.
+//!
+//! | request | responses |
+//! | --- | --- |
+//! | [`ProduceRequest`] | [`ProduceResponse`] (after the messages are stabilized) |
+//! | [`FetchRequest`] | [`FetchResponse`] (stabilized messages only) |
+//! | [`CommitCursorRequest`] | [`CommitCursorResponse`] (after the commit is stabilized) |
+//! | [`CursorRequest`] | [`CursorResponse`] |
+//! | [`MetadataRequest`] | [`MetadataResponse`] (any broker answers) |
+//!
+//! Every one may also be answered by an `ErrorResponse`; a broker that is not the master
+//! answers produce, fetch and cursor requests with code `NotMaster` and a hint.
+//! Topic and cursor names are non-empty UTF-8 of at most [`TOPIC_BYTES_MAX`] /
+//! [`CURSOR_BYTES_MAX`] bytes.
+
+use bytes::Bytes;
+
+use crate::codec::{BodyWriter, Reader};
+use crate::error::WireError;
+use crate::limits::{
+    ADDR_BYTES_MAX, CURSOR_BYTES_MAX, MEMBERS_MAX, MESSAGES_PER_FRAME_MAX, TOPIC_BYTES_MAX,
+};
+use crate::types::{BrokerId, Epoch, Incarnation, Offset, StoreId};
+
+/// Checks a topic name: non-empty, at most [`TOPIC_BYTES_MAX`] bytes (a `&str` is UTF-8
+/// already).
+///
+/// # Errors
+/// [`WireError::EmptyName`] or [`WireError::StringTooLong`].
+pub fn validate_topic(topic: &str) -> Result<(), WireError> {
+    validate_name("topic", topic, TOPIC_BYTES_MAX)
+}
+
+/// Checks a cursor name: non-empty, at most [`CURSOR_BYTES_MAX`] bytes.
+///
+/// # Errors
+/// [`WireError::EmptyName`] or [`WireError::StringTooLong`].
+pub fn validate_cursor(cursor: &str) -> Result<(), WireError> {
+    validate_name("cursor", cursor, CURSOR_BYTES_MAX)
+}
+
+fn validate_name(field: &'static str, name: &str, max: usize) -> Result<(), WireError> {
+    if name.is_empty() {
+        return Err(WireError::EmptyName { field });
+    }
+    if name.len() > max {
+        return Err(WireError::StringTooLong {
+            field,
+            length: name.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// One broker: its id and the address clients and brokers reach it at.
+///
+/// ```text
+/// 2      id                    u16 (BrokerId)
+/// 2+n    addr                  string ≤ ADDR_BYTES_MAX ("host:port")
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerInfo {
+    /// The broker's id.
+    pub id: BrokerId,
+    /// Its address, `host:port`.
+    pub addr: String,
+}
+
+/// One store as the master sees it.
+///
+/// ```text
+/// 8      store_id              u64
+/// 8      incarnation           u64
+/// 2+n    addr                  string ≤ ADDR_BYTES_MAX
+/// 1      voter                 bool
+/// 1|9    persisted             Option<Offset>: highest through_offset it acked
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreInfo {
+    /// The store's identity.
+    pub store_id: StoreId,
+    /// Its incarnation.
+    pub incarnation: Incarnation,
+    /// Its address, `host:port`.
+    pub addr: String,
+    /// `false` for a store on a new incarnation (a learner, shown by `quire cluster status`).
+    pub voter: bool,
+    /// Highest `through_offset` it has acked to this master.
+    pub persisted: Option<Offset>,
+}
+
+/// Producer → master: append `messages` to `topic`.
+///
+/// The master gives the batch consecutive log offsets. With `producer_id != 0` the produce
+/// is idempotent: message `i` has sequence `sequence + i`, and the master drops a batch
+/// it already holds (answering with the original offsets). `producer_id == 0` means no
+/// deduplication.
+///
+/// ```text
+/// off   size   field
+/// 0     2+n    topic                 string ≤ TOPIC_BYTES_MAX
+/// ..    8      producer_id           u64 (0: not idempotent)
+/// ..    8      sequence              u64: sequence of messages[0]
+/// ..    4      message count         u32, ≤ MESSAGES_PER_FRAME_MAX
+/// per message: 4 length u32, n bytes
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProduceRequest {
+    /// Topic name.
+    pub topic: String,
+    /// Producer id for deduplication; 0 for none.
+    pub producer_id: u64,
+    /// Sequence number of the first message.
+    pub sequence: u64,
+    /// The messages, each at most `MESSAGE_BYTES_MAX` bytes.
+    pub messages: Vec<Bytes>,
+}
+
+/// Master → producer: the messages are stabilized at log offsets
+/// `base_offset .. base_offset + count`.
+///
+/// ```text
+/// off   size   field
+/// 0     8      base_offset           u64
+/// 8     4      count                 u32
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProduceResponse {
+    /// Log offset of the first message.
+    pub base_offset: Offset,
+    /// Number of messages.
+    pub count: u32,
+}
+
+/// Consumer → master: stabilized messages of `topic` at log offsets `>= from_offset`.
+///
+/// If there are none yet, the master may hold the request up to `wait_ms` milliseconds.
+///
+/// ```text
+/// off   size   field
+/// 0     2+n    topic                 string ≤ TOPIC_BYTES_MAX
+/// ..    8      from_offset           u64: log offset
+/// ..    4      max_messages          u32
+/// ..    4      max_bytes             u32: message bytes
+/// ..    4      wait_ms               u32
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// Topic name.
+    pub topic: String,
+    /// First log offset wanted.
+    pub from_offset: Offset,
+    /// Most messages to return.
+    pub max_messages: u32,
+    /// Most message bytes to return (at least one message is returned regardless).
+    pub max_bytes: u32,
+    /// Longest time to wait for a message, in milliseconds.
+    pub wait_ms: u32,
+}
+
+/// Master → consumer: messages with their log offsets, in offset order.
+///
+/// ```text
+/// off   size   field
+/// 0     1|9    hwm                   Option<Offset>: the master's HWM
+/// ..    8      next_offset           u64: where the next fetch starts
+/// ..    4      message count         u32, ≤ MESSAGES_PER_FRAME_MAX
+/// per message: 8 offset u64, 4 length u32, n bytes
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchResponse {
+    /// The master's high-water mark.
+    pub hwm: Option<Offset>,
+    /// Log offset the next fetch of this topic should start at (past the last message
+    /// returned, or past the log range scanned when no message of the topic was in it).
+    pub next_offset: Offset,
+    /// `(log offset, message)` pairs, offsets increasing.
+    pub messages: Vec<(Offset, Bytes)>,
+}
+
+/// Consumer → master: durably set `cursor` of `topic` to `offset` (the next log offset
+/// the consumer wants).
+///
+/// ```text
+/// off   size   field
+/// 0     2+n    topic                 string ≤ TOPIC_BYTES_MAX
+/// ..    2+n    cursor                string ≤ CURSOR_BYTES_MAX
+/// ..    8      offset                u64
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitCursorRequest {
+    /// Topic name.
+    pub topic: String,
+    /// Cursor name.
+    pub cursor: String,
+    /// Offset to store.
+    pub offset: Offset,
+}
+
+/// Master → consumer: the cursor commit is stabilized. Empty body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitCursorResponse;
+
+/// Consumer → master: the committed offset of `cursor` on `topic`.
+///
+/// ```text
+/// off   size   field
+/// 0     2+n    topic                 string ≤ TOPIC_BYTES_MAX
+/// ..    2+n    cursor                string ≤ CURSOR_BYTES_MAX
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CursorRequest {
+    /// Topic name.
+    pub topic: String,
+    /// Cursor name.
+    pub cursor: String,
+}
+
+/// Master → consumer: the cursor's committed offset (`None`: never committed).
+///
+/// ```text
+/// off   size   field
+/// 0     1|9    offset                Option<Offset>
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CursorResponse {
+    /// Committed offset.
+    pub offset: Option<Offset>,
+}
+
+/// Anyone → any broker: who is master, and what the cluster looks like. Empty body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataRequest;
+
+/// Broker → anyone: the broker's view of the cluster.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: highest epoch this broker knows
+/// 8     1|9    hwm                   Option<Offset>
+/// ..    1|…    master                Option<BrokerInfo>: tag u8, then BrokerInfo
+/// ..    4      broker count          u32, ≤ MEMBERS_MAX, then BrokerInfo each
+/// ..    4      store count           u32, ≤ MEMBERS_MAX, then StoreInfo each
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetadataResponse {
+    /// Highest epoch this broker knows.
+    pub epoch: Epoch,
+    /// The HWM this broker knows.
+    pub hwm: Option<Offset>,
+    /// The master, if known.
+    pub master: Option<BrokerInfo>,
+    /// Every broker.
+    pub brokers: Vec<BrokerInfo>,
+    /// Every store.
+    pub stores: Vec<StoreInfo>,
+}
+
+// ---- encoding ----
+
+/// Smallest `BrokerInfo` on the wire: id + empty address.
+const BROKER_INFO_BYTES_MIN: usize = 2 + 2;
+/// Smallest `StoreInfo` on the wire.
+const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1;
+
+impl BrokerInfo {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u16(self.id.0);
+        w.string("broker addr", &self.addr, ADDR_BYTES_MAX)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(BrokerInfo {
+            id: BrokerId(r.u16("broker id")?),
+            addr: r.string("broker addr", ADDR_BYTES_MAX)?,
+        })
+    }
+
+    pub(crate) fn write_opt<W: BodyWriter>(
+        v: Option<&BrokerInfo>,
+        w: &mut W,
+    ) -> Result<(), WireError> {
+        match v {
+            None => {
+                w.u8(0);
+                Ok(())
+            }
+            Some(b) => {
+                w.u8(1);
+                b.write(w)
+            }
+        }
+    }
+
+    pub(crate) fn read_opt(r: &mut Reader<'_>) -> Result<Option<Self>, WireError> {
+        if r.bool("master")? {
+            Ok(Some(BrokerInfo::read(r)?))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl StoreInfo {
+    fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.store_id.0);
+        w.u64(self.incarnation.0);
+        w.string("store addr", &self.addr, ADDR_BYTES_MAX)?;
+        w.bool(self.voter);
+        w.opt_offset(self.persisted);
+        Ok(())
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(StoreInfo {
+            store_id: StoreId(r.u64("store id")?),
+            incarnation: Incarnation(r.u64("store incarnation")?),
+            addr: r.string("store addr", ADDR_BYTES_MAX)?,
+            voter: r.bool("store voter")?,
+            persisted: r.opt_offset("store persisted")?,
+        })
+    }
+}
+
+impl ProduceRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.name("topic", &self.topic, TOPIC_BYTES_MAX)?;
+        w.u64(self.producer_id);
+        w.u64(self.sequence);
+        w.count(
+            "produce messages",
+            self.messages.len(),
+            MESSAGES_PER_FRAME_MAX,
+        )?;
+        for m in &self.messages {
+            w.payload("produce messages", m)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let topic = r.name("topic", TOPIC_BYTES_MAX)?;
+        let producer_id = r.u64("produce producer_id")?;
+        let sequence = r.u64("produce sequence")?;
+        let count = r.count("produce messages", MESSAGES_PER_FRAME_MAX, 4)?;
+        let mut messages = Vec::with_capacity(count);
+        for _ in 0..count {
+            messages.push(r.payload("produce messages")?);
+        }
+        Ok(ProduceRequest {
+            topic,
+            producer_id,
+            sequence,
+            messages,
+        })
+    }
+}
+
+impl ProduceResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.base_offset.0);
+        w.u32(self.count);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(ProduceResponse {
+            base_offset: r.offset("produce base_offset")?,
+            count: r.u32("produce count")?,
+        })
+    }
+}
+
+impl FetchRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.name("topic", &self.topic, TOPIC_BYTES_MAX)?;
+        w.u64(self.from_offset.0);
+        w.u32(self.max_messages);
+        w.u32(self.max_bytes);
+        w.u32(self.wait_ms);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(FetchRequest {
+            topic: r.name("topic", TOPIC_BYTES_MAX)?,
+            from_offset: r.offset("fetch from_offset")?,
+            max_messages: r.u32("fetch max_messages")?,
+            max_bytes: r.u32("fetch max_bytes")?,
+            wait_ms: r.u32("fetch wait_ms")?,
+        })
+    }
+}
+
+impl FetchResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.opt_offset(self.hwm);
+        w.u64(self.next_offset.0);
+        w.count(
+            "fetch messages",
+            self.messages.len(),
+            MESSAGES_PER_FRAME_MAX,
+        )?;
+        for (offset, m) in &self.messages {
+            w.u64(offset.0);
+            w.payload("fetch messages", m)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let hwm = r.opt_offset("fetch hwm")?;
+        let next_offset = r.offset("fetch next_offset")?;
+        let count = r.count("fetch messages", MESSAGES_PER_FRAME_MAX, 8 + 4)?;
+        let mut messages = Vec::with_capacity(count);
+        for _ in 0..count {
+            let offset = r.offset("fetch messages")?;
+            messages.push((offset, r.payload("fetch messages")?));
+        }
+        Ok(FetchResponse {
+            hwm,
+            next_offset,
+            messages,
+        })
+    }
+}
+
+impl CommitCursorRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.name("topic", &self.topic, TOPIC_BYTES_MAX)?;
+        w.name("cursor", &self.cursor, CURSOR_BYTES_MAX)?;
+        w.u64(self.offset.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(CommitCursorRequest {
+            topic: r.name("topic", TOPIC_BYTES_MAX)?,
+            cursor: r.name("cursor", CURSOR_BYTES_MAX)?,
+            offset: r.offset("commit offset")?,
+        })
+    }
+}
+
+impl CommitCursorResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, _w: &mut W) -> Result<(), WireError> {
+        Ok(())
+    }
+
+    pub(crate) fn read(_r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(CommitCursorResponse)
+    }
+}
+
+impl CursorRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.name("topic", &self.topic, TOPIC_BYTES_MAX)?;
+        w.name("cursor", &self.cursor, CURSOR_BYTES_MAX)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(CursorRequest {
+            topic: r.name("topic", TOPIC_BYTES_MAX)?,
+            cursor: r.name("cursor", CURSOR_BYTES_MAX)?,
+        })
+    }
+}
+
+impl CursorResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.opt_offset(self.offset);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(CursorResponse {
+            offset: r.opt_offset("cursor offset")?,
+        })
+    }
+}
+
+impl MetadataRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, _w: &mut W) -> Result<(), WireError> {
+        Ok(())
+    }
+
+    pub(crate) fn read(_r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(MetadataRequest)
+    }
+}
+
+impl MetadataResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.opt_offset(self.hwm);
+        BrokerInfo::write_opt(self.master.as_ref(), w)?;
+        w.count("metadata brokers", self.brokers.len(), MEMBERS_MAX)?;
+        for b in &self.brokers {
+            b.write(w)?;
+        }
+        w.count("metadata stores", self.stores.len(), MEMBERS_MAX)?;
+        for s in &self.stores {
+            s.write(w)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let epoch = r.epoch("metadata epoch")?;
+        let hwm = r.opt_offset("metadata hwm")?;
+        let master = BrokerInfo::read_opt(r)?;
+        let count = r.count("metadata brokers", MEMBERS_MAX, BROKER_INFO_BYTES_MIN)?;
+        let mut brokers = Vec::with_capacity(count);
+        for _ in 0..count {
+            brokers.push(BrokerInfo::read(r)?);
+        }
+        let count = r.count("metadata stores", MEMBERS_MAX, STORE_INFO_BYTES_MIN)?;
+        let mut stores = Vec::with_capacity(count);
+        for _ in 0..count {
+            stores.push(StoreInfo::read(r)?);
+        }
+        Ok(MetadataResponse {
+            epoch,
+            hwm,
+            master,
+            brokers,
+            stores,
+        })
+    }
+}

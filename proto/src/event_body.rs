@@ -1,0 +1,284 @@
+//! The payloads of the broker's events: what a message, a cursor commit, a topic change,
+//! an epoch start or a trim point look like inside an [`crate::Event`]'s `payload`.
+//!
+//! Stores never read these; brokers write them into the log and rebuild their state from
+//! them, so they are a durable format: every body starts with a version byte
+//! ([`EVENT_BODY_VERSION`]) and numbers never change meaning. Integers are little-endian;
+//! strings are `u16 length + UTF-8`.
+//!
+//! ```text
+//! Message (kind 1)           CursorCommit (kind 2)      TopicAdmin (kind 3)
+//! 1    version  u8           1    version  u8           1    version  u8
+//! 2+n  topic    string       2+n  topic    string       1    action   u8 (1 create, 2 delete)
+//! 8    producer_id u64       2+n  cursor   string       2+n  topic    string
+//! 8    sequence u64          8    offset   u64
+//! 4    length   u32
+//! n    message bytes
+//!
+//! EpochStart (kind 4)        Trim (kind 5)
+//! 1    version  u8           1    version  u8
+//! 8    epoch    u64          8    before   u64: offsets below may be discarded
+//! 2    broker   u16
+//! ```
+
+use bytes::{Bytes, BytesMut};
+
+use crate::codec::{BodyWriter, CountingWriter, Reader};
+use crate::error::WireError;
+use crate::limits::{CURSOR_BYTES_MAX, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX};
+use crate::types::{BrokerId, Epoch, EventKind, Offset};
+
+/// The event body format version this build writes and reads.
+pub const EVENT_BODY_VERSION: u8 = 1;
+
+/// A producer's message, as stored in the log (kind [`EventKind::Message`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageEvent {
+    /// Topic name.
+    pub topic: String,
+    /// Producer id for deduplication (0: none).
+    pub producer_id: u64,
+    /// The message's sequence number for that producer.
+    pub sequence: u64,
+    /// The message bytes (on decode, a slice of the event payload: no copy).
+    pub message: Bytes,
+}
+
+/// A durable consumer cursor (kind [`EventKind::CursorCommit`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CursorCommitEvent {
+    /// Topic name.
+    pub topic: String,
+    /// Cursor name.
+    pub cursor: String,
+    /// The next log offset the consumer wants.
+    pub offset: Offset,
+}
+
+/// What a topic admin event does. One byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum TopicAction {
+    /// Create the topic.
+    Create = 1,
+    /// Delete the topic.
+    Delete = 2,
+}
+
+/// Topic creation or deletion (kind [`EventKind::TopicAdmin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicAdminEvent {
+    /// What to do.
+    pub action: TopicAction,
+    /// Topic name.
+    pub topic: String,
+}
+
+/// The first event of a master's epoch (kind [`EventKind::EpochStart`]): once it is
+/// stabilized, everything before it is (DESIGN.md "Failover" step 4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpochStartEvent {
+    /// The new master's epoch.
+    pub epoch: Epoch,
+    /// The new master.
+    pub broker: BrokerId,
+}
+
+/// A retention trim point (kind [`EventKind::Trim`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrimEvent {
+    /// Events below this offset may be discarded.
+    pub before: Offset,
+}
+
+/// Any event body, by kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventBody {
+    /// [`MessageEvent`].
+    Message(MessageEvent),
+    /// [`CursorCommitEvent`].
+    CursorCommit(CursorCommitEvent),
+    /// [`TopicAdminEvent`].
+    TopicAdmin(TopicAdminEvent),
+    /// [`EpochStartEvent`].
+    EpochStart(EpochStartEvent),
+    /// [`TrimEvent`].
+    Trim(TrimEvent),
+}
+
+impl EventBody {
+    /// The event kind this body is stored under.
+    #[must_use]
+    pub fn kind(&self) -> EventKind {
+        match self {
+            EventBody::Message(_) => EventKind::Message,
+            EventBody::CursorCommit(_) => EventKind::CursorCommit,
+            EventBody::TopicAdmin(_) => EventKind::TopicAdmin,
+            EventBody::EpochStart(_) => EventKind::EpochStart,
+            EventBody::Trim(_) => EventKind::Trim,
+        }
+    }
+
+    /// Bytes the encoded body takes.
+    ///
+    /// # Errors
+    /// As [`EventBody::encode`].
+    pub fn encoded_bytes(&self) -> Result<usize, WireError> {
+        let mut counter = CountingWriter::default();
+        self.write(&mut counter)?;
+        Ok(counter.bytes)
+    }
+
+    /// Appends the encoded body to `out`. On error `out` is left as it was.
+    ///
+    /// # Errors
+    /// [`WireError::EmptyName`] or [`WireError::StringTooLong`] for a bad topic or cursor
+    /// name; [`WireError::PayloadTooLarge`] for a message over `MESSAGE_BYTES_MAX`.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), WireError> {
+        let bytes = self.encoded_bytes()?;
+        out.reserve(bytes);
+        let start = out.len();
+        if let Err(e) = self.write(out) {
+            out.truncate(start);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The encoded body as a new `Bytes`, ready to be an event's payload.
+    ///
+    /// # Errors
+    /// As [`EventBody::encode`].
+    pub fn to_payload(&self) -> Result<Bytes, WireError> {
+        let mut out = BytesMut::new();
+        self.encode(&mut out)?;
+        Ok(out.freeze())
+    }
+
+    /// Decodes an event's payload by its kind. A message's bytes are a slice of `payload`.
+    ///
+    /// # Errors
+    /// [`WireError::UnsupportedEventBodyVersion`], or a body error (`Truncated`,
+    /// `StringTooLong`, `EmptyName`, `InvalidUtf8`, `InvalidTag`, `TrailingBytes`, …).
+    pub fn decode(kind: EventKind, payload: &Bytes) -> Result<EventBody, WireError> {
+        let mut r = Reader::new(payload);
+        let version = r.u8("event body version")?;
+        if version != EVENT_BODY_VERSION {
+            return Err(WireError::UnsupportedEventBodyVersion {
+                version,
+                supported: EVENT_BODY_VERSION,
+            });
+        }
+        let body = match kind {
+            EventKind::Message => EventBody::Message(MessageEvent {
+                topic: r.name("topic", TOPIC_BYTES_MAX)?,
+                producer_id: r.u64("message producer_id")?,
+                sequence: r.u64("message sequence")?,
+                message: r.payload("message")?,
+            }),
+            EventKind::CursorCommit => EventBody::CursorCommit(CursorCommitEvent {
+                topic: r.name("topic", TOPIC_BYTES_MAX)?,
+                cursor: r.name("cursor", CURSOR_BYTES_MAX)?,
+                offset: r.offset("cursor commit offset")?,
+            }),
+            EventKind::TopicAdmin => {
+                let field = "topic action";
+                let action = match r.u8(field)? {
+                    1 => TopicAction::Create,
+                    2 => TopicAction::Delete,
+                    byte => return Err(WireError::InvalidTag { field, byte }),
+                };
+                EventBody::TopicAdmin(TopicAdminEvent {
+                    action,
+                    topic: r.name("topic", TOPIC_BYTES_MAX)?,
+                })
+            }
+            EventKind::EpochStart => EventBody::EpochStart(EpochStartEvent {
+                epoch: r.epoch("epoch start epoch")?,
+                broker: BrokerId(r.u16("epoch start broker")?),
+            }),
+            EventKind::Trim => EventBody::Trim(TrimEvent {
+                before: r.offset("trim before")?,
+            }),
+        };
+        r.finish()?;
+        Ok(body)
+    }
+
+    fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u8(EVENT_BODY_VERSION);
+        match self {
+            EventBody::Message(m) => {
+                w.name("topic", &m.topic, TOPIC_BYTES_MAX)?;
+                w.u64(m.producer_id);
+                w.u64(m.sequence);
+                message(w, &m.message)?;
+            }
+            EventBody::CursorCommit(c) => {
+                w.name("topic", &c.topic, TOPIC_BYTES_MAX)?;
+                w.name("cursor", &c.cursor, CURSOR_BYTES_MAX)?;
+                w.u64(c.offset.0);
+            }
+            EventBody::TopicAdmin(t) => {
+                w.u8(t.action as u8);
+                w.name("topic", &t.topic, TOPIC_BYTES_MAX)?;
+            }
+            EventBody::EpochStart(e) => {
+                w.u64(e.epoch.0);
+                w.u16(e.broker.0);
+            }
+            EventBody::Trim(t) => w.u64(t.before.0),
+        }
+        Ok(())
+    }
+}
+
+fn message<W: BodyWriter>(w: &mut W, message: &[u8]) -> Result<(), WireError> {
+    if message.len() > MESSAGE_BYTES_MAX {
+        return Err(WireError::PayloadTooLarge {
+            field: "message",
+            length: message.len(),
+            max: MESSAGE_BYTES_MAX,
+        });
+    }
+    // MESSAGE_BYTES_MAX < FRAME_BYTES_MAX ≤ u32::MAX (asserted in limits.rs).
+    w.u32(message.len() as u32);
+    w.put(message);
+    Ok(())
+}
+
+/// The producer hot path: appends a message event body for `message` to `out` without
+/// building a [`MessageEvent`] (one copy of the message bytes). On error `out` is left as
+/// it was.
+///
+/// # Errors
+/// As [`EventBody::encode`].
+pub fn encode_message_event(
+    topic: &str,
+    producer_id: u64,
+    sequence: u64,
+    message_bytes: &[u8],
+    out: &mut BytesMut,
+) -> Result<(), WireError> {
+    crate::client::validate_topic(topic)?;
+    if message_bytes.len() > MESSAGE_BYTES_MAX {
+        return Err(WireError::PayloadTooLarge {
+            field: "message",
+            length: message_bytes.len(),
+            max: MESSAGE_BYTES_MAX,
+        });
+    }
+    out.reserve(1 + 2 + topic.len() + 8 + 8 + 4 + message_bytes.len());
+    out.u8(EVENT_BODY_VERSION);
+    out.name("topic", topic, TOPIC_BYTES_MAX)?;
+    out.u64(producer_id);
+    out.u64(sequence);
+    message(out, message_bytes)
+}
+
+/// Bytes a message event body takes for a topic of `topic_bytes` and a message of
+/// `message_bytes` (for batching budgets).
+#[must_use]
+pub fn message_event_bytes(topic_bytes: usize, message_bytes: usize) -> usize {
+    1 + 2 + topic_bytes + 8 + 8 + 4 + message_bytes
+}

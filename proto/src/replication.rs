@@ -1,0 +1,638 @@
+//! The replication protocol's bodies: master broker ↔ event store (append, persisted ack,
+//! fence, read, tail) and master ↔ slave broker (append, heartbeat). DESIGN.md
+//! "Replication protocol" gives the rules; this module gives the bytes.
+//!
+//! Message flow (request → possible responses; `ErrorResponse` is always possible):
+//!
+//! | request | responses |
+//! | --- | --- |
+//! | [`AppendRequest`] | [`PersistedAck`] (after the fsync), [`AppendRejected`] |
+//! | [`FenceRequest`] | [`FenceGranted`], [`FenceRefused`], `ErrorResponse` `NotVoter` |
+//! | [`ReadRequest`] | [`ReadResponse`] |
+//! | [`TailRequest`] | [`TailResponse`] |
+//! | [`Heartbeat`] | [`HeartbeatAck`] |
+//!
+//! Events travel without their offsets: an append's events sit at consecutive offsets
+//! starting right after `prev` (at 0 when `prev` is `None`), a read response's at
+//! consecutive offsets from its first event's. The encoder refuses events that are not
+//! contiguous ([`WireError::EventsNotContiguous`]); the decoder rebuilds the offsets.
+
+use bytes::Bytes;
+
+use crate::codec::{BodyWriter, Reader};
+use crate::error::WireError;
+use crate::limits::EVENTS_PER_FRAME_MAX;
+use crate::types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
+
+/// Bytes one event takes on the wire before its payload: epoch u64, kind u8, length u32.
+pub const EVENT_OVERHEAD_BYTES: usize = 8 + 1 + 4;
+
+/// One log entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Epoch of the master that first appended this event.
+    pub epoch: Epoch,
+    /// The event's offset in the log.
+    pub offset: Offset,
+    /// What the event means to the broker (stores never interpret it).
+    pub kind: EventKind,
+    /// The event's body (see `event_body` for the broker's encodings). On decode, a slice
+    /// of the frame's buffer: holding it keeps that buffer alive.
+    pub payload: Bytes,
+}
+
+impl Event {
+    /// Bytes this event takes inside an `AppendRequest` or `ReadResponse`.
+    #[must_use]
+    pub fn encoded_bytes(&self) -> usize {
+        EVENT_OVERHEAD_BYTES + self.payload.len()
+    }
+}
+
+/// Writes `count u32` then each event (`epoch u64, kind u8, payload length u32, payload`),
+/// checking that event `i` sits at `first + i`.
+fn write_events<W: BodyWriter>(
+    w: &mut W,
+    field: &'static str,
+    first: Option<u64>,
+    events: &[Event],
+) -> Result<(), WireError> {
+    w.count(field, events.len(), EVENTS_PER_FRAME_MAX)?;
+    if events.is_empty() {
+        return Ok(());
+    }
+    let first = first.ok_or(WireError::OffsetOverflow { field })?;
+    first
+        .checked_add(events.len() as u64)
+        .ok_or(WireError::OffsetOverflow { field })?;
+    for (index, event) in events.iter().enumerate() {
+        let expected = Offset(first + index as u64);
+        if event.offset != expected {
+            return Err(WireError::EventsNotContiguous {
+                index,
+                expected,
+                actual: event.offset,
+            });
+        }
+        w.u64(event.epoch.0);
+        w.u8(event.kind.as_u8());
+        w.payload(field, &event.payload)?;
+    }
+    Ok(())
+}
+
+fn read_events(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    first: Option<u64>,
+) -> Result<Vec<Event>, WireError> {
+    let count = r.count(field, EVENTS_PER_FRAME_MAX, EVENT_OVERHEAD_BYTES)?;
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let first = first.ok_or(WireError::OffsetOverflow { field })?;
+    first
+        .checked_add(count as u64)
+        .ok_or(WireError::OffsetOverflow { field })?;
+    let mut events = Vec::with_capacity(count);
+    for index in 0..count {
+        let epoch = r.epoch(field)?;
+        let byte = r.u8(field)?;
+        let kind = EventKind::from_u8(byte).ok_or(WireError::UnknownEventKind { byte })?;
+        let payload = r.payload(field)?;
+        events.push(Event {
+            epoch,
+            offset: Offset(first + index as u64),
+            kind,
+            payload,
+        });
+    }
+    Ok(events)
+}
+
+/// Master → store and master → slave broker: "append these events after `prev`".
+///
+/// A store accepts only if `epoch >= promised` and its entry at `prev` matches (log
+/// matching); it keeps equal entries, truncates from the first offset whose epoch differs,
+/// appends the rest, raises `promised` to `epoch`, and after the fsync answers
+/// [`PersistedAck`] with `through_offset` = [`AppendRequest::through_offset`]. Otherwise it
+/// answers [`AppendRejected`]. An append with no events carries only `hwm`.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: the sending master's epoch
+/// 8     1|17   prev                  Option<LogPosition>: entry right before events[0]
+/// ..    1|9    hwm                   Option<Offset>: master's high-water mark
+/// ..    4      event count           u32, ≤ EVENTS_PER_FRAME_MAX
+/// per event (offsets implied: prev.offset+1+i, or i when prev is none):
+///       8      epoch                 u64
+///       1      kind                  u8 (EventKind)
+///       4      payload length        u32
+///       n      payload
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRequest {
+    /// The master's epoch.
+    pub epoch: Epoch,
+    /// The entry right before `events[0]`; `None` when the events start the log at 0.
+    pub prev: Option<LogPosition>,
+    /// Events at consecutive offsets after `prev`.
+    pub events: Vec<Event>,
+    /// The master's high-water mark (`None`: nothing stabilized yet).
+    pub hwm: Option<Offset>,
+}
+
+impl AppendRequest {
+    /// Offset of the first event: `prev.offset + 1`, or 0 without `prev`; `None` on
+    /// overflow.
+    #[must_use]
+    pub fn first_offset(&self) -> Option<Offset> {
+        first_after(self.prev).map(Offset)
+    }
+
+    /// The offset a store acks for this append: `prev.offset + events.len()`, the end of
+    /// the range this append matched (never the store's own log end). `None` when there
+    /// is nothing to ack (no `prev` and no events).
+    ///
+    /// # Panics
+    /// If the offsets overflow u64 (impossible for a decoded request: the decoder checks).
+    #[must_use]
+    pub fn through_offset(&self) -> Option<Offset> {
+        let n = self.events.len() as u64;
+        match self.prev {
+            None if n == 0 => None,
+            None => Some(Offset(n - 1)),
+            Some(p) => Some(Offset(
+                p.offset
+                    .0
+                    .checked_add(n)
+                    .expect("invariant: an append's offsets fit in u64"),
+            )),
+        }
+    }
+}
+
+fn first_after(prev: Option<LogPosition>) -> Option<u64> {
+    match prev {
+        None => Some(0),
+        Some(p) => p.offset.0.checked_add(1),
+    }
+}
+
+/// Store → master (or slave → master): everything through `through_offset` is durable
+/// here. Answers one [`AppendRequest`]; cumulative.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: the epoch of the append it answers
+/// 8     1|9    through_offset        Option<Offset>: prev.offset + events.len()
+/// ..    8      store_id              u64
+/// ..    8      incarnation           u64
+/// ..    1      voter                 bool: false on a new incarnation, never counted
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedAck {
+    /// Epoch of the append this acks.
+    pub epoch: Epoch,
+    /// `AppendRequest::through_offset` of the append this acks.
+    pub through_offset: Option<Offset>,
+    /// The store's identity.
+    pub store_id: StoreId,
+    /// The store's incarnation.
+    pub incarnation: Incarnation,
+    /// `false` for a store on a new incarnation: a learner, which brokers never count
+    /// toward Qa.
+    pub voter: bool,
+}
+
+/// Why a store refused an append. One byte on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum RejectReason {
+    /// `epoch < promised`: a newer master fenced this store.
+    StaleEpoch = 1,
+    /// The store has no entry at `prev`, or its entry there has another epoch; `last`
+    /// tells the master where to back up to.
+    LogMismatch = 2,
+    /// The store's log failed (write or fsync error) and takes no more appends.
+    LogFailed = 3,
+    /// The store has too many bytes queued; retry later.
+    Overloaded = 4,
+}
+
+impl RejectReason {
+    /// The reason for a byte, or `None` for a byte no reason uses.
+    #[must_use]
+    pub fn from_u8(byte: u8) -> Option<RejectReason> {
+        Some(match byte {
+            1 => RejectReason::StaleEpoch,
+            2 => RejectReason::LogMismatch,
+            3 => RejectReason::LogFailed,
+            4 => RejectReason::Overloaded,
+            _ => return None,
+        })
+    }
+
+    /// The byte for this reason.
+    #[must_use]
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Store → master: the append was refused.
+///
+/// ```text
+/// off   size   field
+/// 0     1      reason                u8 (RejectReason)
+/// 1     8      promised              u64: the store's promised epoch
+/// 9     1|17   last                  Option<LogPosition>: the store's last entry
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRejected {
+    /// Why.
+    pub reason: RejectReason,
+    /// The store's promised epoch.
+    pub promised: Epoch,
+    /// The store's last entry (`None`: empty log).
+    pub last: Option<LogPosition>,
+}
+
+/// New master → store: "promise to refuse appends below `epoch`".
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceRequest {
+    /// The new master's epoch.
+    pub epoch: Epoch,
+}
+
+/// Store → new master: `epoch > promised`, and `promised = epoch` is durable.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: the epoch granted
+/// 8     1|17   last                  Option<LogPosition>: the store's last entry
+/// ..    8      store_id              u64
+/// ..    8      incarnation           u64
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceGranted {
+    /// The epoch granted (equal to the request's).
+    pub epoch: Epoch,
+    /// The store's last entry (`None`: empty log).
+    pub last: Option<LogPosition>,
+    /// The store's identity.
+    pub store_id: StoreId,
+    /// The store's incarnation.
+    pub incarnation: Incarnation,
+}
+
+/// Store → new master: `epoch <= promised`, refused.
+///
+/// ```text
+/// off   size   field
+/// 0     8      promised              u64
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FenceRefused {
+    /// The store's promised epoch.
+    pub promised: Epoch,
+}
+
+/// Master → store: read events from `from` (recovery, or a lagging slave).
+///
+/// A store answers with at least one event when it holds one at `from` (even if it alone
+/// exceeds `max_bytes`), never more than `max_events` or [`EVENTS_PER_FRAME_MAX`], and
+/// stops before the payload bytes would exceed `max_bytes` or the frame would exceed
+/// `FRAME_BYTES_MAX`.
+///
+/// ```text
+/// off   size   field
+/// 0     8      from                  u64: first offset wanted
+/// 8     4      max_events            u32
+/// 12    4      max_bytes             u32: payload bytes
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// First offset wanted.
+    pub from: Offset,
+    /// Most events to return.
+    pub max_events: u32,
+    /// Most payload bytes to return (at least one event is returned regardless).
+    pub max_bytes: u32,
+}
+
+/// Store → master: events from the requested offset.
+///
+/// `events` is empty when `from` is past the store's last entry, or when `from` is below
+/// `first_offset` (trimmed: the reader sees `first_offset > from`).
+///
+/// ```text
+/// off   size   field
+/// 0     8      first_offset          u64: lowest offset the store still serves
+/// 8     1|17   last                  Option<LogPosition>: the store's last entry
+/// ..    8      start                 u64: offset of events[0] (0 when empty)
+/// ..    4      event count           u32, ≤ EVENTS_PER_FRAME_MAX
+/// per event (offsets implied: start+i): epoch u64, kind u8, length u32, payload
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadResponse {
+    /// Lowest offset the store can still serve (0 if never trimmed).
+    pub first_offset: Offset,
+    /// The store's last entry (`None`: empty log).
+    pub last: Option<LogPosition>,
+    /// Events at consecutive offsets, starting at the request's `from`.
+    pub events: Vec<Event>,
+}
+
+/// Master or tool → store: report your state. Empty body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TailRequest;
+
+/// Store → master or tool: the store's state.
+///
+/// ```text
+/// off   size   field
+/// 0     1|17   last                  Option<LogPosition>
+/// ..    8      promised              u64
+/// ..    1|9    hwm                   Option<Offset>: highest HWM the store has heard
+/// ..    8      store_id              u64
+/// ..    8      incarnation           u64
+/// ..    1      voter                 bool
+/// ..    8      first_offset          u64
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TailResponse {
+    /// The store's last entry (`None`: empty log).
+    pub last: Option<LogPosition>,
+    /// The store's promised epoch.
+    pub promised: Epoch,
+    /// Highest HWM the store has heard from a master (`None`: none yet).
+    pub hwm: Option<Offset>,
+    /// The store's identity.
+    pub store_id: StoreId,
+    /// The store's incarnation.
+    pub incarnation: Incarnation,
+    /// `false` on a new incarnation (a learner).
+    pub voter: bool,
+    /// Lowest offset the store can still serve.
+    pub first_offset: Offset,
+}
+
+/// Master → slave broker, every `heartbeat_ms`.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: the master's epoch
+/// 8     1|9    hwm                   Option<Offset>
+/// ..    2      master                u16 (BrokerId)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The master's epoch.
+    pub epoch: Epoch,
+    /// The master's high-water mark.
+    pub hwm: Option<Offset>,
+    /// The master's broker id.
+    pub master: BrokerId,
+}
+
+/// Slave → master: answers a [`Heartbeat`] (and, from a slave, an [`AppendRequest`]).
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: highest epoch the slave has seen
+/// 8     2      broker                u16 (BrokerId): the slave
+/// 10    1|17   last                  Option<LogPosition>: the slave's last entry
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeartbeatAck {
+    /// Highest epoch the slave has seen (above the master's: the master is deposed).
+    pub epoch: Epoch,
+    /// The slave's broker id.
+    pub broker: BrokerId,
+    /// The slave's last entry.
+    pub last: Option<LogPosition>,
+}
+
+// ---- encoding ----
+
+impl AppendRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.opt_position(self.prev);
+        w.opt_offset(self.hwm);
+        write_events(w, "append events", first_after(self.prev), &self.events)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let epoch = r.epoch("append epoch")?;
+        let prev = r.opt_position("append prev")?;
+        let hwm = r.opt_offset("append hwm")?;
+        let events = read_events(r, "append events", first_after(prev))?;
+        Ok(AppendRequest {
+            epoch,
+            prev,
+            events,
+            hwm,
+        })
+    }
+}
+
+impl PersistedAck {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.opt_offset(self.through_offset);
+        w.u64(self.store_id.0);
+        w.u64(self.incarnation.0);
+        w.bool(self.voter);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(PersistedAck {
+            epoch: r.epoch("persisted epoch")?,
+            through_offset: r.opt_offset("persisted through_offset")?,
+            store_id: StoreId(r.u64("persisted store_id")?),
+            incarnation: Incarnation(r.u64("persisted incarnation")?),
+            voter: r.bool("persisted voter")?,
+        })
+    }
+}
+
+impl AppendRejected {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u8(self.reason.as_u8());
+        w.u64(self.promised.0);
+        w.opt_position(self.last);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let field = "reject reason";
+        let byte = r.u8(field)?;
+        let reason = RejectReason::from_u8(byte).ok_or(WireError::InvalidTag { field, byte })?;
+        Ok(AppendRejected {
+            reason,
+            promised: r.epoch("reject promised")?,
+            last: r.opt_position("reject last")?,
+        })
+    }
+}
+
+impl FenceRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(FenceRequest {
+            epoch: r.epoch("fence epoch")?,
+        })
+    }
+}
+
+impl FenceGranted {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.opt_position(self.last);
+        w.u64(self.store_id.0);
+        w.u64(self.incarnation.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(FenceGranted {
+            epoch: r.epoch("granted epoch")?,
+            last: r.opt_position("granted last")?,
+            store_id: StoreId(r.u64("granted store_id")?),
+            incarnation: Incarnation(r.u64("granted incarnation")?),
+        })
+    }
+}
+
+impl FenceRefused {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.promised.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(FenceRefused {
+            promised: r.epoch("refused promised")?,
+        })
+    }
+}
+
+impl ReadRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.from.0);
+        w.u32(self.max_events);
+        w.u32(self.max_bytes);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(ReadRequest {
+            from: r.offset("read from")?,
+            max_events: r.u32("read max_events")?,
+            max_bytes: r.u32("read max_bytes")?,
+        })
+    }
+}
+
+impl ReadResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.first_offset.0);
+        w.opt_position(self.last);
+        let start = self.events.first().map_or(0, |e| e.offset.0);
+        w.u64(start);
+        write_events(w, "read events", Some(start), &self.events)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let first_offset = r.offset("read first_offset")?;
+        let last = r.opt_position("read last")?;
+        let start = r.u64("read start")?;
+        let events = read_events(r, "read events", Some(start))?;
+        Ok(ReadResponse {
+            first_offset,
+            last,
+            events,
+        })
+    }
+}
+
+impl TailRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, _w: &mut W) -> Result<(), WireError> {
+        Ok(())
+    }
+
+    pub(crate) fn read(_r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(TailRequest)
+    }
+}
+
+impl TailResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.opt_position(self.last);
+        w.u64(self.promised.0);
+        w.opt_offset(self.hwm);
+        w.u64(self.store_id.0);
+        w.u64(self.incarnation.0);
+        w.bool(self.voter);
+        w.u64(self.first_offset.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(TailResponse {
+            last: r.opt_position("tail last")?,
+            promised: r.epoch("tail promised")?,
+            hwm: r.opt_offset("tail hwm")?,
+            store_id: StoreId(r.u64("tail store_id")?),
+            incarnation: Incarnation(r.u64("tail incarnation")?),
+            voter: r.bool("tail voter")?,
+            first_offset: r.offset("tail first_offset")?,
+        })
+    }
+}
+
+impl Heartbeat {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.opt_offset(self.hwm);
+        w.u16(self.master.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(Heartbeat {
+            epoch: r.epoch("heartbeat epoch")?,
+            hwm: r.opt_offset("heartbeat hwm")?,
+            master: BrokerId(r.u16("heartbeat master")?),
+        })
+    }
+}
+
+impl HeartbeatAck {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.u16(self.broker.0);
+        w.opt_position(self.last);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(HeartbeatAck {
+            epoch: r.epoch("heartbeat ack epoch")?,
+            broker: BrokerId(r.u16("heartbeat ack broker")?),
+            last: r.opt_position("heartbeat ack last")?,
+        })
+    }
+}

@@ -1,0 +1,1074 @@
+//! Unit tests of the codec through its public API: one round trip per message, one test
+//! per kind of bad input, the zero-copy and vectored paths, and the limits.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::*;
+
+fn pos(epoch: u64, offset: u64) -> LogPosition {
+    LogPosition {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+    }
+}
+
+fn event(epoch: u64, offset: u64, kind: EventKind, payload: &'static [u8]) -> Event {
+    Event {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+        kind,
+        payload: Bytes::from_static(payload),
+    }
+}
+
+fn broker(id: u16, addr: &str) -> BrokerInfo {
+    BrokerInfo {
+        id: BrokerId(id),
+        addr: addr.to_owned(),
+    }
+}
+
+/// One sample of every body, with non-default values in every field.
+pub(crate) fn samples() -> Vec<Body> {
+    let big = Bytes::from(vec![0xab; 5000]);
+    vec![
+        ErrorResponse::new(ErrorCode::Overloaded, "too many bytes in flight").into(),
+        ErrorResponse::not_voter(StoreId(3), Incarnation(9)).into(),
+        ErrorResponse::not_master(Epoch(0x2_0001), Some(broker(1, "10.0.0.1:7000"))).into(),
+        ErrorResponse::not_master(Epoch(5), None).into(),
+        AppendRequest {
+            epoch: Epoch(0x3_0002),
+            prev: Some(pos(0x2_0001, 41)),
+            events: vec![
+                event(0x2_0001, 42, EventKind::Message, b"hello"),
+                Event {
+                    epoch: Epoch(0x3_0002),
+                    offset: Offset(43),
+                    kind: EventKind::Trim,
+                    payload: big,
+                },
+                event(0x3_0002, 44, EventKind::EpochStart, b""),
+            ],
+            hwm: Some(Offset(40)),
+        }
+        .into(),
+        AppendRequest {
+            epoch: Epoch(1),
+            prev: None,
+            events: vec![event(1, 0, EventKind::EpochStart, b"x")],
+            hwm: None,
+        }
+        .into(),
+        AppendRequest {
+            epoch: Epoch(1),
+            prev: Some(pos(1, 7)),
+            events: vec![],
+            hwm: Some(Offset(7)),
+        }
+        .into(),
+        PersistedAck {
+            epoch: Epoch(7),
+            through_offset: Some(Offset(44)),
+            store_id: StoreId(2),
+            incarnation: Incarnation(5),
+            voter: true,
+        }
+        .into(),
+        PersistedAck {
+            epoch: Epoch(7),
+            through_offset: None,
+            store_id: StoreId(2),
+            incarnation: Incarnation(6),
+            voter: false,
+        }
+        .into(),
+        AppendRejected {
+            reason: RejectReason::LogMismatch,
+            promised: Epoch(8),
+            last: Some(pos(6, 30)),
+        }
+        .into(),
+        AppendRejected {
+            reason: RejectReason::StaleEpoch,
+            promised: Epoch(9),
+            last: None,
+        }
+        .into(),
+        AppendRejected {
+            reason: RejectReason::LogFailed,
+            promised: Epoch(9),
+            last: None,
+        }
+        .into(),
+        AppendRejected {
+            reason: RejectReason::Overloaded,
+            promised: Epoch(9),
+            last: None,
+        }
+        .into(),
+        FenceRequest {
+            epoch: Epoch(0x4_0003),
+        }
+        .into(),
+        FenceGranted {
+            epoch: Epoch(0x4_0003),
+            last: Some(pos(0x3_0002, 99)),
+            store_id: StoreId(1),
+            incarnation: Incarnation(1),
+        }
+        .into(),
+        FenceRefused {
+            promised: Epoch(0x5_0001),
+        }
+        .into(),
+        ReadRequest {
+            from: Offset(100),
+            max_events: 500,
+            max_bytes: 1 << 20,
+        }
+        .into(),
+        ReadResponse {
+            first_offset: Offset(10),
+            last: Some(pos(3, 102)),
+            events: vec![
+                event(2, 100, EventKind::CursorCommit, b"c"),
+                event(3, 101, EventKind::TopicAdmin, b"t"),
+                event(3, 102, EventKind::Message, b"m"),
+            ],
+        }
+        .into(),
+        ReadResponse {
+            first_offset: Offset(200),
+            last: None,
+            events: vec![],
+        }
+        .into(),
+        TailRequest.into(),
+        TailResponse {
+            last: Some(pos(3, 102)),
+            promised: Epoch(4),
+            hwm: Some(Offset(101)),
+            store_id: StoreId(7),
+            incarnation: Incarnation(2),
+            voter: true,
+            first_offset: Offset(10),
+        }
+        .into(),
+        Heartbeat {
+            epoch: Epoch(0x3_0002),
+            hwm: Some(Offset(17)),
+            master: BrokerId(2),
+        }
+        .into(),
+        HeartbeatAck {
+            epoch: Epoch(0x3_0002),
+            broker: BrokerId(1),
+            last: Some(pos(3, 17)),
+        }
+        .into(),
+        ProduceRequest {
+            topic: "orders".to_owned(),
+            producer_id: 77,
+            sequence: 1000,
+            messages: vec![
+                Bytes::from_static(b"a"),
+                Bytes::new(),
+                Bytes::from(vec![1u8; 3000]),
+            ],
+        }
+        .into(),
+        ProduceResponse {
+            base_offset: Offset(500),
+            count: 3,
+        }
+        .into(),
+        FetchRequest {
+            topic: "orders".to_owned(),
+            from_offset: Offset(490),
+            max_messages: 100,
+            max_bytes: 65536,
+            wait_ms: 250,
+        }
+        .into(),
+        FetchResponse {
+            hwm: Some(Offset(502)),
+            next_offset: Offset(503),
+            messages: vec![
+                (Offset(500), Bytes::from_static(b"a")),
+                (Offset(502), Bytes::new()),
+            ],
+        }
+        .into(),
+        CommitCursorRequest {
+            topic: "orders".to_owned(),
+            cursor: "billing".to_owned(),
+            offset: Offset(503),
+        }
+        .into(),
+        CommitCursorResponse.into(),
+        CursorRequest {
+            topic: "orders".to_owned(),
+            cursor: "billing".to_owned(),
+        }
+        .into(),
+        CursorResponse {
+            offset: Some(Offset(503)),
+        }
+        .into(),
+        CursorResponse { offset: None }.into(),
+        MetadataRequest.into(),
+        MetadataResponse {
+            epoch: Epoch(0x3_0002),
+            hwm: Some(Offset(502)),
+            master: Some(broker(2, "b2:7000")),
+            brokers: vec![broker(1, "b1:7000"), broker(2, "b2:7000")],
+            stores: vec![
+                StoreInfo {
+                    store_id: StoreId(1),
+                    incarnation: Incarnation(1),
+                    addr: "s1:7100".to_owned(),
+                    voter: true,
+                    persisted: Some(Offset(502)),
+                },
+                StoreInfo {
+                    store_id: StoreId(2),
+                    incarnation: Incarnation(4),
+                    addr: "s2:7100".to_owned(),
+                    voter: false,
+                    persisted: None,
+                },
+            ],
+        }
+        .into(),
+    ]
+}
+
+fn encoded(frame: &Frame) -> BytesMut {
+    let mut buf = BytesMut::new();
+    encode(frame, &mut buf).expect("sample encodes");
+    buf
+}
+
+/// A frame with a sound header (both CRCs right) around arbitrary body bytes.
+fn raw_frame(frame_type: u16, flags: u8, request_id: u64, body: &[u8]) -> Vec<u8> {
+    let header = FrameHeader {
+        frame_bytes: (HEADER_BYTES + body.len()) as u32,
+        frame_type,
+        flags,
+        request_id: RequestId(request_id),
+        body_crc: crc32c::crc32c(body),
+    };
+    let mut out = header.encode().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+/// Rewrites the header CRC after a test changed header bytes on purpose.
+fn reseal_header(frame: &mut [u8]) {
+    let crc = crc32c::crc32c(&frame[..20]);
+    frame[20..24].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn decode_one(bytes: &[u8]) -> Result<Option<Frame>, WireError> {
+    let mut buf = BytesMut::from(bytes);
+    decode(&mut buf)
+}
+
+fn bad_frame_cause(result: Result<Option<Frame>, WireError>) -> WireError {
+    match result {
+        Err(e @ WireError::BadFrame { .. }) => e.cause().clone(),
+        other => panic!("expected BadFrame, got {other:?}"),
+    }
+}
+
+#[test]
+fn samples_cover_every_frame_type() {
+    let types: std::collections::HashSet<FrameType> =
+        samples().iter().map(Body::frame_type).collect();
+    for t in FrameType::ALL {
+        assert!(types.contains(t), "no sample for {t:?}");
+    }
+}
+
+#[test]
+fn every_message_round_trips() {
+    for (i, body) in samples().into_iter().enumerate() {
+        let frame = Frame::new(RequestId(1000 + i as u64), body);
+        let mut buf = encoded(&frame);
+        let len = buf.len();
+        assert_eq!(
+            len,
+            HEADER_BYTES + frame.body.encoded_bytes().expect("counts")
+        );
+        assert_eq!(decode(&mut buf), Ok(Some(frame.clone())), "sample {i}");
+        assert!(buf.is_empty());
+        let bytes = encoded(&frame);
+        assert_eq!(decode_slice(&bytes), Ok(Some((frame, len))));
+    }
+}
+
+#[test]
+fn frames_decode_back_to_back_and_wait_for_more() {
+    let frames: Vec<Frame> = samples()
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| Frame::new(RequestId(i as u64 + 1), b))
+        .collect();
+    let mut wire = BytesMut::new();
+    for f in &frames {
+        encode(f, &mut wire).expect("encodes");
+    }
+    // Feed the stream in 7-byte pieces: every call yields a frame or "need more bytes".
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    for piece in wire.chunks(7) {
+        buf.extend_from_slice(piece);
+        while let Some(f) = decode(&mut buf).expect("valid stream") {
+            out.push(f);
+        }
+    }
+    assert_eq!(out, frames);
+    assert!(buf.is_empty());
+}
+
+#[test]
+fn every_prefix_of_a_frame_needs_more_bytes() {
+    let frame = Frame::new(RequestId(5), samples().swap_remove(4));
+    let bytes = encoded(&frame);
+    for n in 0..bytes.len() {
+        assert_eq!(decode_one(&bytes[..n]), Ok(None), "prefix {n}");
+        assert_eq!(decode_slice(&bytes[..n]), Ok(None), "prefix {n}");
+    }
+}
+
+#[test]
+fn unknown_frame_type_is_skipped_with_a_typed_error() {
+    let mut wire = raw_frame(0x7777, 0, 42, b"whatever");
+    let next = Frame::new(RequestId(43), TailRequest);
+    wire.extend_from_slice(&encoded(&next));
+    let mut buf = BytesMut::from(&wire[..]);
+    let err = decode(&mut buf).expect_err("unknown type");
+    match &err {
+        WireError::BadFrame {
+            request_id,
+            frame_type,
+            frame_bytes,
+            source,
+        } => {
+            assert_eq!(*request_id, RequestId(42));
+            assert_eq!(*frame_type, 0x7777);
+            assert_eq!(*frame_bytes as usize, HEADER_BYTES + 8);
+            assert_eq!(**source, WireError::UnknownFrameType { frame_type: 0x7777 });
+        }
+        other => panic!("expected BadFrame, got {other:?}"),
+    }
+    assert!(!err.is_connection_fatal());
+    assert_eq!(err.error_code(), ErrorCode::UnknownFrameType);
+    // The stream is still in sync.
+    assert_eq!(decode(&mut buf), Ok(Some(next)));
+}
+
+#[test]
+fn oversize_length_is_refused_from_the_header_before_allocating() {
+    let mut header = raw_frame(FrameType::TailRequest.as_u16(), 0, 1, b"");
+    header[0..4].copy_from_slice(&((FRAME_BYTES_MAX + 1) as u32).to_le_bytes());
+    reseal_header(&mut header);
+    let mut buf = BytesMut::with_capacity(64);
+    buf.extend_from_slice(&header);
+    let err = decode(&mut buf).expect_err("too large");
+    assert_eq!(
+        err,
+        WireError::FrameTooLarge {
+            length: FRAME_BYTES_MAX as u64 + 1,
+            max: FRAME_BYTES_MAX
+        }
+    );
+    assert!(err.is_connection_fatal());
+    assert!(
+        buf.capacity() < 1024,
+        "decoder reserved {} bytes for a refused frame",
+        buf.capacity()
+    );
+    assert_eq!(decode_slice(&header), Err(err));
+
+    header[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    reseal_header(&mut header);
+    assert!(matches!(
+        decode_one(&header),
+        Err(WireError::FrameTooLarge { .. })
+    ));
+}
+
+#[test]
+fn largest_frame_is_accepted_and_reserved_only_once_its_header_is_sound() {
+    let mut header = raw_frame(FrameType::TailRequest.as_u16(), 0, 1, b"");
+    header[0..4].copy_from_slice(&(FRAME_BYTES_MAX as u32).to_le_bytes());
+    reseal_header(&mut header);
+    let mut buf = BytesMut::from(&header[..]);
+    assert_eq!(decode(&mut buf), Ok(None));
+    assert!(buf.capacity() >= FRAME_BYTES_MAX);
+}
+
+#[test]
+fn length_below_header_is_refused() {
+    for length in [0u32, 1, 23] {
+        let mut header = raw_frame(FrameType::TailRequest.as_u16(), 0, 1, b"");
+        header[0..4].copy_from_slice(&length.to_le_bytes());
+        reseal_header(&mut header);
+        let err = decode_one(&header).expect_err("too short");
+        assert_eq!(
+            err,
+            WireError::FrameTooShort {
+                length,
+                header_bytes: HEADER_BYTES
+            }
+        );
+        assert!(err.is_connection_fatal());
+    }
+}
+
+#[test]
+fn header_corruption_is_caught_by_the_header_crc() {
+    let bytes = encoded(&Frame::new(RequestId(9), FenceRequest { epoch: Epoch(3) }));
+    for i in 0..HEADER_BYTES {
+        for bit in 0..8 {
+            let mut bad = bytes.to_vec();
+            bad[i] ^= 1 << bit;
+            let err = decode_one(&bad).expect_err("flipped header bit");
+            assert!(
+                matches!(err, WireError::HeaderChecksum { .. }),
+                "byte {i} bit {bit}: {err:?}"
+            );
+            assert!(err.is_connection_fatal());
+            assert_eq!(err.error_code(), ErrorCode::ChecksumMismatch);
+        }
+    }
+}
+
+#[test]
+fn body_corruption_is_caught_by_the_body_crc() {
+    let frame = Frame::new(RequestId(9), samples().swap_remove(4));
+    let bytes = encoded(&frame);
+    for i in HEADER_BYTES..bytes.len() {
+        let mut bad = bytes.to_vec();
+        bad[i] ^= 0x10;
+        let cause = bad_frame_cause(decode_one(&bad));
+        assert!(
+            matches!(cause, WireError::BodyChecksum { .. }),
+            "byte {i}: {cause:?}"
+        );
+    }
+}
+
+#[test]
+fn unsupported_version_is_refused() {
+    let mut bytes = encoded(&Frame::new(RequestId(1), TailRequest)).to_vec();
+    bytes[6] = 2;
+    reseal_header(&mut bytes);
+    let err = decode_one(&bytes).expect_err("version 2");
+    assert_eq!(
+        err,
+        WireError::UnsupportedVersion {
+            version: 2,
+            supported: PROTOCOL_VERSION
+        }
+    );
+    assert_eq!(err.error_code(), ErrorCode::UnsupportedVersion);
+}
+
+#[test]
+fn unknown_flags_are_refused() {
+    let bytes = raw_frame(FrameType::TailRequest.as_u16(), 0x80, 1, b"");
+    assert_eq!(
+        bad_frame_cause(decode_one(&bytes)),
+        WireError::UnknownFlags { flags: 0x80 }
+    );
+}
+
+/// Body of an `AppendRequest` with no prev and no hwm, then `count` and `rest`.
+fn append_body(count: u32, rest: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&7u64.to_le_bytes()); // epoch
+    b.push(0); // prev: none
+    b.push(0); // hwm: none
+    b.extend_from_slice(&count.to_le_bytes());
+    b.extend_from_slice(rest);
+    b
+}
+
+#[test]
+fn count_larger_than_the_body_is_refused_before_allocating() {
+    let append = FrameType::AppendRequest.as_u16();
+    // 1000 events announced, room for none.
+    let bytes = raw_frame(append, 0, 1, &append_body(1000, &[]));
+    assert_eq!(
+        bad_frame_cause(decode_one(&bytes)),
+        WireError::CountExceedsBody {
+            field: "append events",
+            count: 1000,
+            item_bytes_min: EVENT_OVERHEAD_BYTES as u64,
+            remaining: 0
+        }
+    );
+    // A count over the bound is refused whatever follows.
+    let bytes = raw_frame(append, 0, 1, &append_body(u32::MAX, &[0; 64]));
+    assert_eq!(
+        bad_frame_cause(decode_one(&bytes)),
+        WireError::CountTooLarge {
+            field: "append events",
+            count: u64::from(u32::MAX),
+            max: EVENTS_PER_FRAME_MAX as u64
+        }
+    );
+    // Produce: messages announced beyond the body.
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u16.to_le_bytes());
+    body.push(b't');
+    body.extend_from_slice(&[0; 16]);
+    body.extend_from_slice(&100u32.to_le_bytes());
+    let bytes = raw_frame(FrameType::ProduceRequest.as_u16(), 0, 1, &body);
+    assert!(matches!(
+        bad_frame_cause(decode_one(&bytes)),
+        WireError::CountExceedsBody {
+            field: "produce messages",
+            count: 100,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn truncated_body_is_refused_with_the_field() {
+    // Every strict prefix of every sample's body, in a sound frame, is a typed error.
+    for body in samples() {
+        let frame = Frame::new(RequestId(3), body);
+        let bytes = encoded(&frame);
+        let body_bytes = &bytes[HEADER_BYTES..];
+        for n in 0..body_bytes.len() {
+            let raw = raw_frame(frame.frame_type().as_u16(), 0, 3, &body_bytes[..n]);
+            let cause = bad_frame_cause(decode_one(&raw));
+            // Cutting inside a payload can also make a count exceed what is left.
+            assert!(
+                matches!(
+                    cause,
+                    WireError::Truncated { .. } | WireError::CountExceedsBody { .. }
+                ),
+                "{:?} cut at {n}: {cause:?}",
+                frame.frame_type()
+            );
+        }
+    }
+    // A payload length beyond the body.
+    let mut rest = Vec::new();
+    rest.extend_from_slice(&1u64.to_le_bytes());
+    rest.push(EventKind::Message.as_u8());
+    rest.extend_from_slice(&100u32.to_le_bytes());
+    rest.extend_from_slice(b"short");
+    let raw = raw_frame(
+        FrameType::AppendRequest.as_u16(),
+        0,
+        1,
+        &append_body(1, &rest),
+    );
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::Truncated {
+            field: "append events",
+            needed: 100,
+            remaining: 5
+        }
+    );
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    let mut body = 5u64.to_le_bytes().to_vec();
+    body.push(0);
+    let raw = raw_frame(FrameType::FenceRequest.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::TrailingBytes { count: 1 }
+    );
+}
+
+fn topic_body(topic: &[u8]) -> Vec<u8> {
+    // A CursorRequest: topic string, then cursor "c".
+    let mut b = (topic.len() as u16).to_le_bytes().to_vec();
+    b.extend_from_slice(topic);
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.push(b'c');
+    b
+}
+
+#[test]
+fn bad_strings_are_refused() {
+    let t = FrameType::CursorRequest.as_u16();
+    let raw = raw_frame(t, 0, 1, &topic_body(&[0xff, 0xfe]));
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidUtf8 { field: "topic" }
+    );
+    let raw = raw_frame(t, 0, 1, &topic_body(b""));
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::EmptyName { field: "topic" }
+    );
+    let long = vec![b'a'; TOPIC_BYTES_MAX + 1];
+    let raw = raw_frame(t, 0, 1, &topic_body(&long));
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::StringTooLong {
+            field: "topic",
+            length: TOPIC_BYTES_MAX + 1,
+            max: TOPIC_BYTES_MAX
+        }
+    );
+    let exact = vec![b'a'; TOPIC_BYTES_MAX];
+    assert!(matches!(
+        decode_one(&raw_frame(t, 0, 1, &topic_body(&exact))),
+        Ok(Some(_))
+    ));
+}
+
+#[test]
+fn bad_tags_kinds_and_codes_are_refused() {
+    // A bool that is neither 0 nor 1 (PersistedAck.voter).
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.push(0);
+    body.extend_from_slice(&[0; 16]);
+    body.push(2);
+    let raw = raw_frame(FrameType::PersistedAck.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidTag {
+            field: "persisted voter",
+            byte: 2
+        }
+    );
+    // An option tag of 7 (FenceGranted.last).
+    let mut body = 1u64.to_le_bytes().to_vec();
+    body.push(7);
+    let raw = raw_frame(FrameType::FenceGranted.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidTag {
+            field: "granted last",
+            byte: 7
+        }
+    );
+    // A reject reason nobody defined.
+    let mut body = vec![9u8];
+    body.extend_from_slice(&[0; 9]);
+    let raw = raw_frame(FrameType::AppendRejected.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidTag {
+            field: "reject reason",
+            byte: 9
+        }
+    );
+    // An event kind nobody defined.
+    let mut rest = 1u64.to_le_bytes().to_vec();
+    rest.push(0xee);
+    rest.extend_from_slice(&0u32.to_le_bytes());
+    let raw = raw_frame(
+        FrameType::AppendRequest.as_u16(),
+        0,
+        1,
+        &append_body(1, &rest),
+    );
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::UnknownEventKind { byte: 0xee }
+    );
+    // An error code nobody defined.
+    let mut body = 999u16.to_le_bytes().to_vec();
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.push(0);
+    let raw = raw_frame(FrameType::ErrorResponse.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::UnknownErrorCode { code: 999 }
+    );
+}
+
+#[test]
+fn offsets_that_overflow_are_refused() {
+    let mut body = 1u64.to_le_bytes().to_vec();
+    body.push(1);
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&u64::MAX.to_le_bytes()); // prev.offset = u64::MAX
+    body.push(0);
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.push(1);
+    body.extend_from_slice(&0u32.to_le_bytes());
+    let raw = raw_frame(FrameType::AppendRequest.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::OffsetOverflow {
+            field: "append events"
+        }
+    );
+}
+
+#[test]
+fn a_bad_frame_is_skipped_by_decode_slice() {
+    let mut wire = raw_frame(0x7777, 0, 1, b"abc");
+    let next = Frame::new(RequestId(2), TailRequest);
+    wire.extend_from_slice(&encoded(&next));
+    let err = decode_slice(&wire).expect_err("unknown type");
+    let WireError::BadFrame { frame_bytes, .. } = err else {
+        panic!("expected BadFrame: {err:?}")
+    };
+    let (frame, used) = decode_slice(&wire[frame_bytes as usize..])
+        .expect("ok")
+        .expect("whole");
+    assert_eq!(frame, next);
+    assert_eq!(frame_bytes as usize + used, wire.len());
+}
+
+#[test]
+fn encode_refuses_what_cannot_be_carried_and_leaves_the_buffer_alone() {
+    let mut buf = BytesMut::from(&b"prefix"[..]);
+    let long_topic = "x".repeat(TOPIC_BYTES_MAX + 1);
+    let cases: Vec<(Body, WireError)> = vec![
+        (
+            CursorRequest {
+                topic: long_topic.clone(),
+                cursor: "c".into(),
+            }
+            .into(),
+            WireError::StringTooLong {
+                field: "topic",
+                length: TOPIC_BYTES_MAX + 1,
+                max: TOPIC_BYTES_MAX,
+            },
+        ),
+        (
+            CursorRequest {
+                topic: "t".into(),
+                cursor: String::new(),
+            }
+            .into(),
+            WireError::EmptyName { field: "cursor" },
+        ),
+        (
+            AppendRequest {
+                epoch: Epoch(1),
+                prev: Some(pos(1, 9)),
+                events: vec![
+                    event(1, 10, EventKind::Message, b""),
+                    event(1, 12, EventKind::Message, b""),
+                ],
+                hwm: None,
+            }
+            .into(),
+            WireError::EventsNotContiguous {
+                index: 1,
+                expected: Offset(11),
+                actual: Offset(12),
+            },
+        ),
+        (
+            AppendRequest {
+                epoch: Epoch(1),
+                prev: Some(pos(1, u64::MAX)),
+                events: vec![event(1, 0, EventKind::Message, b"")],
+                hwm: None,
+            }
+            .into(),
+            WireError::OffsetOverflow {
+                field: "append events",
+            },
+        ),
+        (
+            ProduceRequest {
+                topic: "t".into(),
+                producer_id: 0,
+                sequence: 0,
+                messages: vec![Bytes::from(vec![0u8; FRAME_BYTES_MAX])],
+            }
+            .into(),
+            WireError::FrameTooLarge {
+                length: (FRAME_BYTES_MAX + 24 + 2 + 1 + 16 + 4 + 4) as u64,
+                max: FRAME_BYTES_MAX,
+            },
+        ),
+        (
+            ProduceRequest {
+                topic: "t".into(),
+                producer_id: 0,
+                sequence: 0,
+                messages: vec![Bytes::new(); MESSAGES_PER_FRAME_MAX + 1],
+            }
+            .into(),
+            WireError::CountTooLarge {
+                field: "produce messages",
+                count: MESSAGES_PER_FRAME_MAX as u64 + 1,
+                max: MESSAGES_PER_FRAME_MAX as u64,
+            },
+        ),
+    ];
+    for (body, expected) in cases {
+        assert_eq!(
+            encode(&Frame::new(RequestId(1), body.clone()), &mut buf),
+            Err(expected.clone())
+        );
+        assert_eq!(&buf[..], b"prefix");
+        let mut scratch = BytesMut::new();
+        assert_eq!(encode_body(&body, &mut scratch).map(|_| ()), Err(expected));
+    }
+}
+
+#[test]
+fn decoded_payloads_are_slices_of_the_read_buffer() {
+    let frame = Frame::new(RequestId(1), samples().swap_remove(4));
+    let mut buf = encoded(&frame);
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+    let Some(Frame {
+        body: Body::AppendRequest(append),
+        ..
+    }) = decode(&mut buf).expect("ok")
+    else {
+        panic!("expected an append");
+    };
+    for e in &append.events {
+        if !e.payload.is_empty() {
+            assert!(
+                range.contains(&(e.payload.as_ptr() as usize)),
+                "payload was copied"
+            );
+        }
+    }
+}
+
+#[test]
+fn vectored_encoding_matches_contiguous_and_shares_large_payloads() {
+    let mut scratch = BytesMut::new();
+    for (i, body) in samples().into_iter().enumerate() {
+        let frame = Frame::new(RequestId(i as u64 + 1), body);
+        let contiguous = encoded(&frame);
+        let enc = encode_body(&frame.body, &mut scratch).expect("encodes");
+        assert_eq!(enc.frame_bytes(), contiguous.len());
+        assert_eq!(enc.frame_type(), frame.frame_type());
+        let mut joined = BytesMut::new();
+        enc.write_frame(frame.request_id, frame.flags, &mut joined);
+        assert_eq!(joined, contiguous, "sample {i}");
+        let mut gathered = enc.header(frame.request_id, frame.flags).to_vec();
+        for c in enc.chunks() {
+            gathered.extend_from_slice(c);
+        }
+        assert_eq!(&gathered[..], &contiguous[..]);
+    }
+    // The 5000-byte payload of the first append sample is a chunk of its own, not a copy.
+    let Body::AppendRequest(append) = samples().swap_remove(4) else {
+        panic!("sample 4 is an append")
+    };
+    let big = &append.events[1].payload;
+    let enc = encode_body(&append.clone().into(), &mut scratch).expect("encodes");
+    assert!(enc
+        .chunks()
+        .iter()
+        .any(|c| c.as_ptr() == big.as_ptr() && c.len() == big.len()));
+    // One body, many destinations: only the header differs, and each decodes.
+    for id in [7u64, 8, 9] {
+        let mut out = BytesMut::new();
+        enc.write_frame(RequestId(id), Flags::NONE, &mut out);
+        let f = decode(&mut out).expect("ok").expect("whole");
+        assert_eq!(f, Frame::new(RequestId(id), append.clone()));
+    }
+}
+
+#[test]
+fn largest_event_and_message_fit_in_their_frames() {
+    let payload = Bytes::from(vec![7u8; EVENT_PAYLOAD_BYTES_MAX]);
+    let ev = Event {
+        epoch: Epoch(u64::MAX),
+        offset: Offset(11),
+        kind: EventKind::Message,
+        payload,
+    };
+    let append = AppendRequest {
+        epoch: Epoch(u64::MAX),
+        prev: Some(pos(u64::MAX, 10)),
+        events: vec![ev.clone()],
+        hwm: Some(Offset(10)),
+    };
+    let read = ReadResponse {
+        first_offset: Offset(0),
+        last: Some(pos(1, 11)),
+        events: vec![ev],
+    };
+    let topic = "t".repeat(TOPIC_BYTES_MAX);
+    let message = Bytes::from(vec![1u8; MESSAGE_BYTES_MAX]);
+    let produce = ProduceRequest {
+        topic: topic.clone(),
+        producer_id: 1,
+        sequence: 1,
+        messages: vec![message.clone()],
+    };
+    let fetch = FetchResponse {
+        hwm: Some(Offset(1)),
+        next_offset: Offset(2),
+        messages: vec![(Offset(1), message.clone())],
+    };
+    for body in [
+        Body::from(append),
+        read.into(),
+        produce.into(),
+        fetch.into(),
+    ] {
+        let frame_bytes = HEADER_BYTES + body.encoded_bytes().expect("counts");
+        assert!(
+            frame_bytes <= FRAME_BYTES_MAX,
+            "{:?} takes {frame_bytes}",
+            body.frame_type()
+        );
+    }
+    let mut out = BytesMut::new();
+    encode_message_event(&topic, 1, 1, &message, &mut out).expect("fits");
+    assert!(out.len() <= EVENT_PAYLOAD_BYTES_MAX);
+    assert_eq!(out.len(), message_event_bytes(topic.len(), message.len()));
+}
+
+#[test]
+fn through_offset_is_prev_plus_event_count() {
+    let Body::AppendRequest(a) = samples().swap_remove(4) else {
+        panic!("sample 4 is an append")
+    };
+    assert_eq!(a.first_offset(), Some(Offset(42)));
+    assert_eq!(a.through_offset(), Some(Offset(44)));
+    let from_zero = AppendRequest {
+        epoch: Epoch(1),
+        prev: None,
+        events: vec![
+            event(1, 0, EventKind::EpochStart, b""),
+            event(1, 1, EventKind::Message, b""),
+        ],
+        hwm: None,
+    };
+    assert_eq!(from_zero.through_offset(), Some(Offset(1)));
+    let empty = AppendRequest {
+        epoch: Epoch(1),
+        prev: None,
+        events: vec![],
+        hwm: None,
+    };
+    assert_eq!(empty.through_offset(), None);
+    let heartbeat_like = AppendRequest {
+        epoch: Epoch(1),
+        prev: Some(pos(1, 5)),
+        events: vec![],
+        hwm: None,
+    };
+    assert_eq!(heartbeat_like.through_offset(), Some(Offset(5)));
+}
+
+#[test]
+fn error_response_constructors() {
+    let long = "é".repeat(ERROR_MESSAGE_BYTES_MAX);
+    let e = ErrorResponse::new(ErrorCode::Internal, long);
+    assert!(e.message.len() <= ERROR_MESSAGE_BYTES_MAX);
+    assert!(e.message.len() >= ERROR_MESSAGE_BYTES_MAX - 1);
+    let frame = Frame::new(RequestId::CONNECTION, e);
+    assert_eq!(decode(&mut encoded(&frame)), Ok(Some(frame)));
+
+    let err = bad_frame_cause(decode_one(&raw_frame(0x7777, 0, 1, b"")));
+    let r = ErrorResponse::from_wire_error(&err);
+    assert_eq!(r.code, ErrorCode::UnknownFrameType);
+    assert!(r.message.contains("0x7777"), "{}", r.message);
+    assert_eq!(
+        ErrorResponse::not_voter(StoreId(1), Incarnation(2)).code,
+        ErrorCode::NotVoter
+    );
+}
+
+#[test]
+fn event_bodies_round_trip() {
+    let bodies = vec![
+        EventBody::Message(MessageEvent {
+            topic: "orders".into(),
+            producer_id: 3,
+            sequence: 99,
+            message: Bytes::from_static(b"payload"),
+        }),
+        EventBody::CursorCommit(CursorCommitEvent {
+            topic: "orders".into(),
+            cursor: "billing".into(),
+            offset: Offset(12),
+        }),
+        EventBody::TopicAdmin(TopicAdminEvent {
+            action: TopicAction::Create,
+            topic: "orders".into(),
+        }),
+        EventBody::TopicAdmin(TopicAdminEvent {
+            action: TopicAction::Delete,
+            topic: "old".into(),
+        }),
+        EventBody::EpochStart(EpochStartEvent {
+            epoch: Epoch(0x2_0001),
+            broker: BrokerId(1),
+        }),
+        EventBody::Trim(TrimEvent {
+            before: Offset(1000),
+        }),
+    ];
+    for body in bodies {
+        let payload = body.to_payload().expect("encodes");
+        assert_eq!(payload.len(), body.encoded_bytes().expect("counts"));
+        assert_eq!(EventBody::decode(body.kind(), &payload), Ok(body.clone()));
+        // Every strict prefix is a typed error, never a panic.
+        for n in 0..payload.len() {
+            assert!(EventBody::decode(body.kind(), &payload.slice(..n)).is_err());
+        }
+    }
+    // The hot-path encoder writes the same bytes as the struct, and decoding shares them.
+    let mut out = BytesMut::new();
+    encode_message_event("orders", 3, 99, b"payload", &mut out).expect("encodes");
+    let payload = out.freeze();
+    let Ok(EventBody::Message(m)) = EventBody::decode(EventKind::Message, &payload) else {
+        panic!("a message event");
+    };
+    assert_eq!(m.message, Bytes::from_static(b"payload"));
+    assert_eq!(m.message.as_ptr(), payload[payload.len() - 7..].as_ptr());
+}
+
+#[test]
+fn event_body_errors_are_typed() {
+    let trim = EventBody::Trim(TrimEvent { before: Offset(1) })
+        .to_payload()
+        .expect("encodes");
+    let mut v2 = trim.to_vec();
+    v2[0] = 2;
+    assert_eq!(
+        EventBody::decode(EventKind::Trim, &Bytes::from(v2)),
+        Err(WireError::UnsupportedEventBodyVersion {
+            version: 2,
+            supported: EVENT_BODY_VERSION
+        })
+    );
+    let mut extra = trim.to_vec();
+    extra.push(0);
+    assert_eq!(
+        EventBody::decode(EventKind::Trim, &Bytes::from(extra)),
+        Err(WireError::TrailingBytes { count: 1 })
+    );
+    assert_eq!(
+        EventBody::decode(
+            EventKind::TopicAdmin,
+            &Bytes::from_static(&[1, 9, 1, 0, b'x'])
+        ),
+        Err(WireError::InvalidTag {
+            field: "topic action",
+            byte: 9
+        })
+    );
+    let mut out = BytesMut::from(&b"keep"[..]);
+    assert_eq!(
+        encode_message_event("", 0, 0, b"m", &mut out),
+        Err(WireError::EmptyName { field: "topic" })
+    );
+    assert_eq!(&out[..], b"keep");
+}
