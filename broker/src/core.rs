@@ -1,1 +1,0 @@
-//! Pure replication state machines (being built).

@@ -1,0 +1,832 @@
+//! Unit tests of the master core's rules, one rule per test.
+
+use bytes::Bytes;
+use quire_proto::{BrokerId, Epoch, Incarnation, LogPosition, Offset};
+
+use super::*;
+use crate::core::log::tests::log_of;
+use crate::core::testkit::{ident, stores, StoreSim};
+use crate::core::{AppendId, RejectReason, SlotId, SlotKind, StoreIdentity};
+
+const E: Epoch = Epoch(100);
+
+fn pos(e: u64, o: u64) -> LogPosition {
+    LogPosition {
+        epoch: Epoch(e),
+        offset: Offset(o),
+    }
+}
+
+/// A master core plus the commands it emitted and not yet looked at.
+struct H {
+    m: MasterCore,
+    out: Vec<MasterCommand>,
+}
+
+impl H {
+    fn with(
+        cluster: ClusterConfig,
+        limits: ReplicationLimits,
+        log: Log,
+        applied: Option<Offset>,
+    ) -> H {
+        let mut out = Vec::new();
+        let adopted = AdoptedLog {
+            epoch: E,
+            log,
+            applied,
+        };
+        let m = MasterCore::new(
+            MasterConfig { cluster, limits },
+            adopted,
+            Bytes::new(),
+            &mut out,
+        )
+        .expect("valid configuration");
+        H { m, out }
+    }
+
+    fn new(n: u64) -> H {
+        H::with(stores(n), ReplicationLimits::default(), Log::new(), None)
+    }
+
+    /// Drains and returns the appends emitted since the last call (other commands stay).
+    fn appends(&mut self) -> Vec<AppendCommand> {
+        let mut rest = Vec::new();
+        let mut appends = Vec::new();
+        for c in self.out.drain(..) {
+            match c {
+                MasterCommand::Append(a) => appends.push(a),
+                other => rest.push(other),
+            }
+        }
+        self.out = rest;
+        appends
+    }
+
+    /// Drains and returns the `through` of every `Stabilized` emitted since the last call,
+    /// checking each one's events are exactly the newly stabilized offsets.
+    fn stabilized(&mut self) -> Vec<Offset> {
+        let mut rest = Vec::new();
+        let mut got = Vec::new();
+        for c in self.out.drain(..) {
+            match c {
+                MasterCommand::Stabilized { through, events } => {
+                    assert_eq!(events.last().map(|e| e.offset), Some(through));
+                    for w in events.windows(2) {
+                        assert_eq!(w[0].offset.next(), w[1].offset);
+                    }
+                    got.push(through);
+                }
+                other => rest.push(other),
+            }
+        }
+        self.out = rest;
+        got
+    }
+
+    fn handle(&mut self, input: MasterInput) {
+        self.m.handle(input, &mut self.out);
+    }
+
+    /// A voter ack from the store at `slot` with its expected identity.
+    fn ack(&mut self, slot: u16, append: AppendId, through: u64) {
+        self.handle(MasterInput::Persisted {
+            slot: SlotId(slot),
+            append,
+            epoch: E,
+            through: Some(Offset(through)),
+            identity: ident(u64::from(slot)),
+            voter: true,
+        });
+    }
+
+    /// Acks `a` as the store at its slot would (voter, expected identity).
+    fn ack_append(&mut self, a: &AppendCommand) {
+        self.handle(MasterInput::Persisted {
+            slot: a.slot,
+            append: a.append,
+            epoch: a.epoch,
+            through: a.through(),
+            identity: ident(u64::from(a.slot.0)),
+            voter: true,
+        });
+    }
+
+    fn propose(&mut self) -> Offset {
+        self.m
+            .propose(1, Bytes::from_static(b"m"), &mut self.out)
+            .expect("accepted")
+    }
+}
+
+fn for_slot(appends: &[AppendCommand], slot: u16) -> Vec<AppendCommand> {
+    appends
+        .iter()
+        .filter(|a| a.slot == SlotId(slot))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn new_master_probes_every_slot_with_its_epoch_start_event() {
+    let mut h = H::with(
+        stores(3),
+        ReplicationLimits::default(),
+        log_of(&[1, 1, 2]),
+        Some(Offset(1)),
+    );
+    assert_eq!(h.m.epoch_start(), Offset(3));
+    assert_eq!(
+        h.m.hwm(),
+        Some(Offset(1)),
+        "HWM starts at what the broker applied"
+    );
+    let appends = h.appends();
+    assert_eq!(appends.len(), 3);
+    for (i, a) in appends.iter().enumerate() {
+        assert_eq!(a.slot, SlotId(i as u16));
+        assert_eq!(a.prev, Some(pos(2, 2)));
+        assert_eq!((a.first, a.count), (Offset(3), 1));
+        let AppendEvents::InMemory(evs) = &a.events else {
+            panic!("in memory")
+        };
+        assert_eq!(evs[0].kind, quire_proto::EventKind::EpochStart.as_u8());
+        assert_eq!(evs[0].epoch, E);
+        assert_eq!(a.hwm, Some(Offset(1)));
+    }
+}
+
+#[test]
+fn hwm_needs_two_of_three_stores() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    assert_eq!(h.m.hwm(), None, "one store of three is not a quorum");
+    h.ack_append(&probes[1]);
+    assert_eq!(h.stabilized(), vec![Offset(0)]);
+
+    for _ in 0..3 {
+        h.propose();
+    }
+    let appends = h.appends();
+    let to2 = for_slot(&appends, 2);
+    // slot 2 never answered its probe: it is still probing, nothing more goes to it
+    assert!(to2.is_empty());
+    let last0 = for_slot(&appends, 0).pop().expect("pipelined to slot 0");
+    assert_eq!(last0.through(), Some(Offset(3)));
+    h.ack_append(&last0);
+    assert!(h.stabilized().is_empty(), "slot 0 alone holds 1..=3");
+    let last1 = for_slot(&appends, 1).pop().expect("pipelined to slot 1");
+    h.ack_append(&last1);
+    assert_eq!(h.stabilized(), vec![Offset(3)]);
+    assert_eq!(h.m.hwm(), Some(Offset(3)));
+}
+
+#[test]
+fn hwm_needs_three_of_five_stores_and_is_the_third_largest() {
+    let mut h = H::new(5);
+    let probes = h.appends();
+    for p in &probes {
+        h.ack_append(p);
+    }
+    assert_eq!(h.stabilized(), vec![Offset(0)]);
+    for _ in 0..4 {
+        h.propose();
+    }
+    let appends = h.appends();
+    // stores acknowledge different prefixes: 4, 4, 2, 1, nothing
+    let through = |slot: u16, t: u64| {
+        for_slot(&appends, slot)
+            .into_iter()
+            .find(|a| a.through() == Some(Offset(t)))
+            .expect("sent")
+    };
+    let a = [through(0, 4), through(1, 4), through(2, 2), through(3, 1)];
+    h.ack_append(&a[0]);
+    h.ack_append(&a[1]);
+    assert!(h.stabilized().is_empty(), "two of five hold 4");
+    h.ack_append(&a[3]);
+    assert_eq!(
+        h.stabilized(),
+        vec![Offset(1)],
+        "third largest of {{4, 4, 1}}"
+    );
+    h.ack_append(&a[2]);
+    assert_eq!(
+        h.stabilized(),
+        vec![Offset(2)],
+        "third largest of {{4, 4, 2, 1}}"
+    );
+}
+
+#[test]
+fn duplicate_acks_count_once() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    for _ in 0..5 {
+        h.ack_append(&probes[0]);
+    }
+    assert_eq!(h.m.hwm(), None);
+    assert_eq!(
+        h.m.slot_status(SlotId(0)).map(|s| s.voted_through),
+        Some(Some(Offset(0)))
+    );
+}
+
+#[test]
+fn acks_from_another_epoch_never_count() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    for p in &probes {
+        for epoch in [Epoch(99), Epoch(101)] {
+            h.handle(MasterInput::Persisted {
+                slot: p.slot,
+                append: p.append,
+                epoch,
+                through: p.through(),
+                identity: ident(u64::from(p.slot.0)),
+                voter: true,
+            });
+        }
+    }
+    assert_eq!(h.m.hwm(), None);
+    assert_eq!(h.m.stats().acks_other_epoch, 6);
+}
+
+#[test]
+fn acks_from_non_voters_move_progress_but_never_the_hwm() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    // slot 1 says it is not a voter (a wiped store rejoining as a learner)
+    h.handle(MasterInput::Persisted {
+        slot: SlotId(1),
+        append: probes[1].append,
+        epoch: E,
+        through: Some(Offset(0)),
+        identity: ident(1),
+        voter: false,
+    });
+    // slot 2 answers as a voter but with a new incarnation: not the store that promised
+    let reborn = StoreIdentity {
+        incarnation: Incarnation(2),
+        ..ident(2)
+    };
+    h.handle(MasterInput::Persisted {
+        slot: SlotId(2),
+        append: probes[2].append,
+        epoch: E,
+        through: Some(Offset(0)),
+        identity: reborn,
+        voter: true,
+    });
+    assert_eq!(h.m.hwm(), None);
+    assert_eq!(h.m.stats().acks_not_voting, 2);
+    let s1 = h.m.slot_status(SlotId(1)).expect("slot");
+    assert_eq!(
+        (s1.matched, s1.voted_through, s1.probing),
+        (Some(Offset(0)), None, false)
+    );
+}
+
+#[test]
+fn a_store_of_unknown_identity_does_not_vote_until_the_configuration_names_it() {
+    let mut cluster = stores(3);
+    cluster.slots[1] = SlotKind::Store { identity: None };
+    let mut h = H::with(cluster, ReplicationLimits::default(), Log::new(), None);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    assert_eq!(h.m.hwm(), None, "slot 1's identity is unknown");
+    h.handle(MasterInput::StoreIdentityKnown {
+        slot: SlotId(1),
+        identity: ident(1),
+    });
+    h.handle(MasterInput::HeartbeatTick);
+    let hb = for_slot(&h.appends(), 1);
+    assert_eq!(hb.len(), 1);
+    h.ack_append(&hb[0]);
+    assert_eq!(h.stabilized(), vec![Offset(0)]);
+}
+
+#[test]
+fn acks_from_unknown_slots_and_slaves_never_count() {
+    let mut cluster = stores(3);
+    cluster.slots.push(SlotKind::Slave {
+        broker: BrokerId(2),
+    });
+    let mut h = H::with(cluster, ReplicationLimits::default(), Log::new(), None);
+    let probes = h.appends();
+    assert_eq!(probes.len(), 4, "the slave gets the stream too");
+    h.ack_append(&probes[0]);
+    h.ack(9, AppendId(0), 0);
+    h.handle(MasterInput::SlaveHas {
+        slot: SlotId(3),
+        append: probes[3].append,
+        epoch: E,
+        through: Some(Offset(0)),
+    });
+    // a store-style ack from the slave's slot is not a store's vote either
+    h.ack(3, probes[3].append, 0);
+    assert_eq!(h.m.hwm(), None);
+    assert_eq!(h.m.stats().acks_unknown_slot, 2);
+    assert_eq!(
+        h.m.slot_status(SlotId(3)).map(|s| s.matched),
+        Some(Some(Offset(0)))
+    );
+}
+
+#[test]
+fn acks_beyond_what_was_sent_are_ignored() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.propose();
+    h.propose();
+    // both stores claim offset 2 while they were only sent the probe (through 0)
+    h.ack(0, probes[0].append, 2);
+    h.ack(1, probes[1].append, 2);
+    assert_eq!(h.m.hwm(), None);
+    assert_eq!(h.m.stats().acks_beyond_sent, 2);
+}
+
+#[test]
+fn hwm_waits_for_the_epoch_start_event() {
+    // Adopted log: offsets 0..=2 written by epoch 5, never known stabilized.
+    let limits = ReplicationLimits {
+        append_events_max: 1,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, log_of(&[5, 5, 5]), None);
+    assert_eq!(h.m.epoch_start(), Offset(3));
+    let probes = h.appends();
+    // Stores 0 and 1 hold only 0..=1: they refuse prev (5,2) and the master backs up.
+    for slot in [0u16, 1] {
+        h.handle(MasterInput::Rejected {
+            slot: SlotId(slot),
+            append: probes[slot as usize].append,
+            promised: Epoch(5),
+            last: Some(pos(5, 1)),
+            reason: RejectReason::LogMismatch,
+        });
+    }
+    let resent = h.appends();
+    assert_eq!(resent.len(), 2);
+    for a in &resent {
+        assert_eq!((a.prev, a.first, a.count), (Some(pos(5, 1)), Offset(2), 1));
+        h.ack_append(a); // through 2: old-epoch entries, acked in our epoch
+    }
+    assert_eq!(
+        h.m.hwm(),
+        None,
+        "Raft §5.4.2: never stabilize by counting below the epoch start"
+    );
+    let next = h.appends();
+    assert_eq!(next.len(), 2);
+    for a in &next {
+        assert_eq!((a.first, a.through()), (Offset(3), Some(Offset(3))));
+        h.ack_append(a);
+    }
+    // Once the epoch-start event is stabilized, everything before it is too.
+    let mut all = Vec::new();
+    for c in h.out.drain(..) {
+        if let MasterCommand::Stabilized { through, events } = c {
+            assert_eq!(through, Offset(3));
+            all = events;
+        }
+    }
+    assert_eq!(
+        all.iter().map(|e| e.offset.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+}
+
+#[test]
+fn rejection_backs_up_to_the_match_point_and_resends() {
+    // Ours: [1,1,2,2] + epoch start (E) at 4. Store 0 diverged: [1,1,3] (a zombie's epoch 3).
+    let mut h = H::with(
+        stores(3),
+        ReplicationLimits::default(),
+        log_of(&[1, 1, 2, 2]),
+        None,
+    );
+    let log = h.m.log().clone();
+    let mut s0 = StoreSim::new(ident(0), &[1, 1, 3]);
+    let mut probe = for_slot(&h.appends(), 0).remove(0);
+    let mut prevs = vec![probe.prev];
+    for _ in 0..5 {
+        match s0.answer(SlotId(0), &probe, &log) {
+            ack @ MasterInput::Persisted { .. } => {
+                h.handle(ack);
+                break;
+            }
+            rej => h.handle(rej),
+        }
+        probe = for_slot(&h.appends(), 0).remove(0);
+        prevs.push(probe.prev);
+    }
+    // (2,3) refused: last (3,2) -> our entries of epoch <= 3 end at 3, below prev: try (2,2)
+    // (2,2) refused again (the store has epoch 3 there) -> (1,1) matches.
+    assert_eq!(
+        prevs,
+        vec![Some(pos(2, 3)), Some(pos(2, 2)), Some(pos(1, 1))]
+    );
+    assert_eq!(
+        s0.log,
+        [1, 1, 2, 2, 100].map(Epoch),
+        "divergent suffix replaced"
+    );
+    assert_eq!(h.m.stats().backups, 2);
+    let st = h.m.slot_status(SlotId(0)).expect("slot");
+    assert_eq!((st.matched, st.probing), (Some(Offset(4)), false));
+}
+
+#[test]
+fn a_shorter_store_is_matched_in_one_step() {
+    let mut h = H::with(
+        stores(3),
+        ReplicationLimits::default(),
+        log_of(&[1, 1, 2, 2]),
+        None,
+    );
+    let probe = for_slot(&h.appends(), 1).remove(0);
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(1),
+        append: probe.append,
+        promised: Epoch(2),
+        last: Some(pos(1, 1)),
+        reason: RejectReason::LogMismatch,
+    });
+    let resent = for_slot(&h.appends(), 1);
+    assert_eq!(resent.len(), 1);
+    assert_eq!(
+        (resent[0].prev, resent[0].first, resent[0].count),
+        (Some(pos(1, 1)), Offset(2), 3)
+    );
+    // A duplicate of the same rejection is stale: no second backup.
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(1),
+        append: probe.append,
+        promised: Epoch(2),
+        last: Some(pos(1, 1)),
+        reason: RejectReason::LogMismatch,
+    });
+    assert!(h.appends().is_empty());
+    assert_eq!(h.m.stats().rejections_stale, 1);
+}
+
+#[test]
+fn an_empty_store_gets_the_log_from_offset_zero() {
+    let mut h = H::with(
+        stores(3),
+        ReplicationLimits::default(),
+        log_of(&[1, 2]),
+        None,
+    );
+    let probe = for_slot(&h.appends(), 2).remove(0);
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(2),
+        append: probe.append,
+        promised: Epoch::ZERO,
+        last: None,
+        reason: RejectReason::LogMismatch,
+    });
+    let resent = for_slot(&h.appends(), 2).remove(0);
+    assert_eq!(
+        (resent.prev, resent.first, resent.count),
+        (None, Offset(0), 3)
+    );
+}
+
+#[test]
+fn a_fenced_master_steps_down_and_stops_advancing() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(1),
+        append: probes[1].append,
+        promised: Epoch(200),
+        last: None,
+        reason: RejectReason::Fenced,
+    });
+    assert_eq!(
+        h.out,
+        vec![MasterCommand::StepDown {
+            promised: Epoch(200)
+        }]
+    );
+    h.out.clear();
+    // A late ack that would have made a quorum changes nothing any more.
+    h.ack_append(&probes[2]);
+    assert_eq!(h.m.hwm(), None);
+    assert!(h.out.is_empty());
+    assert_eq!(
+        h.m.propose(1, Bytes::new(), &mut h.out),
+        Err(ProposeError::Fenced {
+            promised: Epoch(200)
+        })
+    );
+    h.handle(MasterInput::HeartbeatTick);
+    assert!(h.out.is_empty(), "a fenced master sends nothing");
+}
+
+#[test]
+fn a_rival_epoch_seen_anywhere_steps_the_master_down_once() {
+    let mut h = H::new(3);
+    h.appends();
+    h.handle(MasterInput::RivalSeen { epoch: Epoch(50) });
+    assert!(h.out.is_empty(), "a lower epoch is no rival");
+    h.handle(MasterInput::RivalSeen { epoch: Epoch(300) });
+    h.handle(MasterInput::RivalSeen { epoch: Epoch(400) });
+    assert_eq!(
+        h.out,
+        vec![MasterCommand::StepDown {
+            promised: Epoch(300)
+        }]
+    );
+}
+
+#[test]
+fn backpressure_refuses_proposals_until_bytes_are_stabilized() {
+    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+    let limits = ReplicationLimits {
+        inflight_bytes_max: 4 * per,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    // the epoch-start event (empty payload) uses EVENT_OVERHEAD_BYTES of the budget
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    assert_eq!(h.m.unstable_bytes(), 0);
+    for _ in 0..4 {
+        h.propose();
+    }
+    let refused = h.m.propose(1, Bytes::from_static(b"x"), &mut h.out);
+    assert_eq!(
+        refused,
+        Err(ProposeError::Backpressure {
+            unstable_bytes: 4 * per,
+            event_bytes: per,
+            inflight_bytes_max: 4 * per
+        })
+    );
+    assert_eq!(
+        h.m.next_offset(),
+        Offset(5),
+        "a refused event takes no offset"
+    );
+    let too_large =
+        h.m.propose(1, Bytes::from(vec![0u8; 4 * per as usize]), &mut h.out);
+    assert!(matches!(too_large, Err(ProposeError::TooLarge { .. })));
+    for a in h.appends() {
+        if a.slot.0 < 2 {
+            h.ack_append(&a);
+        }
+    }
+    assert_eq!(h.m.hwm(), Some(Offset(4)));
+    assert_eq!(h.m.unstable_bytes(), 0);
+    assert_eq!(h.propose(), Offset(5));
+}
+
+#[test]
+fn pipeline_is_bounded_and_probing_sends_one_append() {
+    let limits = ReplicationLimits {
+        append_events_max: 1,
+        appends_inflight_max: 3,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    let probes = h.appends();
+    for _ in 0..10 {
+        h.propose();
+    }
+    assert!(
+        h.appends().is_empty(),
+        "probing: one append in flight, the probe"
+    );
+    h.ack_append(&probes[0]);
+    let a = h.appends();
+    assert_eq!(a.len(), 3, "pipelined: appends_inflight_max appends");
+    assert!(a.iter().all(|x| x.slot == SlotId(0) && x.count == 1));
+    assert_eq!(
+        a.iter().map(|x| x.first.0).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    h.ack_append(&a[0]);
+    let b = h.appends();
+    assert_eq!(b.iter().map(|x| x.first.0).collect::<Vec<_>>(), vec![4]);
+    // an ack for a later append answers the earlier ones too: the window refills
+    h.ack_append(&b[0]);
+    assert_eq!(
+        h.appends().iter().map(|x| x.first.0).collect::<Vec<_>>(),
+        vec![5, 6, 7]
+    );
+}
+
+#[test]
+fn batches_respect_event_and_byte_bounds() {
+    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+    let limits = ReplicationLimits {
+        append_events_max: 4,
+        append_bytes_max: 2 * per,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(1), limits, Log::new(), None);
+    let probe = h.appends().remove(0);
+    for _ in 0..5 {
+        h.propose();
+    }
+    h.ack_append(&probe);
+    let counts: Vec<u64> = h.appends().iter().map(|a| a.count).collect();
+    assert_eq!(counts, vec![2, 2, 1]);
+}
+
+#[test]
+fn heartbeats_carry_the_hwm_and_lost_appends_are_resent() {
+    let limits = ReplicationLimits {
+        append_timeout_ticks: 3,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    assert_eq!(h.m.hwm(), Some(Offset(0)));
+    h.handle(MasterInput::HeartbeatTick);
+    let hb = h.appends();
+    // slots 0 and 1 are idle: an empty append with prev = their last entry and the HWM.
+    // slot 2's probe is still in flight: nothing yet.
+    assert_eq!(hb.len(), 2);
+    for a in &hb {
+        assert_eq!(
+            (a.prev, a.count, a.hwm, a.through()),
+            (Some(pos(100, 0)), 0, Some(Offset(0)), Some(Offset(0)))
+        );
+    }
+    h.handle(MasterInput::HeartbeatTick);
+    h.handle(MasterInput::HeartbeatTick);
+    let resend = for_slot(&h.appends(), 2);
+    assert_eq!(resend.len(), 1, "slot 2's probe timed out and went again");
+    assert_eq!(
+        (resend[0].prev, resend[0].first, resend[0].count),
+        (None, Offset(0), 1)
+    );
+    assert!(resend[0].append > probes[2].append);
+    assert_eq!(h.m.stats().append_timeouts, 1);
+}
+
+#[test]
+fn a_disconnected_slot_gets_nothing_and_is_probed_on_reconnect() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    h.handle(MasterInput::SlotDisconnected { slot: SlotId(2) });
+    h.propose();
+    h.handle(MasterInput::HeartbeatTick);
+    assert!(for_slot(&h.appends(), 2).is_empty());
+    // its late answer is still a fact about what it holds
+    h.ack_append(&probes[2]);
+    assert_eq!(
+        h.m.slot_status(SlotId(2)).map(|s| s.matched),
+        Some(Some(Offset(0)))
+    );
+    h.handle(MasterInput::SlotConnected { slot: SlotId(2) });
+    let a = for_slot(&h.appends(), 2);
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].prev, a[0].first, a[0].count),
+        (Some(pos(100, 0)), Offset(1), 1),
+        "resent past what it holds"
+    );
+}
+
+#[test]
+fn a_failed_store_is_left_alone_until_it_reconnects() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(2),
+        append: probes[2].append,
+        promised: E,
+        last: None,
+        reason: RejectReason::Failed,
+    });
+    h.propose();
+    h.handle(MasterInput::HeartbeatTick);
+    assert!(for_slot(&h.appends(), 2).is_empty());
+    assert_eq!(
+        h.m.slot_status(SlotId(2)).map(|s| s.link),
+        Some(SlotLink::Failed)
+    );
+    h.handle(MasterInput::SlotConnected { slot: SlotId(2) });
+    assert_eq!(for_slot(&h.appends(), 2).len(), 1);
+}
+
+#[test]
+fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
+    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+    let limits = ReplicationLimits {
+        append_events_max: 2,
+        retained_bytes_max: 2 * per,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    let probes = h.appends();
+    h.handle(MasterInput::SlotDisconnected { slot: SlotId(2) });
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    for _ in 0..8 {
+        h.propose();
+        for a in h.appends() {
+            h.ack_append(&a);
+        }
+    }
+    assert_eq!(h.m.hwm(), Some(Offset(8)));
+    // slot 2 holds nothing: only the retention bound limits memory.
+    assert!(
+        h.m.log().mem_bytes() <= 2 * per,
+        "stabilized bytes kept: {}",
+        h.m.log().mem_bytes()
+    );
+    let mem_start = h.m.log().mem_start();
+    assert!(mem_start > Offset(0));
+    h.handle(MasterInput::SlotConnected { slot: SlotId(2) });
+    let a = for_slot(&h.appends(), 2).remove(0);
+    assert_eq!((a.prev, a.first, a.count), (None, Offset(0), 2));
+    assert_eq!(a.events, AppendEvents::FromStore { source: SlotId(0) });
+    // once every slot holds everything, nothing stabilized stays in memory
+    let log = h.m.log().clone();
+    let mut s2 = StoreSim::new(ident(2), &[]);
+    let mut queue = std::collections::VecDeque::from([a]);
+    while let Some(a) = queue.pop_front() {
+        let answer = s2.answer(SlotId(2), &a, &log);
+        h.handle(answer);
+        queue.extend(for_slot(&h.appends(), 2));
+    }
+    assert_eq!(s2.log.len(), 9);
+    assert_eq!(h.m.log().mem_len(), 0);
+}
+
+#[test]
+fn config_and_handover_are_validated() {
+    let mut out = Vec::new();
+    let bad_quorum = ClusterConfig {
+        ack_quorum: 1,
+        ..stores(3)
+    };
+    let r = MasterCore::new(
+        MasterConfig {
+            cluster: bad_quorum,
+            limits: ReplicationLimits::default(),
+        },
+        AdoptedLog {
+            epoch: E,
+            log: Log::new(),
+            applied: None,
+        },
+        Bytes::new(),
+        &mut out,
+    );
+    assert!(matches!(r, Err(ConfigError::QuorumsDoNotIntersect { .. })));
+    let newer = MasterCore::new(
+        MasterConfig {
+            cluster: stores(3),
+            limits: ReplicationLimits::default(),
+        },
+        AdoptedLog {
+            epoch: E,
+            log: log_of(&[100]),
+            applied: None,
+        },
+        Bytes::new(),
+        &mut out,
+    );
+    assert!(matches!(newer, Err(ConfigError::BadHandover { .. })));
+    let zero = MasterCore::new(
+        MasterConfig {
+            cluster: stores(3),
+            limits: ReplicationLimits {
+                appends_inflight_max: 0,
+                ..ReplicationLimits::default()
+            },
+        },
+        AdoptedLog {
+            epoch: E,
+            log: Log::new(),
+            applied: None,
+        },
+        Bytes::new(),
+        &mut out,
+    );
+    assert!(matches!(
+        zero,
+        Err(ConfigError::BadLimit {
+            name: "appends_inflight_max",
+            ..
+        })
+    ));
+    assert!(out.is_empty());
+}

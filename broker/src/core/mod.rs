@@ -1,0 +1,402 @@
+//! The broker's replication logic as pure state machines: events in, commands out.
+//!
+//! Nothing in this module does I/O, reads a clock, spawns a task or owns a socket. Each core
+//! is a plain value: the driver (the tokio broker server, or the seeded simulation in
+//! quire-sim) feeds it inputs — a producer's message, a store's answer, a connection coming
+//! up or going down, a timer tick carrying the time it read — and the core appends the
+//! commands the driver must carry out to a caller-owned `Vec`. The same inputs in the same
+//! order always give the same commands (no hash-map iteration order, no clock, no global
+//! random source), so a simulation run is reproducible from its seed.
+//!
+//! ```text
+//!                 driver (server / simulation)           core
+//!   producer ----> propose(kind, payload) ---------------> MasterCore
+//!   store/slave -> Persisted / Rejected / SlaveHas ------> MasterCore
+//!   timer -------> HeartbeatTick ------------------------> MasterCore
+//!   network <----- Append{slot, epoch, prev, events, hwm} <-
+//!   producers <--- Stabilized{through, events} <-----------   (ack, apply, deliver)
+//!   role <-------- StepDown{promised} <---------------------
+//! ```
+//!
+//! The cores (the rules they implement are DESIGN.md's "Replication protocol", "Failover"
+//! and "Store identity", checked by `shared/model/quire_mc.py`):
+//! - [`master::MasterCore`]: the master's replication — next offset, per-store persisted
+//!   offsets, the HWM (Qa distinct voting stores under the master's own epoch, at or after
+//!   its epoch-start event), log matching per store with fast backup, pipelining and
+//!   backpressure, bounded memory.
+//! - [`takeover::TakeoverCore`]: a slave becoming master — persist the epoch counter,
+//!   fence, count grants from F voting stores, adopt the most up-to-date log, fetch and
+//!   verify its tail, then hand an [`takeover::AdoptedLog`] to a new `MasterCore`.
+//! - [`follower::FollowerCore`]: a slave following the master's stream — log matching,
+//!   the HWM it learns, what it applies, and the election timer that starts a takeover.
+//!
+//! Shared pieces: [`event::Event`] (one log entry; payload as [`bytes::Bytes`], never
+//! copied), [`log::Log`] (the epochs of the whole log plus an in-memory suffix of events),
+//! [`quorum`] (quorum math) and the cluster description below.
+//!
+//! What this module does not own: wire encoding (quire-proto), durability (quire-node and
+//! quire-wal), broker state (topics, cursors), timers and connections (the driver).
+
+pub mod event;
+pub mod follower;
+pub mod log;
+pub mod master;
+pub mod quorum;
+pub mod takeover;
+
+#[cfg(test)]
+mod master_prop;
+#[cfg(test)]
+mod testkit;
+
+use std::fmt;
+
+use quire_proto::{BrokerId, Incarnation, StoreId};
+use thiserror::Error;
+
+pub use event::Event;
+pub use follower::{ElectionConfig, FollowerCommand, FollowerConfig, FollowerCore, FollowerInput};
+pub use log::Log;
+pub use master::{
+    AppendCommand, AppendEvents, MasterCommand, MasterConfig, MasterCore, MasterInput, MasterStats,
+    ProposeError, ReplicationLimits, SlotLink, SlotStatus,
+};
+pub use takeover::{
+    AbortReason, AdoptedLog, FenceRefusal, LocalLog, TakeoverCommand, TakeoverConfig, TakeoverCore,
+    TakeoverInput,
+};
+
+/// Most slots (stores plus slave brokers) one cluster configuration may name. A bound, not a
+/// tuning knob: quorum counting scans all slots on every ack.
+pub const SLOTS_MAX: usize = 64;
+
+/// Index of one replication target in [`ClusterConfig::slots`]: a store or a slave broker.
+///
+/// Slot ids are positions in a fixed list, assigned once by the cluster configuration; the
+/// network layer maps each to a connection. An id at or past `slots.len()` is "an unknown
+/// store": every input naming it is ignored (and counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotId(pub u16);
+
+impl SlotId {
+    /// The slot's position in [`ClusterConfig::slots`].
+    #[must_use]
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl fmt::Display for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot{}", self.0)
+    }
+}
+
+/// Identifier the master gives each append it sends, unique for the life of one
+/// [`master::MasterCore`] and increasing in send order (across all slots).
+///
+/// The network layer carries it as (or maps it to) the request id, and hands it back with
+/// the store's or slave's answer, so the core knows which append a rejection refers to and
+/// never backs up twice for one mismatch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AppendId(pub u64);
+
+/// The identity a store directory was created with (`quire-node init`), DESIGN.md "Store
+/// identity". A store counts as a voter only while it answers with exactly this identity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreIdentity {
+    /// The store's id, fixed for the life of its directory.
+    pub store_id: StoreId,
+    /// The directory's incarnation: a wiped and re-created directory has a new one and has
+    /// forgotten its promises, so it never votes again under the old identity.
+    pub incarnation: Incarnation,
+}
+
+/// What one slot of the cluster is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotKind {
+    /// An event store (`quire-node`). Counts toward N, the ack quorum and the fence quorum.
+    Store {
+        /// The voter identity expected at this slot, or `None` while it is not known yet: a
+        /// store whose identity the broker does not know never counts toward a quorum (it
+        /// still receives the log, as a learner). Set it from the durable cluster
+        /// configuration only — never from the store's own claim.
+        identity: Option<StoreIdentity>,
+    },
+    /// A slave broker following the master's stream. Never counts toward any quorum.
+    Slave {
+        /// The slave's broker id.
+        broker: BrokerId,
+    },
+}
+
+impl SlotKind {
+    /// Whether this slot is an event store.
+    #[must_use]
+    pub fn is_store(self) -> bool {
+        matches!(self, SlotKind::Store { .. })
+    }
+}
+
+/// The fixed list of replication targets and the two quorums (DESIGN.md "Vocabulary",
+/// "Failover" step 3).
+///
+/// Invariants checked by [`ClusterConfig::validate`], with N = the number of store slots:
+/// `1 <= N`, `1 <= ack_quorum <= N`, `1 <= fence_quorum <= N`, and
+/// `fence_quorum + ack_quorum > N` so every fence quorum intersects every ack quorum (the
+/// reason a takeover cannot miss a stabilized event).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Every store and slave broker, indexed by [`SlotId`]. At most [`SLOTS_MAX`].
+    pub slots: Vec<SlotKind>,
+    /// Qa: distinct voting stores that must persist an event under the master's epoch
+    /// before it is stabilized. Default: majority of N.
+    pub ack_quorum: usize,
+    /// F: distinct voting stores whose fence grants a takeover needs before it adopts a
+    /// log. Default: majority of N.
+    pub fence_quorum: usize,
+}
+
+impl ClusterConfig {
+    /// A configuration with majority quorums (Qa = F = N/2 + 1).
+    #[must_use]
+    pub fn with_majorities(slots: Vec<SlotKind>) -> ClusterConfig {
+        let n = slots.iter().filter(|k| k.is_store()).count();
+        ClusterConfig {
+            slots,
+            ack_quorum: quorum::majority(n),
+            fence_quorum: quorum::majority(n),
+        }
+    }
+
+    /// N: the number of store slots.
+    #[must_use]
+    pub fn store_count(&self) -> usize {
+        self.slots.iter().filter(|k| k.is_store()).count()
+    }
+
+    /// The kind of `slot`, or `None` for an unknown slot.
+    #[must_use]
+    pub fn kind(&self, slot: SlotId) -> Option<SlotKind> {
+        self.slots.get(slot.index()).copied()
+    }
+
+    /// The voter identity expected at a store slot: `None` for an unknown slot, a slave
+    /// slot, or a store whose identity is not known yet.
+    #[must_use]
+    pub fn expected_identity(&self, slot: SlotId) -> Option<StoreIdentity> {
+        match self.kind(slot)? {
+            SlotKind::Store { identity } => identity,
+            SlotKind::Slave { .. } => None,
+        }
+    }
+
+    /// Records the voter identity of a store slot whose identity was unknown.
+    ///
+    /// Returns `true` if it was recorded; `false` (and nothing changes) if the slot is
+    /// unknown, a slave, or already has an identity — an identity is never replaced: a new
+    /// incarnation at a slot is a membership change, not an update.
+    pub fn learn_identity(&mut self, slot: SlotId, identity: StoreIdentity) -> bool {
+        match self.slots.get_mut(slot.index()) {
+            Some(SlotKind::Store {
+                identity: known @ None,
+            }) => {
+                *known = Some(identity);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Checks the invariants listed on the type.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first invariant that does not hold.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.slots.len() > SLOTS_MAX {
+            return Err(ConfigError::TooManySlots {
+                slots: self.slots.len(),
+                max: SLOTS_MAX,
+            });
+        }
+        let stores = self.store_count();
+        if stores == 0 {
+            return Err(ConfigError::NoStores);
+        }
+        for (name, q) in [
+            ("ack_quorum", self.ack_quorum),
+            ("fence_quorum", self.fence_quorum),
+        ] {
+            if q == 0 || q > stores {
+                return Err(ConfigError::QuorumOutOfRange {
+                    name,
+                    quorum: q,
+                    stores,
+                });
+            }
+        }
+        if self.ack_quorum + self.fence_quorum <= stores {
+            return Err(ConfigError::QuorumsDoNotIntersect {
+                ack_quorum: self.ack_quorum,
+                fence_quorum: self.fence_quorum,
+                stores,
+            });
+        }
+        let mut ids: Vec<StoreId> = self
+            .slots
+            .iter()
+            .filter_map(|k| match k {
+                SlotKind::Store { identity: Some(id) } => Some(id.store_id),
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ConfigError::DuplicateStore { store_id: w[0] });
+        }
+        Ok(())
+    }
+}
+
+/// Why a store or a slave refused an append (DESIGN.md "Replication protocol").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The append's epoch is below the receiver's promised (or known master) epoch. The
+    /// rejection's `promised` field carries that epoch: if it is above the master's, the
+    /// master has been fenced and steps down.
+    Fenced,
+    /// The receiver has no entry at the append's `prev` with `prev`'s epoch (log matching,
+    /// Raft §5.3). The rejection's `last` field carries the receiver's last `(epoch, offset)`
+    /// so the master can back up.
+    LogMismatch,
+    /// The receiver stopped accepting appends for this log (a store's fail-stop after a write
+    /// or fsync error). The master sends it nothing more until it reconnects.
+    Failed,
+    /// The append was inconsistent in itself (events not contiguous from `prev`, epochs out
+    /// of order). A master never sends one; treated like [`RejectReason::Failed`].
+    Malformed,
+}
+
+/// A configuration or hand-over value a core refuses to start with.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// More slots than [`SLOTS_MAX`].
+    #[error("{slots} slots configured, at most {max} are supported")]
+    TooManySlots {
+        /// Slots configured.
+        slots: usize,
+        /// [`SLOTS_MAX`].
+        max: usize,
+    },
+    /// No store slot at all.
+    #[error("the cluster configuration names no store")]
+    NoStores,
+    /// A quorum of 0 or larger than N.
+    #[error("{name} = {quorum} is outside 1..={stores}")]
+    QuorumOutOfRange {
+        /// Which quorum.
+        name: &'static str,
+        /// Its value.
+        quorum: usize,
+        /// N.
+        stores: usize,
+    },
+    /// `fence_quorum + ack_quorum <= N`: a takeover could miss a stabilized event.
+    #[error(
+        "fence_quorum {fence_quorum} + ack_quorum {ack_quorum} must exceed the {stores} stores"
+    )]
+    QuorumsDoNotIntersect {
+        /// Qa.
+        ack_quorum: usize,
+        /// F.
+        fence_quorum: usize,
+        /// N.
+        stores: usize,
+    },
+    /// Two slots expect the same store id.
+    #[error("store id {store_id:?} appears in two slots")]
+    DuplicateStore {
+        /// The repeated id.
+        store_id: StoreId,
+    },
+    /// A bound in [`ReplicationLimits`] or another core setting is zero or inconsistent.
+    #[error("setting {name} is invalid: {why}")]
+    BadLimit {
+        /// The setting's name.
+        name: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The log handed to a new master cannot be led in the given epoch.
+    #[error("cannot lead this log: {why}")]
+    BadHandover {
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(id: u64) -> SlotKind {
+        SlotKind::Store {
+            identity: Some(StoreIdentity {
+                store_id: StoreId(id),
+                incarnation: Incarnation(1),
+            }),
+        }
+    }
+
+    #[test]
+    fn majorities_and_validation() {
+        let c = ClusterConfig::with_majorities(vec![store(1), store(2), store(3)]);
+        assert_eq!((c.ack_quorum, c.fence_quorum), (2, 2));
+        assert_eq!(c.validate(), Ok(()));
+        let c5 = ClusterConfig::with_majorities((1..=5).map(store).collect());
+        assert_eq!((c5.ack_quorum, c5.fence_quorum), (3, 3));
+
+        let mut bad = c.clone();
+        bad.fence_quorum = 1;
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::QuorumsDoNotIntersect { .. })
+        ));
+        let mut bad = c.clone();
+        bad.ack_quorum = 4;
+        assert!(matches!(
+            bad.validate(),
+            Err(ConfigError::QuorumOutOfRange { .. })
+        ));
+        let dup = ClusterConfig::with_majorities(vec![store(1), store(1), store(3)]);
+        assert_eq!(
+            dup.validate(),
+            Err(ConfigError::DuplicateStore {
+                store_id: StoreId(1)
+            })
+        );
+        let none = ClusterConfig::with_majorities(vec![SlotKind::Slave {
+            broker: BrokerId(1),
+        }]);
+        assert_eq!(none.validate(), Err(ConfigError::NoStores));
+    }
+
+    #[test]
+    fn identity_is_learned_once_and_never_replaced() {
+        let mut c =
+            ClusterConfig::with_majorities(vec![SlotKind::Store { identity: None }, store(2)]);
+        let id = StoreIdentity {
+            store_id: StoreId(9),
+            incarnation: Incarnation(4),
+        };
+        assert!(c.learn_identity(SlotId(0), id));
+        assert_eq!(c.expected_identity(SlotId(0)), Some(id));
+        let other = StoreIdentity {
+            store_id: StoreId(9),
+            incarnation: Incarnation(5),
+        };
+        assert!(!c.learn_identity(SlotId(0), other));
+        assert_eq!(c.expected_identity(SlotId(0)), Some(id));
+        assert!(!c.learn_identity(SlotId(7), other));
+    }
+}

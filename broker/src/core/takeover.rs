@@ -1,0 +1,784 @@
+//! A slave taking over as master: DESIGN.md "Failover" steps 2–3, handing step 4 to a new
+//! [`super::master::MasterCore`].
+//!
+//! ```text
+//!  start ──> PersistEpochCounter(c, e) ──(EpochPersisted c)──> SendFence(e) to every store
+//!            grants for e from F voting stores with the expected identity
+//!        ──> adopt the most up-to-date granted log: highest last epoch, then offset
+//!        ──> Fetch the events this broker lacks from that store (bounded batches)
+//!        ──> the fetched tail must end exactly at the granted (epoch, offset)
+//!        ──> BecomeMaster(AdoptedLog)      (MasterCore::new appends the epoch-start event)
+//!  any answer carrying an epoch above e ──> StepBack (a rival is master)
+//!  a fetch that fails or does not end at the grant ──> Aborted; restart() tries e' > e
+//! ```
+//!
+//! # Rules and why
+//! - **Persist before fence.** The new epoch `e = counter << 16 | broker` takes
+//!   `counter = max(durable counter, counter of the highest epoch seen) + 1`, and the core
+//!   emits [`TakeoverCommand::PersistEpochCounter`] and sends no fence before the driver
+//!   reports [`TakeoverInput::EpochPersisted`]: a broker that restarts and reuses an epoch
+//!   can overwrite acked events (found by model check).
+//! - **Only this takeover's grants count**, and only from store slots answering with the
+//!   slot's expected identity: a store that answers "not a voter", or with an unexpected
+//!   incarnation, has forgotten its promises and never counts (DESIGN.md "Store identity").
+//! - **F + Qa > N**: the F granting stores include one of any Qa that stabilized an event,
+//!   and Raft's up-to-date order (§5.4.1: last epoch, then last offset — *not* the longest
+//!   log, found by model check) picks a log holding every stabilized event.
+//! - **What to fetch.** Events at or below this broker's applied offset are stabilized, so
+//!   the adopted log has them unchanged; the rest of the local log may diverge and is
+//!   replaced by the adopted store's events `applied + 1 ..= granted offset` — unless the
+//!   local log already holds the granted entry, in which case log matching says it holds
+//!   the whole adopted log up to it and nothing is fetched.
+//! - **Verify the tail.** The fetched events must be contiguous from the first requested
+//!   offset, have epochs that never go down and never exceed the granted epoch, and end
+//!   exactly at the granted `(epoch, offset)`; anything else aborts the attempt.
+
+use quire_proto::{BrokerId, Epoch, LogPosition, Offset};
+
+use super::event::Event;
+use super::log::Log;
+use super::{ClusterConfig, ConfigError, SlotId, SlotKind, StoreIdentity};
+
+/// Default [`TakeoverConfig::fetch_events_max`].
+pub const FETCH_EVENTS_MAX_DEFAULT: u32 = 4096;
+
+/// Highest epoch counter [`quire_proto::Epoch::compose`] accepts (48 bits).
+const EPOCH_COUNTER_MAX: u64 = (1 << 48) - 1;
+
+/// Everything a [`TakeoverCore`] is configured with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakeoverConfig {
+    /// This broker: the low 16 bits of every epoch it takes.
+    pub broker: BrokerId,
+    /// Slots (only the store slots are fenced) and quorums.
+    pub cluster: ClusterConfig,
+    /// Most events asked for in one [`TakeoverCommand::Fetch`].
+    pub fetch_events_max: u32,
+}
+
+/// The log a broker holds when it is not master: what a follower hands to a takeover, and
+/// a stepped-down master to a follower.
+///
+/// Invariant (checked where it is consumed): `applied` is below `log.end()`, and every
+/// event above `applied` is in memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalLog {
+    /// The log: epochs of every offset and the recent events.
+    pub log: Log,
+    /// Highest offset applied to broker state; every event up to it is stabilized.
+    /// `None`: nothing applied.
+    pub applied: Option<Offset>,
+}
+
+impl LocalLog {
+    /// An empty log, nothing applied (a broker that never followed anything).
+    #[must_use]
+    pub fn empty() -> LocalLog {
+        LocalLog {
+            log: Log::new(),
+            applied: None,
+        }
+    }
+
+    /// Checks the invariant on the type.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadHandover`] if `applied` is past the log or unapplied events are
+    /// not in memory.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.applied.is_some_and(|a| a >= self.log.end()) {
+            return Err(ConfigError::BadHandover {
+                why: "applied offset past the log end",
+            });
+        }
+        if self.applied.map_or(Offset::ZERO, Offset::next) < self.log.mem_start() {
+            return Err(ConfigError::BadHandover {
+                why: "events above the applied offset are not in memory",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of a successful takeover: the log to lead, for
+/// [`super::master::MasterCore::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptedLog {
+    /// The epoch this broker now leads; above every epoch in `log`.
+    pub epoch: Epoch,
+    /// The adopted log: ends exactly at the most up-to-date granted `(epoch, offset)`
+    /// (empty if every granting store was empty). Events above `applied` are in memory.
+    pub log: Log,
+    /// Highest offset this broker already applied (stabilized); the new master's HWM
+    /// starts here.
+    pub applied: Option<Offset>,
+}
+
+/// Why a store refused a fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FenceRefusal {
+    /// The store already promised an epoch at or above the fence's (`promised` says which).
+    Promised,
+    /// The store lost its disk and rejoined as a learner: it never grants under its old
+    /// identity (DESIGN.md "Store identity").
+    NotVoter,
+}
+
+/// An input to [`TakeoverCore::handle`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TakeoverInput {
+    /// The driver durably stored the epoch counter `counter` (answer to
+    /// [`TakeoverCommand::PersistEpochCounter`]).
+    EpochPersisted {
+        /// The counter now durable.
+        counter: u64,
+    },
+    /// A store granted the fence for `epoch`: it promised to refuse appends below it, and
+    /// its log ends at `last`.
+    FenceGranted {
+        /// The store's slot.
+        slot: SlotId,
+        /// The fence's epoch.
+        epoch: Epoch,
+        /// The identity the store answered with.
+        identity: StoreIdentity,
+        /// The store's last `(epoch, offset)`, `None` if its log is empty.
+        last: Option<LogPosition>,
+    },
+    /// A store refused the fence for `epoch`.
+    FenceRefused {
+        /// The store's slot.
+        slot: SlotId,
+        /// The fence's epoch.
+        epoch: Epoch,
+        /// The store's promised epoch.
+        promised: Epoch,
+        /// Why.
+        reason: FenceRefusal,
+    },
+    /// Events read from the adopted store in answer to [`TakeoverCommand::Fetch`].
+    Fetched {
+        /// The store's slot.
+        slot: SlotId,
+        /// The takeover epoch the fetch was issued under.
+        epoch: Epoch,
+        /// The events, in offset order.
+        events: Vec<Event>,
+    },
+    /// The fetch failed (connection lost, read error, or the store refused).
+    FetchFailed {
+        /// The store's slot.
+        slot: SlotId,
+        /// The takeover epoch the fetch was issued under.
+        epoch: Epoch,
+        /// The store's promised epoch, if its answer carried one.
+        promised: Option<Epoch>,
+    },
+    /// A (new) connection to `slot` is up: while fencing, a store that has not answered
+    /// gets the fence again.
+    SlotConnected {
+        /// The slot.
+        slot: SlotId,
+    },
+    /// Some other message showed a master or takeover of `epoch` exists.
+    RivalSeen {
+        /// The epoch seen.
+        epoch: Epoch,
+    },
+}
+
+/// What the takeover core asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TakeoverCommand {
+    /// Durably store the broker's epoch counter `counter` (write temp, fsync, rename, fsync
+    /// dir), then feed [`TakeoverInput::EpochPersisted`]. No fence goes out before.
+    PersistEpochCounter {
+        /// The counter to store.
+        counter: u64,
+        /// The epoch it makes (`counter << 16 | broker`).
+        epoch: Epoch,
+    },
+    /// Send `Fence{epoch}` to the store at `slot`.
+    SendFence {
+        /// The store's slot.
+        slot: SlotId,
+        /// The epoch to fence with.
+        epoch: Epoch,
+    },
+    /// Read events `from ..= through` from the store at `slot` (it may answer with a prefix;
+    /// the core asks for the rest) and feed them as [`TakeoverInput::Fetched`].
+    Fetch {
+        /// The adopted store's slot.
+        slot: SlotId,
+        /// The takeover's epoch (echo it in the answer).
+        epoch: Epoch,
+        /// First offset wanted.
+        from: Offset,
+        /// Last offset wanted.
+        through: Offset,
+    },
+    /// The takeover succeeded: start a [`super::master::MasterCore`] with this log.
+    BecomeMaster(AdoptedLog),
+    /// A higher epoch exists: go back to being a slave. [`TakeoverCore::into_local_log`]
+    /// gives the log back.
+    StepBack {
+        /// The higher epoch seen.
+        rival: Epoch,
+    },
+    /// This attempt failed; [`TakeoverCore::restart`] tries again with a higher epoch.
+    Aborted {
+        /// The attempt's epoch.
+        epoch: Epoch,
+        /// Why.
+        reason: AbortReason,
+    },
+}
+
+/// Why a takeover attempt was given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortReason {
+    /// The fetched events did not end exactly at the granted `(epoch, offset)`, went past
+    /// it, or had epochs out of order.
+    FetchedTailMismatch {
+        /// The granted last entry.
+        granted: LogPosition,
+        /// The event that broke the rule (or the last one fetched).
+        got: LogPosition,
+    },
+    /// A fetched batch did not continue at the offset asked for.
+    FetchNotContiguous {
+        /// The offset expected.
+        expected: Offset,
+        /// The offset received.
+        got: Offset,
+    },
+    /// The store answered a fetch with no event.
+    FetchEmpty {
+        /// The offset asked for.
+        expected: Offset,
+    },
+    /// The fetch failed.
+    FetchFailed {
+        /// The store's slot.
+        slot: SlotId,
+    },
+    /// The most up-to-date granted log ends below an offset this broker already applied: a
+    /// quorum lost stabilized data (more failures than the configuration tolerates) or a
+    /// store lied. Retrying may meet a better quorum.
+    GrantBelowApplied {
+        /// The adopted last entry.
+        granted: Option<LogPosition>,
+        /// This broker's applied offset.
+        applied: Offset,
+    },
+    /// The 48-bit epoch counter is used up; no retry can succeed.
+    EpochsExhausted,
+}
+
+/// Counters of ignored answers, for observability and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TakeoverStats {
+    /// Grants counted toward F.
+    pub grants_counted: u64,
+    /// Grants for an epoch other than the current attempt's.
+    pub grants_other_epoch: u64,
+    /// Grants from a slot that is unknown, a slave, or answered with another identity.
+    pub grants_not_voting: u64,
+    /// Repeated grants from a slot already counted.
+    pub grants_duplicate: u64,
+    /// Refusals with reason "not a voter".
+    pub refusals_not_voter: u64,
+    /// Fetch answers for another epoch, slot or phase.
+    pub fetches_stale: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    PersistingEpoch,
+    Fencing,
+    Fetching {
+        source: SlotId,
+        target: LogPosition,
+        next: Offset,
+    },
+    Done,
+    SteppedBack,
+    Aborted,
+}
+
+/// The takeover state machine. See the module docs for the rules.
+#[derive(Clone, Debug)]
+pub struct TakeoverCore {
+    config: TakeoverConfig,
+    local: LocalLog,
+    /// The counter known durable (from the driver, or confirmed by `EpochPersisted`).
+    durable_counter: u64,
+    counter: u64,
+    epoch: Epoch,
+    highest_seen: Epoch,
+    phase: Phase,
+    /// Per slot: the granted last entry, once that store granted this attempt's fence.
+    grants: Vec<Option<Option<LogPosition>>>,
+    stats: TakeoverStats,
+}
+
+impl TakeoverCore {
+    /// Starts a takeover: picks `e` above `durable_counter` and `highest_seen` and emits
+    /// [`TakeoverCommand::PersistEpochCounter`] (or [`TakeoverCommand::Aborted`] with
+    /// [`AbortReason::EpochsExhausted`]).
+    ///
+    /// `durable_counter` is the broker's epoch counter as last persisted (0 if never);
+    /// `highest_seen` the highest epoch it has seen anywhere; `local` its log (from
+    /// [`super::follower::FollowerCore::local_log`]).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an invalid cluster configuration, `fetch_events_max == 0`, or a
+    /// `local` log that breaks its invariant.
+    pub fn start(
+        config: TakeoverConfig,
+        durable_counter: u64,
+        highest_seen: Epoch,
+        local: LocalLog,
+        out: &mut Vec<TakeoverCommand>,
+    ) -> Result<TakeoverCore, ConfigError> {
+        config.cluster.validate()?;
+        if config.fetch_events_max == 0 {
+            return Err(ConfigError::BadLimit {
+                name: "fetch_events_max",
+                why: "must be at least 1",
+            });
+        }
+        local.validate()?;
+        let mut core = TakeoverCore {
+            grants: vec![None; config.cluster.slots.len()],
+            config,
+            local,
+            durable_counter,
+            counter: durable_counter,
+            epoch: Epoch::ZERO,
+            highest_seen,
+            phase: Phase::Aborted,
+            stats: TakeoverStats::default(),
+        };
+        core.begin_attempt(out);
+        Ok(core)
+    }
+
+    /// Starts a new attempt with an epoch above every one used or seen so far. Does nothing
+    /// once the takeover succeeded or stepped back.
+    pub fn restart(&mut self, out: &mut Vec<TakeoverCommand>) {
+        if matches!(self.phase, Phase::Done | Phase::SteppedBack) {
+            return;
+        }
+        self.begin_attempt(out);
+    }
+
+    /// Feeds one input; appends the resulting commands to `out`.
+    pub fn handle(&mut self, input: TakeoverInput, out: &mut Vec<TakeoverCommand>) {
+        if matches!(self.phase, Phase::Done | Phase::SteppedBack) {
+            return;
+        }
+        match input {
+            TakeoverInput::EpochPersisted { counter } => self.on_persisted(counter, out),
+            TakeoverInput::FenceGranted {
+                slot,
+                epoch,
+                identity,
+                last,
+            } => {
+                if let Some(l) = last {
+                    self.see(l.epoch, out);
+                }
+                self.on_grant(slot, epoch, identity, last, out);
+            }
+            TakeoverInput::FenceRefused {
+                slot: _,
+                epoch: _,
+                promised,
+                reason,
+            } => {
+                if reason == FenceRefusal::NotVoter {
+                    self.stats.refusals_not_voter += 1;
+                }
+                // promised == our epoch: a repeated fence of ours, not a rival.
+                self.see(promised, out);
+            }
+            TakeoverInput::Fetched {
+                slot,
+                epoch,
+                events,
+            } => self.on_fetched(slot, epoch, events, out),
+            TakeoverInput::FetchFailed {
+                slot,
+                epoch,
+                promised,
+            } => {
+                if let Some(p) = promised {
+                    self.see(p, out);
+                }
+                match self.phase {
+                    Phase::Fetching { source, .. } if source == slot && epoch == self.epoch => {
+                        self.abort(AbortReason::FetchFailed { slot }, out);
+                    }
+                    _ => self.stats.fetches_stale += 1,
+                }
+            }
+            TakeoverInput::SlotConnected { slot } => {
+                let pending = self.phase == Phase::Fencing
+                    && self
+                        .config
+                        .cluster
+                        .kind(slot)
+                        .is_some_and(SlotKind::is_store)
+                    && self.grants[slot.index()].is_none();
+                if pending {
+                    out.push(TakeoverCommand::SendFence {
+                        slot,
+                        epoch: self.epoch,
+                    });
+                }
+            }
+            TakeoverInput::RivalSeen { epoch } => self.see(epoch, out),
+        }
+    }
+
+    /// The current attempt's epoch.
+    #[must_use]
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The highest epoch seen in any answer (including the current attempt's).
+    #[must_use]
+    pub fn highest_seen(&self) -> Epoch {
+        self.highest_seen.max(self.epoch)
+    }
+
+    /// The epoch counter known durable: persist nothing lower next time.
+    #[must_use]
+    pub fn durable_counter(&self) -> u64 {
+        self.durable_counter
+    }
+
+    /// Number of distinct voting stores that granted this attempt's fence.
+    #[must_use]
+    pub fn grant_count(&self) -> usize {
+        self.grants.iter().filter(|g| g.is_some()).count()
+    }
+
+    /// Whether the current attempt is waiting for something (not done, stepped back or
+    /// aborted).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        matches!(
+            self.phase,
+            Phase::PersistingEpoch | Phase::Fencing | Phase::Fetching { .. }
+        )
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> &TakeoverStats {
+        &self.stats
+    }
+
+    /// Gives the broker's log back (after [`TakeoverCommand::StepBack`] or an abort). Its
+    /// applied prefix is unchanged; above it the log may hold part of the adopted store's
+    /// log, which a master's stream corrects. After [`TakeoverCommand::BecomeMaster`] the
+    /// log has moved into the [`AdoptedLog`] and this returns an empty one.
+    #[must_use]
+    pub fn into_local_log(self) -> LocalLog {
+        self.local
+    }
+
+    // ----------------------------------------------------------------
+
+    fn begin_attempt(&mut self, out: &mut Vec<TakeoverCommand>) {
+        let base = self
+            .durable_counter
+            .max(self.counter)
+            .max(self.highest_seen().counter());
+        let Some(counter) = base.checked_add(1).filter(|&c| c <= EPOCH_COUNTER_MAX) else {
+            self.phase = Phase::Aborted;
+            out.push(TakeoverCommand::Aborted {
+                epoch: self.epoch,
+                reason: AbortReason::EpochsExhausted,
+            });
+            return;
+        };
+        let epoch = Epoch::compose(counter, self.config.broker);
+        assert!(epoch > self.epoch, "epochs of one broker never go down");
+        assert!(
+            epoch > self.highest_seen,
+            "a takeover's epoch is above every epoch seen"
+        );
+        self.counter = counter;
+        self.epoch = epoch;
+        self.grants.iter_mut().for_each(|g| *g = None);
+        self.phase = Phase::PersistingEpoch;
+        out.push(TakeoverCommand::PersistEpochCounter { counter, epoch });
+    }
+
+    /// Notes an epoch seen in an answer; above ours, a rival exists: step back.
+    fn see(&mut self, epoch: Epoch, out: &mut Vec<TakeoverCommand>) {
+        self.highest_seen = self.highest_seen.max(epoch);
+        if epoch > self.epoch && !matches!(self.phase, Phase::Done | Phase::SteppedBack) {
+            self.phase = Phase::SteppedBack;
+            out.push(TakeoverCommand::StepBack { rival: epoch });
+        }
+    }
+
+    fn on_persisted(&mut self, counter: u64, out: &mut Vec<TakeoverCommand>) {
+        self.durable_counter = self.durable_counter.max(counter);
+        if self.phase != Phase::PersistingEpoch || counter != self.counter {
+            return;
+        }
+        assert!(
+            self.durable_counter >= self.counter,
+            "fence only after the epoch is durable"
+        );
+        self.phase = Phase::Fencing;
+        for (i, kind) in self.config.cluster.slots.iter().enumerate() {
+            if kind.is_store() {
+                let slot = SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"));
+                out.push(TakeoverCommand::SendFence {
+                    slot,
+                    epoch: self.epoch,
+                });
+            }
+        }
+    }
+
+    fn on_grant(
+        &mut self,
+        slot: SlotId,
+        epoch: Epoch,
+        identity: StoreIdentity,
+        last: Option<LogPosition>,
+        out: &mut Vec<TakeoverCommand>,
+    ) {
+        if self.phase != Phase::Fencing {
+            // Late grants (after adopting, or for an attempt not yet fencing) change nothing.
+            self.stats.grants_other_epoch += u64::from(epoch != self.epoch);
+            return;
+        }
+        if epoch != self.epoch {
+            self.stats.grants_other_epoch += 1;
+            return;
+        }
+        if self.config.cluster.expected_identity(slot) != Some(identity) {
+            self.stats.grants_not_voting += 1;
+            return;
+        }
+        let g = &mut self.grants[slot.index()];
+        if g.is_some() {
+            self.stats.grants_duplicate += 1;
+            return;
+        }
+        *g = Some(last);
+        self.stats.grants_counted += 1;
+        let count = self.grant_count();
+        assert!(
+            count <= self.config.cluster.store_count(),
+            "grants never exceed the store count"
+        );
+        if count >= self.config.cluster.fence_quorum {
+            self.adopt(out);
+        }
+    }
+
+    /// DESIGN.md "Failover" step 3: adopt the most up-to-date granted log.
+    fn adopt(&mut self, out: &mut Vec<TakeoverCommand>) {
+        let mut best: Option<(SlotId, Option<LogPosition>)> = None;
+        for (i, g) in self.grants.iter().enumerate() {
+            let Some(last) = *g else { continue };
+            let key = last.map(LogPosition::up_to_date_key);
+            if best.is_none_or(|(_, b)| key > b.map(LogPosition::up_to_date_key)) {
+                best = Some((
+                    SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX")),
+                    last,
+                ));
+            }
+        }
+        let (source, target) = best.expect("invariant: adopt runs with F >= 1 grants");
+        let applied = self.local.applied;
+        let Some(target) = target else {
+            // Every granting store is empty: nothing was ever stabilized.
+            if let Some(applied) = applied {
+                self.abort(
+                    AbortReason::GrantBelowApplied {
+                        granted: None,
+                        applied,
+                    },
+                    out,
+                );
+                return;
+            }
+            self.local.log.truncate_from(Offset::ZERO);
+            self.become_master(out);
+            return;
+        };
+        if let Some(a) = applied.filter(|&a| a > target.offset) {
+            self.abort(
+                AbortReason::GrantBelowApplied {
+                    granted: Some(target),
+                    applied: a,
+                },
+                out,
+            );
+            return;
+        }
+        if self.local.log.contains(target) {
+            // Log matching: the local log equals the adopted one up to the granted entry.
+            self.local.log.truncate_from(target.offset.next());
+            self.become_master(out);
+            return;
+        }
+        let from = applied.map_or(Offset::ZERO, Offset::next);
+        if from > target.offset {
+            // applied == target.offset but with another epoch: stabilized data differs.
+            let got = self.local.log.position(target.offset).unwrap_or(target);
+            self.abort(
+                AbortReason::FetchedTailMismatch {
+                    granted: target,
+                    got,
+                },
+                out,
+            );
+            return;
+        }
+        self.local.log.truncate_from(from);
+        self.phase = Phase::Fetching {
+            source,
+            target,
+            next: from,
+        };
+        self.request_fetch(out);
+    }
+
+    fn request_fetch(&mut self, out: &mut Vec<TakeoverCommand>) {
+        let Phase::Fetching {
+            source,
+            target,
+            next,
+        } = self.phase
+        else {
+            return;
+        };
+        let through = Offset(
+            target.offset.0.min(
+                next.0
+                    .saturating_add(u64::from(self.config.fetch_events_max) - 1),
+            ),
+        );
+        out.push(TakeoverCommand::Fetch {
+            slot: source,
+            epoch: self.epoch,
+            from: next,
+            through,
+        });
+    }
+
+    fn on_fetched(
+        &mut self,
+        slot: SlotId,
+        epoch: Epoch,
+        events: Vec<Event>,
+        out: &mut Vec<TakeoverCommand>,
+    ) {
+        let Phase::Fetching {
+            source,
+            target,
+            mut next,
+        } = self.phase
+        else {
+            self.stats.fetches_stale += 1;
+            return;
+        };
+        if slot != source || epoch != self.epoch {
+            self.stats.fetches_stale += 1;
+            return;
+        }
+        if events.is_empty() {
+            self.abort(AbortReason::FetchEmpty { expected: next }, out);
+            return;
+        }
+        for ev in events {
+            if ev.offset != next {
+                self.abort(
+                    AbortReason::FetchNotContiguous {
+                        expected: next,
+                        got: ev.offset,
+                    },
+                    out,
+                );
+                return;
+            }
+            let below = self.local.log.last().map_or(Epoch::ZERO, |l| l.epoch);
+            if ev.offset > target.offset || ev.epoch > target.epoch || ev.epoch < below {
+                let got = ev.position();
+                self.abort(
+                    AbortReason::FetchedTailMismatch {
+                        granted: target,
+                        got,
+                    },
+                    out,
+                );
+                return;
+            }
+            self.local.log.append(ev);
+            next = next.next();
+        }
+        if next <= target.offset {
+            self.phase = Phase::Fetching {
+                source,
+                target,
+                next,
+            };
+            self.request_fetch(out);
+            return;
+        }
+        let got = self
+            .local
+            .log
+            .last()
+            .expect("invariant: at least one event was appended");
+        if got != target {
+            self.abort(
+                AbortReason::FetchedTailMismatch {
+                    granted: target,
+                    got,
+                },
+                out,
+            );
+            return;
+        }
+        self.become_master(out);
+    }
+
+    fn abort(&mut self, reason: AbortReason, out: &mut Vec<TakeoverCommand>) {
+        self.phase = Phase::Aborted;
+        out.push(TakeoverCommand::Aborted {
+            epoch: self.epoch,
+            reason,
+        });
+    }
+
+    fn become_master(&mut self, out: &mut Vec<TakeoverCommand>) {
+        assert!(
+            self.local.log.last().is_none_or(|l| l.epoch < self.epoch),
+            "the adopted log is older than the takeover's epoch"
+        );
+        self.phase = Phase::Done;
+        let log = std::mem::take(&mut self.local.log);
+        out.push(TakeoverCommand::BecomeMaster(AdoptedLog {
+            epoch: self.epoch,
+            log,
+            applied: self.local.applied,
+        }));
+    }
+}
+
+#[cfg(test)]
+#[path = "takeover_tests.rs"]
+mod tests;
