@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy, FILE_BYTES_DEFAULT};
+use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
 use crate::output::OutputFormat;
 use crate::units::{parse_duration, parse_size};
 
@@ -95,8 +95,7 @@ pub struct DiskBenchArgs {
     pub duration: Duration,
 
     /// Size of the temporary file the writes cycle through.
-    #[arg(long, value_name = "BYTES", value_parser = parse_size,
-          default_value_t = FILE_BYTES_DEFAULT)]
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1GiB")]
     pub file_size: u64,
 
     /// I/O path: auto uses io_uring and falls back to pwrite if the kernel refuses it.
@@ -157,7 +156,7 @@ mod tests {
         assert_eq!(args.qd, 32);
         assert_eq!(args.fsync, FsyncPolicy::None);
         assert_eq!(args.duration, Duration::from_millis(500));
-        assert_eq!(args.file_size, FILE_BYTES_DEFAULT);
+        assert_eq!(args.file_size, crate::bench::disk::FILE_BYTES_DEFAULT);
         assert_eq!(args.format.format, OutputFormat::Json);
         assert_eq!(args.backend, BackendChoice::Auto);
     }

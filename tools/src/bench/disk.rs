@@ -77,7 +77,7 @@ pub const PREFILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Largest latency the histogram holds, in microseconds (one hour); longer ones saturate.
 pub const LATENCY_US_MAX: u64 = 3_600_000_000;
 
-/// Default `--file-size`, in bytes.
+/// Default `--file-size`, in bytes (the CLI spells it `1GiB`; a unit test keeps the two equal).
 pub const FILE_BYTES_DEFAULT: u64 = 1 << 30;
 
 /// When the benchmark issues an fdatasync.
