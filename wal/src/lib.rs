@@ -1,1 +1,61 @@
-//! quire-wal: the write-ahead log of one store. (Being built; see issue "Step 1".)
+//! quire-wal: the write-ahead log of one store.
+//!
+//! Owns the on-disk format of a store's log (segment files of checksummed records, see
+//! `docs/format.md`), the write path (group commit of O_DIRECT batches through io_uring or
+//! a synchronous fallback, each acknowledged only after the fdatasync that covers it), the
+//! recovery scan, the in-memory index and the reader, and the promised-epoch file. It has
+//! no networking and no async runtime: [`Append`] is a plain `Future` that any executor
+//! can poll, or [`Append::wait`] blocks.
+//!
+//! Modules: [`format`] (record bytes), [`segment`] (files, directory, preallocation),
+//! [`scan`] (recovery rules, read-only), [`recovery`] (open-time cut, offline repair and
+//! inspection), `index`, `reader`, [`disk`] (the I/O trait and its io_uring, sync and
+//! fault-injecting implementations), `commit` (the commit thread), [`promised`].
+//!
+//! ```no_run
+//! use quire_proto::{Epoch, Offset};
+//! use quire_wal::{Record, Wal, WalConfig};
+//!
+//! let (wal, report) = Wal::open(WalConfig::new("/var/lib/quire/wal"))?;
+//! let next = wal.next_offset();
+//! let rec = Record { epoch: Epoch(1), offset: next, kind: 1, payload: "hello".into() };
+//! let last: Offset = wal.append(Epoch(1), vec![rec]).wait()?;
+//! # Ok::<(), quire_wal::WalError>(())
+//! ```
+
+mod append;
+mod commit;
+pub mod disk;
+mod error;
+pub mod format;
+mod index;
+pub mod promised;
+mod reader;
+pub mod recovery;
+pub mod scan;
+pub mod segment;
+mod stats;
+mod wal;
+
+use std::fmt;
+
+pub use append::{Append, Record, RecordIn};
+pub use error::{CorruptionKind, WalError};
+pub use index::EpochRuns;
+pub use promised::PromisedEpoch;
+pub use recovery::{inspect, repair_torn_tail, RecoveryReport, RepairReport};
+pub use scan::{
+    BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
+};
+pub use stats::{WalStats, FSYNC_US_BUCKETS};
+pub use wal::{IoBackend, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+
+/// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position(pub u64);
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

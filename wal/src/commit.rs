@@ -1,0 +1,646 @@
+//! Group commit: the commit thread of one data directory, and the state it shares with the
+//! [`crate::Wal`] handles.
+//!
+//! Appenders validate and queue their records under one mutex (so queue order is log
+//! order) and wake the commit thread. The commit thread takes queued appends into a
+//! **batch** — bounded by `batch_bytes_max`, and, when the disk is idle, given up to
+//! `batch_window_us` for more appends to arrive — encodes them into one aligned buffer (the
+//! one copy of each payload), pads the batch with zeros to the alignment, and writes it
+//! with one write at the next aligned position of the current segment. One fdatasync then
+//! covers every batch written before it; only when it succeeds are the batch's appends
+//! acknowledged and its entries added to the durable index.
+//!
+//! Pipelining: while an fdatasync is in flight, the next batch is already written (at most
+//! [`PIPELINE_BATCHES_MAX`] batches between "written" and "durable"); with nothing in
+//! flight, the write and its fdatasync are submitted together, linked.
+//!
+//! A segment roll, and a truncation below the current segment's base, wait until the
+//! pipeline is empty (so a later segment never holds data while an earlier one still
+//! waits for its fdatasync), then take the preallocated spare.
+//!
+//! Fail-stop: the first failed or short write, or failed fdatasync, fails every append in
+//! the pipeline and in the queue and every later one with [`WalError::Failed`]; nothing is
+//! retried. The accepted view of the log falls back to the durable one.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use quire_proto::{Epoch, Offset};
+
+use crate::append::{AckSlot, Record};
+use crate::disk::{open_for_append, AlignedBuf, Disk, DiskCompletion, DiskOp, DiskWaker};
+use crate::error::WalError;
+use crate::format::{self, align_up, KIND_TRUNCATE};
+use crate::index::{EpochRuns, Index, IndexedSegment};
+use crate::recovery::{open_for_read, Tail};
+use crate::segment::{self, segment_name, Preallocator};
+use crate::stats::Counters;
+use crate::Position;
+
+/// Disk operations in flight at most: a write and an fdatasync for each pipelined batch.
+pub(crate) const OPS_IN_FLIGHT_MAX: usize = 4;
+/// Batches written but not yet durable, at most.
+pub(crate) const PIPELINE_BATCHES_MAX: usize = 2;
+/// Spare batch buffers kept for reuse.
+const FREE_BUFFERS_MAX: usize = 3;
+
+/// One queued append.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub writer_epoch: Epoch,
+    pub records: Vec<Record>,
+    /// Set when the append replaces the suffix from this offset: a marker precedes it.
+    pub truncate_at: Option<Offset>,
+    /// Encoded bytes (records, plus the marker if any), before padding.
+    pub bytes: u64,
+    pub ack: Arc<AckSlot>,
+    pub arrived: Instant,
+}
+
+impl Request {
+    fn first_offset(&self) -> Offset {
+        self.records.first().map_or(Offset::ZERO, |r| r.offset)
+    }
+}
+
+/// The accepted view of the log and the queue, under one mutex.
+#[derive(Debug)]
+pub(crate) struct CommitState {
+    /// Epochs of every accepted entry (durable or queued).
+    pub epochs: EpochRuns,
+    /// Highest epoch of any accepted record (entries, and writer epochs of markers).
+    pub max_epoch: Epoch,
+    pub queue: VecDeque<Request>,
+    pub queued_bytes: u64,
+    /// Why the log failed, once it has.
+    pub failed: Option<WalError>,
+    pub closing: bool,
+}
+
+/// Everything the handles and the commit thread share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub align: u64,
+    pub segment_bytes: u64,
+    pub batch_bytes_max: u64,
+    pub batch_window: Duration,
+    pub queue_bytes_max: u64,
+    pub backend: &'static str,
+    pub state: Mutex<CommitState>,
+    /// Durable entries only. Lock order: `state` before `index`.
+    pub index: RwLock<Index>,
+    pub counters: Counters,
+    pub waker: Arc<dyn DiskWaker>,
+}
+
+impl Shared {
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, CommitState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug)]
+enum IndexOp {
+    Truncate(Offset),
+    Push {
+        offset: Offset,
+        epoch: Epoch,
+        position: u64,
+        bytes: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Ack {
+    slot: Arc<AckSlot>,
+    last: Offset,
+    records: u64,
+    payload_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Batch {
+    seq: u64,
+    segment: u32,
+    path: PathBuf,
+    file: Arc<File>,
+    bytes: u64,
+    write_token: u64,
+    written: bool,
+    acks: Vec<Ack>,
+    ops: Vec<IndexOp>,
+}
+
+#[derive(Debug)]
+struct InFlightSync {
+    token: u64,
+    covers_seq: u64,
+    started: Instant,
+}
+
+#[derive(Debug)]
+struct Current {
+    index_id: u32,
+    base: Offset,
+    path: PathBuf,
+    file: Arc<File>,
+    capacity: u64,
+    write_pos: u64,
+}
+
+enum Placement {
+    Fits,
+    /// Start a new segment named `name` (deleting every segment whose base >= `name`).
+    NewSegment {
+        name: Offset,
+    },
+}
+
+/// The commit thread's state. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Committer {
+    shared: Arc<Shared>,
+    disk: Box<dyn Disk>,
+    prealloc: Preallocator,
+    current: Option<Current>,
+    pipeline: VecDeque<Batch>,
+    write_in_flight: Option<u64>,
+    fsync: Option<InFlightSync>,
+    next_token: u64,
+    next_seq: u64,
+    free: Vec<AlignedBuf>,
+    completions: Vec<DiskCompletion>,
+    failed: bool,
+}
+
+impl Committer {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        disk: Box<dyn Disk>,
+        prealloc: Preallocator,
+        tail: Option<Tail>,
+    ) -> Result<Committer, WalError> {
+        let current = match tail {
+            None => None,
+            Some(t) => {
+                let (file, _) =
+                    open_for_append(&t.path).map_err(|e| WalError::io("open", &t.path, e))?;
+                Some(Current {
+                    index_id: t.index_id,
+                    base: t.base,
+                    path: t.path,
+                    file: Arc::new(file),
+                    capacity: t.capacity,
+                    write_pos: t.write_position,
+                })
+            }
+        };
+        Ok(Committer {
+            shared,
+            disk,
+            prealloc,
+            current,
+            pipeline: VecDeque::new(),
+            write_in_flight: None,
+            fsync: None,
+            next_token: 1,
+            next_seq: 1,
+            free: Vec::new(),
+            completions: Vec::new(),
+            failed: false,
+        })
+    }
+
+    /// The commit thread's loop; returns when the log is closed and everything queued
+    /// has been written (or failed).
+    pub(crate) fn run(mut self) {
+        loop {
+            let completions = std::mem::take(&mut self.completions);
+            for c in completions {
+                self.on_completion(c);
+            }
+            let mut timeout = None;
+            if !self.failed {
+                self.maybe_fsync();
+                timeout = self.maybe_write();
+                // A roll or a failure inside maybe_write may have produced work.
+                if !self.failed {
+                    self.maybe_fsync();
+                }
+            }
+            let (closing, queue_empty) = {
+                let st = self.shared.lock_state();
+                (st.closing, st.queue.is_empty())
+            };
+            if closing && queue_empty && self.pipeline.is_empty() && self.disk.in_flight() == 0 {
+                break;
+            }
+            if let Err(e) = self.disk.wait(&mut self.completions, timeout) {
+                self.fail(WalError::io("wait for completions", &self.shared.dir, e));
+                if self.disk.in_flight() > 0 {
+                    // The submission mechanism is broken; do not spin on it.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    fn on_completion(&mut self, c: DiskCompletion) {
+        if let Some(buf) = c.buf {
+            if self.free.len() < FREE_BUFFERS_MAX
+                && buf.capacity() as u64 >= self.shared.batch_bytes_max
+            {
+                self.free.push(buf);
+            }
+        }
+        if self.write_in_flight == Some(c.token) {
+            self.write_in_flight = None;
+            let Some(batch) = self.pipeline.iter_mut().find(|b| b.write_token == c.token) else {
+                return;
+            };
+            match c.result {
+                Ok(n) if u64::from(n) == batch.bytes => batch.written = true,
+                Ok(n) => {
+                    let e =
+                        std::io::Error::other(format!("short write: {n} of {} bytes", batch.bytes));
+                    let path = batch.path.clone();
+                    self.fail(WalError::io("write", path, e));
+                }
+                Err(e) => {
+                    let path = batch.path.clone();
+                    self.fail(WalError::io("write", path, e));
+                }
+            }
+        } else if self.fsync.as_ref().is_some_and(|s| s.token == c.token) {
+            let sync = self.fsync.take().expect("invariant: checked above");
+            match c.result {
+                Ok(_) => {
+                    let us = u64::try_from(sync.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    self.shared.counters.record_fsync(us);
+                    self.durable(sync.covers_seq);
+                }
+                Err(e) => {
+                    let path = self
+                        .pipeline
+                        .front()
+                        .map_or_else(|| self.shared.dir.clone(), |b| b.path.clone());
+                    self.fail(WalError::io("fdatasync", path, e));
+                }
+            }
+        }
+        // Otherwise: a completion that arrived after the log failed; nothing to do.
+    }
+
+    /// Batches up to `covers_seq` are durable: index them, then acknowledge them.
+    fn durable(&mut self, covers_seq: u64) {
+        let mut done = Vec::new();
+        while self
+            .pipeline
+            .front()
+            .is_some_and(|b| b.seq <= covers_seq && b.written)
+        {
+            done.push(self.pipeline.pop_front().expect("invariant: front exists"));
+        }
+        {
+            let mut index = self.shared.write_index();
+            for b in &done {
+                for op in &b.ops {
+                    match *op {
+                        IndexOp::Truncate(x) => index.truncate(x),
+                        IndexOp::Push {
+                            offset,
+                            epoch,
+                            position,
+                            bytes,
+                        } => {
+                            index.push(offset, epoch, b.segment, Position(position), bytes);
+                        }
+                    }
+                }
+            }
+        }
+        let c = &self.shared.counters;
+        for b in done {
+            for a in b.acks {
+                Counters::add(&c.appends, 1);
+                Counters::add(&c.records, a.records);
+                Counters::add(&c.payload_bytes, a.payload_bytes);
+                a.slot.complete(Ok(a.last));
+            }
+        }
+    }
+
+    fn maybe_fsync(&mut self) {
+        if self.fsync.is_some() {
+            return;
+        }
+        let Some(last_written) = self.pipeline.iter().rfind(|b| b.written) else {
+            return;
+        };
+        let covers_seq = last_written.seq;
+        let file = last_written.file.clone();
+        let token = self.token();
+        self.disk.push(DiskOp::Fdatasync { file, token });
+        self.fsync = Some(InFlightSync {
+            token,
+            covers_seq,
+            started: Instant::now(),
+        });
+    }
+
+    /// Where request `r` goes if `in_batch` bytes precede it in the batch being formed.
+    fn placement(&self, r: &Request, in_batch: u64) -> Placement {
+        let Some(cur) = &self.current else {
+            return Placement::NewSegment {
+                name: r.truncate_at.unwrap_or_else(|| r.first_offset()),
+            };
+        };
+        if let Some(x) = r.truncate_at {
+            if x < cur.base {
+                return Placement::NewSegment { name: x };
+            }
+        }
+        let needed = align_up(in_batch + r.bytes, self.shared.align);
+        if cur.write_pos + needed > cur.capacity {
+            return Placement::NewSegment {
+                name: r.truncate_at.unwrap_or_else(|| r.first_offset()),
+            };
+        }
+        Placement::Fits
+    }
+
+    /// Forms and submits the next batch if the pipeline has room. Returns how long to
+    /// wait for the batch window, if the batch is being held open.
+    fn maybe_write(&mut self) -> Option<Duration> {
+        if self.write_in_flight.is_some() || self.pipeline.len() >= PIPELINE_BATCHES_MAX {
+            return None;
+        }
+        let mut st = self.shared.lock_state();
+        let first = st.queue.front()?;
+        if self.pipeline.is_empty() && !st.closing && st.queued_bytes < self.shared.batch_bytes_max
+        {
+            let due = first.arrived + self.shared.batch_window;
+            let now = Instant::now();
+            if now < due {
+                return Some(due - now);
+            }
+        }
+        if let Placement::NewSegment { name } = self.placement(first, 0) {
+            if !self.pipeline.is_empty() {
+                return None; // drain first; the fdatasync completion wakes us
+            }
+            drop(st);
+            if let Err(e) = self.new_segment(name) {
+                self.fail(e);
+                return None;
+            }
+            st = self.shared.lock_state();
+        }
+        let mut requests = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(r) = st.queue.front() {
+            if !requests.is_empty()
+                && (bytes + r.bytes > self.shared.batch_bytes_max
+                    || matches!(self.placement(r, bytes), Placement::NewSegment { .. }))
+            {
+                break;
+            }
+            let r = st.queue.pop_front().expect("invariant: front exists");
+            bytes += r.bytes;
+            st.queued_bytes -= r.bytes;
+            requests.push(r);
+        }
+        drop(st);
+        if !requests.is_empty() {
+            self.submit_batch(requests, bytes);
+        }
+        None
+    }
+
+    fn take_buf(&mut self, bytes: u64) -> AlignedBuf {
+        let need = usize::try_from(align_up(bytes, self.shared.align))
+            .expect("invariant: a batch fits memory");
+        if let Some(i) = self.free.iter().position(|b| b.capacity() >= need) {
+            let mut b = self.free.swap_remove(i);
+            b.clear();
+            return b;
+        }
+        let cap = need.max(usize::try_from(self.shared.batch_bytes_max).unwrap_or(usize::MAX));
+        AlignedBuf::zeroed(
+            cap,
+            usize::try_from(self.shared.align).expect("invariant: alignment fits usize"),
+        )
+    }
+
+    fn submit_batch(&mut self, requests: Vec<Request>, bytes: u64) {
+        let mut buf = self.take_buf(bytes);
+        let align = usize::try_from(self.shared.align).expect("invariant: alignment fits usize");
+        let cur = self
+            .current
+            .as_mut()
+            .expect("invariant: a segment is open before a batch");
+        let start = cur.write_pos;
+        let mut ops = Vec::new();
+        let mut acks = Vec::with_capacity(requests.len());
+        let mut truncations = 0;
+        for r in requests {
+            if let Some(x) = r.truncate_at {
+                let n = format::encode(buf.spare_mut(), r.writer_epoch, x, KIND_TRUNCATE, &[]);
+                buf.advance(n);
+                ops.push(IndexOp::Truncate(x));
+                truncations += 1;
+            }
+            let mut payload_bytes = 0u64;
+            for rec in &r.records {
+                let position = start + buf.len() as u64;
+                let n = format::encode(
+                    buf.spare_mut(),
+                    rec.epoch,
+                    rec.offset,
+                    rec.kind,
+                    &rec.payload,
+                );
+                buf.advance(n);
+                payload_bytes += rec.payload.len() as u64;
+                ops.push(IndexOp::Push {
+                    offset: rec.offset,
+                    epoch: rec.epoch,
+                    position,
+                    bytes: n as u64,
+                });
+            }
+            let last = r.records.last().map_or(Offset::ZERO, |rec| rec.offset);
+            acks.push(Ack {
+                slot: r.ack,
+                last,
+                records: r.records.len() as u64,
+                payload_bytes,
+            });
+        }
+        debug_assert_eq!(buf.len() as u64, bytes);
+        let padding = buf.pad_to(align) as u64;
+        let total = buf.len() as u64;
+        assert!(
+            start % self.shared.align == 0 && total % self.shared.align == 0,
+            "O_DIRECT writes are aligned"
+        );
+        assert!(
+            start + total <= cur.capacity,
+            "a batch never crosses the segment's end"
+        );
+        cur.write_pos = start + total;
+        let file = cur.file.clone();
+        let path = cur.path.clone();
+        let segment = cur.index_id;
+
+        let c = &self.shared.counters;
+        Counters::add(&c.batches, 1);
+        Counters::add(&c.batch_bytes, total);
+        Counters::add(&c.padding_bytes, padding);
+        Counters::add(&c.truncations, truncations);
+
+        let write_token = self.token();
+        let then_fdatasync = if self.fsync.is_none() {
+            let token = self.token();
+            self.fsync = Some(InFlightSync {
+                token,
+                covers_seq: self.next_seq,
+                started: Instant::now(),
+            });
+            Some(token)
+        } else {
+            None
+        };
+        self.disk.push(DiskOp::Write {
+            file: file.clone(),
+            position: Position(start),
+            buf,
+            token: write_token,
+            then_fdatasync,
+        });
+        self.write_in_flight = Some(write_token);
+        self.pipeline.push_back(Batch {
+            seq: self.next_seq,
+            segment,
+            path,
+            file,
+            bytes: total,
+            write_token,
+            written: false,
+            acks,
+            ops,
+        });
+        self.next_seq += 1;
+    }
+
+    /// Starts segment `name`: deletes every segment whose base >= `name` (highest first,
+    /// then fsyncs the directory), takes the spare and renames it (fsyncing the directory).
+    /// Called with an empty pipeline.
+    fn new_segment(&mut self, name: Offset) -> Result<(), WalError> {
+        assert!(
+            self.pipeline.is_empty() && self.fsync.is_none(),
+            "roll with batches in flight"
+        );
+        let dir = self.shared.dir.clone();
+        let doomed: Vec<(usize, PathBuf)> = {
+            let index = self.shared.read_index();
+            index
+                .segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.base >= name)
+                .map(|(i, s)| (i, s.path.clone()))
+                .collect()
+        };
+        if let Some(&(first, _)) = doomed.first() {
+            // The durable view loses these segments' entries now, before the files go.
+            self.shared.write_index().remove_segments_from(first);
+            for (_, p) in doomed.iter().rev() {
+                std::fs::remove_file(p).map_err(|e| WalError::io("remove", p, e))?;
+            }
+            segment::fsync_dir(&dir)?;
+            tracing::info!(
+                from = name.0,
+                segments = doomed.len(),
+                "deleted segments replaced by a truncation"
+            );
+        }
+        let path = dir.join(segment_name(name));
+        self.prealloc.take(&path)?;
+        let (file, _) = open_for_append(&path).map_err(|e| WalError::io("open", &path, e))?;
+        let capacity = format::align_down(
+            file.metadata()
+                .map_err(|e| WalError::io("stat", &path, e))?
+                .len(),
+            self.shared.align,
+        );
+        let read = open_for_read(&path)?;
+        let index_id = self.shared.write_index().add_segment(IndexedSegment {
+            base: name,
+            path: path.clone(),
+            file: read,
+        });
+        Counters::add(&self.shared.counters.segments_created, 1);
+        tracing::debug!(segment = %path.display(), "started a new segment");
+        self.current = Some(Current {
+            index_id,
+            base: name,
+            path,
+            file: Arc::new(file),
+            capacity,
+            write_pos: 0,
+        });
+        Ok(())
+    }
+
+    /// Fail-stop. See the module docs.
+    fn fail(&mut self, reason: WalError) {
+        if self.failed {
+            return;
+        }
+        self.failed = true;
+        tracing::error!(error = %reason, "the WAL failed; it is read-only from now on");
+        let failed = WalError::Failed {
+            reason: Arc::new(reason.clone()),
+        };
+        let queued = {
+            let mut st = self.shared.lock_state();
+            st.failed = Some(reason);
+            st.queued_bytes = 0;
+            st.epochs = self.shared.read_index().epochs().clone();
+            std::mem::take(&mut st.queue)
+        };
+        self.shared
+            .counters
+            .failed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        for b in self.pipeline.drain(..) {
+            for a in b.acks {
+                a.slot.complete(Err(failed.clone()));
+            }
+        }
+        for r in queued {
+            r.ack.complete(Err(failed.clone()));
+        }
+        self.fsync = None;
+        self.write_in_flight = None;
+    }
+}

@@ -1,0 +1,270 @@
+//! The in-memory index: offset -> (segment, position, length), and offset -> epoch.
+//!
+//! Built from the log by the recovery scan at open, then extended by the commit thread as
+//! batches become durable. It holds only durable entries; what has been accepted but is
+//! not yet durable lives in the commit state (`commit.rs`). Nothing here touches a file
+//! except to hold the read handles of the segments.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use quire_proto::{Epoch, LogPosition, Offset};
+
+use crate::Position;
+
+/// Epoch of every entry in `[start, next)`, stored as runs (epochs change rarely).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EpochRuns {
+    start: Offset,
+    next: Offset,
+    /// `(first offset of the run, epoch)`, offsets increasing, epochs non-decreasing.
+    runs: Vec<(Offset, Epoch)>,
+}
+
+impl EpochRuns {
+    /// An empty log starting at `start`.
+    #[must_use]
+    pub fn new(start: Offset) -> EpochRuns {
+        EpochRuns {
+            start,
+            next: start,
+            runs: Vec::new(),
+        }
+    }
+
+    /// The first offset.
+    #[must_use]
+    pub fn start(&self) -> Offset {
+        self.start
+    }
+
+    /// One past the last offset.
+    #[must_use]
+    pub fn next(&self) -> Offset {
+        self.next
+    }
+
+    /// Whether no entry is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.next == self.start
+    }
+
+    /// The epoch of the entry at `offset`, if held.
+    #[must_use]
+    pub fn epoch_at(&self, offset: Offset) -> Option<Epoch> {
+        if offset < self.start || offset >= self.next {
+            return None;
+        }
+        let i = self.runs.partition_point(|(o, _)| *o <= offset);
+        Some(self.runs[i - 1].1)
+    }
+
+    /// The last entry, if any.
+    #[must_use]
+    pub fn last(&self) -> Option<LogPosition> {
+        let (_, epoch) = *self.runs.last()?;
+        Some(LogPosition {
+            epoch,
+            offset: Offset(self.next.0 - 1),
+        })
+    }
+
+    /// Appends the entry at `self.next()`.
+    ///
+    /// # Panics
+    /// If `offset` is not `self.next()` (a bug in the caller's validation).
+    pub fn push(&mut self, offset: Offset, epoch: Epoch) {
+        assert_eq!(offset, self.next, "index entries must be contiguous");
+        match self.runs.last() {
+            Some(&(_, e)) if e == epoch => {}
+            _ => self.runs.push((offset, epoch)),
+        }
+        self.next = offset.next();
+    }
+
+    /// Drops every entry at or after `offset`.
+    pub fn truncate(&mut self, offset: Offset) {
+        if offset >= self.next {
+            return;
+        }
+        let offset = offset.max(self.start);
+        let keep = self.runs.partition_point(|(o, _)| *o < offset);
+        self.runs.truncate(keep);
+        self.next = offset;
+    }
+}
+
+/// A segment as the reader sees it.
+#[derive(Debug)]
+pub struct IndexedSegment {
+    /// Base offset (from the name).
+    pub base: Offset,
+    /// Path of the file.
+    pub path: PathBuf,
+    /// A read handle (buffered I/O sees what the O_DIRECT writes put on disk).
+    pub file: Arc<File>,
+}
+
+/// Where one entry's record lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Index into [`Index::segments`].
+    pub segment: u32,
+    /// Byte position of the record header in the segment.
+    pub position: u32,
+    /// Header plus payload, in bytes.
+    pub bytes: u32,
+}
+
+/// The durable index: every durable entry's location and epoch.
+#[derive(Debug)]
+pub struct Index {
+    /// Segments in base order; a `Location::segment` indexes this.
+    pub segments: Vec<IndexedSegment>,
+    locations: Vec<Location>,
+    epochs: EpochRuns,
+}
+
+impl Index {
+    /// An empty index of a log starting at `start`.
+    #[must_use]
+    pub fn new(start: Offset) -> Index {
+        Index {
+            segments: Vec::new(),
+            locations: Vec::new(),
+            epochs: EpochRuns::new(start),
+        }
+    }
+
+    /// The epochs of the indexed entries.
+    #[must_use]
+    pub fn epochs(&self) -> &EpochRuns {
+        &self.epochs
+    }
+
+    /// The first offset.
+    #[must_use]
+    pub fn start(&self) -> Offset {
+        self.epochs.start()
+    }
+
+    /// One past the last durable offset.
+    #[must_use]
+    pub fn next(&self) -> Offset {
+        self.epochs.next()
+    }
+
+    /// The last durable entry.
+    #[must_use]
+    pub fn last(&self) -> Option<LogPosition> {
+        self.epochs.last()
+    }
+
+    /// Adds a segment and returns its index for [`Location::segment`].
+    pub fn add_segment(&mut self, segment: IndexedSegment) -> u32 {
+        self.segments.push(segment);
+        u32::try_from(self.segments.len() - 1).expect("invariant: fewer than 2^32 segments")
+    }
+
+    /// Removes the segments from index `from` on (files deleted by a truncation), dropping
+    /// every entry they held and every entry after the first of them.
+    pub fn remove_segments_from(&mut self, from: usize) {
+        if from >= self.segments.len() {
+            return;
+        }
+        let cut = self
+            .locations
+            .iter()
+            .position(|l| l.segment as usize >= from);
+        if let Some(i) = cut {
+            self.truncate(Offset(self.start().0 + i as u64));
+        }
+        self.segments.truncate(from);
+    }
+
+    /// Records the entry at `self.next()`.
+    ///
+    /// # Panics
+    /// If `offset` is not the next one or `segment` is unknown.
+    pub fn push(
+        &mut self,
+        offset: Offset,
+        epoch: Epoch,
+        segment: u32,
+        position: Position,
+        bytes: u64,
+    ) {
+        assert!((segment as usize) < self.segments.len(), "unknown segment");
+        self.epochs.push(offset, epoch);
+        self.locations.push(Location {
+            segment,
+            position: u32::try_from(position.0)
+                .expect("invariant: segments are smaller than 4 GiB"),
+            bytes: u32::try_from(bytes).expect("invariant: records are smaller than 4 GiB"),
+        });
+    }
+
+    /// Drops every entry at or after `offset`.
+    pub fn truncate(&mut self, offset: Offset) {
+        self.epochs.truncate(offset);
+        let keep = usize::try_from(self.epochs.next().0 - self.epochs.start().0)
+            .expect("invariant: index fits memory");
+        self.locations.truncate(keep);
+    }
+
+    /// The location of the entry at `offset`, if durable.
+    #[must_use]
+    pub fn locate(&self, offset: Offset) -> Option<Location> {
+        if offset < self.start() {
+            return None;
+        }
+        let i = usize::try_from(offset.0 - self.start().0).ok()?;
+        self.locations.get(i).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_runs_push_truncate_lookup() {
+        let mut r = EpochRuns::new(Offset(0));
+        assert_eq!(r.last(), None);
+        for (o, e) in [(0, 1), (1, 1), (2, 3), (3, 3), (4, 7)] {
+            r.push(Offset(o), Epoch(e));
+        }
+        assert_eq!(r.epoch_at(Offset(1)), Some(Epoch(1)));
+        assert_eq!(r.epoch_at(Offset(3)), Some(Epoch(3)));
+        assert_eq!(r.epoch_at(Offset(5)), None);
+        assert_eq!(
+            r.last(),
+            Some(LogPosition {
+                epoch: Epoch(7),
+                offset: Offset(4)
+            })
+        );
+        r.truncate(Offset(3));
+        assert_eq!(
+            r.last(),
+            Some(LogPosition {
+                epoch: Epoch(3),
+                offset: Offset(2)
+            })
+        );
+        r.truncate(Offset(2));
+        assert_eq!(
+            r.last(),
+            Some(LogPosition {
+                epoch: Epoch(1),
+                offset: Offset(1)
+            })
+        );
+        r.push(Offset(2), Epoch(2));
+        assert_eq!(r.epoch_at(Offset(2)), Some(Epoch(2)));
+        r.truncate(Offset(0));
+        assert!(r.is_empty());
+    }
+}

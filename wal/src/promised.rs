@@ -1,0 +1,158 @@
+//! [`PromisedEpoch`]: the store's promised epoch, kept durably in its own small file.
+//!
+//! File `promised_epoch` in the data directory, 20 bytes, little-endian:
+//!
+//! ```text
+//!  byte 0        4     5   8                  16         20
+//!       +--------+-----+---+------------------+----------+
+//!       | "QPEP" | ver | 0 |  epoch (u64)     | crc32c   |
+//!       +--------+-----+---+------------------+----------+
+//! ```
+//!
+//! `crc32c` covers bytes 0..16. A store writes `promised_epoch.tmp`, fsyncs it, renames it
+//! over `promised_epoch` and fsyncs the directory — only then may the fence be acked. A
+//! missing file means epoch 0 (nothing promised).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use quire_proto::Epoch;
+
+use crate::error::{CorruptionKind, WalError};
+use crate::segment::fsync_dir;
+use crate::Position;
+
+/// File name of the promised epoch.
+pub const PROMISED_EPOCH_NAME: &str = "promised_epoch";
+const TMP_NAME: &str = "promised_epoch.tmp";
+const MAGIC: [u8; 4] = *b"QPEP";
+const VERSION: u8 = 1;
+const FILE_BYTES: usize = 20;
+
+/// The promised epoch of one data directory. See the module docs.
+#[derive(Debug)]
+pub struct PromisedEpoch {
+    dir: PathBuf,
+    epoch: Epoch,
+}
+
+impl PromisedEpoch {
+    /// Loads the promised epoch of `dir` (epoch 0 if the file does not exist).
+    ///
+    /// # Errors
+    /// [`WalError::Corruption`] if the file is damaged; I/O errors.
+    pub fn load(dir: &Path) -> Result<PromisedEpoch, WalError> {
+        let path = dir.join(PROMISED_EPOCH_NAME);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(PromisedEpoch {
+                    dir: dir.to_path_buf(),
+                    epoch: Epoch::ZERO,
+                });
+            }
+            Err(e) => return Err(WalError::io("read", &path, e)),
+        };
+        let damaged = || WalError::Corruption {
+            segment: path.clone(),
+            position: Position(0),
+            offset: quire_proto::Offset::ZERO,
+            problem: CorruptionKind::PromisedEpochFile,
+        };
+        if bytes.len() != FILE_BYTES || bytes[0..4] != MAGIC || bytes[4] != VERSION {
+            return Err(damaged());
+        }
+        let crc = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+        if crc32c::crc32c(&bytes[..16]) != crc {
+            return Err(damaged());
+        }
+        let mut e = [0u8; 8];
+        e.copy_from_slice(&bytes[8..16]);
+        Ok(PromisedEpoch {
+            dir: dir.to_path_buf(),
+            epoch: Epoch(u64::from_le_bytes(e)),
+        })
+    }
+
+    /// The promised epoch.
+    #[must_use]
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Durably raises the promised epoch to `epoch` (temp file, fsync, rename, fsync dir).
+    /// Storing the current value again does nothing.
+    ///
+    /// # Errors
+    /// [`WalError::PromiseRegression`] if `epoch` is below the current one; I/O errors (the
+    /// promise is then not made, and the in-memory value is unchanged).
+    pub fn store(&mut self, epoch: Epoch) -> Result<(), WalError> {
+        if epoch < self.epoch {
+            return Err(WalError::PromiseRegression {
+                current: self.epoch,
+                requested: epoch,
+            });
+        }
+        if epoch == self.epoch {
+            return Ok(());
+        }
+        let mut bytes = [0u8; FILE_BYTES];
+        bytes[0..4].copy_from_slice(&MAGIC);
+        bytes[4] = VERSION;
+        bytes[8..16].copy_from_slice(&epoch.0.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..16]);
+        bytes[16..20].copy_from_slice(&crc.to_le_bytes());
+        let tmp = self.dir.join(TMP_NAME);
+        let path = self.dir.join(PROMISED_EPOCH_NAME);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| WalError::io("create", &tmp, e))?;
+        f.write_all(&bytes)
+            .map_err(|e| WalError::io("write", &tmp, e))?;
+        f.sync_all().map_err(|e| WalError::io("fsync", &tmp, e))?;
+        drop(f);
+        fs::rename(&tmp, &path).map_err(|e| WalError::io("rename", &path, e))?;
+        fsync_dir(&self.dir)?;
+        self.epoch = epoch;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_load_and_refuse_to_go_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = PromisedEpoch::load(dir.path()).unwrap();
+        assert_eq!(p.epoch(), Epoch::ZERO);
+        p.store(Epoch(7)).unwrap();
+        assert_eq!(PromisedEpoch::load(dir.path()).unwrap().epoch(), Epoch(7));
+        assert!(matches!(
+            p.store(Epoch(6)),
+            Err(WalError::PromiseRegression { .. })
+        ));
+        p.store(Epoch(7)).unwrap();
+        p.store(Epoch(9)).unwrap();
+        assert_eq!(PromisedEpoch::load(dir.path()).unwrap().epoch(), Epoch(9));
+        assert!(!dir.path().join(TMP_NAME).exists());
+    }
+
+    #[test]
+    fn damaged_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = PromisedEpoch::load(dir.path()).unwrap();
+        p.store(Epoch(3)).unwrap();
+        let path = dir.path().join(PROMISED_EPOCH_NAME);
+        let mut b = fs::read(&path).unwrap();
+        b[9] ^= 0x10;
+        fs::write(&path, &b).unwrap();
+        let err = PromisedEpoch::load(dir.path()).unwrap_err();
+        assert!(err.is_corruption(), "{err}");
+    }
+}

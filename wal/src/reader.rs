@@ -1,0 +1,135 @@
+//! The reader: durable records by offset range, through the index.
+//!
+//! Reads use the segments' buffered read handles (kept in the index) with `pread`; the
+//! commit thread's O_DIRECT writes are visible to them once complete, and only durable
+//! entries are indexed. Records that lie close together in a segment are fetched with one
+//! read and handed out as slices of one shared buffer (no per-record copy). Every record
+//! read is checked again (checksum, offset, epoch) against the index.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use quire_proto::{Epoch, Offset};
+
+use crate::append::Record;
+use crate::error::{CorruptionKind, WalError};
+use crate::format::{self, HEADER_BYTES};
+use crate::index::{Index, Location};
+use crate::Position;
+
+/// Records at most this many bytes apart in a segment are fetched with one read.
+const READ_GAP_BYTES_MAX: u64 = 64 * 1024;
+
+struct Wanted {
+    offset: Offset,
+    epoch: Epoch,
+    loc: Location,
+}
+
+/// Reads durable records from `from` on: at most `max_events` records and, past the first
+/// record, at most `max_bytes` payload bytes in total.
+pub(crate) fn read(
+    index: &std::sync::RwLock<Index>,
+    from: Offset,
+    max_events: usize,
+    max_bytes: u64,
+) -> Result<Vec<Record>, WalError> {
+    let (wanted, files) = {
+        let index = index
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if from < index.start() || from > index.next() {
+            return Err(WalError::OffsetOutOfRange {
+                requested: from,
+                first: index.start(),
+                next: index.next(),
+            });
+        }
+        let mut wanted = Vec::new();
+        let mut payload = 0u64;
+        let mut o = from;
+        while o < index.next() && wanted.len() < max_events {
+            let loc = index
+                .locate(o)
+                .expect("invariant: every offset below next is indexed");
+            let epoch = index
+                .epochs()
+                .epoch_at(o)
+                .expect("invariant: every offset below next has an epoch");
+            let p = u64::from(loc.bytes) - HEADER_BYTES as u64;
+            if !wanted.is_empty() && payload + p > max_bytes {
+                break;
+            }
+            payload += p;
+            wanted.push(Wanted {
+                offset: o,
+                epoch,
+                loc,
+            });
+            o = o.next();
+        }
+        let files: Vec<(Arc<File>, PathBuf)> = index
+            .segments
+            .iter()
+            .map(|s| (s.file.clone(), s.path.clone()))
+            .collect();
+        (wanted, files)
+    };
+
+    let mut out = Vec::with_capacity(wanted.len());
+    let mut i = 0;
+    while i < wanted.len() {
+        // A run of records in one segment, close together.
+        let first = &wanted[i].loc;
+        let mut j = i + 1;
+        let mut end = u64::from(first.position) + u64::from(first.bytes);
+        while j < wanted.len() {
+            let l = &wanted[j].loc;
+            let gap_ok =
+                u64::from(l.position) >= end && u64::from(l.position) - end <= READ_GAP_BYTES_MAX;
+            if l.segment != first.segment || !gap_ok {
+                break;
+            }
+            end = u64::from(l.position) + u64::from(l.bytes);
+            j += 1;
+        }
+        let (file, path) = &files[first.segment as usize];
+        let start = u64::from(first.position);
+        let len = usize::try_from(end - start).expect("invariant: a read run fits memory");
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, start)
+            .map_err(|e| WalError::io("read", path, e))?;
+        let buf = Bytes::from(buf);
+        for w in &wanted[i..j] {
+            let at = usize::try_from(u64::from(w.loc.position) - start)
+                .expect("invariant: inside the run");
+            let rec_len = w.loc.bytes as usize;
+            let bytes = &buf[at..at + rec_len];
+            let mismatch = || WalError::Corruption {
+                segment: path.clone(),
+                position: Position(u64::from(w.loc.position)),
+                offset: w.offset,
+                problem: CorruptionKind::ReadMismatch,
+            };
+            let h = format::decode_header(bytes).map_err(|_| mismatch())?;
+            if h.record_bytes() != rec_len as u64
+                || h.offset != w.offset
+                || h.epoch != w.epoch
+                || !format::checksum_ok(bytes)
+            {
+                return Err(mismatch());
+            }
+            out.push(Record {
+                epoch: h.epoch,
+                offset: h.offset,
+                kind: h.kind,
+                payload: buf.slice(at + HEADER_BYTES..at + rec_len),
+            });
+        }
+        i = j;
+    }
+    Ok(out)
+}

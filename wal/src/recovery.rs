@@ -1,0 +1,268 @@
+//! Recovery at open, and the offline repair: scan, cut a torn tail durably, rebuild the
+//! index.
+//!
+//! A torn tail is cut by writing zeros over it (through the page cache, then fdatasync),
+//! so the segment keeps its preallocated, written blocks; a segment whose first record is
+//! torn is deleted instead, as are later segments that hold no valid record, and the
+//! directory is fsynced. Every cut is logged with file, position and bytes. Corruption is
+//! never cut: it is returned as a located [`WalError::Corruption`] and nothing changes.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quire_proto::{Epoch, LogPosition, Offset};
+
+use crate::error::WalError;
+use crate::index::{Index, IndexedSegment};
+use crate::scan::{self, RecordStatus, ScanEnd, ScanReport, TornTail};
+use crate::segment::{self, DirLock, SegmentPath};
+use crate::Position;
+
+/// What recovery found and did at open.
+#[derive(Clone, Debug)]
+pub struct RecoveryReport {
+    /// Segments in the directory after recovery.
+    pub segments: usize,
+    /// The log's first offset.
+    pub first: Offset,
+    /// The last entry after recovery.
+    pub last: Option<LogPosition>,
+    /// Entries in the log.
+    pub entries: u64,
+    /// Truncation markers met.
+    pub markers: u64,
+    /// The torn tail that was cut, if any.
+    pub torn_tail: Option<TornTail>,
+    /// How long the scan and the cut took.
+    pub duration: Duration,
+}
+
+/// The segment appends continue in.
+#[derive(Debug)]
+pub(crate) struct Tail {
+    pub index_id: u32,
+    pub base: Offset,
+    pub path: std::path::PathBuf,
+    /// Where the next batch goes (a multiple of the alignment).
+    pub write_position: u64,
+    /// Usable bytes of the file (a multiple of the alignment).
+    pub capacity: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    pub index: Index,
+    pub max_epoch: Epoch,
+    pub tail: Option<Tail>,
+    pub report: RecoveryReport,
+}
+
+/// Opens a segment for reading by the reader: buffered, readahead off (the blocks after
+/// the durable end are written concurrently by the commit thread).
+pub(crate) fn open_for_read(path: &Path) -> Result<Arc<File>, WalError> {
+    let f = File::open(path).map_err(|e| WalError::io("open", path, e))?;
+    // SAFETY: posix_fadvise on an fd we own; advice only, no memory involved.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+    }
+    Ok(Arc::new(f))
+}
+
+/// Scans `dir`, cuts a torn tail, extends the last segment to `segment_bytes` with
+/// written zeros if it is shorter, and builds the index. The caller holds the lock.
+pub(crate) fn recover(dir: &Path, segment_bytes: u64, align: u64) -> Result<Recovered, WalError> {
+    let started = Instant::now();
+    let segments = segment::list_segments(dir)?;
+    let start = segments.first().map_or(Offset::ZERO, |s| s.base);
+    let mut index = Index::new(start);
+    for s in &segments {
+        index.add_segment(IndexedSegment {
+            base: s.base,
+            path: s.path.clone(),
+            file: open_for_read(&s.path)?,
+        });
+    }
+    let report = scan::scan_segments(&segments, &mut |r| match r.status {
+        RecordStatus::Entry => {
+            let h = r
+                .header
+                .expect("invariant: an accepted record has a header");
+            let seg = u32::try_from(r.segment_index).expect("invariant: fewer than 2^32 segments");
+            index.push(h.offset, h.epoch, seg, r.position, r.bytes);
+        }
+        RecordStatus::Marker { .. } => {
+            let h = r
+                .header
+                .expect("invariant: an accepted record has a header");
+            index.truncate(h.offset);
+        }
+        RecordStatus::Bad(_) => {}
+    })?;
+    let torn = match &report.end {
+        ScanEnd::Clean => None,
+        ScanEnd::Corruption(e) => return Err(e.clone()),
+        ScanEnd::TornTail(t) => Some(t.clone()),
+    };
+    let mut deleted_from = None;
+    if let Some(t) = &torn {
+        let deleted = cut(dir, t)?;
+        if deleted > 0 {
+            let first_deleted = segments.len() - deleted;
+            index.remove_segments_from(first_deleted);
+            deleted_from = Some(first_deleted);
+        }
+    }
+    let remaining = deleted_from.unwrap_or(segments.len());
+    if remaining == 0 {
+        // Nothing is left: the log starts afresh at offset 0, as a reopen would see it.
+        index = Index::new(Offset::ZERO);
+    }
+    let tail = match remaining.checked_sub(1) {
+        None => None,
+        Some(i) => Some(prepare_tail(
+            &segments[i],
+            &report,
+            i,
+            segment_bytes,
+            align,
+        )?),
+    };
+    Ok(Recovered {
+        max_epoch: report.max_epoch,
+        report: RecoveryReport {
+            segments: remaining,
+            first: index.start(),
+            last: index.last(),
+            entries: index.next().0 - index.start().0,
+            markers: report.markers,
+            torn_tail: torn,
+            duration: started.elapsed(),
+        },
+        index,
+        tail,
+    })
+}
+
+fn prepare_tail(
+    seg: &SegmentPath,
+    report: &ScanReport,
+    i: usize,
+    segment_bytes: u64,
+    align: u64,
+) -> Result<Tail, WalError> {
+    let end = report.segments.get(i).map_or(0, |s| s.end.0);
+    let file = OpenOptions::new()
+        .write(true)
+        .open(&seg.path)
+        .map_err(|e| WalError::io("open", &seg.path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| WalError::io("stat", &seg.path, e))?
+        .len();
+    if len < segment_bytes {
+        // A short last segment (cut by hand, or preallocated by an older configuration):
+        // write zeros so that appends land in written blocks, as in a fresh segment.
+        segment::write_zeros(&file, len, segment_bytes)
+            .map_err(|e| WalError::io("zero-fill", &seg.path, e))?;
+        file.sync_all()
+            .map_err(|e| WalError::io("fsync", &seg.path, e))?;
+    }
+    let capacity = crate::format::align_down(len.max(segment_bytes), align);
+    Ok(Tail {
+        index_id: u32::try_from(i).expect("invariant: fewer than 2^32 segments"),
+        base: seg.base,
+        path: seg.path.clone(),
+        write_position: crate::format::align_up(end, align).min(capacity),
+        capacity,
+    })
+}
+
+/// Cuts a torn tail durably. Returns how many segments at the end of the directory were
+/// deleted.
+fn cut(dir: &Path, t: &TornTail) -> Result<usize, WalError> {
+    let mut deleted = 0;
+    // Later, empty segments first (highest base first), so that a crash in between
+    // never leaves a gap.
+    for p in t.empty_segments_after.iter().rev() {
+        fs::remove_file(p).map_err(|e| WalError::io("remove", p, e))?;
+        deleted += 1;
+    }
+    if t.position == Position(0) {
+        fs::remove_file(&t.segment).map_err(|e| WalError::io("remove", &t.segment, e))?;
+        deleted += 1;
+    } else {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&t.segment)
+            .map_err(|e| WalError::io("open", &t.segment, e))?;
+        segment::write_zeros(&f, t.position.0, t.position.0 + t.bytes)
+            .map_err(|e| WalError::io("write zeros", &t.segment, e))?;
+        f.sync_data()
+            .map_err(|e| WalError::io("fdatasync", &t.segment, e))?;
+    }
+    if deleted > 0 {
+        segment::fsync_dir(dir)?;
+    }
+    tracing::warn!(
+        segment = %t.segment.display(),
+        position = t.position.0,
+        bytes_cut = t.bytes,
+        expected_offset = t.offset.0,
+        problem = %t.problem,
+        segments_deleted = deleted,
+        "cut the torn tail of the log"
+    );
+    Ok(deleted)
+}
+
+/// What [`repair_torn_tail`] did.
+#[derive(Clone, Debug)]
+pub struct RepairReport {
+    /// The torn tail that was cut, or `None` if the log ended cleanly.
+    pub cut: Option<TornTail>,
+    /// The last entry after the repair.
+    pub last: Option<LogPosition>,
+}
+
+/// Offline repair: cuts a torn tail of the log in `dir` (the same cut [`crate::Wal::open`]
+/// makes) and nothing else. Takes the directory lock.
+///
+/// # Errors
+/// [`WalError::Corruption`] (and no change) if the log is corrupt rather than torn;
+/// [`WalError::Locked`] if a `Wal` has the directory open; I/O errors.
+pub fn repair_torn_tail(dir: &Path) -> Result<RepairReport, WalError> {
+    let _lock = DirLock::acquire(dir)?;
+    let report = scan::scan_dir(dir, &mut |_| {})?;
+    match report.end {
+        ScanEnd::Clean => Ok(RepairReport {
+            cut: None,
+            last: report.last,
+        }),
+        ScanEnd::Corruption(e) => Err(e),
+        ScanEnd::TornTail(t) => {
+            cut(dir, &t)?;
+            Ok(RepairReport {
+                cut: Some(t),
+                last: report.last,
+            })
+        }
+    }
+}
+
+/// Offline, read-only walk of the log in `dir` for tools (`quire wal dump|verify|stat`):
+/// calls `visit` for every record in file order, with its segment, position, length,
+/// checksum status and the scan's decision, and returns the summary (torn tail or
+/// corruption with their locations). Modifies nothing and takes no lock.
+///
+/// # Errors
+/// I/O errors and a malformed directory; corruption is reported in the returned
+/// [`ScanReport::end`], not as an error.
+pub fn inspect(
+    dir: &Path,
+    mut visit: impl FnMut(&scan::ScannedRecord<'_>),
+) -> Result<ScanReport, WalError> {
+    scan::scan_dir(dir, &mut visit)
+}

@@ -1,0 +1,532 @@
+//! The recovery scan: walks every segment in name order, applies the rules that decide
+//! which records are the log, and says where and how the log ends. Read-only.
+//!
+//! Rules (mirrored in `docs/format.md`):
+//!
+//! - Segments are read in base-offset order. The first segment's base is where the log
+//!   starts. A later segment's base must not exceed the next expected offset (else a
+//!   segment is missing); a base below it means the segment was started by a truncation,
+//!   and its first record must be an accepted truncation marker at exactly its base.
+//! - A header of 32 zero bytes is padding (or preallocated space): the scan moves to the
+//!   next multiple of [`PAD_GRANULE_BYTES`].
+//! - An event record counts only if its header is well-formed, its checksum holds and its
+//!   offset is the next expected one.
+//! - A truncation marker `{offset: x, epoch: w}` counts only if its checksum holds, the
+//!   segment's base <= x <= the next expected offset, the log start <= x, `w` >= every
+//!   epoch accepted so far (entries and markers), and — when an entry exists at `x` —
+//!   `w` > that entry's epoch. It drops every entry from `x` on.
+//! - The first record that does not count ends the log. If any well-formed record with a
+//!   valid checksum lies after it (in the same segment or a later one), that is
+//!   **corruption**, reported with segment, position and expected offset. Otherwise the
+//!   rest is a **torn tail**.
+//!
+//! The scan never modifies anything; cutting a torn tail is `recovery.rs`'s job.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use quire_proto::{Epoch, LogPosition, Offset};
+
+use crate::error::{CorruptionKind, WalError};
+use crate::format::{self, align_up, Header, HeaderProblem, HEADER_BYTES, PAD_GRANULE_BYTES};
+use crate::index::EpochRuns;
+use crate::segment::SegmentPath;
+use crate::Position;
+
+/// Bytes read from a segment per read call during a scan.
+const READ_WINDOW_BYTES: usize = 1 << 20;
+
+/// What the scan decided about one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordStatus {
+    /// An event that is part of the log (until a later marker drops it).
+    Entry,
+    /// An accepted truncation marker; `dropped` entries at or after its offset were dropped.
+    Marker {
+        /// How many entries it dropped.
+        dropped: u64,
+    },
+    /// The record that ends the log: see [`ScanReport::end`] for whether it is a torn tail
+    /// or corruption.
+    Bad(BadRecord),
+}
+
+/// Why a record does not count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadRecord {
+    /// The file ends inside the header or the payload.
+    Short,
+    /// The header is malformed.
+    Header(HeaderProblem),
+    /// The checksum does not match.
+    Checksum,
+    /// The checksum holds but the offset is not the next expected one.
+    UnexpectedOffset {
+        /// The offset the log expected.
+        expected: Offset,
+    },
+    /// A truncation marker that the rules refuse.
+    MarkerRefused,
+    /// A segment named below the expected offset does not start with a marker at its base.
+    SegmentStart,
+}
+
+impl std::fmt::Display for BadRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadRecord::Short => write!(f, "file ends inside the record"),
+            BadRecord::Header(p) => write!(f, "malformed header ({p:?})"),
+            BadRecord::Checksum => write!(f, "checksum mismatch"),
+            BadRecord::UnexpectedOffset { expected } => {
+                write!(f, "offset is not the expected {expected}")
+            }
+            BadRecord::MarkerRefused => write!(f, "truncation marker refused by the epoch rules"),
+            BadRecord::SegmentStart => write!(
+                f,
+                "segment does not start with the marker its name requires"
+            ),
+        }
+    }
+}
+
+/// One record as the scan met it, handed to the visitor of [`scan_dir`].
+#[derive(Debug)]
+pub struct ScannedRecord<'a> {
+    /// Index of the segment in [`ScanReport::segments`].
+    pub segment_index: usize,
+    /// The segment file.
+    pub segment: &'a Path,
+    /// Byte position of the record in the segment.
+    pub position: Position,
+    /// The header, if it parsed.
+    pub header: Option<Header>,
+    /// Header plus payload in bytes (0 if the header did not parse).
+    pub bytes: u64,
+    /// Whether the checksum holds (false if the record is short or did not parse).
+    pub checksum_ok: bool,
+    /// The scan's decision.
+    pub status: RecordStatus,
+    /// The payload (empty if the record is short or did not parse).
+    pub payload: &'a [u8],
+}
+
+/// One segment's summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentReport {
+    /// Base offset (from the name).
+    pub base: Offset,
+    /// The file.
+    pub path: PathBuf,
+    /// File size in bytes.
+    pub file_bytes: u64,
+    /// Event records accepted in this segment (some may be dropped by later markers).
+    pub entries: u64,
+    /// Truncation markers accepted in this segment.
+    pub markers: u64,
+    /// End of the last accepted record (0 if none).
+    pub end: Position,
+}
+
+/// A torn tail: where the log's valid part ends and what follows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// Index of the segment in [`ScanReport::segments`].
+    pub segment_index: usize,
+    /// The segment that holds the tail.
+    pub segment: PathBuf,
+    /// Where the first record that does not count starts (the cut point).
+    pub position: Position,
+    /// The offset expected there.
+    pub offset: Offset,
+    /// Bytes from `position` to the end of the last non-zero byte after it.
+    pub bytes: u64,
+    /// Why the record at `position` does not count.
+    pub problem: BadRecord,
+    /// Later segments holding no valid record, to be deleted with the cut.
+    pub empty_segments_after: Vec<PathBuf>,
+}
+
+/// How the log ends.
+#[derive(Clone, Debug)]
+pub enum ScanEnd {
+    /// After the last valid record there are only zeros.
+    Clean,
+    /// A torn tail (see [`TornTail`]).
+    TornTail(TornTail),
+    /// Corruption: a [`WalError::Corruption`] with its location.
+    Corruption(WalError),
+}
+
+/// The result of a scan.
+#[derive(Clone, Debug)]
+pub struct ScanReport {
+    /// Every segment, in base order.
+    pub segments: Vec<SegmentReport>,
+    /// The log's first offset.
+    pub start: Offset,
+    /// One past the last entry.
+    pub next: Offset,
+    /// The last entry.
+    pub last: Option<LogPosition>,
+    /// Entries in the log (after truncations).
+    pub entries: u64,
+    /// Accepted truncation markers.
+    pub markers: u64,
+    /// Highest epoch of any accepted record (entries and markers).
+    pub max_epoch: Epoch,
+    /// The epochs of the log's entries.
+    pub epochs: EpochRuns,
+    /// How the log ends.
+    pub end: ScanEnd,
+}
+
+/// Reads a segment through a sliding window of [`READ_WINDOW_BYTES`].
+struct SegmentReader {
+    file: File,
+    len: u64,
+    window: Vec<u8>,
+    window_pos: u64,
+}
+
+impl SegmentReader {
+    fn open(path: &Path) -> Result<SegmentReader, WalError> {
+        let file = File::open(path).map_err(|e| WalError::io("open", path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| WalError::io("stat", path, e))?
+            .len();
+        Ok(SegmentReader {
+            file,
+            len,
+            window: Vec::new(),
+            window_pos: 0,
+        })
+    }
+
+    /// The bytes `[pos, pos + n)`, which must lie inside the file.
+    fn bytes(&mut self, pos: u64, n: usize) -> io::Result<&[u8]> {
+        debug_assert!(pos + n as u64 <= self.len);
+        let have =
+            pos >= self.window_pos && pos + n as u64 <= self.window_pos + self.window.len() as u64;
+        if !have {
+            let want = usize::try_from(self.len - pos)
+                .unwrap_or(usize::MAX)
+                .min(n.max(READ_WINDOW_BYTES));
+            self.window.resize(want, 0);
+            let mut filled = 0;
+            while filled < want {
+                let got = self
+                    .file
+                    .read_at(&mut self.window[filled..], pos + filled as u64)?;
+                if got == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "segment shrank during the scan",
+                    ));
+                }
+                filled += got;
+            }
+            self.window_pos = pos;
+        }
+        let start = usize::try_from(pos - self.window_pos).expect("invariant: inside the window");
+        Ok(&self.window[start..start + n])
+    }
+
+    /// Whether a valid record (well-formed header, checksum ok) starts at `pos`.
+    fn valid_record_at(&mut self, pos: u64) -> io::Result<bool> {
+        if pos + HEADER_BYTES as u64 > self.len {
+            return Ok(false);
+        }
+        let Ok(h) = format::decode_header(self.bytes(pos, HEADER_BYTES)?) else {
+            return Ok(false);
+        };
+        let total = h.record_bytes();
+        if pos + total > self.len {
+            return Ok(false);
+        }
+        let n = usize::try_from(total).expect("invariant: record length fits usize");
+        Ok(format::checksum_ok(self.bytes(pos, n)?))
+    }
+
+    /// Looks past a bad record at `bad` (whose header said `len_hint` bytes, if it parsed):
+    /// returns whether a valid record follows, and the end of the last non-zero
+    /// [`PAD_GRANULE_BYTES`] chunk after `bad`.
+    fn look_past(&mut self, bad: u64, len_hint: Option<u64>) -> io::Result<(bool, u64)> {
+        let mut valid_after = false;
+        if let Some(len) = len_hint {
+            if len > 0 && self.valid_record_at(bad + len)? {
+                valid_after = true;
+            }
+        }
+        let mut nonzero_end = bad;
+        let mut pos = format::align_down(bad, PAD_GRANULE_BYTES);
+        while pos < self.len {
+            let end = (pos + PAD_GRANULE_BYTES).min(self.len);
+            let n = usize::try_from(end - pos).expect("invariant: a granule fits usize");
+            if self.bytes(pos, n)?.iter().any(|&b| b != 0) {
+                nonzero_end = nonzero_end.max(end);
+                if !valid_after && pos > bad && self.valid_record_at(pos)? {
+                    valid_after = true;
+                }
+            }
+            pos = end;
+        }
+        Ok((valid_after, nonzero_end))
+    }
+}
+
+/// Walks the segments of `dir` and calls `visit` for every record met, in file order.
+/// See the module docs for the rules. Modifies nothing.
+///
+/// # Errors
+/// Only I/O errors and a malformed directory. Corruption is not an error here: it is
+/// reported in [`ScanReport::end`] so that a tool can show it.
+pub fn scan_dir(
+    dir: &Path,
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+) -> Result<ScanReport, WalError> {
+    let segments = crate::segment::list_segments(dir)?;
+    scan_segments(&segments, visit)
+}
+
+/// [`scan_dir`] over an explicit list of segments (sorted by base).
+///
+/// # Errors
+/// As [`scan_dir`].
+pub fn scan_segments(
+    segments: &[SegmentPath],
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+) -> Result<ScanReport, WalError> {
+    let start = segments.first().map_or(Offset::ZERO, |s| s.base);
+    let mut epochs = EpochRuns::new(start);
+    let mut max_epoch = Epoch::ZERO;
+    let mut markers = 0u64;
+    let mut reports = Vec::with_capacity(segments.len());
+    let mut end = ScanEnd::Clean;
+
+    'segments: for (si, seg) in segments.iter().enumerate() {
+        let mut reader = SegmentReader::open(&seg.path)?;
+        let mut report = SegmentReport {
+            base: seg.base,
+            path: seg.path.clone(),
+            file_bytes: reader.len,
+            entries: 0,
+            markers: 0,
+            end: Position(0),
+        };
+        let io_err = |e: io::Error| WalError::io("read", &seg.path, e);
+        let expected_at_start = epochs.next();
+        if seg.base > expected_at_start {
+            end = ScanEnd::Corruption(WalError::Corruption {
+                segment: seg.path.clone(),
+                position: Position(0),
+                offset: expected_at_start,
+                problem: CorruptionKind::MissingSegment,
+            });
+            reports.push(report);
+            break 'segments;
+        }
+        let must_start_with_marker = seg.base < expected_at_start;
+        let mut accepted_here = 0u64;
+        let mut pos = 0u64;
+        let mut bad: Option<(u64, BadRecord, Option<u64>)> = None;
+        while pos < reader.len {
+            if pos + HEADER_BYTES as u64 > reader.len {
+                let n = usize::try_from(reader.len - pos).expect("invariant: less than a header");
+                if reader
+                    .bytes(pos, n)
+                    .map_err(io_err)?
+                    .iter()
+                    .any(|&b| b != 0)
+                {
+                    bad = Some((pos, BadRecord::Short, None));
+                }
+                break;
+            }
+            let header =
+                match format::decode_header(reader.bytes(pos, HEADER_BYTES).map_err(io_err)?) {
+                    Ok(h) => h,
+                    Err(HeaderProblem::Zero) => {
+                        pos = align_up(pos + 1, PAD_GRANULE_BYTES);
+                        continue;
+                    }
+                    Err(p) => {
+                        bad = Some((pos, BadRecord::Header(p), None));
+                        break;
+                    }
+                };
+            let total = header.record_bytes();
+            if pos + total > reader.len {
+                bad = Some((pos, BadRecord::Short, Some(total)));
+                break;
+            }
+            let n = usize::try_from(total).expect("invariant: record length fits usize");
+            let bytes = reader.bytes(pos, n).map_err(io_err)?;
+            if !format::checksum_ok(bytes) {
+                bad = Some((pos, BadRecord::Checksum, Some(total)));
+                break;
+            }
+            let expected = epochs.next();
+            let status = if must_start_with_marker && accepted_here == 0 {
+                if header.is_truncate_marker()
+                    && header.offset == seg.base
+                    && marker_ok(&header, seg.base, &epochs, max_epoch)
+                {
+                    None
+                } else {
+                    Some(BadRecord::SegmentStart)
+                }
+            } else if header.is_truncate_marker() {
+                (!marker_ok(&header, seg.base, &epochs, max_epoch))
+                    .then_some(BadRecord::MarkerRefused)
+            } else {
+                (header.offset != expected).then_some(BadRecord::UnexpectedOffset { expected })
+            };
+            if let Some(problem) = status {
+                bad = Some((pos, problem, Some(total)));
+                break;
+            }
+            let status = if header.is_truncate_marker() {
+                let dropped = expected.0 - header.offset.0;
+                epochs.truncate(header.offset);
+                markers += 1;
+                report.markers += 1;
+                RecordStatus::Marker { dropped }
+            } else {
+                epochs.push(header.offset, header.epoch);
+                report.entries += 1;
+                RecordStatus::Entry
+            };
+            max_epoch = max_epoch.max(header.epoch);
+            accepted_here += 1;
+            visit(&ScannedRecord {
+                segment_index: si,
+                segment: &seg.path,
+                position: Position(pos),
+                header: Some(header),
+                bytes: total,
+                checksum_ok: true,
+                status,
+                payload: &bytes[HEADER_BYTES..],
+            });
+            pos += total;
+            report.end = Position(pos);
+        }
+        if bad.is_none() && must_start_with_marker && accepted_here == 0 {
+            bad = Some((0, BadRecord::SegmentStart, None));
+        }
+        if let Some((bad_pos, problem, len_hint)) = bad {
+            // Tell the visitor about the record that ends the log.
+            let (header, payload, checksum_ok) = match problem {
+                BadRecord::Header(_) => (None, &[][..], false),
+                _ if bad_pos + HEADER_BYTES as u64 <= reader.len => {
+                    let h =
+                        format::decode_header(reader.bytes(bad_pos, HEADER_BYTES).map_err(io_err)?)
+                            .ok();
+                    let total = h.map_or(0, |h| h.record_bytes());
+                    if h.is_some() && bad_pos + total <= reader.len {
+                        let n =
+                            usize::try_from(total).expect("invariant: record length fits usize");
+                        let bytes = reader.bytes(bad_pos, n).map_err(io_err)?;
+                        (h, &bytes[HEADER_BYTES..], format::checksum_ok(bytes))
+                    } else {
+                        (h, &[][..], false)
+                    }
+                }
+                _ => (None, &[][..], false),
+            };
+            visit(&ScannedRecord {
+                segment_index: si,
+                segment: &seg.path,
+                position: Position(bad_pos),
+                header,
+                bytes: len_hint.unwrap_or(0),
+                checksum_ok,
+                status: RecordStatus::Bad(problem),
+                payload,
+            });
+            let (mut valid_after, nonzero_end) =
+                reader.look_past(bad_pos, len_hint).map_err(io_err)?;
+            let mut empty_after = Vec::new();
+            for later in &segments[si + 1..] {
+                let mut r = SegmentReader::open(&later.path)?;
+                let (v, _) = r
+                    .look_past(0, None)
+                    .map_err(|e| WalError::io("read", &later.path, e))?;
+                let v = v
+                    || r.valid_record_at(0)
+                        .map_err(|e| WalError::io("read", &later.path, e))?;
+                if v {
+                    valid_after = true;
+                    break;
+                }
+                empty_after.push(later.path.clone());
+            }
+            let offset = epochs.next();
+            end = if valid_after {
+                ScanEnd::Corruption(WalError::Corruption {
+                    segment: seg.path.clone(),
+                    position: Position(bad_pos),
+                    offset,
+                    problem: if problem == BadRecord::SegmentStart {
+                        CorruptionKind::SegmentStart
+                    } else {
+                        CorruptionKind::BadRecordBeforeValid
+                    },
+                })
+            } else {
+                ScanEnd::TornTail(TornTail {
+                    segment_index: si,
+                    segment: seg.path.clone(),
+                    position: Position(bad_pos),
+                    offset,
+                    bytes: nonzero_end.saturating_sub(bad_pos),
+                    problem,
+                    empty_segments_after: empty_after,
+                })
+            };
+            reports.push(report);
+            // Summaries of the later segments, for tools.
+            for later in &segments[si + 1..] {
+                let file_bytes = std::fs::metadata(&later.path).map(|m| m.len()).unwrap_or(0);
+                reports.push(SegmentReport {
+                    base: later.base,
+                    path: later.path.clone(),
+                    file_bytes,
+                    entries: 0,
+                    markers: 0,
+                    end: Position(0),
+                });
+            }
+            break 'segments;
+        }
+        reports.push(report);
+    }
+
+    let next = epochs.next();
+    Ok(ScanReport {
+        segments: reports,
+        start,
+        next,
+        last: epochs.last(),
+        entries: next.0 - start.0,
+        markers,
+        max_epoch,
+        epochs,
+        end,
+    })
+}
+
+/// The marker rule of the module docs.
+fn marker_ok(header: &Header, segment_base: Offset, epochs: &EpochRuns, max_epoch: Epoch) -> bool {
+    let x = header.offset;
+    if x < segment_base || x < epochs.start() || x > epochs.next() || header.epoch < max_epoch {
+        return false;
+    }
+    match epochs.epoch_at(x) {
+        Some(entry_epoch) => header.epoch > entry_epoch,
+        None => true,
+    }
+}

@@ -1,0 +1,427 @@
+//! Segment files and the data directory: names, listing, the directory lock, directory
+//! fsync, and the background preparation of the next segment.
+//!
+//! A segment is named by its base offset, `<base_offset:020>.log` (20 decimal digits, so
+//! names sort like offsets). Its first record has offset `base`: an event, or — for a
+//! segment started by a truncation below the current segment — the truncation marker at
+//! `base`. This module does not read or write records (see `scan.rs` and `commit.rs`).
+//!
+//! Segments are preallocated **and zero-filled** before they take appends: on ext4 an
+//! O_DIRECT write past the end of a file or into an unwritten extent costs a journal commit
+//! and runs several times slower. [`Preallocator`] keeps one such file ready
+//! (`spare.prealloc`) on a background thread; a roll renames it to the new segment's name
+//! and fsyncs the directory. Old segments are never recycled: a spare is always freshly
+//! zero-filled, so stale records can never be mistaken for data.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use quire_proto::Offset;
+
+use crate::disk::AlignedBuf;
+use crate::error::WalError;
+
+/// File name suffix of a segment.
+pub const SEGMENT_SUFFIX: &str = ".log";
+/// Name of the fully prepared spare segment.
+pub const SPARE_NAME: &str = "spare.prealloc";
+/// Name of a spare segment being prepared.
+pub const SPARE_TMP_NAME: &str = "spare.prealloc.tmp";
+/// Name of the directory lock file.
+pub const LOCK_NAME: &str = "LOCK";
+
+/// The bytes of zeros written per call when preparing a spare, in bytes.
+const ZERO_FILL_CHUNK_BYTES: usize = 1 << 20;
+
+/// The file name of the segment with base offset `base`.
+#[must_use]
+pub fn segment_name(base: Offset) -> String {
+    format!("{:020}{SEGMENT_SUFFIX}", base.0)
+}
+
+/// The base offset encoded in a segment file name, or `None` if `name` is not one.
+#[must_use]
+pub fn parse_segment_name(name: &str) -> Option<Offset> {
+    let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().map(Offset)
+}
+
+/// A segment file found in a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentPath {
+    /// Its base offset (from the name).
+    pub base: Offset,
+    /// Its path.
+    pub path: PathBuf,
+}
+
+/// The segments of `dir`, sorted by base offset.
+///
+/// # Errors
+/// If the directory cannot be read, or a `*.log` file has a malformed name.
+pub fn list_segments(dir: &Path) -> Result<Vec<SegmentPath>, WalError> {
+    let mut out = Vec::new();
+    let entries = fs::read_dir(dir).map_err(|e| WalError::io("read_dir", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| WalError::io("read_dir", dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.ends_with(SEGMENT_SUFFIX) {
+            continue;
+        }
+        let Some(base) = parse_segment_name(name) else {
+            return Err(WalError::BadDirectory {
+                dir: dir.to_path_buf(),
+                detail: format!("{name} is not a segment name (<20 digits>.log)"),
+            });
+        };
+        out.push(SegmentPath {
+            base,
+            path: entry.path(),
+        });
+    }
+    out.sort_by_key(|s| s.base);
+    Ok(out)
+}
+
+/// fsyncs a directory so that creations, renames and deletions in it are durable.
+///
+/// # Errors
+/// If the directory cannot be opened or synced.
+pub fn fsync_dir(dir: &Path) -> Result<(), WalError> {
+    let f = File::open(dir).map_err(|e| WalError::io("open dir", dir, e))?;
+    f.sync_all().map_err(|e| WalError::io("fsync dir", dir, e))
+}
+
+/// An exclusive `flock` on the directory's `LOCK` file, held while the value lives.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+}
+
+impl DirLock {
+    /// Takes the lock of `dir` without waiting.
+    ///
+    /// # Errors
+    /// [`WalError::Locked`] if someone holds it; an I/O error otherwise.
+    pub fn acquire(dir: &Path) -> Result<DirLock, WalError> {
+        let path = dir.join(LOCK_NAME);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        // SAFETY: flock on an fd we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(WalError::Locked {
+                    dir: dir.to_path_buf(),
+                });
+            }
+            return Err(WalError::io("flock", &path, err));
+        }
+        Ok(DirLock { _file: file })
+    }
+}
+
+/// Writes zeros over `[from, to)` of `file` through the page cache (any alignment), without
+/// syncing.
+///
+/// # Errors
+/// The first write error.
+pub fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
+    let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
+    let mut pos = from;
+    while pos < to {
+        let n = usize::try_from(to - pos)
+            .unwrap_or(usize::MAX)
+            .min(zeros.len());
+        let written = file.write_at(&zeros[..n], pos)?;
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "zero-length write",
+            ));
+        }
+        pos += written as u64;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct SpareState {
+    /// `spare.prealloc` exists, is zero-filled to the right size and durable.
+    ready: bool,
+    /// The thread should prepare a spare.
+    wanted: bool,
+    /// The last preparation failed with this error.
+    error: Option<WalError>,
+    stop: bool,
+}
+
+#[derive(Debug)]
+struct SpareShared {
+    dir: PathBuf,
+    bytes: u64,
+    align: usize,
+    state: Mutex<SpareState>,
+    cv: Condvar,
+}
+
+/// Keeps one zero-filled, preallocated spare segment ready on a background thread.
+#[derive(Debug)]
+pub struct Preallocator {
+    shared: Arc<SpareShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Preallocator {
+    /// Starts the background thread for `dir`, preparing spares of `segment_bytes` bytes
+    /// (a multiple of `align`). A complete spare left by an earlier run is reused; a
+    /// partial one is deleted.
+    ///
+    /// # Errors
+    /// If the leftover files cannot be inspected or removed, or the thread cannot start.
+    pub fn start(dir: &Path, segment_bytes: u64, align: usize) -> Result<Preallocator, WalError> {
+        let tmp = dir.join(SPARE_TMP_NAME);
+        if tmp.exists() {
+            fs::remove_file(&tmp).map_err(|e| WalError::io("remove", &tmp, e))?;
+        }
+        let spare = dir.join(SPARE_NAME);
+        let mut ready = false;
+        match fs::metadata(&spare) {
+            Ok(m) if m.len() == segment_bytes => ready = true,
+            Ok(_) => fs::remove_file(&spare).map_err(|e| WalError::io("remove", &spare, e))?,
+            Err(_) => {}
+        }
+        let shared = Arc::new(SpareShared {
+            dir: dir.to_path_buf(),
+            bytes: segment_bytes,
+            align,
+            state: Mutex::new(SpareState {
+                ready,
+                wanted: !ready,
+                error: None,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+        });
+        let worker = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("quire-wal-prealloc".into())
+            .spawn(move || worker.run())
+            .map_err(|e| WalError::io("spawn prealloc thread", dir, e))?;
+        Ok(Preallocator {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Renames the spare to `dest` and fsyncs the directory, waiting for the spare if it is
+    /// still being prepared; then asks for the next one.
+    ///
+    /// # Errors
+    /// The preparation's error (e.g. [`WalError::NoSpace`]), or the rename's.
+    pub fn take(&self, dest: &Path) -> Result<(), WalError> {
+        let s = &self.shared;
+        let mut st = s.lock();
+        if !st.ready && st.error.is_none() {
+            tracing::warn!("segment roll waits for the spare segment to be zero-filled");
+        }
+        while !st.ready {
+            if let Some(e) = st.error.take() {
+                // Ask again so that a later roll can succeed once space is freed.
+                st.wanted = true;
+                s.cv.notify_all();
+                return Err(e);
+            }
+            st.wanted = true;
+            s.cv.notify_all();
+            st = s.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        let spare = s.dir.join(SPARE_NAME);
+        fs::rename(&spare, dest).map_err(|e| WalError::io("rename", dest, e))?;
+        fsync_dir(&s.dir)?;
+        st.ready = false;
+        st.wanted = true;
+        s.cv.notify_all();
+        Ok(())
+    }
+}
+
+impl Drop for Preallocator {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            st.stop = true;
+            self.shared.cv.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl SpareShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SpareState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn run(&self) {
+        loop {
+            {
+                let mut st = self.lock();
+                let needs_spare = |s: &SpareState| s.wanted && !s.ready;
+                while !st.stop && !needs_spare(&st) {
+                    st = self.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+                }
+                if st.stop {
+                    return;
+                }
+                st.wanted = false;
+            }
+            let result = self.prepare();
+            let mut st = self.lock();
+            match result {
+                Ok(()) => {
+                    st.ready = true;
+                    st.error = None;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "preparing the next WAL segment failed");
+                    st.error = Some(e);
+                }
+            }
+            self.cv.notify_all();
+        }
+    }
+
+    /// Creates `spare.prealloc.tmp`, allocates and zero-fills it, fsyncs it, renames it to
+    /// `spare.prealloc` and fsyncs the directory.
+    fn prepare(&self) -> Result<(), WalError> {
+        let tmp = self.dir.join(SPARE_TMP_NAME);
+        let result = self.fill(&tmp);
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result?;
+        let spare = self.dir.join(SPARE_NAME);
+        fs::rename(&tmp, &spare).map_err(|e| WalError::io("rename", &spare, e))?;
+        fsync_dir(&self.dir)
+    }
+
+    fn fill(&self, tmp: &Path) -> Result<(), WalError> {
+        let direct = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(tmp);
+        let (file, is_direct) = match direct {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(tmp)
+                    .map_err(|e| WalError::io("create", tmp, e))?;
+                (f, false)
+            }
+            Err(e) => return Err(WalError::io("create", tmp, e)),
+        };
+        let len = libc::off_t::try_from(self.bytes)
+            .map_err(|_| WalError::Config("segment too large".into()))?;
+        // SAFETY: fallocate on an fd we own; no memory involved.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOSPC) {
+                return Err(WalError::io("fallocate", tmp, err));
+            }
+            // EOPNOTSUPP and friends: the zero fill below allocates the blocks anyway.
+        }
+        if is_direct {
+            let mut zeros = AlignedBuf::zeroed(ZERO_FILL_CHUNK_BYTES, self.align);
+            zeros.advance(zeros.capacity());
+            let mut pos = 0u64;
+            while pos < self.bytes {
+                let n = usize::try_from(self.bytes - pos)
+                    .unwrap_or(usize::MAX)
+                    .min(zeros.len());
+                let written = file
+                    .write_at(&zeros.as_slice()[..n], pos)
+                    .map_err(|e| WalError::io("zero-fill", tmp, e))?;
+                if written == 0 {
+                    return Err(WalError::io(
+                        "zero-fill",
+                        tmp,
+                        io::Error::from(io::ErrorKind::WriteZero),
+                    ));
+                }
+                pos += written as u64;
+            }
+        } else {
+            write_zeros(&file, 0, self.bytes).map_err(|e| WalError::io("zero-fill", tmp, e))?;
+        }
+        file.sync_all().map_err(|e| WalError::io("fsync", tmp, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort() {
+        assert_eq!(segment_name(Offset(42)), "00000000000000000042.log");
+        assert_eq!(
+            parse_segment_name("00000000000000000042.log"),
+            Some(Offset(42))
+        );
+        assert_eq!(
+            parse_segment_name(&segment_name(Offset(u64::MAX))),
+            Some(Offset(u64::MAX))
+        );
+        assert_eq!(parse_segment_name("42.log"), None);
+        assert_eq!(parse_segment_name("0000000000000000004x.log"), None);
+        assert!(segment_name(Offset(9)) < segment_name(Offset(10)));
+    }
+
+    #[test]
+    fn lock_is_exclusive() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = DirLock::acquire(dir.path()).unwrap();
+        assert!(matches!(
+            DirLock::acquire(dir.path()),
+            Err(WalError::Locked { .. })
+        ));
+        drop(lock);
+        DirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn spare_is_zero_filled_and_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Preallocator::start(dir.path(), 64 * 1024, 4096).unwrap();
+        let dest = dir.path().join(segment_name(Offset(0)));
+        p.take(&dest).unwrap();
+        let bytes = fs::read(&dest).unwrap();
+        assert_eq!(bytes.len(), 64 * 1024);
+        assert!(bytes.iter().all(|&b| b == 0));
+        let dest2 = dir.path().join(segment_name(Offset(7)));
+        p.take(&dest2).unwrap();
+        assert_eq!(fs::metadata(&dest2).unwrap().len(), 64 * 1024);
+    }
+}

@@ -1,0 +1,103 @@
+//! Counters of the write path, for the node to export (Prometheus-style: monotonic
+//! counters, sums, and a fixed-bucket histogram of fdatasync latency).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Upper bounds (inclusive, microseconds) of the fdatasync latency histogram buckets; a
+/// last implicit bucket counts everything slower.
+pub const FSYNC_US_BUCKETS: [u64; 12] = [
+    50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000,
+];
+
+/// A snapshot of the WAL's counters. Every count is since open.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WalStats {
+    /// Appends acknowledged durable.
+    pub appends: u64,
+    /// Records (events) acknowledged durable.
+    pub records: u64,
+    /// Payload bytes acknowledged durable.
+    pub payload_bytes: u64,
+    /// Batches written (one write each).
+    pub batches: u64,
+    /// Bytes written by batches, padding included.
+    pub batch_bytes: u64,
+    /// Zero padding bytes written to align batches.
+    pub padding_bytes: u64,
+    /// fdatasyncs completed successfully.
+    pub fsyncs: u64,
+    /// Sum of fdatasync latencies, microseconds (from submission to completion).
+    pub fsync_us_sum: u64,
+    /// Slowest fdatasync, microseconds.
+    pub fsync_us_max: u64,
+    /// fdatasync latency histogram: counts per bucket of [`FSYNC_US_BUCKETS`], plus one
+    /// overflow bucket at the end (not cumulative).
+    pub fsync_us_buckets: [u64; FSYNC_US_BUCKETS.len() + 1],
+    /// Truncation markers written.
+    pub truncations: u64,
+    /// Segments started (rolls and truncations below the current segment).
+    pub segments_created: u64,
+    /// Appends refused by validation.
+    pub appends_refused: u64,
+    /// Whether the log has failed (fail-stop).
+    pub failed: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub appends: AtomicU64,
+    pub records: AtomicU64,
+    pub payload_bytes: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_bytes: AtomicU64,
+    pub padding_bytes: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub fsync_us_sum: AtomicU64,
+    pub fsync_us_max: AtomicU64,
+    pub fsync_us_buckets: [AtomicU64; FSYNC_US_BUCKETS.len() + 1],
+    pub truncations: AtomicU64,
+    pub segments_created: AtomicU64,
+    pub appends_refused: AtomicU64,
+    pub failed: AtomicBool,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_fsync(&self, us: u64) {
+        Self::add(&self.fsyncs, 1);
+        Self::add(&self.fsync_us_sum, us);
+        self.fsync_us_max.fetch_max(us, Ordering::Relaxed);
+        let i = FSYNC_US_BUCKETS
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(FSYNC_US_BUCKETS.len());
+        Self::add(&self.fsync_us_buckets[i], 1);
+    }
+
+    pub(crate) fn snapshot(&self) -> WalStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut buckets = [0u64; FSYNC_US_BUCKETS.len() + 1];
+        for (b, c) in buckets.iter_mut().zip(self.fsync_us_buckets.iter()) {
+            *b = get(c);
+        }
+        WalStats {
+            appends: get(&self.appends),
+            records: get(&self.records),
+            payload_bytes: get(&self.payload_bytes),
+            batches: get(&self.batches),
+            batch_bytes: get(&self.batch_bytes),
+            padding_bytes: get(&self.padding_bytes),
+            fsyncs: get(&self.fsyncs),
+            fsync_us_sum: get(&self.fsync_us_sum),
+            fsync_us_max: get(&self.fsync_us_max),
+            fsync_us_buckets: buckets,
+            truncations: get(&self.truncations),
+            segments_created: get(&self.segments_created),
+            appends_refused: get(&self.appends_refused),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+}

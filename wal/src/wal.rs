@@ -1,0 +1,511 @@
+//! [`Wal`]: the handle the node uses — open (with recovery), append, read, inspect state.
+//!
+//! A `Wal` is a cheap clone of a handle to one data directory's commit thread. The thread
+//! stops (after writing what is queued) when the last handle is dropped or
+//! [`Wal::close`] is called.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use quire_proto::{Epoch, LogPosition, Offset};
+
+use crate::append::{AckSlot, Append, Record};
+use crate::commit::{CommitState, Committer, Request, Shared};
+use crate::disk::{self, Disk};
+use crate::error::WalError;
+use crate::format::{
+    align_down, align_up, record_bytes, HEADER_BYTES, KIND_TRUNCATE, PAYLOAD_BYTES_MAX,
+};
+use crate::recovery::{self, RecoveryReport};
+use crate::segment::{DirLock, Preallocator};
+use crate::stats::{Counters, WalStats};
+
+/// Smallest accepted `segment_bytes_max`, in bytes.
+pub const SEGMENT_BYTES_MIN: u64 = 64 * 1024;
+/// Largest accepted `segment_bytes_max`, in bytes (positions in the index are 32-bit).
+pub const SEGMENT_BYTES_LIMIT: u64 = 1 << 32;
+
+/// Which disk implementation the commit thread uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoBackend {
+    /// io_uring when available, else the synchronous fallback (with a warning in the log).
+    #[default]
+    Auto,
+    /// io_uring, or fail to open.
+    Uring,
+    /// `pwrite` + `fdatasync` on the commit thread.
+    Sync,
+}
+
+/// How to open a WAL. Sizes are bytes, times microseconds.
+#[derive(Clone, Debug)]
+pub struct WalConfig {
+    /// The data directory (created if missing).
+    pub dir: PathBuf,
+    /// Size of a segment file, in bytes (rounded down to the alignment). A segment rolls
+    /// when the next batch does not fit. Default 256 MiB; at least [`SEGMENT_BYTES_MIN`].
+    pub segment_bytes_max: u64,
+    /// Most bytes one batch (one write) carries, in bytes; a single append larger than
+    /// this still goes out as one batch. Default 1 MiB.
+    pub batch_bytes_max: u64,
+    /// How long, in microseconds, the first append of a batch may wait for others when the
+    /// disk is idle. 0 writes at once; batching then comes from appends that arrive while
+    /// an fdatasync runs. Default 0.
+    pub batch_window_us: u64,
+    /// Most bytes queued and not yet taken into a batch, in bytes; an append beyond it is
+    /// refused with [`WalError::TooLarge`] (`what = "queue"`). Default 256 MiB.
+    pub queue_bytes_max: u64,
+    /// The disk implementation. Default [`IoBackend::Auto`].
+    pub io: IoBackend,
+}
+
+impl WalConfig {
+    /// The defaults for `dir`.
+    #[must_use]
+    pub fn new(dir: impl Into<PathBuf>) -> WalConfig {
+        WalConfig {
+            dir: dir.into(),
+            ..WalConfig::default()
+        }
+    }
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            dir: PathBuf::from("data"),
+            segment_bytes_max: 256 << 20,
+            batch_bytes_max: 1 << 20,
+            batch_window_us: 0,
+            queue_bytes_max: 256 << 20,
+            io: IoBackend::Auto,
+        }
+    }
+}
+
+/// A handle to an open write-ahead log. `Clone + Send + Sync`; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Wal {
+    inner: Arc<WalInner>,
+}
+
+#[derive(Debug)]
+struct WalInner {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    _lock: DirLock,
+}
+
+impl Drop for WalInner {
+    fn drop(&mut self) {
+        stop(&self.shared, &self.thread);
+    }
+}
+
+fn stop(shared: &Shared, thread: &Mutex<Option<JoinHandle<()>>>) {
+    shared.lock_state().closing = true;
+    shared.waker.wake();
+    let handle = thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(h) = handle {
+        if h.join().is_err() {
+            tracing::error!("the WAL commit thread panicked");
+        }
+    }
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `config.dir`: takes the directory lock, finds the
+    /// direct-I/O alignment, runs recovery (cutting a torn tail durably), and starts the
+    /// commit thread with the configured disk.
+    ///
+    /// # Errors
+    /// [`WalError::Corruption`] (nothing is changed), [`WalError::Locked`],
+    /// [`WalError::Config`], [`WalError::UringUnavailable`] for `IoBackend::Uring`, I/O
+    /// errors.
+    pub fn open(config: WalConfig) -> Result<(Wal, RecoveryReport), WalError> {
+        let (disk, _) = disk::open_disk(config.io)?;
+        Wal::open_with_disk(config, disk)
+    }
+
+    /// [`Wal::open`] with a given disk (tests: a [`crate::disk::FaultDisk`]); `config.io`
+    /// is ignored.
+    ///
+    /// # Errors
+    /// As [`Wal::open`].
+    pub fn open_with_disk(
+        config: WalConfig,
+        disk: Box<dyn Disk>,
+    ) -> Result<(Wal, RecoveryReport), WalError> {
+        if config.batch_bytes_max == 0 {
+            return Err(WalError::Config("batch_bytes_max must be positive".into()));
+        }
+        std::fs::create_dir_all(&config.dir)
+            .map_err(|e| WalError::io("create dir", &config.dir, e))?;
+        let lock = DirLock::acquire(&config.dir)?;
+        let found = disk::detect_alignment(&config.dir)
+            .map_err(|e| WalError::io("detect alignment", &config.dir, e))?;
+        // Never below a page: the reader's buffered reads cache whole pages, which must not
+        // straddle a block the commit thread is still writing.
+        let page = page_size();
+        let align = found.bytes.max(page);
+        let segment_bytes = align_down(
+            config.segment_bytes_max.min(SEGMENT_BYTES_LIMIT - align),
+            align,
+        );
+        if segment_bytes < SEGMENT_BYTES_MIN.max(2 * align) {
+            return Err(WalError::Config(format!(
+                "segment_bytes_max {} is below the minimum {}",
+                config.segment_bytes_max,
+                SEGMENT_BYTES_MIN.max(2 * align)
+            )));
+        }
+        tracing::info!(
+            dir = %config.dir.display(),
+            align_bytes = align,
+            statx_offset_bytes = ?found.statx_offset_bytes,
+            physical_block_bytes = ?found.physical_block_bytes,
+            disk = disk.name(),
+            "opening WAL"
+        );
+        let rec = recovery::recover(&config.dir, segment_bytes, align)?;
+        let report = rec.report.clone();
+        let prealloc = Preallocator::start(
+            &config.dir,
+            segment_bytes,
+            usize::try_from(align).expect("invariant: alignment fits usize"),
+        )?;
+        let shared = Arc::new(Shared {
+            dir: config.dir.clone(),
+            align,
+            segment_bytes,
+            batch_bytes_max: config.batch_bytes_max,
+            batch_window: Duration::from_micros(config.batch_window_us),
+            queue_bytes_max: config.queue_bytes_max,
+            backend: disk.name(),
+            state: Mutex::new(CommitState {
+                epochs: rec.index.epochs().clone(),
+                max_epoch: rec.max_epoch,
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                failed: None,
+                closing: false,
+            }),
+            index: RwLock::new(rec.index),
+            counters: Counters::default(),
+            waker: disk.waker(),
+        });
+        let committer = Committer::new(shared.clone(), disk, prealloc, rec.tail)?;
+        let thread = std::thread::Builder::new()
+            .name("quire-wal-commit".into())
+            .spawn(move || committer.run())
+            .map_err(|e| WalError::io("spawn commit thread", &config.dir, e))?;
+        let wal = Wal {
+            inner: Arc::new(WalInner {
+                shared,
+                thread: Mutex::new(Some(thread)),
+                _lock: lock,
+            }),
+        };
+        Ok((wal, report))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Appends `records` on behalf of a master of epoch `writer_epoch`.
+    ///
+    /// The records must have consecutive offsets starting at `x <= next_offset()`. If
+    /// `x < next_offset()` the append replaces the log's suffix from `x` ("file order is
+    /// authoritative"): the WAL first writes a truncation marker `{offset: x, epoch:
+    /// writer_epoch}`. That is allowed only if `writer_epoch` is greater than the epoch of
+    /// the entry now at `x` and not below any epoch the log has seen. Every record's epoch
+    /// must be at most `writer_epoch`, and epochs must not decrease along the log.
+    ///
+    /// The returned future resolves to the last offset written once an fdatasync covering
+    /// the append has succeeded. Validation errors resolve at once and change nothing.
+    /// The append is in the log's accepted view ([`Wal::last`], [`Wal::entry_epoch`]) as
+    /// soon as this returns, and durable when the future resolves `Ok`.
+    ///
+    /// # Errors (through the future)
+    /// [`WalError::EmptyAppend`], [`WalError::Gap`], [`WalError::NotConsecutive`],
+    /// [`WalError::ReservedKind`], [`WalError::TooLarge`], [`WalError::EpochAboveWriter`],
+    /// [`WalError::EpochRegression`], [`WalError::TruncationRefused`],
+    /// [`WalError::TruncateBelowStart`], [`WalError::Failed`], [`WalError::Closed`].
+    pub fn append(&self, writer_epoch: Epoch, records: Vec<Record>) -> Append {
+        let shared = self.shared();
+        let mut st = shared.lock_state();
+        if let Some(reason) = &st.failed {
+            return Append::ready(Err(WalError::Failed {
+                reason: Arc::new(reason.clone()),
+            }));
+        }
+        if st.closing {
+            return Append::ready(Err(WalError::Closed));
+        }
+        let plan = match validate(
+            &st,
+            writer_epoch,
+            &records,
+            shared.segment_bytes,
+            shared.align,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                Counters::add(&shared.counters.appends_refused, 1);
+                return Append::ready(Err(e));
+            }
+        };
+        if st.queued_bytes + plan.bytes > shared.queue_bytes_max && !st.queue.is_empty() {
+            Counters::add(&shared.counters.appends_refused, 1);
+            return Append::ready(Err(WalError::TooLarge {
+                what: "queue",
+                bytes: st.queued_bytes + plan.bytes,
+                max: shared.queue_bytes_max,
+            }));
+        }
+        if let Some(x) = plan.truncate_at {
+            st.epochs.truncate(x);
+            st.max_epoch = st.max_epoch.max(writer_epoch);
+        }
+        for r in &records {
+            st.epochs.push(r.offset, r.epoch);
+            st.max_epoch = st.max_epoch.max(r.epoch);
+        }
+        let slot = AckSlot::new();
+        let before = st.queued_bytes;
+        st.queued_bytes += plan.bytes;
+        let wake = st.queue.is_empty()
+            || (before < shared.batch_bytes_max && st.queued_bytes >= shared.batch_bytes_max);
+        st.queue.push_back(Request {
+            writer_epoch,
+            records,
+            truncate_at: plan.truncate_at,
+            bytes: plan.bytes,
+            ack: slot.clone(),
+            arrived: Instant::now(),
+        });
+        drop(st);
+        if wake {
+            shared.waker.wake();
+        }
+        Append::pending(slot)
+    }
+
+    /// The last entry of the accepted log (durable or queued), or `None` if empty. After a
+    /// failure: the last durable entry.
+    #[must_use]
+    pub fn last(&self) -> Option<LogPosition> {
+        self.shared().lock_state().epochs.last()
+    }
+
+    /// The last durable entry (covered by a successful fdatasync).
+    #[must_use]
+    pub fn last_durable(&self) -> Option<LogPosition> {
+        self.shared().read_index().last()
+    }
+
+    /// The first offset of the log (0 for a new log).
+    #[must_use]
+    pub fn first_offset(&self) -> Offset {
+        self.shared().lock_state().epochs.start()
+    }
+
+    /// The offset the next non-truncating append starts at (`last + 1`, or the log's start).
+    #[must_use]
+    pub fn next_offset(&self) -> Offset {
+        self.shared().lock_state().epochs.next()
+    }
+
+    /// The epoch of the accepted entry at `offset`, for log matching.
+    #[must_use]
+    pub fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
+        self.shared().lock_state().epochs.epoch_at(offset)
+    }
+
+    /// Reads durable records from `from` on: at most `max_events` records and at most
+    /// `max_bytes` payload bytes (but always the first record, whatever its size). Returns
+    /// an empty vector when `from` is one past the last durable entry.
+    ///
+    /// # Errors
+    /// [`WalError::OffsetOutOfRange`] if `from` is below the log's start or beyond its
+    /// durable end + 1; [`WalError::Corruption`] if a record read back does not match;
+    /// I/O errors.
+    pub fn read(
+        &self,
+        from: Offset,
+        max_events: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<Record>, WalError> {
+        crate::reader::read(&self.shared().index, from, max_events, max_bytes)
+    }
+
+    /// A snapshot of the counters.
+    #[must_use]
+    pub fn stats(&self) -> WalStats {
+        self.shared().counters.snapshot()
+    }
+
+    /// Whether the log has failed (fail-stop) and refuses appends.
+    #[must_use]
+    pub fn is_failed(&self) -> bool {
+        self.shared().lock_state().failed.is_some()
+    }
+
+    /// The error that failed the log, if it has failed.
+    #[must_use]
+    pub fn failure(&self) -> Option<WalError> {
+        self.shared().lock_state().failed.clone()
+    }
+
+    /// The data directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.shared().dir
+    }
+
+    /// The alignment of writes (and of batch padding), in bytes.
+    #[must_use]
+    pub fn alignment_bytes(&self) -> u64 {
+        self.shared().align
+    }
+
+    /// The size of new segments, in bytes.
+    #[must_use]
+    pub fn segment_bytes(&self) -> u64 {
+        self.shared().segment_bytes
+    }
+
+    /// The disk implementation in use (`"io_uring"`, `"sync"`, `"fault"`).
+    #[must_use]
+    pub fn backend(&self) -> &'static str {
+        self.shared().backend
+    }
+
+    /// Stops the log for every handle: later appends return [`WalError::Closed`]; appends
+    /// already queued are written and acknowledged first; returns when the commit thread
+    /// has ended.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] if the log had failed.
+    pub fn close(&self) -> Result<(), WalError> {
+        stop(&self.inner.shared, &self.inner.thread);
+        match self.failure() {
+            Some(reason) => Err(WalError::Failed {
+                reason: Arc::new(reason),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(v)
+        .ok()
+        .filter(|v| v.is_power_of_two())
+        .unwrap_or(4096)
+}
+
+struct Plan {
+    truncate_at: Option<Offset>,
+    bytes: u64,
+}
+
+/// Checks an append against the accepted log. Pure: changes nothing.
+fn validate(
+    st: &CommitState,
+    writer_epoch: Epoch,
+    records: &[Record],
+    segment_bytes: u64,
+    align: u64,
+) -> Result<Plan, WalError> {
+    let Some(first) = records.first() else {
+        return Err(WalError::EmptyAppend);
+    };
+    let x = first.offset;
+    let next = st.epochs.next();
+    if x > next {
+        return Err(WalError::Gap { first: x, next });
+    }
+    let mut bytes = 0u64;
+    let mut prev_epoch = if x > st.epochs.start() {
+        st.epochs.epoch_at(Offset(x.0 - 1))
+    } else {
+        None
+    };
+    for (i, r) in records.iter().enumerate() {
+        let expected = Offset(x.0 + i as u64);
+        if r.offset != expected {
+            return Err(WalError::NotConsecutive {
+                index: i,
+                expected,
+                actual: r.offset,
+            });
+        }
+        if r.kind == KIND_TRUNCATE {
+            return Err(WalError::ReservedKind {
+                offset: r.offset,
+                kind: r.kind,
+            });
+        }
+        if r.payload.len() > PAYLOAD_BYTES_MAX {
+            return Err(WalError::TooLarge {
+                what: "payload",
+                bytes: r.payload.len() as u64,
+                max: PAYLOAD_BYTES_MAX as u64,
+            });
+        }
+        if r.epoch > writer_epoch {
+            return Err(WalError::EpochAboveWriter {
+                offset: r.offset,
+                epoch: r.epoch,
+                writer_epoch,
+            });
+        }
+        if let Some(p) = prev_epoch {
+            if r.epoch < p {
+                return Err(WalError::EpochRegression {
+                    offset: r.offset,
+                    epoch: r.epoch,
+                    previous: p,
+                });
+            }
+        }
+        prev_epoch = Some(r.epoch);
+        bytes += record_bytes(r.payload.len()) as u64;
+    }
+    let truncate_at = if x < next {
+        if x < st.epochs.start() {
+            return Err(WalError::TruncateBelowStart {
+                offset: x,
+                first: st.epochs.start(),
+            });
+        }
+        let entry_epoch = st.epochs.epoch_at(x).expect("invariant: start <= x < next");
+        if writer_epoch <= entry_epoch || writer_epoch < st.max_epoch {
+            return Err(WalError::TruncationRefused {
+                offset: x,
+                entry_epoch,
+                writer_epoch,
+                max_epoch_seen: st.max_epoch,
+            });
+        }
+        bytes += HEADER_BYTES as u64;
+        Some(x)
+    } else {
+        None
+    };
+    if align_up(bytes, align) > segment_bytes {
+        return Err(WalError::TooLarge {
+            what: "append",
+            bytes,
+            max: segment_bytes,
+        });
+    }
+    Ok(Plan { truncate_at, bytes })
+}

@@ -1,0 +1,161 @@
+//! The whole API over the sync backend: append, read, reopen, validation, rolls.
+
+mod common;
+
+use common::*;
+use quire_proto::{Epoch, LogPosition, Offset};
+use quire_wal::{IoBackend, Wal, WalError};
+
+#[test]
+fn append_read_reopen() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, report) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    assert_eq!(report.last, None);
+    assert_eq!(wal.next_offset(), Offset(0));
+    append_range(&wal, 0, 50, 1, 3000); // ~150 KB: several 64 KiB segments
+    assert_eq!(
+        wal.last(),
+        Some(LogPosition {
+            epoch: Epoch(1),
+            offset: Offset(49)
+        })
+    );
+    assert_eq!(wal.last_durable(), wal.last());
+    let all = read_all(&wal);
+    assert_eq!(all.len(), 50);
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(*r, record(i as u64, 1, 3000));
+    }
+    assert!(wal.stats().segments_created >= 3, "{:?}", wal.stats());
+    drop(wal);
+
+    let (wal, report) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    assert_eq!(report.torn_tail, None);
+    assert_eq!(report.entries, 50);
+    assert_eq!(read_all(&wal), all);
+    append_range(&wal, 50, 60, 2, 10);
+    assert_eq!(wal.entry_epoch(Offset(49)), Some(Epoch(1)));
+    assert_eq!(wal.entry_epoch(Offset(50)), Some(Epoch(2)));
+    assert_eq!(wal.entry_epoch(Offset(60)), None);
+}
+
+#[test]
+fn read_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    append_range(&wal, 0, 10, 1, 100);
+    assert_eq!(wal.read(Offset(3), 4, 1 << 20).unwrap().len(), 4);
+    // max_bytes bounds the payload, but the first record always comes.
+    assert_eq!(wal.read(Offset(3), 100, 250).unwrap().len(), 2);
+    assert_eq!(wal.read(Offset(3), 100, 1).unwrap().len(), 1);
+    assert!(wal.read(Offset(10), 100, 1).unwrap().is_empty());
+    assert!(matches!(
+        wal.read(Offset(11), 1, 1),
+        Err(WalError::OffsetOutOfRange { .. })
+    ));
+}
+
+#[test]
+fn validation_errors_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    append_range(&wal, 0, 5, 3, 10);
+    let e = |r: Result<Offset, WalError>| r.unwrap_err();
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![]).wait()),
+        WalError::EmptyAppend
+    ));
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![record(6, 3, 1)]).wait()),
+        WalError::Gap { .. }
+    ));
+    assert!(matches!(
+        e(wal
+            .append(Epoch(3), vec![record(5, 3, 1), record(7, 3, 1)])
+            .wait()),
+        WalError::NotConsecutive { index: 1, .. }
+    ));
+    let mut bad_kind = record(5, 3, 1);
+    bad_kind.kind = 0xFF;
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![bad_kind]).wait()),
+        WalError::ReservedKind { .. }
+    ));
+    assert!(matches!(
+        e(wal.append(Epoch(2), vec![record(5, 3, 1)]).wait()),
+        WalError::EpochAboveWriter { .. }
+    ));
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![record(5, 2, 1)]).wait()),
+        WalError::EpochRegression { .. }
+    ));
+    // Same writer epoch as the entry at x: no truncation.
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![record(2, 3, 1)]).wait()),
+        WalError::TruncationRefused { .. }
+    ));
+    let too_big = record(5, 3, 70 * 1024);
+    assert!(matches!(
+        e(wal.append(Epoch(3), vec![too_big]).wait()),
+        WalError::TooLarge { what: "append", .. }
+    ));
+    assert_eq!(
+        wal.last(),
+        Some(LogPosition {
+            epoch: Epoch(3),
+            offset: Offset(4)
+        })
+    );
+    assert_eq!(wal.stats().appends_refused, 8);
+    append_range(&wal, 5, 6, 3, 10);
+}
+
+#[test]
+fn many_records_in_one_append_and_async_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    let recs: Vec<_> = (0..100).map(|o| record(o, 1, 50)).collect();
+    let fut = wal.append(Epoch(1), recs);
+    // Drive the future with a minimal executor: poll, park until woken.
+    let got = block_on(fut).unwrap();
+    assert_eq!(got, Offset(99));
+    assert_eq!(read_all(&wal).len(), 100);
+}
+
+#[test]
+fn second_open_is_locked_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    assert!(matches!(
+        Wal::open(config(dir.path(), IoBackend::Sync)),
+        Err(WalError::Locked { .. })
+    ));
+    wal.close().unwrap();
+    assert!(matches!(
+        wal.append(Epoch(1), vec![record(0, 1, 1)]).wait(),
+        Err(WalError::Closed)
+    ));
+    drop(wal);
+    Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+}
+
+fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
