@@ -1072,3 +1072,68 @@ fn event_body_errors_are_typed() {
     );
     assert_eq!(&out[..], b"keep");
 }
+
+#[test]
+fn crc_is_castagnoli() {
+    // The standard check value of CRC-32C (iSCSI): a CRC32 (IEEE) here would be 0xCBF43926.
+    assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+}
+
+/// Pins the bytes docs/protocol.md draws: a change to the layout fails here first.
+#[test]
+fn golden_bytes_match_the_protocol_document() {
+    let frame = Frame::new(
+        RequestId(0x0102_0304_0506_0708),
+        FenceRequest {
+            epoch: Epoch(0x1122_3344_5566_7788),
+        },
+    );
+    let bytes = encoded(&frame);
+    assert_eq!(
+        &bytes[..16],
+        &[
+            32, 0, 0, 0, // length: 24 + 8
+            0x04, 0x01, // frame type 0x0104
+            1,    // version
+            0,    // flags
+            8, 7, 6, 5, 4, 3, 2, 1, // request id
+        ]
+    );
+    assert_eq!(&bytes[16..20], &crc32c::crc32c(&bytes[24..]).to_le_bytes());
+    assert_eq!(&bytes[20..24], &crc32c::crc32c(&bytes[..20]).to_le_bytes());
+    assert_eq!(
+        &bytes[24..],
+        &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
+    );
+
+    let append = AppendRequest {
+        epoch: Epoch(5),
+        prev: Some(pos(4, 9)),
+        events: vec![event(4, 10, EventKind::Message, b"ab")],
+        hwm: None,
+    };
+    let bytes = encoded(&Frame::new(RequestId(1), append));
+    #[rustfmt::skip]
+    let body: &[u8] = &[
+        5, 0, 0, 0, 0, 0, 0, 0,     // epoch
+        1,                          // prev: some
+        4, 0, 0, 0, 0, 0, 0, 0,     //   prev.epoch
+        9, 0, 0, 0, 0, 0, 0, 0,     //   prev.offset
+        0,                          // hwm: none
+        1, 0, 0, 0,                 // event count
+        4, 0, 0, 0, 0, 0, 0, 0,     //   event epoch (offset 10 implied)
+        1,                          //   kind: Message
+        2, 0, 0, 0,                 //   payload length
+        b'a', b'b',                 //   payload
+    ];
+    assert_eq!(&bytes[24..], body);
+    assert_eq!(&bytes[4..6], &[0x01, 0x01]);
+
+    let err = ErrorResponse::not_voter(StoreId(3), Incarnation(9));
+    let bytes = encoded(&Frame::new(RequestId(2), err.clone()));
+    let message_len = err.message.len();
+    assert_eq!(&bytes[24..26], &[100, 0]); // code NotVoter
+    assert_eq!(&bytes[26..28], &(message_len as u16).to_le_bytes());
+    let detail = &bytes[28 + message_len..];
+    assert_eq!(detail, &[1, 3, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
+}
