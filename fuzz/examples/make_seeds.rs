@@ -21,7 +21,10 @@ fn main() -> std::io::Result<()> {
         cursor: "billing".into(),
         offset: Offset(3),
     });
-    let start = EventBody::EpochStart(EpochStartEvent { epoch: Epoch(0x1_0001), broker: BrokerId(1) });
+    let start = EventBody::EpochStart(EpochStartEvent {
+        epoch: Epoch(0x1_0001),
+        broker: BrokerId(1),
+    });
     let event = |offset: u64, body: &EventBody| Event {
         epoch: Epoch(0x1_0001),
         offset: Offset(offset),
@@ -29,10 +32,24 @@ fn main() -> std::io::Result<()> {
         payload: body.to_payload().expect("seed event encodes"),
     };
     let events = vec![event(0, &start), event(1, &message), event(2, &commit)];
-    let last = Some(LogPosition { epoch: Epoch(0x1_0001), offset: Offset(2) });
+    let last = Some(LogPosition {
+        epoch: Epoch(0x1_0001),
+        offset: Offset(2),
+    });
     let bodies: Vec<Body> = vec![
-        AppendRequest { epoch: Epoch(0x1_0001), prev: None, events: events.clone(), hwm: Some(Offset(0)) }.into(),
-        ReadResponse { first_offset: Offset(0), last, events }.into(),
+        AppendRequest {
+            epoch: Epoch(0x1_0001),
+            prev: None,
+            events: events.clone(),
+            hwm: Some(Offset(0)),
+        }
+        .into(),
+        ReadResponse {
+            first_offset: Offset(0),
+            last,
+            events,
+        }
+        .into(),
         PersistedAck {
             epoch: Epoch(0x1_0001),
             through_offset: Some(Offset(2)),
@@ -41,8 +58,19 @@ fn main() -> std::io::Result<()> {
             voter: true,
         }
         .into(),
-        AppendRejected { reason: RejectReason::LogMismatch, promised: Epoch(2), last }.into(),
-        FenceGranted { epoch: Epoch(3), last, store_id: StoreId(1), incarnation: Incarnation(1) }.into(),
+        AppendRejected {
+            reason: RejectReason::LogMismatch,
+            promised: Epoch(2),
+            last,
+        }
+        .into(),
+        FenceGranted {
+            epoch: Epoch(3),
+            last,
+            store_id: StoreId(1),
+            incarnation: Incarnation(1),
+        }
+        .into(),
         TailResponse {
             last,
             promised: Epoch(3),
@@ -53,7 +81,14 @@ fn main() -> std::io::Result<()> {
             first_offset: Offset(0),
         }
         .into(),
-        ErrorResponse::not_master(Epoch(3), Some(BrokerInfo { id: BrokerId(2), addr: "b2:7000".into() })).into(),
+        ErrorResponse::not_master(
+            Epoch(3),
+            Some(BrokerInfo {
+                id: BrokerId(2),
+                addr: "b2:7000".into(),
+            }),
+        )
+        .into(),
         ErrorResponse::not_voter(StoreId(4), Incarnation(2)).into(),
         ProduceRequest {
             topic: "orders".into(),
@@ -68,12 +103,23 @@ fn main() -> std::io::Result<()> {
             messages: vec![(Offset(1), Bytes::from_static(b"hello"))],
         }
         .into(),
-        CommitCursorRequest { topic: "orders".into(), cursor: "billing".into(), offset: Offset(3) }.into(),
+        CommitCursorRequest {
+            topic: "orders".into(),
+            cursor: "billing".into(),
+            offset: Offset(3),
+        }
+        .into(),
         MetadataResponse {
             epoch: Epoch(3),
             hwm: Some(Offset(2)),
-            master: Some(BrokerInfo { id: BrokerId(1), addr: "b1:7000".into() }),
-            brokers: vec![BrokerInfo { id: BrokerId(1), addr: "b1:7000".into() }],
+            master: Some(BrokerInfo {
+                id: BrokerId(1),
+                addr: "b1:7000".into(),
+            }),
+            brokers: vec![BrokerInfo {
+                id: BrokerId(1),
+                addr: "b1:7000".into(),
+            }],
             stores: vec![StoreInfo {
                 store_id: StoreId(1),
                 incarnation: Incarnation(1),
@@ -83,7 +129,12 @@ fn main() -> std::io::Result<()> {
             }],
         }
         .into(),
-        Heartbeat { epoch: Epoch(3), hwm: Some(Offset(2)), master: BrokerId(1) }.into(),
+        Heartbeat {
+            epoch: Epoch(3),
+            hwm: Some(Offset(2)),
+            master: BrokerId(1),
+        }
+        .into(),
         TailRequest.into(),
     ];
     fs::create_dir_all("corpus/decode_frame")?;
@@ -95,7 +146,10 @@ fn main() -> std::io::Result<()> {
         all.extend_from_slice(&buf);
         fs::write(format!("corpus/decode_frame/seed-{i:02}"), &buf)?;
         // decode_body: selector byte (index in FrameType::ALL) then the body.
-        let selector = FrameType::ALL.iter().position(|t| *t == body.frame_type()).expect("listed") as u8;
+        let selector = FrameType::ALL
+            .iter()
+            .position(|t| *t == body.frame_type())
+            .expect("listed") as u8;
         let mut input = vec![selector];
         input.extend_from_slice(&buf[HEADER_BYTES..]);
         fs::write(format!("corpus/decode_body/seed-{i:02}"), input)?;

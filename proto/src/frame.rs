@@ -351,10 +351,11 @@ impl FrameHeader {
         })
     }
 
-    /// Body length, in bytes.
+    /// Body length, in bytes (0 for a hand-built header shorter than `HEADER_BYTES`,
+    /// which [`FrameHeader::decode`] never returns).
     #[must_use]
     pub fn body_bytes(&self) -> usize {
-        self.frame_bytes as usize - HEADER_BYTES
+        (self.frame_bytes as usize).saturating_sub(HEADER_BYTES)
     }
 }
 
