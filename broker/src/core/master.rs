@@ -905,22 +905,36 @@ impl MasterCore {
     }
 
     /// Drops from memory what every slot holds and is stabilized, then the oldest stabilized
-    /// events beyond `retained_bytes_max`.
+    /// events beyond `retained_bytes_max` — but only events a voting store acked in this
+    /// epoch (with its expected identity), so a lagging slot can always be served from a
+    /// store ([`AppendEvents::FromStore`]) and a non-voter's claim never makes the master
+    /// drop what it may still need. Once the HWM rose in this epoch, Qa voting stores hold
+    /// everything up to it.
     fn trim(&mut self) {
         let Some(h) = self.hwm else { return };
+        let voted_max = self
+            .slots
+            .iter()
+            .zip(&self.cluster.slots)
+            .filter(|(_, kind)| kind.is_store())
+            .filter_map(|(s, _)| s.voted_through)
+            .max();
+        let Some(limit) = voted_max.map(|v| v.min(h)) else {
+            return;
+        };
         let held_by_all = self
             .slots
             .iter()
             .map(|s| s.matched.map_or(Offset::ZERO, Offset::next))
             .min();
-        let upto = held_by_all.unwrap_or(Offset::ZERO).min(h.next());
+        let upto = held_by_all.unwrap_or(Offset::ZERO).min(limit.next());
         self.log.trim_before(upto);
         assert!(
             self.log.mem_bytes() >= self.unstable_bytes,
             "unstable events must be in memory"
         );
         while self.log.mem_bytes() - self.unstable_bytes > self.limits.retained_bytes_max {
-            if self.log.trim_one_at_most(h).is_none() {
+            if self.log.trim_one_at_most(limit).is_none() {
                 break;
             }
         }
@@ -1002,17 +1016,22 @@ impl MasterCore {
         }
     }
 
-    /// A connected store slot other than `target` known to hold this master's log through
-    /// `last`: the one holding the most, the lowest slot on ties.
+    /// A connected store slot other than `target` that acked this master's log through
+    /// `last` as a voter: the one holding the most, the lowest slot on ties.
     fn read_source(&self, target: usize, last: Offset) -> Option<SlotId> {
         self.slots
             .iter()
             .zip(&self.cluster.slots)
             .enumerate()
             .filter(|&(j, (s, kind))| {
-                j != target && kind.is_store() && s.link == SlotLink::Up && s.matched >= Some(last)
+                j != target
+                    && kind.is_store()
+                    && s.link == SlotLink::Up
+                    && s.voted_through >= Some(last)
             })
-            .max_by(|(ja, (a, _)), (jb, (b, _))| a.matched.cmp(&b.matched).then(jb.cmp(ja)))
+            .max_by(|(ja, (a, _)), (jb, (b, _))| {
+                a.voted_through.cmp(&b.voted_through).then(jb.cmp(ja))
+            })
             .map(|(j, _)| SlotId(u16::try_from(j).expect("invariant: slots <= SLOTS_MAX")))
     }
 

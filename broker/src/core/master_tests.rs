@@ -830,3 +830,46 @@ fn config_and_handover_are_validated() {
     ));
     assert!(out.is_empty());
 }
+
+/// Regression (found by the oracle proptest): a store answered the first probe with a
+/// non-voting ack claiming offset 0. Trimming trusted any ack, so with `retained_bytes_max`
+/// 0 the master dropped offset 0 from memory although no voting store had acked it; when
+/// every store then turned out to be empty, no store could serve offset 0 and replication
+/// stalled forever. Trimming now only drops events a voting store acked in this epoch.
+#[test]
+fn a_non_voters_claim_never_makes_the_master_drop_what_a_lagging_store_needs() {
+    let limits = ReplicationLimits {
+        append_events_max: 1,
+        retained_bytes_max: 0,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, log_of(&[1, 1, 2]), Some(Offset(1)));
+    let probes = h.appends();
+    h.handle(MasterInput::Persisted {
+        slot: SlotId(0),
+        append: probes[0].append,
+        epoch: E,
+        through: Some(Offset(0)),
+        identity: ident(0),
+        voter: false,
+    });
+    assert_eq!(
+        h.m.log().mem_start(),
+        Offset(0),
+        "nothing a voter acked: nothing trimmed"
+    );
+    let mut s: Vec<StoreSim> = (0..3).map(|i| StoreSim::new(ident(i), &[])).collect();
+    let mut queue: std::collections::VecDeque<AppendCommand> = probes.into_iter().collect();
+    queue.extend(h.appends());
+    let mut steps = 0;
+    while let Some(a) = queue.pop_front() {
+        steps += 1;
+        assert!(steps < 200, "replication stalled");
+        let log = h.m.log().clone();
+        let answer = s[a.slot.index()].answer(a.slot, &a, &log);
+        h.handle(answer);
+        queue.extend(h.appends());
+    }
+    assert_eq!(h.m.hwm(), Some(Offset(3)));
+    assert_eq!(h.m.stats().no_read_source, 0);
+}
