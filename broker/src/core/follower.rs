@@ -347,6 +347,10 @@ impl FollowerCore {
             self.refuse(append, RejectReason::Fenced, out);
             return;
         }
+        assert!(
+            epoch >= self.master_epoch,
+            "the followed epoch never goes down"
+        );
         self.master_epoch = epoch;
         self.rearm();
         if prev.is_some_and(|p| !self.log.contains(p)) {

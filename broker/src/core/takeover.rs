@@ -286,6 +286,9 @@ pub struct TakeoverStats {
     pub grants_not_voting: u64,
     /// Repeated grants from a slot already counted.
     pub grants_duplicate: u64,
+    /// Grants whose last entry is of the takeover's epoch or later (epoch reuse or a lying
+    /// store): never counted.
+    pub grants_inconsistent: u64,
     /// Refusals with reason "not a voter".
     pub refusals_not_voter: u64,
     /// Fetch answers for another epoch, slot or phase.
@@ -349,6 +352,8 @@ impl TakeoverCore {
             });
         }
         local.validate()?;
+        // Every epoch in the local log was seen too: the new epoch must be above all of them.
+        let highest_seen = highest_seen.max(local.log.last().map_or(Epoch::ZERO, |l| l.epoch));
         let mut core = TakeoverCore {
             grants: vec![None; config.cluster.slots.len()],
             config,
@@ -568,6 +573,13 @@ impl TakeoverCore {
         }
         if self.config.cluster.expected_identity(slot) != Some(identity) {
             self.stats.grants_not_voting += 1;
+            return;
+        }
+        if last.is_some_and(|l| l.epoch >= self.epoch) {
+            // A store that granted `e` holds an entry of epoch `e` or later: some broker
+            // reused an epoch (or the store lies). Such a log cannot be led in `e`; above
+            // `e` it has already made this takeover step back.
+            self.stats.grants_inconsistent += 1;
             return;
         }
         let g = &mut self.grants[slot.index()];

@@ -627,3 +627,31 @@ fn takeover_then_master_recovers_every_stabilized_event() {
         );
     }
 }
+
+#[test]
+fn a_grant_whose_log_already_holds_the_takeover_epoch_never_counts() {
+    // The local log's epochs count as seen: the takeover's epoch is above them.
+    let local = LocalLog {
+        log: log_of(&[Epoch::compose(9, BrokerId(1)).0]),
+        applied: None,
+    };
+    let mut out = Vec::new();
+    let t = TakeoverCore::start(config(3), 0, Epoch::ZERO, local, &mut out).expect("valid");
+    assert_eq!(t.epoch(), Epoch::compose(10, ME));
+
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    out.clear();
+    t.handle(
+        grant(
+            0,
+            e,
+            Some(LogPosition {
+                epoch: e,
+                offset: Offset(4),
+            }),
+        ),
+        &mut out,
+    );
+    assert_eq!((t.grant_count(), t.stats().grants_inconsistent), (0, 1));
+    assert!(out.is_empty());
+}
