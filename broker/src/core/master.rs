@@ -378,6 +378,8 @@ pub struct MasterStats {
     pub append_timeouts: u64,
     /// Sends postponed because no store could serve a trimmed range.
     pub no_read_source: u64,
+    /// Rejections with [`RejectReason::Overloaded`] (the slot backs off one tick).
+    pub overloaded: u64,
 }
 
 /// One append in flight.
@@ -401,6 +403,8 @@ struct SlotState {
     inflight: VecDeque<Inflight>,
     /// Answers to appends with smaller ids predate the last reset.
     reset_id: AppendId,
+    /// Nothing is sent before this heartbeat tick (backoff after `Overloaded`).
+    resume_tick: u64,
 }
 
 /// The master's replication state machine. See the module docs for the rules.
@@ -494,6 +498,7 @@ impl MasterCore {
                 sent_max: None,
                 inflight: VecDeque::new(),
                 reset_id: AppendId(0),
+                resume_tick: 0,
             })
             .collect();
         let mut core = MasterCore {
@@ -811,6 +816,13 @@ impl MasterCore {
                 self.reset_slot(i, from);
                 self.slots[i].link = SlotLink::Failed;
             }
+            RejectReason::Overloaded => {
+                // Back off: resend from the first unanswered offset at the next tick.
+                self.stats.overloaded += 1;
+                let from = self.resend_point(i);
+                self.reset_slot(i, from);
+                self.slots[i].resume_tick = self.ticks + 1;
+            }
             RejectReason::Fenced => {
                 // Fenced by an epoch not above ours: only a confused receiver says this.
                 // Leave the append to time out.
@@ -834,7 +846,7 @@ impl MasterCore {
                 }
             }
             self.fill(i, out);
-            if self.slots[i].inflight.is_empty() {
+            if self.slots[i].inflight.is_empty() && self.ticks >= self.slots[i].resume_tick {
                 let next = self.slots[i].next;
                 self.send(i, next, 0, AppendEvents::InMemory(Vec::new()), out);
             }
@@ -986,7 +998,7 @@ impl MasterCore {
             } else {
                 self.limits.appends_inflight_max as usize
             };
-            if s.link != SlotLink::Up || s.inflight.len() >= window {
+            if s.link != SlotLink::Up || s.inflight.len() >= window || self.ticks < s.resume_tick {
                 return;
             }
             let first = s.next;

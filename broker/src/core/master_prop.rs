@@ -5,7 +5,7 @@
 //! empty, behind, or with a divergent tail of an old epoch; one store may be a learner.
 //! A random schedule proposes events, delivers appends and answers in any order, drops and
 //! duplicates them, disconnects and reconnects slots, ticks the heartbeat, and injects acks
-//! that must never count: from an old epoch, from an unknown slot, from a non-voter or a
+//! that must never count (and stores answering `Overloaded`): from an old epoch, from an unknown slot, from a non-voter or a
 //! wrong incarnation, past anything sent. Sometimes a rival fences a store.
 //!
 //! The oracle recomputes, from scratch after every step, the highest `h` such that Qa
@@ -27,7 +27,7 @@ use super::master::{
 };
 use super::takeover::AdoptedLog;
 use super::testkit::{event, ident, StoreSim};
-use super::{AppendId, ClusterConfig, Log, SlotId, SlotKind, StoreIdentity};
+use super::{AppendId, ClusterConfig, Log, RejectReason, SlotId, SlotKind, StoreIdentity};
 
 const E: Epoch = Epoch(100);
 
@@ -64,6 +64,8 @@ enum Op {
         extra: u64,
     },
     RivalFences(u16),
+    /// The store drops the next append it gets, answering `Overloaded`.
+    Overload(u16),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -81,6 +83,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u16..6, any::<u64>(), any::<bool>())
             .prop_map(|(slot, pick, wrong_incarnation)| Op::NonVoterAck { slot, pick, wrong_incarnation }),
         1 => (0u16..6, 0u64..3).prop_map(|(slot, extra)| Op::BeyondSentAck { slot, extra }),
+        1 => (0u16..6).prop_map(Op::Overload),
         1 => (0u16..6, 0u8..8).prop_map(|(slot, coin)| if coin == 0 { Op::RivalFences(slot) } else { Op::Tick }),
     ]
 }
@@ -244,6 +247,7 @@ struct World {
     delivered: Vec<MasterInput>,
     hwm_seen: Option<Offset>,
     out: Vec<MasterCommand>,
+    overloaded: Vec<bool>,
 }
 
 impl World {
@@ -319,6 +323,7 @@ impl World {
             delivered: Vec::new(),
             hwm_seen: applied,
             out,
+            overloaded: vec![false; s.n as usize],
         };
         w.collect();
         w
@@ -367,7 +372,18 @@ impl World {
             self.appends.remove(i)
         };
         let log = self.m.log().clone();
-        let answer = self.stores[a.slot.index()].answer(a.slot, &a, &log);
+        let slot = a.slot.index();
+        let answer = if std::mem::take(&mut self.overloaded[slot]) {
+            MasterInput::Rejected {
+                slot: a.slot,
+                append: a.append,
+                promised: self.stores[slot].promised,
+                last: self.stores[slot].last(),
+                reason: RejectReason::Overloaded,
+            }
+        } else {
+            self.stores[slot].answer(a.slot, &a, &log)
+        };
         self.answers.push(answer);
     }
 
@@ -475,6 +491,7 @@ impl World {
                     voter: true,
                 });
             }
+            Op::Overload(slot) => self.overloaded[usize::from(slot % n)] = true,
             Op::RivalFences(slot) => {
                 let s = &mut self.stores[usize::from(slot % n)];
                 s.promised = s.promised.max(Epoch(E.0 + 1));

@@ -873,3 +873,26 @@ fn a_non_voters_claim_never_makes_the_master_drop_what_a_lagging_store_needs() {
     assert_eq!(h.m.hwm(), Some(Offset(3)));
     assert_eq!(h.m.stats().no_read_source, 0);
 }
+
+#[test]
+fn an_overloaded_store_is_retried_after_the_next_tick() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    h.handle(MasterInput::Rejected {
+        slot: SlotId(2),
+        append: probes[2].append,
+        promised: E,
+        last: None,
+        reason: RejectReason::Overloaded,
+    });
+    h.propose();
+    assert!(
+        for_slot(&h.appends(), 2).is_empty(),
+        "backing off until the next tick"
+    );
+    assert_eq!(h.m.stats().overloaded, 1);
+    h.handle(MasterInput::HeartbeatTick);
+    let a = for_slot(&h.appends(), 2);
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].prev, a[0].first, a[0].count), (None, Offset(0), 2));
+}

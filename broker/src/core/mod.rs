@@ -272,6 +272,9 @@ pub enum RejectReason {
     /// The receiver stopped accepting appends for this log (a store's fail-stop after a write
     /// or fsync error). The master sends it nothing more until it reconnects.
     Failed,
+    /// The receiver is overloaded and dropped the append (and those after it). The master
+    /// resends from the first unanswered offset after the next heartbeat tick.
+    Overloaded,
     /// The append was inconsistent in itself (events not contiguous from `prev`, epochs out
     /// of order). A master never sends one; treated like [`RejectReason::Failed`].
     Malformed,

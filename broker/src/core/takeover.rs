@@ -151,7 +151,8 @@ pub enum TakeoverInput {
         slot: SlotId,
         /// The fence's epoch.
         epoch: Epoch,
-        /// The store's promised epoch.
+        /// The store's promised epoch (for [`FenceRefusal::NotVoter`], whatever the answer
+        /// carried, `Epoch::ZERO` if nothing).
         promised: Epoch,
         /// Why.
         reason: FenceRefusal,
