@@ -55,7 +55,9 @@ use quire_proto::{BrokerId, Incarnation, StoreId};
 use thiserror::Error;
 
 pub use event::Event;
-pub use follower::{ElectionConfig, FollowerCommand, FollowerConfig, FollowerCore, FollowerInput};
+pub use follower::{
+    ElectionConfig, FollowerCommand, FollowerConfig, FollowerCore, FollowerInput, FollowerStats,
+};
 pub use log::Log;
 pub use master::{
     AppendCommand, AppendEvents, MasterCommand, MasterConfig, MasterCore, MasterInput, MasterStats,
