@@ -65,7 +65,7 @@ pub use master::{
 };
 pub use takeover::{
     AbortReason, AdoptedLog, FenceRefusal, LocalLog, TakeoverCommand, TakeoverConfig, TakeoverCore,
-    TakeoverInput,
+    TakeoverInput, TakeoverStats,
 };
 
 /// Most slots (stores plus slave brokers) one cluster configuration may name. A bound, not a
