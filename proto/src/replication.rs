@@ -260,14 +260,24 @@ pub struct AppendRejected {
 
 /// New master → store: "promise to refuse appends below `epoch`".
 ///
+/// `expected` is the identity the fencing broker has bound to this store's address
+/// (brokers keep the authoritative slot → `(store_id, incarnation)` binding); `None` while
+/// the cluster is being bootstrapped and nothing is bound yet. A store whose own identity
+/// differs from `expected` is a replaced or wiped store: it records durably that it is a
+/// learner and answers `ErrorResponse` `NotVoter`, now and for every later fence.
+///
 /// ```text
 /// off   size   field
 /// 0     8      epoch                 u64
+/// 8     1|17   expected              Option<(StoreId, Incarnation)>: tag u8 (0 none,
+///                                    1 some), then store_id u64, incarnation u64
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceRequest {
     /// The new master's epoch.
     pub epoch: Epoch,
+    /// The store identity the broker expects at this address (`None`: not bound yet).
+    pub expected: Option<(StoreId, Incarnation)>,
 }
 
 /// Store → new master: `epoch > promised`, and `promised = epoch` is durable.
@@ -487,13 +497,26 @@ impl AppendRejected {
 impl FenceRequest {
     pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
         w.u64(self.epoch.0);
+        match self.expected {
+            None => w.u8(0),
+            Some((store_id, incarnation)) => {
+                w.u8(1);
+                w.u64(store_id.0);
+                w.u64(incarnation.0);
+            }
+        }
         Ok(())
     }
 
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
-        Ok(FenceRequest {
-            epoch: r.epoch("fence epoch")?,
-        })
+        let epoch = r.epoch("fence epoch")?;
+        let field = "fence expected";
+        let expected = match r.u8(field)? {
+            0 => None,
+            1 => Some((StoreId(r.u64(field)?), Incarnation(r.u64(field)?))),
+            byte => return Err(WireError::InvalidTag { field, byte }),
+        };
+        Ok(FenceRequest { epoch, expected })
     }
 }
 

@@ -108,6 +108,12 @@ pub(crate) fn samples() -> Vec<Body> {
         .into(),
         FenceRequest {
             epoch: Epoch(0x4_0003),
+            expected: None,
+        }
+        .into(),
+        FenceRequest {
+            epoch: Epoch(0x4_0003),
+            expected: Some((StoreId(7), Incarnation(0xdead_beef))),
         }
         .into(),
         FenceGranted {
@@ -429,7 +435,13 @@ fn length_below_header_is_refused() {
 
 #[test]
 fn header_corruption_is_caught_by_the_header_crc() {
-    let bytes = encoded(&Frame::new(RequestId(9), FenceRequest { epoch: Epoch(3) }));
+    let bytes = encoded(&Frame::new(
+        RequestId(9),
+        FenceRequest {
+            epoch: Epoch(3),
+            expected: None,
+        },
+    ));
     for i in 0..HEADER_BYTES {
         for bit in 0..8 {
             let mut bad = bytes.to_vec();
@@ -581,9 +593,24 @@ fn truncated_body_is_refused_with_the_field() {
 }
 
 #[test]
+fn fence_expected_tag_is_checked() {
+    let mut body = 5u64.to_le_bytes().to_vec();
+    body.push(2);
+    let raw = raw_frame(FrameType::FenceRequest.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidTag {
+            field: "fence expected",
+            byte: 2
+        }
+    );
+}
+
+#[test]
 fn trailing_bytes_are_refused() {
     let mut body = 5u64.to_le_bytes().to_vec();
-    body.push(0);
+    body.push(0); // expected: none
+    body.push(0); // one byte too many
     let raw = raw_frame(FrameType::FenceRequest.as_u16(), 0, 1, &body);
     assert_eq!(
         bad_frame_cause(decode_one(&raw)),
@@ -1086,13 +1113,14 @@ fn golden_bytes_match_the_protocol_document() {
         RequestId(0x0102_0304_0506_0708),
         FenceRequest {
             epoch: Epoch(0x1122_3344_5566_7788),
+            expected: Some((StoreId(0x0a0b), Incarnation(0x0c0d))),
         },
     );
     let bytes = encoded(&frame);
     assert_eq!(
         &bytes[..16],
         &[
-            32, 0, 0, 0, // length: 24 + 8
+            49, 0, 0, 0, // length: 24 + 8 + 17
             0x04, 0x01, // frame type 0x0104
             1,    // version
             0,    // flags
@@ -1101,10 +1129,22 @@ fn golden_bytes_match_the_protocol_document() {
     );
     assert_eq!(&bytes[16..20], &crc32c::crc32c(&bytes[24..]).to_le_bytes());
     assert_eq!(&bytes[20..24], &crc32c::crc32c(&bytes[..20]).to_le_bytes());
-    assert_eq!(
-        &bytes[24..],
-        &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
-    );
+    #[rustfmt::skip]
+    let body: &[u8] = &[
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // epoch
+        1,                                              // expected: some
+        0x0b, 0x0a, 0, 0, 0, 0, 0, 0,                   //   store_id
+        0x0d, 0x0c, 0, 0, 0, 0, 0, 0,                   //   incarnation
+    ];
+    assert_eq!(&bytes[24..], body);
+    let unbound = encoded(&Frame::new(
+        RequestId(1),
+        FenceRequest {
+            epoch: Epoch(1),
+            expected: None,
+        },
+    ));
+    assert_eq!(&unbound[24..], &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
 
     let append = AppendRequest {
         epoch: Epoch(5),

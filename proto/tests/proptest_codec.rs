@@ -127,7 +127,15 @@ fn body() -> impl Strategy<Value = Body> {
             }
             .into()
         }),
-        epoch().prop_map(|epoch| FenceRequest { epoch }.into()),
+        (epoch(), proptest::option::of((any::<u64>(), any::<u64>()))).prop_map(
+            |(epoch, expected)| {
+                FenceRequest {
+                    epoch,
+                    expected: expected.map(|(s, i)| (StoreId(s), Incarnation(i))),
+                }
+                .into()
+            }
+        ),
         (epoch(), opt_pos(), any::<u64>(), any::<u64>()).prop_map(|(epoch, last, s, i)| {
             FenceGranted {
                 epoch,
