@@ -3,16 +3,22 @@
 //!
 //! Appenders validate and queue their records under one mutex (so queue order is log
 //! order) and wake the commit thread. The commit thread takes queued appends into a
-//! **batch** — bounded by `batch_bytes_max`, and, when the disk is idle, given up to
-//! `batch_window_us` for more appends to arrive — encodes them into one aligned buffer (the
+//! **batch** of at most `batch_bytes_max` bytes, encodes them into one aligned buffer (the
 //! one copy of each payload), pads the batch with zeros to the alignment, and writes it
 //! with one write at the next aligned position of the current segment. One fdatasync then
 //! covers every batch written before it; only when it succeeds are the batch's appends
 //! acknowledged and its entries added to the durable index.
 //!
-//! Pipelining: while an fdatasync is in flight, the next batch is already written (at most
-//! [`PIPELINE_BATCHES_MAX`] batches between "written" and "durable"); with nothing in
-//! flight, the write and its fdatasync are submitted together, linked.
+//! When to write:
+//! - the disk is idle: at once — unless the last fdatasync released several appends
+//!   (concurrent appenders): then the batch waits for as many appends to be queued again,
+//!   for `batch_bytes_max` bytes, or for `batch_window_us` after its first append,
+//!   whichever comes first. A lone appender never waits.
+//! - an fdatasync is in flight: appends accumulate into the next batch, which is written
+//!   as soon as it is full (pipelining: the write overlaps the running fdatasync; at most
+//!   [`PIPELINE_BATCHES_MAX`] batches between "written" and "durable") or else when the
+//!   fdatasync completes. With nothing in flight, a write and its fdatasync are submitted
+//!   together, linked.
 //!
 //! A segment roll, and a truncation below the current segment's base, wait until the
 //! pipeline is empty (so a later segment never holds data while an earlier one still
@@ -31,7 +37,7 @@ use std::time::{Duration, Instant};
 use quire_proto::{Epoch, Offset};
 
 use crate::append::{AckSlot, Record};
-use crate::disk::{open_for_append, AlignedBuf, Disk, DiskCompletion, DiskOp, DiskWaker};
+use crate::disk::{open_for_append, AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker};
 use crate::error::WalError;
 use crate::format::{self, align_up, KIND_TRUNCATE};
 use crate::index::{EpochRuns, Index, IndexedSegment};
@@ -41,9 +47,9 @@ use crate::stats::Counters;
 use crate::Position;
 
 /// Disk operations in flight at most: a write and an fdatasync for each pipelined batch.
-pub(crate) const OPS_IN_FLIGHT_MAX: usize = 4;
+pub(crate) const OPS_IN_FLIGHT_MAX: usize = 2 * PIPELINE_BATCHES_MAX;
 /// Batches written but not yet durable, at most.
-pub(crate) const PIPELINE_BATCHES_MAX: usize = 2;
+pub(crate) const PIPELINE_BATCHES_MAX: usize = 4;
 /// Spare batch buffers kept for reuse.
 const FREE_BUFFERS_MAX: usize = 3;
 
@@ -182,6 +188,9 @@ pub(crate) struct Committer {
     next_seq: u64,
     free: Vec<AlignedBuf>,
     completions: Vec<DiskCompletion>,
+    /// Appends acknowledged by the last fdatasync: the expected number of concurrent
+    /// appenders, which the batch window waits for.
+    last_group_appends: usize,
     failed: bool,
 }
 
@@ -219,6 +228,7 @@ impl Committer {
             next_seq: 1,
             free: Vec::new(),
             completions: Vec::new(),
+            last_group_appends: 0,
             failed: false,
         })
     }
@@ -337,6 +347,7 @@ impl Committer {
                 }
             }
         }
+        self.last_group_appends = done.iter().map(|b| b.acks.len()).sum();
         let c = &self.shared.counters;
         for b in done {
             for a in b.acks {
@@ -395,8 +406,20 @@ impl Committer {
         }
         let mut st = self.shared.lock_state();
         let first = st.queue.front()?;
-        if self.pipeline.is_empty() && !st.closing && st.queued_bytes < self.shared.batch_bytes_max
+        let full = st.queued_bytes >= self.shared.batch_bytes_max;
+        if self.fsync.is_some() && !full && !st.closing {
+            // Keep filling the next batch while the fdatasync runs; its completion brings
+            // us back. Only a full batch is worth writing before then.
+            return None;
+        }
+        if self.pipeline.is_empty()
+            && !full
+            && !st.closing
+            && self.last_group_appends > 1
+            && st.queue.len() < self.last_group_appends
         {
+            // Concurrent appenders: give the ones the last fdatasync released a moment to
+            // come back, so that they share the next one.
             let due = first.arrived + self.shared.batch_window;
             let now = Instant::now();
             if now < due {
@@ -527,6 +550,7 @@ impl Committer {
             });
             Some(token)
         } else {
+            Counters::add(&self.shared.counters.pipelined_writes, 1);
             None
         };
         self.disk.push(DiskOp::Write {
@@ -585,7 +609,11 @@ impl Committer {
         }
         let path = dir.join(segment_name(name));
         self.prealloc.take(&path)?;
-        let (file, _) = open_for_append(&path).map_err(|e| WalError::io("open", &path, e))?;
+        let (file, direct) = open_for_append(&path).map_err(|e| WalError::io("open", &path, e))?;
+        self.shared
+            .counters
+            .direct_io
+            .store(direct == DirectIo::On, std::sync::atomic::Ordering::Relaxed);
         let capacity = format::align_down(
             file.metadata()
                 .map_err(|e| WalError::io("stat", &path, e))?

@@ -234,20 +234,36 @@ impl SegmentReader {
         Ok(&self.window[start..start + n])
     }
 
-    /// Whether a valid record (well-formed header, checksum ok) starts at `pos`.
-    fn valid_record_at(&mut self, pos: u64) -> io::Result<bool> {
+    /// The header of the valid record (well-formed header, checksum ok) at `pos`, or why
+    /// there is none (with the length the header claimed, if it parsed).
+    fn probe(&mut self, pos: u64) -> io::Result<Result<Header, (BadRecord, Option<u64>)>> {
         if pos + HEADER_BYTES as u64 > self.len {
-            return Ok(false);
+            return Ok(Err((BadRecord::Short, None)));
         }
-        let Ok(h) = format::decode_header(self.bytes(pos, HEADER_BYTES)?) else {
-            return Ok(false);
+        let h = match format::decode_header(self.bytes(pos, HEADER_BYTES)?) {
+            Ok(h) => h,
+            Err(p) => return Ok(Err((BadRecord::Header(p), None))),
         };
         let total = h.record_bytes();
         if pos + total > self.len {
-            return Ok(false);
+            return Ok(Err((BadRecord::Short, Some(total))));
         }
         let n = usize::try_from(total).expect("invariant: record length fits usize");
-        Ok(format::checksum_ok(self.bytes(pos, n)?))
+        if !format::checksum_ok(self.bytes(pos, n)?) {
+            return Ok(Err((BadRecord::Checksum, Some(total))));
+        }
+        Ok(Ok(h))
+    }
+
+    /// Whether a valid record starts at `pos`.
+    fn valid_record_at(&mut self, pos: u64) -> io::Result<bool> {
+        Ok(self.probe(pos)?.is_ok())
+    }
+
+    /// Whether the bytes `[from, to)` are all zero.
+    fn all_zero(&mut self, from: u64, to: u64) -> io::Result<bool> {
+        let n = usize::try_from(to - from).expect("invariant: a granule fits usize");
+        Ok(self.bytes(from, n)?.iter().all(|&b| b == 0))
     }
 
     /// Looks past a bad record at `bad` (whose header said `len_hint` bytes, if it parsed):
@@ -333,41 +349,23 @@ pub fn scan_segments(
         let mut pos = 0u64;
         let mut bad: Option<(u64, BadRecord, Option<u64>)> = None;
         while pos < reader.len {
-            if pos + HEADER_BYTES as u64 > reader.len {
-                let n = usize::try_from(reader.len - pos).expect("invariant: less than a header");
-                if reader
-                    .bytes(pos, n)
-                    .map_err(io_err)?
-                    .iter()
-                    .any(|&b| b != 0)
-                {
-                    bad = Some((pos, BadRecord::Short, None));
-                }
-                break;
-            }
-            let header =
-                match format::decode_header(reader.bytes(pos, HEADER_BYTES).map_err(io_err)?) {
-                    Ok(h) => h,
-                    Err(HeaderProblem::Zero) => {
-                        pos = align_up(pos + 1, PAD_GRANULE_BYTES);
+            let header = match reader.probe(pos).map_err(io_err)? {
+                Ok(h) => h,
+                Err((problem, len_hint)) => {
+                    // Not a record: zero padding up to the next granule (a batch's
+                    // padding may be shorter than a header), or where the log ends.
+                    let gap_end = align_up(pos + 1, PAD_GRANULE_BYTES).min(reader.len);
+                    if reader.all_zero(pos, gap_end).map_err(io_err)? {
+                        pos = gap_end;
                         continue;
                     }
-                    Err(p) => {
-                        bad = Some((pos, BadRecord::Header(p), None));
-                        break;
-                    }
-                };
+                    bad = Some((pos, problem, len_hint));
+                    break;
+                }
+            };
             let total = header.record_bytes();
-            if pos + total > reader.len {
-                bad = Some((pos, BadRecord::Short, Some(total)));
-                break;
-            }
             let n = usize::try_from(total).expect("invariant: record length fits usize");
             let bytes = reader.bytes(pos, n).map_err(io_err)?;
-            if !format::checksum_ok(bytes) {
-                bad = Some((pos, BadRecord::Checksum, Some(total)));
-                break;
-            }
             let expected = epochs.next();
             let status = if must_start_with_marker && accepted_here == 0 {
                 if header.is_truncate_marker()

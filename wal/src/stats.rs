@@ -33,6 +33,8 @@ pub struct WalStats {
     /// fdatasync latency histogram: counts per bucket of [`FSYNC_US_BUCKETS`], plus one
     /// overflow bucket at the end (not cumulative).
     pub fsync_us_buckets: [u64; FSYNC_US_BUCKETS.len() + 1],
+    /// Batch writes submitted while an fdatasync was in flight (pipelining at work).
+    pub pipelined_writes: u64,
     /// Truncation markers written.
     pub truncations: u64,
     /// Segments started (rolls and truncations below the current segment).
@@ -41,6 +43,9 @@ pub struct WalStats {
     pub appends_refused: u64,
     /// Whether the log has failed (fail-stop).
     pub failed: bool,
+    /// Whether the current segment is written with O_DIRECT (false where the file system
+    /// refuses it, e.g. tmpfs).
+    pub direct_io: bool,
 }
 
 #[derive(Debug, Default)]
@@ -55,10 +60,12 @@ pub(crate) struct Counters {
     pub fsync_us_sum: AtomicU64,
     pub fsync_us_max: AtomicU64,
     pub fsync_us_buckets: [AtomicU64; FSYNC_US_BUCKETS.len() + 1],
+    pub pipelined_writes: AtomicU64,
     pub truncations: AtomicU64,
     pub segments_created: AtomicU64,
     pub appends_refused: AtomicU64,
     pub failed: AtomicBool,
+    pub direct_io: AtomicBool,
 }
 
 impl Counters {
@@ -94,10 +101,12 @@ impl Counters {
             fsync_us_sum: get(&self.fsync_us_sum),
             fsync_us_max: get(&self.fsync_us_max),
             fsync_us_buckets: buckets,
+            pipelined_writes: get(&self.pipelined_writes),
             truncations: get(&self.truncations),
             segments_created: get(&self.segments_created),
             appends_refused: get(&self.appends_refused),
             failed: self.failed.load(Ordering::Relaxed),
+            direct_io: self.direct_io.load(Ordering::Relaxed),
         }
     }
 }

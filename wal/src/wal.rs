@@ -52,8 +52,9 @@ pub struct WalConfig {
     /// this still goes out as one batch. Default 1 MiB.
     pub batch_bytes_max: u64,
     /// How long, in microseconds, the first append of a batch may wait for others when the
-    /// disk is idle. 0 writes at once; batching then comes from appends that arrive while
-    /// an fdatasync runs. Default 0.
+    /// disk is idle and the last fdatasync released several appends (so appenders are
+    /// concurrent); a lone appender never waits. 0 never waits: batching then comes only
+    /// from appends that arrive while an fdatasync runs. Default 200.
     pub batch_window_us: u64,
     /// Most bytes queued and not yet taken into a batch, in bytes; an append beyond it is
     /// refused with [`WalError::TooLarge`] (`what = "queue"`). Default 256 MiB.
@@ -79,7 +80,7 @@ impl Default for WalConfig {
             dir: PathBuf::from("data"),
             segment_bytes_max: 256 << 20,
             batch_bytes_max: 1 << 20,
-            batch_window_us: 0,
+            batch_window_us: 200,
             queue_bytes_max: 256 << 20,
             io: IoBackend::Auto,
         }

@@ -1,4 +1,5 @@
 //! Helpers shared by the integration tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -60,4 +61,16 @@ pub fn init_tracing() {
         .with_test_writer()
         .with_env_filter("quire_wal=info")
         .try_init();
+}
+
+/// The backends to test: always `Sync`; `Uring` when this machine allows io_uring (a
+/// clear skip line otherwise).
+pub fn backends() -> Vec<IoBackend> {
+    match quire_wal::disk::uring_available() {
+        Ok(()) => vec![IoBackend::Sync, IoBackend::Uring],
+        Err(reason) => {
+            eprintln!("SKIP io_uring variant: io_uring is unavailable here: {reason}");
+            vec![IoBackend::Sync]
+        }
+    }
 }
