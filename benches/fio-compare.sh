@@ -6,9 +6,10 @@
 #
 # DIR defaults to a new directory under ./target (a disk-backed file system; /tmp may be
 # tmpfs elsewhere). Environment:
-#   DURATION=10        seconds per run (each case runs fio, then quire)
-#   REPEAT=3           rounds; each round runs every case once with each tool, and the
-#                      table shows the median of the rounds (the machine may be shared)
+#   DURATION=5         seconds per run (each case runs fio, then quire)
+#   REPEAT=5           rounds; each round runs every case once with each tool, back to
+#                      back, so both see the same background load; the table shows medians
+#                      over the rounds and each round's ratio (the machine may be shared)
 #   FILE_MIB=1024      size of each bench file in MiB (both tools prefill theirs first)
 #   CASES="256KiB:1:every 64KiB:32:none 4KiB:1:every"   block size : queue depth : fsync
 #   QUIRE=path         a built `quire` binary (default: cargo build --release, then use it)
@@ -26,8 +27,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-10}
-REPEAT=${REPEAT:-3}
+DURATION=${DURATION:-5}
+REPEAT=${REPEAT:-5}
 FILE_MIB=${FILE_MIB:-1024}
 CASES=${CASES:-"256KiB:1:every 64KiB:32:none 4KiB:1:every"}
 
@@ -134,21 +135,24 @@ def med(runs, key):
 def ratio(a, b):
     return a / b if b else float("nan")
 
-print(f"{'case':<22} {'fio MB/s':>9} {'quire MB/s':>10} {'ratio':>6} {'rounds':>16} "
+print(f"{'case':<22} {'fio MB/s':>9} {'quire MB/s':>10} {'ratio':>6} {'med.r':>6} {'rounds':>26} "
       f"{'fio IOPS':>9} {'quire IOPS':>10} {'fio fsync/s':>11} {'quire fsync/s':>13} "
       f"{'fio p50/p99 write; sync p50 (us)':>33} {'quire p50/p99 op (us)':>22}")
 backends = set()
 for name, case in cases.items():
     f, q = case["fio"], case["quire"]
     backends |= {r["backend"] for r in q}
-    per_round = ",".join(f"{ratio(b['mb_per_s'], a['mb_per_s']):.2f}" for a, b in zip(f, q))
+    ratios = [ratio(b["mb_per_s"], a["mb_per_s"]) for a, b in zip(f, q)]
+    per_round = ",".join(f"{r:.2f}" for r in ratios)
     fio_lat = f"{med(f, 'p50_us'):.0f}/{med(f, 'p99_us'):.0f}; {med(f, 'sync_p50_us'):.0f}"
     quire_lat = f"{med(q, 'p50_us'):.0f}/{med(q, 'p99_us'):.0f}"
     print(f"{name:<22} {med(f, 'mb_per_s'):>9.1f} {med(q, 'mb_per_s'):>10.1f} "
-          f"{ratio(med(q, 'mb_per_s'), med(f, 'mb_per_s')):>6.2f} {per_round:>16} "
+          f"{ratio(med(q, 'mb_per_s'), med(f, 'mb_per_s')):>6.2f} "
+          f"{statistics.median(ratios):>6.2f} {per_round:>26} "
           f"{med(f, 'ops_per_s'):>9.0f} {med(q, 'ops_per_s'):>10.0f} "
           f"{med(f, 'fsyncs_per_s'):>11.0f} {med(q, 'fsyncs_per_s'):>13.0f} "
           f"{fio_lat:>33} {quire_lat:>22}")
-print("medians over the rounds; ratio = quire MB/s / fio MB/s (rounds: each round's ratio); "
+print("medians over the rounds; ratio = median quire MB/s / median fio MB/s; med.r = median "
+      "of the rounds' ratios; rounds = each round's ratio; "
       "MB = 10^6 bytes; quire backend: " + ", ".join(sorted(backends)))
 PY

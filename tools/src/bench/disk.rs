@@ -77,6 +77,13 @@ pub const PREFILL_CHUNK_BYTES: u64 = 4 << 20;
 /// Largest latency the histogram holds, in microseconds (one hour); longer ones saturate.
 pub const LATENCY_US_MAX: u64 = 3_600_000_000;
 
+/// An op in flight longer than this is reported as stuck and ends the run with an error
+/// (io_uring backend; a `pwrite` cannot be bounded).
+pub const OP_STALL_MAX: Duration = Duration::from_secs(120);
+/// Longest single wait for completions before the loop looks at the clock, Ctrl-C and
+/// stuck ops again.
+const WAIT_TICK: Duration = Duration::from_secs(1);
+
 /// Default `--file-size`, in bytes (the CLI spells it `1GiB`; a unit test keeps the two equal).
 pub const FILE_BYTES_DEFAULT: u64 = 1 << 30;
 
@@ -285,6 +292,12 @@ pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
     }
     let filesystem =
         dio::filesystem_name(dir).with_context(|| format!("cannot statfs {}", dir.display()))?;
+    if matches!(filesystem.as_str(), "tmpfs" | "ramfs") {
+        tracing::warn!(
+            "{} is on {filesystem}: this measures memory, not a disk",
+            dir.display()
+        );
+    }
     interrupt::install().context("cannot install the Ctrl-C handler")?;
 
     let mut ring = match config.backend {
@@ -668,6 +681,8 @@ struct Slot {
     pending: u8,
     /// A completion of the op in flight failed; its latency is not recorded.
     failed: bool,
+    /// The write of the op in flight was counted (from its own completion).
+    write_counted: bool,
 }
 
 /// The slots; if dropped while the kernel may still use a buffer (ops in flight, e.g. on a
@@ -709,6 +724,7 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
             submitted_at: now,
             pending: 0,
             failed: false,
+            write_counted: false,
         });
     }
     let mut free: Vec<usize> = (0..qd).rev().collect();
@@ -717,6 +733,22 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
     let (mut ops, mut fsyncs) = (0u64, 0u64);
     let mut first_error: Option<anyhow::Error> = None;
     let mut next_position = 0u64;
+    // With `fsync every`, a successful write needs no completion of its own: the fsync
+    // linked behind it runs only if the write completed in full. Skipping it saves a wake-up
+    // per op, as the fsync's completion then carries the whole op. A failed or short write
+    // still posts its completion, breaks the link and cancels the fsync *without* posting
+    // the fsync's completion (the kernel's REQ_F_SKIP_LINK_CQES): that write completion
+    // ends the op.
+    let skip_write_cqe =
+        work.fsync == FsyncPolicy::Every && ring.params().is_feature_skip_cqe_on_success();
+    let write_flags = if skip_write_cqe {
+        squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS
+    } else {
+        squeue::Flags::IO_LINK
+    };
+
+    // Waits with a timeout (IORING_FEAT_EXT_ARG, Linux 5.11+) so a stuck op is noticed.
+    let timed_wait = ring.params().is_feature_ext_arg();
 
     let start = Instant::now();
     let deadline = start + work.duration;
@@ -736,6 +768,7 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
                     .user_data(user_data | KIND_WRITE);
                 slot.submitted_at = Instant::now();
                 slot.failed = false;
+                slot.write_counted = false;
                 let mut sq = ring.submission();
                 let pushed = match work.fsync {
                     FsyncPolicy::None => {
@@ -748,14 +781,14 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
                         unsafe { sq.push(&write) }
                     }
                     FsyncPolicy::Every => {
-                        slot.pending = 2;
+                        slot.pending = if skip_write_cqe { 1 } else { 2 };
                         let fsync = opcode::Fsync::new(fd)
                             .flags(types::FsyncFlags::DATASYNC)
                             .build()
                             .user_data(user_data | KIND_FSYNC);
                         // SAFETY: as for the single write above; the fsync entry holds no
                         // pointer. Both entries are pushed together or not at all.
-                        unsafe { sq.push_multiple(&[write.flags(squeue::Flags::IO_LINK), fsync]) }
+                        unsafe { sq.push_multiple(&[write.flags(write_flags), fsync]) }
                     }
                 };
                 drop(sq);
@@ -777,10 +810,34 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
         if pool.in_flight == 0 {
             break;
         }
-        match ring.submit_and_wait(1) {
+        let waited = if timed_wait {
+            let tick = types::Timespec::from(WAIT_TICK);
+            let args = types::SubmitArgs::new().timespec(&tick);
+            ring.submitter().submit_with_args(1, &args)
+        } else {
+            ring.submit_and_wait(1)
+        };
+        match waited {
             Ok(_) => {}
             // A signal (Ctrl-C): the loop head sees the flag; in-flight ops are still reaped.
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            // No completion within WAIT_TICK: look for a stuck op, then wait again.
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => {
+                let now = Instant::now();
+                if let Some(stuck) = pool
+                    .slots
+                    .iter()
+                    .find(|slot| slot.pending > 0 && now - slot.submitted_at > OP_STALL_MAX)
+                {
+                    // `pool` leaks the in-flight buffers when dropped.
+                    bail!(
+                        "the op at position {} has not completed after {:?}; giving up \
+                         (the disk or the kernel is stuck)",
+                        stuck.position,
+                        OP_STALL_MAX
+                    );
+                }
+            }
             Err(e) => {
                 // `pool` leaks the in-flight buffers when dropped.
                 return Err(anyhow!(e).context("io_uring_enter failed"));
@@ -831,8 +888,18 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
                 slot.failed = true;
             } else if kind == KIND_WRITE {
                 ops += 1;
+                slot.write_counted = true;
+                if skip_write_cqe {
+                    // Only `pending` = 1 (the fsync) was expected; it is still coming.
+                    slot.pending += 1;
+                }
             } else {
                 fsyncs += 1;
+                // The linked fsync ran, so its write completed in full.
+                if !slot.write_counted {
+                    ops += 1;
+                    slot.write_counted = true;
+                }
             }
             if slot.pending == 0 {
                 if !slot.failed {
@@ -1056,6 +1123,73 @@ mod tests {
         assert_eq!(human_bytes(256 << 10), "256 KiB");
         assert_eq!(human_bytes(12288), "12 KiB");
         assert_eq!(human_bytes(1000), "1000 B");
+    }
+
+    /// A failing write must come back as a clear error naming the write (not the fsync it
+    /// cancels), after every op in flight has been reaped. Here the kernel refuses the
+    /// O_DIRECT write because its length (4097 bytes) is not aligned.
+    ///
+    /// The story: with `IOSQE_CQE_SKIP_SUCCESS` on the write, a failed write cancels its
+    /// linked fsync *without* posting the fsync's completion. The first version waited for
+    /// that completion and hung forever. The run happens on its own thread so a regression
+    /// fails this test within [`REFUSED_WRITE_TIME_MAX`] instead of hanging it.
+    #[test]
+    fn a_refused_write_is_reported_and_the_ring_drained() {
+        const REFUSED_WRITE_TIME_MAX: Duration = Duration::from_secs(60);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("refused");
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        let block_size = 4097;
+        file.set_len(block_size * 8).unwrap();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        // Not a scoped thread: a hung run must not keep the test from failing.
+        std::thread::spawn(move || {
+            for fsync in [FsyncPolicy::Every, FsyncPolicy::None] {
+                let work = Workload {
+                    file: &file,
+                    block_size,
+                    qd: 4,
+                    fsync,
+                    duration: Duration::from_secs(5),
+                    file_size: block_size * 8,
+                    align: 4096,
+                    filesystem: "test",
+                };
+                let uring = match open_ring(work.qd) {
+                    Ok(mut ring) => {
+                        Some(format!("{:#}", run_io_uring(&mut ring, &work).unwrap_err()))
+                    }
+                    Err(_) => None,
+                };
+                let pwrite = format!("{:#}", run_pwrite(&work).unwrap_err());
+                sender.send((fsync, uring, pwrite)).unwrap();
+            }
+        });
+        for _ in 0..2 {
+            let (fsync, uring, pwrite) = receiver
+                .recv_timeout(REFUSED_WRITE_TIME_MAX)
+                .expect("the run with a refused write did not end");
+            match uring {
+                Some(err) => {
+                    assert!(
+                        err.starts_with("write of the block at position "),
+                        "{fsync:?}: {err}"
+                    );
+                    assert!(err.contains("Invalid argument"), "{fsync:?}: {err}");
+                    assert!(
+                        err.contains("rejected the direct I/O request"),
+                        "{fsync:?}: {err}"
+                    );
+                }
+                None => eprintln!("SKIPPED (io_uring part): io_uring unavailable"),
+            }
+            assert!(pwrite.contains("Invalid argument"), "{fsync:?}: {pwrite}");
+        }
     }
 
     /// Both engines on the real disk, in-process: every write and fsync completes, the
