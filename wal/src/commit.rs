@@ -14,11 +14,14 @@
 //!   (concurrent appenders): then the batch waits for as many appends to be queued again,
 //!   for `batch_bytes_max` bytes, or for `batch_window_us` after its first append,
 //!   whichever comes first. A lone appender never waits.
-//! - an fdatasync is in flight: appends accumulate into the next batch, which is written
-//!   as soon as it is full (pipelining: the write overlaps the running fdatasync; at most
-//!   [`PIPELINE_BATCHES_MAX`] batches between "written" and "durable") or else when the
-//!   fdatasync completes. With nothing in flight, a write and its fdatasync are submitted
-//!   together, linked.
+//! - an fdatasync is in flight: at once, as long as no other write is in flight and fewer
+//!   than [`PIPELINE_BATCHES_MAX`] batches wait between "written" and "durable"
+//!   (pipelining: writes overlap the running fdatasync, and the next fdatasync covers
+//!   every batch written meanwhile). With nothing in flight, a write and its fdatasync
+//!   are submitted together, linked.
+//!
+//! After an fdatasync completes, the next operations are submitted before its appends are
+//! acknowledged, so waking the appenders overlaps the disk's work.
 //!
 //! A segment roll, and a truncation below the current segment's base, wait until the
 //! pipeline is empty (so a later segment never holds data while an earlier one still
@@ -188,6 +191,8 @@ pub(crate) struct Committer {
     next_seq: u64,
     free: Vec<AlignedBuf>,
     completions: Vec<DiskCompletion>,
+    /// Acknowledgements of durable appends, delivered after the next submission.
+    acks_due: Vec<Ack>,
     /// Appends acknowledged by the last fdatasync: the expected number of concurrent
     /// appenders, which the batch window waits for.
     last_group_appends: usize,
@@ -228,6 +233,7 @@ impl Committer {
             next_seq: 1,
             free: Vec::new(),
             completions: Vec::new(),
+            acks_due: Vec::new(),
             last_group_appends: 0,
             failed: false,
         })
@@ -254,6 +260,12 @@ impl Committer {
                 let st = self.shared.lock_state();
                 (st.closing, st.queue.is_empty())
             };
+            if !self.acks_due.is_empty() {
+                if let Err(e) = self.disk.submit() {
+                    self.fail(WalError::io("submit", &self.shared.dir, e));
+                }
+                self.deliver_acks();
+            }
             if closing && queue_empty && self.pipeline.is_empty() && self.disk.in_flight() == 0 {
                 break;
             }
@@ -348,14 +360,19 @@ impl Committer {
             }
         }
         self.last_group_appends = done.iter().map(|b| b.acks.len()).sum();
-        let c = &self.shared.counters;
         for b in done {
-            for a in b.acks {
-                Counters::add(&c.appends, 1);
-                Counters::add(&c.records, a.records);
-                Counters::add(&c.payload_bytes, a.payload_bytes);
-                a.slot.complete(Ok(a.last));
-            }
+            self.acks_due.extend(b.acks);
+        }
+    }
+
+    /// Resolves the futures of durable appends.
+    fn deliver_acks(&mut self) {
+        let c = &self.shared.counters;
+        for a in self.acks_due.drain(..) {
+            Counters::add(&c.appends, 1);
+            Counters::add(&c.records, a.records);
+            Counters::add(&c.payload_bytes, a.payload_bytes);
+            a.slot.complete(Ok(a.last));
         }
     }
 
@@ -407,11 +424,6 @@ impl Committer {
         let mut st = self.shared.lock_state();
         let first = st.queue.front()?;
         let full = st.queued_bytes >= self.shared.batch_bytes_max;
-        if self.fsync.is_some() && !full && !st.closing {
-            // Keep filling the next batch while the fdatasync runs; its completion brings
-            // us back. Only a full batch is worth writing before then.
-            return None;
-        }
         if self.pipeline.is_empty()
             && !full
             && !st.closing
@@ -645,6 +657,8 @@ impl Committer {
             return;
         }
         self.failed = true;
+        // Appends already durable keep their Ok.
+        self.deliver_acks();
         tracing::error!(error = %reason, "the WAL failed; it is read-only from now on");
         let failed = WalError::Failed {
             reason: Arc::new(reason.clone()),

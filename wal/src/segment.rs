@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -177,6 +178,8 @@ struct SpareShared {
     align: usize,
     state: Mutex<SpareState>,
     cv: Condvar,
+    /// A roll waits for the spare: zero-fill at normal I/O priority.
+    urgent: AtomicBool,
 }
 
 /// Keeps one zero-filled, preallocated spare segment ready on a background thread.
@@ -216,6 +219,7 @@ impl Preallocator {
                 stop: false,
             }),
             cv: Condvar::new(),
+            urgent: AtomicBool::new(false),
         });
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -238,6 +242,7 @@ impl Preallocator {
         let mut st = s.lock();
         if !st.ready && st.error.is_none() {
             tracing::warn!("segment roll waits for the spare segment to be zero-filled");
+            s.urgent.store(true, Ordering::Relaxed);
         }
         while !st.ready {
             if let Some(e) = st.error.take() {
@@ -355,8 +360,16 @@ impl SpareShared {
         if is_direct {
             let mut zeros = AlignedBuf::zeroed(ZERO_FILL_CHUNK_BYTES, self.align);
             zeros.advance(zeros.capacity());
+            // Zero-filling competes with the appends for the disk: do it at idle I/O
+            // priority (honoured by mq-deadline and bfq), unless a roll is waiting for it.
+            set_thread_io_priority(IoPriority::Idle);
+            let mut raised = false;
             let mut pos = 0u64;
             while pos < self.bytes {
+                if !raised && self.urgent.load(Ordering::Relaxed) {
+                    set_thread_io_priority(IoPriority::Normal);
+                    raised = true;
+                }
                 let n = usize::try_from(self.bytes - pos)
                     .unwrap_or(usize::MAX)
                     .min(zeros.len());
@@ -375,7 +388,32 @@ impl SpareShared {
         } else {
             write_zeros(&file, 0, self.bytes).map_err(|e| WalError::io("zero-fill", tmp, e))?;
         }
+        set_thread_io_priority(IoPriority::Normal);
+        self.urgent.store(false, Ordering::Relaxed);
         file.sync_all().map_err(|e| WalError::io("fsync", tmp, e))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum IoPriority {
+    /// IOPRIO_CLASS_BE, level 4 (the default).
+    Normal,
+    /// IOPRIO_CLASS_IDLE: served when nothing else waits for the disk.
+    Idle,
+}
+
+/// Sets the I/O priority of the calling thread (advisory: failures are ignored).
+fn set_thread_io_priority(p: IoPriority) {
+    const IOPRIO_WHO_PROCESS: libc::c_int = 1;
+    const IOPRIO_CLASS_SHIFT: libc::c_int = 13;
+    let value = match p {
+        IoPriority::Normal => (2 << IOPRIO_CLASS_SHIFT) | 4,
+        IoPriority::Idle => 3 << IOPRIO_CLASS_SHIFT,
+    };
+    // SAFETY: ioprio_set takes three integers; `who = 0` means the calling thread.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, value) };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), ?p, "ioprio_set failed");
     }
 }
 

@@ -201,6 +201,10 @@ impl Disk for FaultDisk {
         Ok(())
     }
 
+    fn submit(&mut self) -> io::Result<()> {
+        self.inner.submit()
+    }
+
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.ready.len() + self.after_write.len()
     }

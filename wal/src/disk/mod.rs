@@ -97,6 +97,15 @@ pub trait Disk: Send + fmt::Debug {
     /// Queues an operation; it is submitted by the next [`Disk::wait`].
     fn push(&mut self, op: DiskOp);
 
+    /// Hands queued operations to the device now, if this disk runs them asynchronously;
+    /// a disk that runs them inside [`Disk::wait`] does nothing here.
+    ///
+    /// # Errors
+    /// When the submission mechanism fails.
+    fn submit(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
     /// Submits queued operations, then blocks until at least one completion is available,
     /// the waker was signalled, or `timeout` passed (`None`: no timeout;
     /// `Some(Duration::ZERO)`: do not block). Appends completions to `out`.

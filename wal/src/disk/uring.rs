@@ -247,6 +247,10 @@ impl Disk for UringDisk {
         }
     }
 
+    fn submit(&mut self) -> io::Result<()> {
+        self.ring.0.submit().map(|_| ())
+    }
+
     fn wait(&mut self, out: &mut Vec<DiskCompletion>, timeout: Option<Duration>) -> io::Result<()> {
         self.arm_wake();
         let before = out.len();
