@@ -34,6 +34,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,9 @@ pub(crate) struct Shared {
     pub index: RwLock<Index>,
     pub counters: Counters,
     pub waker: Arc<dyn DiskWaker>,
+    /// While a batch is held open for concurrent appenders: the queue length at which an
+    /// appender wakes the commit thread (`usize::MAX` otherwise).
+    pub wake_at_queue_len: AtomicUsize,
 }
 
 impl Shared {
@@ -287,8 +291,12 @@ impl Committer {
 
     fn on_completion(&mut self, c: DiskCompletion) {
         if let Some(buf) = c.buf {
+            // Keep standard-size buffers; one-off large ones (a single append above
+            // batch_bytes_max) go back to the allocator.
+            let cap = buf.capacity() as u64;
             if self.free.len() < FREE_BUFFERS_MAX
-                && buf.capacity() as u64 >= self.shared.batch_bytes_max
+                && cap >= self.shared.batch_bytes_max
+                && cap <= 2 * self.shared.batch_bytes_max.max(self.shared.align)
             {
                 self.free.push(buf);
             }
@@ -418,6 +426,9 @@ impl Committer {
     /// Forms and submits the next batch if the pipeline has room. Returns how long to
     /// wait for the batch window, if the batch is being held open.
     fn maybe_write(&mut self) -> Option<Duration> {
+        self.shared
+            .wake_at_queue_len
+            .store(usize::MAX, Ordering::Relaxed);
         if self.write_in_flight.is_some() || self.pipeline.len() >= PIPELINE_BATCHES_MAX {
             return None;
         }
@@ -435,6 +446,9 @@ impl Committer {
             let due = first.arrived + self.shared.batch_window;
             let now = Instant::now();
             if now < due {
+                self.shared
+                    .wake_at_queue_len
+                    .store(self.last_group_appends, Ordering::Relaxed);
                 return Some(due - now);
             }
         }

@@ -180,6 +180,8 @@ struct SpareShared {
     cv: Condvar,
     /// A roll waits for the spare: zero-fill at normal I/O priority.
     urgent: AtomicBool,
+    /// The log is closing: abandon a zero-fill in progress.
+    stopping: AtomicBool,
 }
 
 /// Keeps one zero-filled, preallocated spare segment ready on a background thread.
@@ -220,6 +222,7 @@ impl Preallocator {
             }),
             cv: Condvar::new(),
             urgent: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         });
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -268,6 +271,7 @@ impl Preallocator {
 impl Drop for Preallocator {
     fn drop(&mut self) {
         {
+            self.shared.stopping.store(true, Ordering::Relaxed);
             let mut st = self.shared.lock();
             st.stop = true;
             self.shared.cv.notify_all();
@@ -303,6 +307,7 @@ impl SpareShared {
                     st.ready = true;
                     st.error = None;
                 }
+                Err(WalError::Closed) => return,
                 Err(e) => {
                     tracing::error!(error = %e, "preparing the next WAL segment failed");
                     st.error = Some(e);
@@ -366,6 +371,9 @@ impl SpareShared {
             let mut raised = false;
             let mut pos = 0u64;
             while pos < self.bytes {
+                if self.stopping.load(Ordering::Relaxed) {
+                    return Err(WalError::Closed);
+                }
                 if !raised && self.urgent.load(Ordering::Relaxed) {
                     set_thread_io_priority(IoPriority::Normal);
                     raised = true;

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -197,6 +198,7 @@ impl Wal {
             index: RwLock::new(rec.index),
             counters: Counters::default(),
             waker: disk.waker(),
+            wake_at_queue_len: AtomicUsize::new(usize::MAX),
         });
         let committer = Committer::new(shared.clone(), disk, prealloc, rec.tail)?;
         let thread = std::thread::Builder::new()
@@ -289,6 +291,8 @@ impl Wal {
             ack: slot.clone(),
             arrived: Instant::now(),
         });
+        // The commit thread holding a batch open for this many appends wants to know.
+        let wake = wake || st.queue.len() == shared.wake_at_queue_len.load(Ordering::Relaxed);
         drop(st);
         if wake {
             shared.waker.wake();

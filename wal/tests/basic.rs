@@ -204,3 +204,20 @@ fn padding_shorter_than_a_header_is_still_padding() {
     assert!(report.torn_tail.is_none());
     assert_eq!(read_all(&wal), all);
 }
+
+#[test]
+fn dropping_the_last_handle_finishes_queued_appends() {
+    for io in backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
+        let futs: Vec<_> = (0..50)
+            .map(|o| wal.append(Epoch(1), vec![record(o, 1, 100)]))
+            .collect();
+        drop(wal);
+        for (o, f) in futs.into_iter().enumerate() {
+            assert_eq!(f.wait().unwrap(), Offset(o as u64));
+        }
+        let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
+        assert_eq!(read_all(&wal).len(), 50);
+    }
+}
