@@ -68,8 +68,10 @@ cleanup() {
 trap cleanup EXIT
 
 FILE_BYTES=$((FILE_MIB * 1024 * 1024))
-echo "fio-compare: dir $DIR ($(stat -f -c %T "$DIR")), file ${FILE_MIB} MiB," \
-  "${DURATION} s per run, $REPEAT rounds, $(fio --version), quire $("$QUIRE" --version | cut -d' ' -f2)" >&2
+FSTYPE=$(findmnt -n -o FSTYPE --target "$DIR" 2>/dev/null || stat -f -c %T "$DIR")
+echo "fio-compare: dir $DIR ($FSTYPE), file ${FILE_MIB} MiB, ${DURATION} s per run," \
+  "$REPEAT rounds, $(fio --version), quire $("$QUIRE" --version | cut -d' ' -f2)," \
+  "load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 
 to_bytes() { # 256KiB -> 262144 (binary suffixes only, as the cases use)
   local v=$1
@@ -104,6 +106,7 @@ for round in $(seq 1 "$REPEAT"); do
   done
 done
 
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$WORK/index" <<'PY'
 import json, statistics, sys
 
