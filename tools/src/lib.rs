@@ -23,7 +23,7 @@ pub mod interrupt;
 pub mod output;
 pub mod units;
 
-use std::io;
+use std::io::{self, IsTerminal};
 
 use tracing_subscriber::EnvFilter;
 
@@ -57,6 +57,7 @@ pub fn init_logging(cli: &Cli) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }
