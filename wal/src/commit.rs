@@ -14,11 +14,13 @@
 //!   (concurrent appenders): then the batch waits for as many appends to be queued again,
 //!   for `batch_bytes_max` bytes, or for `batch_window_us` after its first append,
 //!   whichever comes first. A lone appender never waits.
-//! - an fdatasync is in flight: at once, as long as no other write is in flight and fewer
-//!   than [`PIPELINE_BATCHES_MAX`] batches wait between "written" and "durable"
-//!   (pipelining: writes overlap the running fdatasync, and the next fdatasync covers
-//!   every batch written meanwhile). With nothing in flight, a write and its fdatasync
-//!   are submitted together, linked.
+//! - an fdatasync is in flight: as soon as the batch holds half as many appends as the
+//!   last fdatasync released (or `batch_bytes_max` bytes), provided no other write is in
+//!   flight and fewer than [`PIPELINE_BATCHES_MAX`] batches wait between "written" and
+//!   "durable" (pipelining: the write overlaps the running fdatasync, and the next
+//!   fdatasync covers every batch written meanwhile); otherwise when the fdatasync
+//!   completes. With nothing in flight, a write and its fdatasync are submitted together,
+//!   linked.
 //!
 //! After an fdatasync completes, the next operations are submitted before its appends are
 //! acknowledged, so waking the appenders overlaps the disk's work.
@@ -435,6 +437,16 @@ impl Committer {
         let mut st = self.shared.lock_state();
         let first = st.queue.front()?;
         let full = st.queued_bytes >= self.shared.batch_bytes_max;
+        if self.fsync.is_some()
+            && !full
+            && !st.closing
+            && st.queue.len() * 2 < self.last_group_appends.max(2)
+        {
+            // An fdatasync is running: write behind it once the batch is worth a write of
+            // its own (half the appenders the last fdatasync released, or a full batch);
+            // until then keep filling it. The completion brings us back.
+            return None;
+        }
         if self.pipeline.is_empty()
             && !full
             && !st.closing

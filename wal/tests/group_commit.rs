@@ -4,15 +4,18 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
 use quire_proto::{Epoch, Offset};
+use quire_wal::disk::{open_disk, FaultDisk, FaultPlan};
 use quire_wal::{IoBackend, Wal, WalConfig};
 
 const APPENDERS: usize = 64;
 const APPENDS_EACH: usize = 20;
 
-fn run(io: IoBackend) {
+/// Runs the load; returns (appends, fsyncs).
+fn run(io: IoBackend, fsync_delay: Option<Duration>) -> (u64, u64) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = WalConfig {
         segment_bytes_max: 1 << 20,
@@ -20,7 +23,15 @@ fn run(io: IoBackend) {
         io,
         ..WalConfig::new(dir.path())
     };
-    let (wal, _) = Wal::open(cfg).unwrap();
+    let (wal, _) = match fsync_delay {
+        None => Wal::open(cfg).unwrap(),
+        Some(d) => {
+            let plan = FaultPlan::new();
+            plan.slow_fdatasync(d);
+            let (inner, _) = open_disk(io).unwrap();
+            Wal::open_with_disk(cfg, Box::new(FaultDisk::new(inner, plan))).unwrap()
+        }
+    };
     // Offsets must be handed out in order: the submission is serialised, the wait is not.
     let submit = Arc::new(Mutex::new(()));
     let threads: Vec<_> = (0..APPENDERS)
@@ -47,14 +58,9 @@ fn run(io: IoBackend) {
     assert_eq!(stats.appends, appends);
     assert_eq!(stats.records, appends);
     eprintln!(
-        "{io:?}: {} appends, {} batches, {} fsyncs, {} pipelined writes",
+        "{io:?} (extra fdatasync latency {fsync_delay:?}): {} appends, {} batches, {} fsyncs, \
+         {} pipelined writes",
         stats.appends, stats.batches, stats.fsyncs, stats.pipelined_writes
-    );
-    // Far fewer fsyncs than appends: at least 8 appends share one on average.
-    assert!(
-        stats.fsyncs * 8 <= appends,
-        "{} fsyncs for {appends} appends",
-        stats.fsyncs
     );
     let all = read_all(&wal);
     assert_eq!(all.len() as u64, appends);
@@ -65,11 +71,31 @@ fn run(io: IoBackend) {
         wal.last_durable().map(|l| l.offset),
         Some(Offset(appends - 1))
     );
+    (appends, stats.fsyncs)
 }
 
 #[test]
 fn sixty_four_appenders_share_fsyncs() {
     for io in backends() {
-        run(io);
+        // This disk's fdatasync takes ~0.1 ms, about what 64 threads on 2 cores need to
+        // come back, so how much they share depends on the machine's load: ask for 4x.
+        let (appends, fsyncs) = run(io, None);
+        assert!(
+            fsyncs * 4 <= appends,
+            "{io:?}: {fsyncs} fsyncs for {appends} appends"
+        );
+    }
+}
+
+#[test]
+fn sixty_four_appenders_share_slow_fsyncs() {
+    // A 2 ms fdatasync (a disk without a fast write cache): the appenders are back long
+    // before it ends, so each one covers many appends.
+    for io in backends() {
+        let (appends, fsyncs) = run(io, Some(Duration::from_millis(2)));
+        assert!(
+            fsyncs * 16 <= appends,
+            "{io:?}: {fsyncs} fsyncs for {appends} appends"
+        );
     }
 }

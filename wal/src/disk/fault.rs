@@ -3,7 +3,8 @@
 //! A [`FaultPlan`] shared with the test says which write or fdatasync fails and with which
 //! errno (EIO, ENOSPC, …). A failed operation is not passed to the inner disk: it completes
 //! at once with the error (a failed write also cancels its linked fdatasync, as io_uring
-//! does). Everything else goes to the inner disk unchanged.
+//! does). Everything else goes to the inner disk unchanged. A plan can also make every
+//! fdatasync slower, to model a device without a fast write cache.
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +27,8 @@ struct PlanState {
     writes: u64,
     fsyncs: u64,
     injected: u64,
+    /// Extra latency of every fdatasync (a slower device).
+    fsync_delay: Duration,
 }
 
 impl FaultPlan {
@@ -43,6 +46,12 @@ impl FaultPlan {
     /// Lets `after` more fdatasyncs through, then fails the next one with `errno`.
     pub fn fail_fdatasync(&self, after: u64, errno: i32) {
         self.lock().fsync_fault = Some((after, errno));
+    }
+
+    /// Makes every fdatasync take `delay` longer (the disk's thread sleeps before
+    /// reporting it), as on a device without a fast write cache.
+    pub fn slow_fdatasync(&self, delay: Duration) {
+        self.lock().fsync_delay = delay;
     }
 
     /// Writes seen so far (failed ones included).
@@ -188,6 +197,10 @@ impl Disk for FaultDisk {
         } else {
             out.append(&mut self.ready);
             self.inner.wait(out, Some(Duration::ZERO))?;
+        }
+        let delay = self.plan.lock().fsync_delay;
+        if !delay.is_zero() && out[start..].iter().any(|c| c.buf.is_none()) {
+            std::thread::sleep(delay);
         }
         let mut i = start;
         while i < out.len() {
