@@ -1,0 +1,489 @@
+//! One client connection: a reader that decodes frames and hands requests on, and a writer
+//! that sends responses, both on the connection's own task.
+//!
+//! - **Reader.** Decodes frames from the socket into a buffer that grows to one frame at
+//!   most (`FRAME_BYTES_MAX`). Appends, fences, heartbeats and tail requests go to the
+//!   store actor ([`crate::store`]) in arrival order; reads are served on the blocking pool
+//!   (`pread` through the WAL's reader). A frame that fails to decode after a sound header
+//!   is answered with an `ErrorResponse` for its request id and the reader goes on; a bad
+//!   header (the stream is out of sync), or a peer that closes mid-frame, ends the
+//!   connection after an `ErrorResponse` with request id 0. Each is logged and counted in
+//!   `quire_rejected_frames_total{reason}`.
+//! - **Backpressure.** Every request holds an [`InFlight`] permit — its frame bytes (or a
+//!   read's byte bound) against `in_flight_bytes_per_connection_max`, and one of
+//!   `in_flight_requests_per_connection_max` — until its response is queued. While none is
+//!   free the reader stops reading the socket: a connection's unanswered work is bounded,
+//!   and nothing buffers without limit.
+//! - **Writer.** Responses go through a bounded queue (`write_queue_frames_max`) to the
+//!   writer, which gathers them into vectored writes. Whoever answers (the store actor, a
+//!   read task) only ever `try_send`s: a full queue means the peer is not reading, and the
+//!   connection is closed rather than the store stalled. A write that makes no progress for
+//!   [`WRITE_STALL_TIMEOUT`] closes the connection too.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use quire_proto::{
+    decode, encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
+    ReadResponse, RequestId, WireError, FRAME_BYTES_MAX, HEADER_BYTES,
+};
+use quire_wal::{Wal, WalError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::store::{Command, StoreHandle};
+
+/// How long one socket write may make no progress before the connection is closed.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Bytes a connection's read buffer starts with (it grows to a frame when one needs it).
+const READ_BUFFER_BYTES_INITIAL: usize = 4 * 1024;
+/// Bytes asked of the socket at least, once the buffer is full.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Buffers handed to one vectored write at most (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+/// Bytes of a read response besides its events: first_offset, last, start, count.
+const READ_RESPONSE_FIXED_BYTES: usize = 8 + 17 + 8 + 4;
+
+/// What a connection needs from the node.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnContext {
+    pub store: StoreHandle,
+    pub wal: Wal,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The permits one request holds until its response is queued.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    _bytes: OwnedSemaphorePermit,
+    _request: OwnedSemaphorePermit,
+}
+
+/// Sends responses to one connection's writer without ever waiting.
+#[derive(Clone, Debug)]
+pub(crate) struct Responder {
+    tx: mpsc::Sender<Vec<Bytes>>,
+    close: Arc<watch::Sender<bool>>,
+    metrics: Arc<Metrics>,
+    peer: SocketAddr,
+}
+
+impl Responder {
+    /// Queues `body` as the response to `request_id`. If the queue is full (the peer does
+    /// not read), closes the connection instead.
+    pub(crate) fn send(&self, request_id: RequestId, body: Body) {
+        let mut scratch = BytesMut::new();
+        let encoded = match encode_body(&body, &mut scratch) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(peer = %self.peer, error = %e, frame_type = ?body.frame_type(), "cannot encode a response");
+                let fallback: Body = ErrorResponse::new(
+                    ErrorCode::Internal,
+                    format!("cannot encode the response: {e}"),
+                )
+                .into();
+                match encode_body(&fallback, &mut scratch) {
+                    Ok(e) => e,
+                    Err(_) => return,
+                }
+            }
+        };
+        let mut parts = Vec::with_capacity(1 + encoded.chunks().len());
+        parts.push(Bytes::copy_from_slice(
+            &encoded.header(request_id, Flags::NONE),
+        ));
+        parts.extend(encoded.chunks().iter().cloned());
+        match self.tx.try_send(parts) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                tracing::warn!(peer = %self.peer, "the peer does not read its responses: closing the connection");
+                self.metrics.connections_dropped_slow.inc();
+                self.close.send_replace(true);
+            }
+            Err(TrySendError::Closed(_)) => {}
+        }
+    }
+}
+
+/// Where one request's response goes; holds the request's in-flight permits until sent.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    request_id: RequestId,
+    to: Responder,
+    _in_flight: Option<InFlight>,
+}
+
+impl Reply {
+    /// Queues the response and releases the request's permits.
+    pub(crate) fn send(self, body: impl Into<Body>) {
+        self.to.send(self.request_id, body.into());
+    }
+
+    /// The peer's address.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.to.peer
+    }
+}
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) {
+    let (read_half, write_half) = stream.into_split();
+    let (tx, rx) = mpsc::channel(ctx.limits.write_queue_frames_max);
+    let (close, closed) = watch::channel(false);
+    let responder = Responder {
+        tx,
+        close: Arc::new(close),
+        metrics: ctx.metrics.clone(),
+        peer,
+    };
+    let close = responder.close.clone();
+    let reader = Reader {
+        bytes: Arc::new(Semaphore::new(
+            ctx.limits.in_flight_bytes_per_connection_max,
+        )),
+        requests: Arc::new(Semaphore::new(
+            ctx.limits.in_flight_requests_per_connection_max,
+        )),
+        responder,
+        closed: closed.clone(),
+        ctx,
+        peer,
+    };
+    tokio::join!(
+        reader.run(read_half),
+        write_loop(write_half, rx, close, closed, peer)
+    );
+}
+
+struct Reader {
+    ctx: ConnContext,
+    responder: Responder,
+    bytes: Arc<Semaphore>,
+    requests: Arc<Semaphore>,
+    closed: watch::Receiver<bool>,
+    peer: SocketAddr,
+}
+
+impl Reader {
+    async fn run(mut self, mut socket: OwnedReadHalf) {
+        let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES_INITIAL);
+        loop {
+            loop {
+                let before = buf.len();
+                match decode(&mut buf) {
+                    Ok(Some(frame)) => {
+                        let frame_bytes = before - buf.len();
+                        let Some(in_flight) = self.acquire(frame_bytes).await else {
+                            return;
+                        };
+                        self.dispatch(frame.request_id, frame.body, in_flight).await;
+                    }
+                    Ok(None) => break,
+                    Err(e) if e.is_connection_fatal() => {
+                        let reason = reject_reason(&e);
+                        tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame header: closing the connection");
+                        self.ctx.metrics.reject_frame(reason);
+                        self.responder.send(
+                            RequestId::CONNECTION,
+                            ErrorResponse::from_wire_error(&e).into(),
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        let reason = reject_reason(&e);
+                        tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame");
+                        self.ctx.metrics.reject_frame(reason);
+                        if let WireError::BadFrame { request_id, .. } = &e {
+                            self.responder
+                                .send(*request_id, ErrorResponse::from_wire_error(&e).into());
+                        }
+                    }
+                }
+            }
+            if buf.capacity() - buf.len() < READ_BUFFER_BYTES_INITIAL {
+                let wanted = READ_CHUNK_BYTES.min(
+                    FRAME_BYTES_MAX
+                        .saturating_sub(buf.len())
+                        .max(READ_BUFFER_BYTES_INITIAL),
+                );
+                buf.reserve(wanted);
+            }
+            let read = tokio::select! {
+                biased;
+                _ = self.closed.wait_for(|c| *c) => return,
+                r = socket.read_buf(&mut buf) => r,
+            };
+            match read {
+                Ok(0) => {
+                    if !buf.is_empty() {
+                        tracing::warn!(peer = %self.peer, bytes = buf.len(), "the peer closed the connection in the middle of a frame");
+                        self.ctx.metrics.reject_frame("truncated");
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "read failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits for the in-flight permits of a request of `cost` bytes (the reader does not
+    /// read meanwhile). `None` if the connection closed while waiting.
+    async fn acquire(&mut self, cost: usize) -> Option<InFlight> {
+        let cost = cost.clamp(1, self.ctx.limits.in_flight_bytes_per_connection_max);
+        let cost =
+            u32::try_from(cost).expect("invariant: config caps the in-flight bytes at u32::MAX");
+        let permits = async {
+            let bytes = self.bytes.clone().acquire_many_owned(cost).await;
+            let request = self.requests.clone().acquire_owned().await;
+            match (bytes, request) {
+                (Ok(b), Ok(r)) => Some(InFlight {
+                    _bytes: b,
+                    _request: r,
+                }),
+                _ => None,
+            }
+        };
+        tokio::select! {
+            biased;
+            p = permits => p,
+            _ = self.closed.wait_for(|c| *c) => None,
+        }
+    }
+
+    fn reply(&self, request_id: RequestId, in_flight: InFlight) -> Reply {
+        Reply {
+            request_id,
+            to: self.responder.clone(),
+            _in_flight: Some(in_flight),
+        }
+    }
+
+    async fn dispatch(&mut self, request_id: RequestId, body: Body, in_flight: InFlight) {
+        let metrics = &self.ctx.metrics;
+        let command = match body {
+            Body::AppendRequest(r) => {
+                metrics.request("append");
+                Command::Append(r, self.reply(request_id, in_flight))
+            }
+            Body::FenceRequest(r) => {
+                metrics.request("fence");
+                Command::Fence(r, self.reply(request_id, in_flight))
+            }
+            Body::Heartbeat(h) => {
+                metrics.request("heartbeat");
+                Command::Heartbeat(h, self.reply(request_id, in_flight))
+            }
+            Body::TailRequest(_) => {
+                metrics.request("tail");
+                Command::Tail(self.reply(request_id, in_flight))
+            }
+            Body::ReadRequest(r) => {
+                metrics.request("read");
+                // A read's response may be far larger than its request: hold its byte
+                // bound instead (the frame's permits are swapped for the bigger ones).
+                drop(in_flight);
+                let cost = (r.max_bytes as usize).min(self.ctx.limits.read_bytes_max)
+                    + READ_RESPONSE_FIXED_BYTES;
+                let Some(in_flight) = self.acquire(cost).await else {
+                    return;
+                };
+                let reply = self.reply(request_id, in_flight);
+                let wal = self.ctx.wal.clone();
+                let limits = self.ctx.limits.clone();
+                tokio::spawn(async move {
+                    let peer = reply.peer();
+                    let body =
+                        match tokio::task::spawn_blocking(move || serve_read(&wal, &r, &limits))
+                            .await
+                        {
+                            Ok(body) => body,
+                            Err(e) => {
+                                tracing::error!(%peer, error = %e, "read task failed");
+                                ErrorResponse::new(ErrorCode::Internal, "the read failed").into()
+                            }
+                        };
+                    reply.send(body);
+                });
+                return;
+            }
+            other => {
+                let frame_type = other.frame_type();
+                tracing::warn!(peer = %self.peer, ?frame_type, "a frame the store does not serve");
+                metrics.reject_frame("unexpected_frame");
+                self.reply(request_id, in_flight).send(ErrorResponse::new(
+                    ErrorCode::UnexpectedFrame,
+                    format!("a store does not serve {frame_type:?}"),
+                ));
+                return;
+            }
+        };
+        if let Err(command) = self.ctx.store.send(command).await {
+            command.into_reply().send(ErrorResponse::new(
+                ErrorCode::ShuttingDown,
+                "the store is shutting down",
+            ));
+        }
+    }
+}
+
+/// Why a frame was rejected, as a metrics label.
+pub(crate) fn reject_reason(e: &WireError) -> &'static str {
+    match e.cause() {
+        WireError::HeaderChecksum { .. } => "header_checksum",
+        WireError::BodyChecksum { .. } => "body_checksum",
+        WireError::UnsupportedVersion { .. } => "unsupported_version",
+        WireError::FrameTooShort { .. } => "frame_too_short",
+        WireError::FrameTooLarge { .. } => "frame_too_large",
+        WireError::UnknownFrameType { .. } => "unknown_frame_type",
+        WireError::UnknownFlags { .. } => "unknown_flags",
+        _ => "malformed",
+    }
+}
+
+/// Serves a read from the WAL's durable records (blocking: call on the blocking pool).
+fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
+    let first_offset = wal.first_offset();
+    let max_events = (req.max_events as usize).min(limits.read_events_max);
+    let max_bytes = (req.max_bytes as usize).min(limits.read_bytes_max);
+    let records = if max_events == 0 {
+        Vec::new()
+    } else {
+        match wal.read(req.from, max_events, max_bytes as u64) {
+            Ok(r) => r,
+            Err(WalError::OffsetOutOfRange { .. }) => Vec::new(),
+            Err(e) => {
+                tracing::error!(error = %e, from = %req.from, "read failed");
+                return ErrorResponse::new(ErrorCode::Internal, format!("read failed: {e}")).into();
+            }
+        }
+    };
+    let mut events = Vec::with_capacity(records.len());
+    let mut frame_bytes = HEADER_BYTES + READ_RESPONSE_FIXED_BYTES;
+    for r in records {
+        let Some(kind) = EventKind::from_u8(r.kind) else {
+            return ErrorResponse::new(
+                ErrorCode::Internal,
+                format!(
+                    "stored event at offset {} has unknown kind {}",
+                    r.offset, r.kind
+                ),
+            )
+            .into();
+        };
+        let event = Event {
+            epoch: r.epoch,
+            offset: r.offset,
+            kind,
+            payload: r.payload,
+        };
+        frame_bytes += event.encoded_bytes();
+        if frame_bytes > FRAME_BYTES_MAX && !events.is_empty() {
+            break;
+        }
+        events.push(event);
+    }
+    ReadResponse {
+        first_offset,
+        last: wal.last_durable(),
+        events,
+    }
+    .into()
+}
+
+async fn write_loop(
+    mut socket: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Vec<Bytes>>,
+    close: Arc<watch::Sender<bool>>,
+    mut closed: watch::Receiver<bool>,
+    peer: SocketAddr,
+) {
+    let mut queue: VecDeque<Bytes> = VecDeque::new();
+    loop {
+        let parts = tokio::select! {
+            biased;
+            _ = closed.wait_for(|c| *c) => break,
+            p = rx.recv() => match p {
+                Some(p) => p,
+                // Every sender is gone: the reader ended and every request is answered.
+                None => break,
+            },
+        };
+        queue.extend(parts);
+        while queue.len() < IOV_MAX {
+            match rx.try_recv() {
+                Ok(p) => queue.extend(p),
+                Err(_) => break,
+            }
+        }
+        let written = tokio::select! {
+            biased;
+            _ = closed.wait_for(|c| *c) => break,
+            r = write_all_vectored(&mut socket, &mut queue) => r,
+        };
+        if let Err(e) = written {
+            tracing::debug!(%peer, error = %e, "write failed: closing the connection");
+            break;
+        }
+    }
+    // Stop the reader too (it may be waiting for permits or bytes), and refuse further
+    // responses.
+    close.send_replace(true);
+    rx.close();
+    let _ = tokio::time::timeout(Duration::from_secs(1), socket.shutdown()).await;
+}
+
+async fn write_all_vectored(w: &mut OwnedWriteHalf, queue: &mut VecDeque<Bytes>) -> io::Result<()> {
+    while !queue.is_empty() {
+        let written = {
+            let slices: Vec<IoSlice<'_>> = queue
+                .iter()
+                .take(IOV_MAX)
+                .map(|b| IoSlice::new(b))
+                .collect();
+            match tokio::time::timeout(WRITE_STALL_TIMEOUT, w.write_vectored(&slices)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer took no bytes for too long",
+                    ))
+                }
+            }
+        };
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the socket accepted no bytes",
+            ));
+        }
+        let mut left = written;
+        while left > 0 {
+            let front = queue
+                .front_mut()
+                .expect("invariant: written bytes came from queued buffers");
+            if front.len() <= left {
+                left -= front.len();
+                queue.pop_front();
+            } else {
+                front.advance(left);
+                left = 0;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! quire-node: the event store server — one data directory's WAL served over TCP with the
+//! store protocol of `quire-proto` (docs/protocol.md).
+//!
+//! What it owns:
+//! - the store's replication rules as a pure state machine ([`replica`]): log matching
+//!   against the accepted log, promised epoch, fences, learners, HWM;
+//! - the store actor ([`store`], internal) that decides every append and fence in one
+//!   order and owns the order of WAL submissions, answering after the covering fsync;
+//! - connections ([`conn`], internal): frame decoding, bounded in-flight work per
+//!   connection, a writer per connection with a bounded queue;
+//! - the data directory's identity file ([`identity`]), the settings ([`config`]), the
+//!   command line ([`cli`]) and the metrics endpoint ([`metrics`]).
+//!
+//! What it does not own: the on-disk log format, group commit and recovery (`quire-wal`),
+//! and wire bytes (`quire-proto`).
+//!
+//! # Data directory
+//!
+//! ```text
+//! DIR/identity        store_id, incarnation, role (see [`identity`])
+//! DIR/wal/            the WAL: segments, promised_epoch, lock (see docs/format.md)
+//! ```
+//!
+//! # Embedding
+//!
+//! `quire-node`'s `main` is `quire_node::main_with(Cli::parse())`; another binary can carry
+//! the same commands by embedding [`cli::InitArgs`] and [`cli::RunArgs`] and calling
+//! [`init`] and [`run`]. Tests and tools can start a [`Node`] in their own runtime.
+
+pub mod cli;
+pub mod config;
+mod conn;
+pub mod identity;
+pub mod metrics;
+mod node;
+pub mod replica;
+mod store;
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+
+pub use cli::{Cli, Command, InitArgs, LogFormat, RunArgs};
+pub use config::NodeConfig;
+pub use identity::{Identity, IdentityError, Role};
+pub use node::{Node, LISTEN_BACKLOG};
+
+/// Runs a parsed `quire-node` command line.
+///
+/// # Errors
+/// As [`init`] or [`run`].
+pub fn main_with(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Init(args) => {
+            let id = init(&args)?;
+            println!(
+                "initialised store {:016x} incarnation {:016x} ({}) in {}",
+                id.store_id.0,
+                id.incarnation.0,
+                id.role,
+                args.data_dir.display()
+            );
+            Ok(())
+        }
+        Command::Run(args) => run(args),
+    }
+}
+
+/// `quire-node init`: creates the data directory (it must not exist, or be empty) and
+/// writes a new identity with a random `store_id` and `incarnation`, durably.
+///
+/// # Errors
+/// A non-empty directory (it may hold a store: never re-initialise one), or I/O errors.
+pub fn init(args: &InitArgs) -> anyhow::Result<Identity> {
+    let dir = &args.data_dir;
+    let role = if args.learner {
+        Role::Learner
+    } else {
+        Role::Voter
+    };
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if let Some(entry) = entries.next() {
+                let name = entry
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| "?".into());
+                bail!(
+                    "refusing to init {}: the directory is not empty (it holds {name:?}). A store directory is initialised once; to serve it, use `quire-node run --data-dir {}`; to start afresh, pick an empty directory",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                identity::fsync_dir(parent)?;
+            }
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("reading {}", dir.display())));
+        }
+    }
+    let id = Identity::generate(role).context("drawing a random identity")?;
+    id.store(dir)?;
+    Ok(id)
+}
+
+/// `quire-node run`: loads the settings, starts logging and a Tokio runtime, serves until
+/// SIGINT or SIGTERM, then shuts down cleanly.
+///
+/// Prints `listening on ADDR` (and `metrics on ADDR`) on stdout once bound, so scripts and
+/// tests started with port 0 can find the node.
+///
+/// # Errors
+/// Bad settings, an uninitialised or unusable data directory, an address that cannot be
+/// bound, or a failed WAL at shutdown.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = NodeConfig::from_args(&args)?;
+    init_logging(config.log_format);
+    raise_open_files_limit();
+    if !config.data_dir.join(identity::IDENTITY_FILE_NAME).exists() {
+        // The same check `Node::start` makes, before any runtime or WAL file exists.
+        return Err(IdentityError::NotInitialised {
+            dir: config.data_dir.clone(),
+        }
+        .into());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("quire-node")
+        .build()
+        .context("starting the Tokio runtime")?;
+    runtime.block_on(async move {
+        let node = Node::start(config).await?;
+        announce(&node)?;
+        wait_for_signal().await?;
+        tracing::info!("signal received: shutting down");
+        node.shutdown().await
+    })
+}
+
+fn announce(node: &Node) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on {}", node.local_addr())?;
+    if let Some(m) = node.metrics_addr() {
+        writeln!(out, "metrics on {m}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// Installs the global `tracing` subscriber on stderr (filter from `RUST_LOG`, default
+/// `info`). Does nothing if one is installed already.
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Raises this process's soft limit on open files to its hard limit: every connection is
+/// a file descriptor.
+pub fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit for getrlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; setrlimit only reads it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::debug!(
+                from = limit.rlim_cur,
+                to = limit.rlim_max,
+                "raised the open files limit"
+            );
+        }
+    }
+}
+
+/// Whether `dir` holds an initialised store (an identity file).
+#[must_use]
+pub fn is_initialised(dir: &Path) -> bool {
+    dir.join(identity::IDENTITY_FILE_NAME).exists()
+}

@@ -1,0 +1,423 @@
+//! The node's metrics (Prometheus text format, every name prefixed `quire_`) and the tiny
+//! HTTP/1.1 responder that serves them on `GET /metrics`.
+//!
+//! Metrics kept by the node itself: connections, append requests accepted (persisted) and
+//! their events and payload bytes, appends rejected by reason, frames rejected by reason,
+//! fences by outcome, appends made durable per WAL wake-up (group commit as the node sees
+//! it), and the store's state (promised epoch, voter, last durable offset, HWM heard).
+//! Metrics read from the WAL at scrape time ([`quire_wal::WalStats`]): appends, records and
+//! bytes made durable, batches (each one group commit: one write), fsyncs and the fsync
+//! latency histogram, truncations, whether the log failed.
+//!
+//! The HTTP responder answers one request per connection (`Connection: close`), reads at
+//! most [`HTTP_REQUEST_BYTES_MAX`] bytes of request head within [`HTTP_TIMEOUT`], and serves
+//! at most [`HTTP_CONNECTIONS_MAX`] connections at once.
+
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use quire_wal::{Wal, FSYNC_US_BUCKETS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Longest HTTP request head the metrics endpoint reads, in bytes.
+pub const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
+/// How long one metrics request may take, end to end.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Metrics connections served at once; more wait in the listen backlog.
+pub const HTTP_CONNECTIONS_MAX: usize = 16;
+
+/// A label set with one label.
+pub type Label = [(&'static str, &'static str); 1];
+
+/// Every metric the node updates. Cheap to share (`Arc`); updates are atomic.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Open client connections.
+    pub connections_open: Gauge,
+    /// Connections accepted since start.
+    pub connections_accepted: Counter,
+    /// Connections closed at once because `connections_max` were open.
+    pub connections_refused: Counter,
+    /// Connections closed by the node because the peer did not read its responses.
+    pub connections_dropped_slow: Counter,
+    /// Appends answered with a persisted ack.
+    pub appends_persisted: Counter,
+    /// Events in appends answered with a persisted ack.
+    pub append_events: Counter,
+    /// Payload bytes in appends answered with a persisted ack.
+    pub append_bytes: Counter,
+    /// Appends answered with `AppendRejected` (label `reason`) or an error (`invalid`,
+    /// `internal`).
+    pub appends_rejected: Family<Label, Counter>,
+    /// Frames the node could not serve (label `reason`).
+    pub rejected_frames: Family<Label, Counter>,
+    /// Fences by outcome (`granted`, `refused`, `not_voter`).
+    pub fences: Family<Label, Counter>,
+    /// Requests received, by frame type.
+    pub requests: Family<Label, Counter>,
+    /// Appends that became durable together (one WAL completion wake-up of the store).
+    pub group_commit_appends: Histogram,
+    /// The promised epoch.
+    pub promised_epoch: Gauge<u64, AtomicU64>,
+    /// 1 for a voter, 0 for a learner.
+    pub voter: Gauge,
+    /// Highest HWM heard from a current master (-1: none).
+    pub hwm: Gauge<i64, AtomicI64>,
+}
+
+impl Metrics {
+    /// A fresh set of metrics, registered under the `quire` prefix.
+    #[must_use]
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("quire");
+        let m = Metrics {
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connections_refused: Counter::default(),
+            connections_dropped_slow: Counter::default(),
+            appends_persisted: Counter::default(),
+            append_events: Counter::default(),
+            append_bytes: Counter::default(),
+            appends_rejected: Family::default(),
+            rejected_frames: Family::default(),
+            fences: Family::default(),
+            requests: Family::default(),
+            group_commit_appends: Histogram::new([
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+            ]),
+            promised_epoch: Gauge::default(),
+            voter: Gauge::default(),
+            hwm: Gauge::default(),
+            registry: Registry::default(),
+        };
+        m.hwm.set(-1);
+        let r = &mut registry;
+        r.register(
+            "connections_open",
+            "Open client connections",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "Client connections accepted",
+            m.connections_accepted.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed at once because connections_max were open",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "connections_dropped_slow",
+            "Connections closed because the peer did not read its responses",
+            m.connections_dropped_slow.clone(),
+        );
+        r.register(
+            "appends_persisted",
+            "Append requests answered with a persisted ack",
+            m.appends_persisted.clone(),
+        );
+        r.register(
+            "append_events",
+            "Events in append requests answered with a persisted ack",
+            m.append_events.clone(),
+        );
+        r.register(
+            "append_bytes",
+            "Payload bytes in append requests answered with a persisted ack",
+            m.append_bytes.clone(),
+        );
+        r.register(
+            "appends_rejected",
+            "Append requests refused, by reason",
+            m.appends_rejected.clone(),
+        );
+        r.register(
+            "rejected_frames",
+            "Frames the node could not serve (bad or unexpected), by reason",
+            m.rejected_frames.clone(),
+        );
+        r.register("fences", "Fence requests, by outcome", m.fences.clone());
+        r.register(
+            "requests",
+            "Requests received, by frame type",
+            m.requests.clone(),
+        );
+        r.register(
+            "group_commit_appends",
+            "Append requests made durable together (one WAL completion)",
+            m.group_commit_appends.clone(),
+        );
+        r.register(
+            "promised_epoch",
+            "The store's promised epoch",
+            m.promised_epoch.clone(),
+        );
+        r.register(
+            "voter",
+            "1 if the store is a voter, 0 for a learner",
+            m.voter.clone(),
+        );
+        r.register(
+            "hwm",
+            "Highest high-water mark heard from a current master (-1: none)",
+            m.hwm.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Adds the WAL's counters, read at each scrape.
+    pub fn register_wal(&mut self, wal: Wal) {
+        self.registry
+            .register_collector(Box::new(WalCollector { wal }));
+    }
+
+    /// Counts a rejected frame.
+    pub fn reject_frame(&self, reason: &'static str) {
+        self.rejected_frames
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Counts a rejected append.
+    pub fn reject_append(&self, reason: &'static str) {
+        self.appends_rejected
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Counts a request of `kind`.
+    pub fn request(&self, kind: &'static str) {
+        self.requests.get_or_create(&[("type", kind)]).inc();
+    }
+
+    /// Counts a fence outcome.
+    pub fn fence(&self, outcome: &'static str) {
+        self.fences.get_or_create(&[("outcome", outcome)]).inc();
+    }
+
+    /// The whole registry in Prometheus text format (version 0.0.4).
+    ///
+    /// # Errors
+    /// Only if formatting fails (it writes to a `String`).
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Reads [`quire_wal::WalStats`] at scrape time.
+#[derive(Debug)]
+struct WalCollector {
+    wal: Wal,
+}
+
+fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt::Result {
+    let c = ConstCounter::new(v);
+    let m = enc.encode_descriptor(name, help, None, c.metric_type())?;
+    c.encode(m)
+}
+
+impl Collector for WalCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let s = self.wal.stats();
+        counter(
+            &mut enc,
+            "wal_appends",
+            "WAL appends made durable",
+            s.appends,
+        )?;
+        counter(
+            &mut enc,
+            "wal_records",
+            "Records (events) made durable",
+            s.records,
+        )?;
+        counter(
+            &mut enc,
+            "wal_payload_bytes",
+            "Payload bytes made durable",
+            s.payload_bytes,
+        )?;
+        counter(
+            &mut enc,
+            "wal_batches",
+            "Group-commit batches written (one write each)",
+            s.batches,
+        )?;
+        counter(
+            &mut enc,
+            "wal_batch_bytes",
+            "Bytes written by batches, padding included",
+            s.batch_bytes,
+        )?;
+        counter(&mut enc, "wal_fsyncs", "fdatasyncs completed", s.fsyncs)?;
+        counter(
+            &mut enc,
+            "wal_truncations",
+            "Truncation markers written",
+            s.truncations,
+        )?;
+        counter(
+            &mut enc,
+            "wal_appends_refused",
+            "WAL appends refused by validation",
+            s.appends_refused,
+        )?;
+        let failed = ConstGauge::new(i64::from(s.failed));
+        let m = enc.encode_descriptor(
+            "wal_failed",
+            "1 if the WAL has failed (fail-stop)",
+            None,
+            failed.metric_type(),
+        )?;
+        failed.encode(m)?;
+
+        // The fsync latency histogram, in seconds. WalStats buckets are per bucket (not
+        // cumulative) with an overflow bucket last; the encoder accumulates.
+        let mut buckets: Vec<(f64, u64)> = FSYNC_US_BUCKETS
+            .iter()
+            .zip(s.fsync_us_buckets.iter())
+            .map(|(&le_us, &n)| (le_us as f64 / 1e6, n))
+            .collect();
+        buckets.push((f64::INFINITY, s.fsync_us_buckets[FSYNC_US_BUCKETS.len()]));
+        let count: u64 = s.fsync_us_buckets.iter().sum();
+        let mut m = enc.encode_descriptor(
+            "wal_fsync_duration_seconds",
+            "fdatasync latency, from submission to completion",
+            None,
+            MetricType::Histogram,
+        )?;
+        m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            s.fsync_us_sum as f64 / 1e6,
+            count,
+            &buckets,
+            None,
+        )
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve_http(listener: TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if tokio::time::timeout(HTTP_TIMEOUT, answer(stream, &metrics))
+                .await
+                .is_err()
+            {
+                tracing::debug!("metrics request timed out");
+            }
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        if head.len() >= HTTP_REQUEST_BYTES_MAX {
+            respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request head too large\n",
+            )
+            .await;
+            return;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    match (method, path) {
+        ("GET", "/metrics") => match metrics.encode() {
+            Ok(body) => {
+                respond(
+                    &mut stream,
+                    "200 OK",
+                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                    &body,
+                )
+                .await;
+            }
+            Err(_) => {
+                respond(
+                    &mut stream,
+                    "500 Internal Server Error",
+                    "text/plain",
+                    "encoding failed\n",
+                )
+                .await
+            }
+        },
+        ("GET", _) => {
+            respond(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                "only /metrics is served here\n",
+            )
+            .await
+        }
+        _ => {
+            respond(
+                &mut stream,
+                "405 Method Not Allowed",
+                "text/plain",
+                "only GET is served here\n",
+            )
+            .await
+        }
+    }
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if stream.write_all(head.as_bytes()).await.is_ok()
+        && stream.write_all(body.as_bytes()).await.is_ok()
+    {
+        let _ = stream.shutdown().await;
+    }
+}

@@ -1,0 +1,244 @@
+//! [`Node`]: a running store — identity loaded, WAL open, store actor, the store-protocol
+//! listener and (optionally) the metrics listener.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use quire_wal::{PromisedEpoch, Wal};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::config::{NodeConfig, SocketSettings};
+use crate::conn::{self, ConnContext};
+use crate::identity::Identity;
+use crate::metrics::{self, Metrics};
+use crate::store::Store;
+
+/// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A running node. Dropping it without [`Node::shutdown`] aborts its tasks.
+#[derive(Debug)]
+pub struct Node {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    identity: Identity,
+    wal: Wal,
+    accept: JoinHandle<()>,
+    metrics_task: Option<JoinHandle<()>>,
+    actor: JoinHandle<()>,
+}
+
+impl Node {
+    /// Loads the data directory's identity, opens its WAL (running recovery) and promised
+    /// epoch, binds the listeners and starts serving.
+    ///
+    /// # Errors
+    /// An uninitialised or damaged data directory, a WAL that cannot be opened (locked,
+    /// corrupt), an address that cannot be bound.
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        let data_dir = config.data_dir.clone();
+        let wal_config = config.wal_config();
+        let (identity, wal, report, promised) = tokio::task::spawn_blocking(move || {
+            let identity = Identity::load(&data_dir)?;
+            let (wal, report) = Wal::open(wal_config.clone())
+                .with_context(|| format!("opening the WAL in {}", wal_config.dir.display()))?;
+            let promised = PromisedEpoch::load(&wal_config.dir).with_context(|| {
+                format!("loading the promised epoch in {}", wal_config.dir.display())
+            })?;
+            anyhow::Ok((identity, wal, report, promised))
+        })
+        .await
+        .context("start-up task failed")??;
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            store_id = format_args!("{:016x}", identity.store_id.0),
+            incarnation = format_args!("{:016x}", identity.incarnation.0),
+            role = %identity.role,
+            promised = %promised.epoch(),
+            last = ?wal.last(),
+            backend = wal.backend(),
+            recovery = ?report,
+            "store opened"
+        );
+
+        let mut metrics = Metrics::new();
+        metrics.register_wal(wal.clone());
+        let metrics = Arc::new(metrics);
+
+        let listener = bind(&config.listen).await?;
+        let local_addr = listener.local_addr().context("listener address")?;
+        let metrics_listener = match &config.metrics_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let metrics_addr = match &metrics_listener {
+            Some(l) => Some(l.local_addr().context("metrics listener address")?),
+            None => None,
+        };
+
+        let (store, handle, rx) = Store::new(
+            wal.clone(),
+            config.data_dir.clone(),
+            identity,
+            promised,
+            metrics.clone(),
+        );
+        let actor = tokio::spawn(store.run(rx));
+        let ctx = ConnContext {
+            store: handle,
+            wal: wal.clone(),
+            limits: config.limits.clone(),
+            metrics: metrics.clone(),
+        };
+        let accept = tokio::spawn(accept_loop(listener, ctx, config.socket.clone()));
+        let metrics_task =
+            metrics_listener.map(|l| tokio::spawn(metrics::serve_http(l, metrics.clone())));
+        tracing::info!(%local_addr, ?metrics_addr, "serving");
+        Ok(Node {
+            local_addr,
+            metrics_addr,
+            identity,
+            wal,
+            accept,
+            metrics_task,
+            actor,
+        })
+    }
+
+    /// The address the store protocol is served on.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address metrics are served on, if any.
+    #[must_use]
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The store's identity as loaded at start (its role may change to learner later).
+    #[must_use]
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// Stops accepting, closes every connection, lets the store actor finish what the WAL
+    /// has in flight, and closes the WAL (queued appends are written and fsynced first).
+    ///
+    /// # Errors
+    /// If the WAL had failed.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.accept.abort();
+        if let Some(m) = self.metrics_task.take() {
+            m.abort();
+        }
+        let _ = (&mut self.accept).await;
+        // Every connection (and so every handle to the actor) is gone: the actor drains.
+        let _ = (&mut self.actor).await;
+        let wal = self.wal.clone();
+        tokio::task::spawn_blocking(move || wal.close())
+            .await
+            .context("WAL close task failed")?
+            .context("closing the WAL")?;
+        tracing::info!("store stopped");
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.accept.abort();
+        if let Some(m) = &self.metrics_task {
+            m.abort();
+        }
+    }
+}
+
+/// Binds a TCP listener with `SO_REUSEADDR` and a [`LISTEN_BACKLOG`] backlog.
+async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("resolving {addr}"))?
+        .collect();
+    let mut last_error = None;
+    for a in addrs {
+        match bind_one(a) {
+            Ok(l) => return Ok(l),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(match last_error {
+        Some(e) => anyhow::Error::new(e).context(format!("binding {addr}")),
+        None => anyhow::anyhow!("{addr} resolves to no address"),
+    })
+}
+
+fn bind_one(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+fn configure(stream: &TcpStream, settings: &SocketSettings) -> std::io::Result<()> {
+    let s = SockRef::from(stream);
+    s.set_tcp_nodelay(true)?;
+    if let Some(b) = settings.send_buffer_bytes {
+        s.set_send_buffer_size(b)?;
+    }
+    if let Some(b) = settings.recv_buffer_bytes {
+        s.set_recv_buffer_size(b)?;
+    }
+    Ok(())
+}
+
+async fn accept_loop(listener: TcpListener, ctx: ConnContext, socket: SocketSettings) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // EMFILE and friends: back off a little rather than spin.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if connections.len() >= ctx.limits.connections_max {
+                    tracing::warn!(%peer, open = connections.len(), "too many connections: closing the new one");
+                    ctx.metrics.connections_refused.inc();
+                    continue;
+                }
+                if let Err(e) = configure(&stream, &socket) {
+                    tracing::warn!(%peer, error = %e, "cannot configure the socket");
+                    continue;
+                }
+                ctx.metrics.connections_accepted.inc();
+                ctx.metrics.connections_open.inc();
+                tracing::debug!(%peer, "connection opened");
+                let ctx = ctx.clone();
+                connections.spawn(async move {
+                    let metrics = ctx.metrics.clone();
+                    conn::serve(stream, peer, ctx).await;
+                    metrics.connections_open.dec();
+                    tracing::debug!(%peer, "connection closed");
+                });
+            }
+            Some(done) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(e) = done {
+                    if e.is_panic() {
+                        tracing::error!(error = %e, "a connection task panicked");
+                    }
+                }
+            }
+        }
+    }
+}

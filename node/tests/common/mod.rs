@@ -1,0 +1,299 @@
+//! Harness for the multi-process tests: runs the real `quire-node` binary on 127.0.0.1 with
+//! ephemeral ports, in a temporary directory, and kills it (and removes the directory) on
+//! drop, also when the test panics. Every wait is bounded.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quire_proto::{AppendRequest, Epoch, Event, EventKind, LogPosition, Offset};
+
+/// How long the node may take to start and print its address.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound of one whole test body.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(45);
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_quire-node");
+
+/// A temporary directory with a store data directory (`data/`) and the node's log file.
+pub struct TestDir {
+    pub root: tempfile::TempDir,
+}
+
+impl TestDir {
+    pub fn new() -> TestDir {
+        TestDir {
+            root: tempfile::Builder::new()
+                .prefix("quire-node-test")
+                .tempdir()
+                .expect("temp dir"),
+        }
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.root.path().join("data")
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.root.path().join("node.log")
+    }
+
+    /// A config file with small segments (the default 256 MiB preallocation is wasted on
+    /// a test), written on first use.
+    pub fn config(&self) -> PathBuf {
+        let path = self.root.path().join("node.toml");
+        if !path.exists() {
+            fs::write(&path, SMALL_CONFIG).expect("config file");
+        }
+        path
+    }
+}
+
+/// Settings for tests: 4 MiB segments, the rest default.
+pub const SMALL_CONFIG: &str = "[wal]\nsegment_bytes_max = 4194304\n";
+
+/// Runs `quire-node ARGS` to completion (bounded) and returns its output.
+pub fn run_cli(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn quire-node");
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("quire-node {args:?} did not finish within {START_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `quire-node init --data-dir DIR [--learner]`, which must succeed.
+pub fn init(dir: &Path, learner: bool) {
+    let d = dir.to_str().expect("utf-8 path");
+    let mut args = vec!["init", "--data-dir", d];
+    if learner {
+        args.push("--learner");
+    }
+    let out = run_cli(&args);
+    assert!(
+        out.status.success(),
+        "init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A running `quire-node run`, killed with SIGKILL on drop.
+pub struct NodeProc {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub metrics: SocketAddr,
+    data: PathBuf,
+    log: PathBuf,
+    extra: Vec<String>,
+}
+
+impl NodeProc {
+    /// Starts the node on `dir`'s data directory and waits (bounded) for its addresses.
+    pub fn start(dir: &TestDir) -> NodeProc {
+        let config = dir.config();
+        NodeProc::start_on(
+            &dir.data(),
+            &dir.log(),
+            &["--config", config.to_str().expect("utf-8 path")],
+        )
+    }
+
+    pub fn start_on(data: &Path, log: &Path, extra: &[&str]) -> NodeProc {
+        let log_file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
+        let mut child = Command::new(BIN)
+            .args([
+                "run",
+                "--data-dir",
+                data.to_str().expect("utf-8 path"),
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .spawn()
+            .expect("spawn quire-node run");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut node = NodeProc {
+            child: Some(child),
+            addr: "0.0.0.0:0".parse().expect("addr"),
+            metrics: "0.0.0.0:0".parse().expect("addr"),
+            data: data.to_path_buf(),
+            log: log.to_path_buf(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        let (mut addr, mut metrics) = (None, None);
+        while addr.is_none() || metrics.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(a) = line.strip_prefix("listening on ") {
+                        addr = Some(a.trim().parse().expect("listen address"));
+                    } else if let Some(a) = line.strip_prefix("metrics on ") {
+                        metrics = Some(a.trim().parse().expect("metrics address"));
+                    }
+                }
+                Err(_) => panic!(
+                    "the node did not print its addresses within {START_TIMEOUT:?}; log:\n{}",
+                    fs::read_to_string(log).unwrap_or_default()
+                ),
+            }
+        }
+        node.addr = addr.expect("set");
+        node.metrics = metrics.expect("set");
+        node
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills the node and starts it again on the same data directory.
+    pub fn restart(mut self) -> NodeProc {
+        self.kill9();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        NodeProc::start_on(&self.data.clone(), &self.log.clone(), &extra)
+    }
+
+    /// `GET path` on the metrics listener; returns the body.
+    pub fn http_get(&self, path: &str) -> String {
+        http_get(self.metrics, path)
+    }
+
+    /// The value of the metric line that starts with `prefix` (e.g.
+    /// `quire_rejected_frames_total{reason="body_checksum"}`), or 0 if absent.
+    pub fn metric(&self, prefix: &str) -> f64 {
+        metric_value(&self.http_get("/metrics"), prefix)
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- node log ({}) ----\n{}",
+                self.log.display(),
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    body.to_owned()
+}
+
+pub fn metric_value(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let rest = l.strip_prefix(prefix)?;
+            let rest = rest.strip_prefix(' ')?;
+            rest.trim().parse().ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Runs an async test body on a fresh runtime, bounded by [`TEST_TIMEOUT`].
+pub fn block_on<F: std::future::Future<Output = ()>>(f: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        tokio::time::timeout(TEST_TIMEOUT, f)
+            .await
+            .expect("the test body took longer than TEST_TIMEOUT");
+    });
+}
+
+/// An event at `offset` of `epoch` with payload `payload`.
+pub fn event(epoch: u64, offset: u64, payload: impl Into<Bytes>) -> Event {
+    Event {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+        kind: EventKind::Message,
+        payload: payload.into(),
+    }
+}
+
+pub fn pos(epoch: u64, offset: u64) -> LogPosition {
+    LogPosition {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+    }
+}
+
+/// An append of `epoch` after `prev` with one event per payload, all of `event_epoch`.
+pub fn append(
+    epoch: u64,
+    prev: Option<LogPosition>,
+    event_epoch: u64,
+    payloads: &[Bytes],
+) -> AppendRequest {
+    let first = prev.map_or(0, |p| p.offset.0 + 1);
+    AppendRequest {
+        epoch: Epoch(epoch),
+        prev,
+        events: payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| event(event_epoch, first + i as u64, p.clone()))
+            .collect(),
+        hwm: None,
+    }
+}
