@@ -568,6 +568,10 @@ impl Committer {
             "a batch never crosses the segment's end"
         );
         cur.write_pos = start + total;
+        if cur.write_pos > cur.capacity / 2 {
+            // The next roll is near: make sure the spare's zero-fill is not starved.
+            self.prealloc.hurry();
+        }
         let file = cur.file.clone();
         let path = cur.path.clone();
         let segment = cur.index_id;

@@ -59,3 +59,11 @@ impl fmt::Display for Position {
         write!(f, "{}", self.0)
     }
 }
+
+// The node shares one `Wal` across tasks and threads, and awaits `Append` on any executor.
+const _: () = {
+    const fn shareable<T: Clone + Send + Sync>() {}
+    const fn sendable<T: Send + Unpin>() {}
+    shareable::<Wal>();
+    sendable::<Append>();
+};

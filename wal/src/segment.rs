@@ -235,6 +235,12 @@ impl Preallocator {
         })
     }
 
+    /// Asks for the spare at normal I/O priority from now on (the current segment is filling
+    /// up and a roll will soon need it). Cheap; call as often as convenient.
+    pub fn hurry(&self) {
+        self.shared.urgent.store(true, Ordering::Relaxed);
+    }
+
     /// Renames the spare to `dest` and fsyncs the directory, waiting for the spare if it is
     /// still being prepared; then asks for the next one.
     ///
@@ -263,6 +269,8 @@ impl Preallocator {
         fsync_dir(&s.dir)?;
         st.ready = false;
         st.wanted = true;
+        // A segment has just started: no roll needs the next spare yet.
+        s.urgent.store(false, Ordering::Relaxed);
         s.cv.notify_all();
         Ok(())
     }
@@ -397,7 +405,6 @@ impl SpareShared {
             write_zeros(&file, 0, self.bytes).map_err(|e| WalError::io("zero-fill", tmp, e))?;
         }
         set_thread_io_priority(IoPriority::Normal);
-        self.urgent.store(false, Ordering::Relaxed);
         file.sync_all().map_err(|e| WalError::io("fsync", tmp, e))
     }
 }
