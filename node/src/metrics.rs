@@ -244,54 +244,77 @@ impl Collector for WalCollector {
         counter(
             &mut enc,
             "wal_appends",
-            "WAL appends made durable",
+            "WAL appends made durable.",
             s.appends,
         )?;
         counter(
             &mut enc,
             "wal_records",
-            "Records (events) made durable",
+            "Records (events) made durable.",
             s.records,
         )?;
         counter(
             &mut enc,
             "wal_payload_bytes",
-            "Payload bytes made durable",
+            "Payload bytes made durable.",
             s.payload_bytes,
         )?;
         counter(
             &mut enc,
             "wal_batches",
-            "Group-commit batches written (one write each)",
+            "Group-commit batches written (one write each).",
             s.batches,
         )?;
         counter(
             &mut enc,
             "wal_batch_bytes",
-            "Bytes written by batches, padding included",
+            "Bytes written by batches, padding included.",
             s.batch_bytes,
         )?;
-        counter(&mut enc, "wal_fsyncs", "fdatasyncs completed", s.fsyncs)?;
+        counter(&mut enc, "wal_fsyncs", "fdatasyncs completed.", s.fsyncs)?;
         counter(
             &mut enc,
             "wal_truncations",
-            "Truncation markers written",
+            "Truncation markers written.",
             s.truncations,
         )?;
         counter(
             &mut enc,
             "wal_appends_refused",
-            "WAL appends refused by validation",
+            "WAL appends refused by validation.",
             s.appends_refused,
         )?;
         let failed = ConstGauge::new(i64::from(s.failed));
         let m = enc.encode_descriptor(
             "wal_failed",
-            "1 if the WAL has failed (fail-stop)",
+            "1 if the WAL has failed (fail-stop).",
             None,
             failed.metric_type(),
         )?;
         failed.encode(m)?;
+        let gauge =
+            |enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: i64| -> fmt::Result {
+                let g = ConstGauge::new(v);
+                let m = enc.encode_descriptor(name, help, None, g.metric_type())?;
+                g.encode(m)
+            };
+        let last = self
+            .wal
+            .last_durable()
+            .map_or(-1, |p| i64::try_from(p.offset.0).unwrap_or(i64::MAX));
+        gauge(
+            &mut enc,
+            "log_last_durable_offset",
+            "Offset of the last durable entry (-1: empty log).",
+            last,
+        )?;
+        let first = i64::try_from(self.wal.first_offset().0).unwrap_or(i64::MAX);
+        gauge(
+            &mut enc,
+            "log_first_offset",
+            "Lowest offset the log holds.",
+            first,
+        )?;
 
         // The fsync latency histogram, in seconds. WalStats buckets are per bucket (not
         // cumulative) with an overflow bucket last; the encoder accumulates.
@@ -304,7 +327,7 @@ impl Collector for WalCollector {
         let count: u64 = s.fsync_us_buckets.iter().sum();
         let mut m = enc.encode_descriptor(
             "wal_fsync_duration_seconds",
-            "fdatasync latency, from submission to completion",
+            "fdatasync latency, from submission to completion.",
             None,
             MetricType::Histogram,
         )?;

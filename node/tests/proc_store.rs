@@ -1,6 +1,8 @@
 //! The real `quire-node` binary over TCP: durability across kill -9, fences, log matching
 //! and truncation, store identity. Each test starts its own node on 127.0.0.1:0.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
 mod common;
 
 use std::sync::Arc;
@@ -171,7 +173,17 @@ fn proc_appends_from_three_connections_survive_kill_9() {
         }
         let metrics_before = node.lock().unwrap().as_ref().unwrap().http_get("/metrics");
         assert!(metric_value(&metrics_before, "quire_appends_persisted_total") >= 120.0);
-        assert!(metric_value(&metrics_before, "quire_wal_fsyncs_total") >= 1.0);
+        let fsyncs = metric_value(&metrics_before, "quire_wal_fsyncs_total");
+        assert!(fsyncs >= 1.0);
+        assert_eq!(
+            metric_value(&metrics_before, "quire_wal_fsync_duration_seconds_count"),
+            fsyncs
+        );
+        assert!(metric_value(&metrics_before, "quire_group_commit_appends_count") >= 1.0);
+        assert_eq!(
+            metric_value(&metrics_before, "quire_log_last_durable_offset"),
+            expected.len() as f64 - 1.0
+        );
 
         // Phase 2: append again from three connections and kill -9 the node while they
         // run: every event acked before the kill must be there after the restart.

@@ -3,6 +3,7 @@
 //! drop, also when the test panics. Every wait is bounded.
 
 #![allow(dead_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
