@@ -39,11 +39,34 @@ impl Node {
     /// An uninitialised or damaged data directory, a WAL that cannot be opened (locked,
     /// corrupt), an address that cannot be bound.
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        Node::start_inner(config, None).await
+    }
+
+    /// [`Node::start`] with the WAL on the given disk implementation (`config.wal.io` is
+    /// ignored): for tests that inject faults with `quire_wal::disk::FaultDisk`.
+    ///
+    /// # Errors
+    /// As [`Node::start`].
+    pub async fn start_with_disk(
+        config: NodeConfig,
+        disk: Box<dyn quire_wal::disk::Disk>,
+    ) -> anyhow::Result<Node> {
+        Node::start_inner(config, Some(disk)).await
+    }
+
+    async fn start_inner(
+        config: NodeConfig,
+        disk: Option<Box<dyn quire_wal::disk::Disk>>,
+    ) -> anyhow::Result<Node> {
         let data_dir = config.data_dir.clone();
         let wal_config = config.wal_config();
         let (identity, wal, report, promised) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load(&data_dir)?;
-            let (wal, report) = Wal::open(wal_config.clone())
+            let opened = match disk {
+                Some(disk) => Wal::open_with_disk(wal_config.clone(), disk),
+                None => Wal::open(wal_config.clone()),
+            };
+            let (wal, report) = opened
                 .with_context(|| format!("opening the WAL in {}", wal_config.dir.display()))?;
             let promised = PromisedEpoch::load(&wal_config.dir).with_context(|| {
                 format!("loading the promised epoch in {}", wal_config.dir.display())
