@@ -24,6 +24,7 @@ fn main() -> std::io::Result<()> {
     let start = EventBody::EpochStart(EpochStartEvent {
         epoch: Epoch(0x1_0001),
         broker: BrokerId(1),
+        voters: Vec::new(),
     });
     let event = |offset: u64, body: &EventBody| Event {
         epoch: Epoch(0x1_0001),

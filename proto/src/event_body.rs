@@ -19,14 +19,16 @@
 //! 1    version  u8           1    version  u8
 //! 8    epoch    u64          8    before   u64: offsets below may be discarded
 //! 2    broker   u16
+//! 4    voter count u32 (≤ MEMBERS_MAX), then per voter:
+//!      2 store_index u16, 8 store_id u64, 8 incarnation u64
 //! ```
 
 use bytes::{Bytes, BytesMut};
 
 use crate::codec::{BodyWriter, CountingWriter, Reader};
 use crate::error::WireError;
-use crate::limits::{CURSOR_BYTES_MAX, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX};
-use crate::types::{BrokerId, Epoch, EventKind, Offset};
+use crate::limits::{CURSOR_BYTES_MAX, MEMBERS_MAX, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX};
+use crate::types::{BrokerId, Epoch, EventKind, Incarnation, Offset, StoreId};
 
 /// The event body format version this build writes and reads.
 pub const EVENT_BODY_VERSION: u8 = 1;
@@ -74,14 +76,41 @@ pub struct TopicAdminEvent {
     pub topic: String,
 }
 
+/// One voting store named by an [`EpochStartEvent`]: the identity bound to one position of
+/// the cluster's store list (DESIGN.md "Store identity").
+///
+/// ```text
+/// 2      store_index           u16: position in the cluster's store list
+/// 8      store_id              u64
+/// 8      incarnation           u64
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Voter {
+    /// Position of the store in the cluster's (fixed) store list.
+    pub store_index: u16,
+    /// The store's id.
+    pub store_id: StoreId,
+    /// The store's incarnation.
+    pub incarnation: Incarnation,
+}
+
+/// Bytes one [`Voter`] takes.
+const VOTER_BYTES: usize = 2 + 8 + 8;
+
 /// The first event of a master's epoch (kind [`EventKind::EpochStart`]): once it is
 /// stabilized, everything before it is (DESIGN.md "Failover" step 4).
+///
+/// It also carries the voter set the master counts (store identities are part of the
+/// replicated state): the bootstrap master binds them, and every slave learns them from
+/// here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochStartEvent {
     /// The new master's epoch.
     pub epoch: Epoch,
     /// The new master.
     pub broker: BrokerId,
+    /// The voting stores' identities, at most `MEMBERS_MAX`, by store index.
+    pub voters: Vec<Voter>,
 }
 
 /// A retention trim point (kind [`EventKind::Trim`]).
@@ -193,10 +222,25 @@ impl EventBody {
                     topic: r.name("topic", TOPIC_BYTES_MAX)?,
                 })
             }
-            EventKind::EpochStart => EventBody::EpochStart(EpochStartEvent {
-                epoch: r.epoch("epoch start epoch")?,
-                broker: BrokerId(r.u16("epoch start broker")?),
-            }),
+            EventKind::EpochStart => {
+                let epoch = r.epoch("epoch start epoch")?;
+                let broker = BrokerId(r.u16("epoch start broker")?);
+                let field = "epoch start voters";
+                let count = r.count(field, MEMBERS_MAX, VOTER_BYTES)?;
+                let mut voters = Vec::with_capacity(count);
+                for _ in 0..count {
+                    voters.push(Voter {
+                        store_index: r.u16(field)?,
+                        store_id: StoreId(r.u64(field)?),
+                        incarnation: Incarnation(r.u64(field)?),
+                    });
+                }
+                EventBody::EpochStart(EpochStartEvent {
+                    epoch,
+                    broker,
+                    voters,
+                })
+            }
             EventKind::Trim => EventBody::Trim(TrimEvent {
                 before: r.offset("trim before")?,
             }),
@@ -226,6 +270,12 @@ impl EventBody {
             EventBody::EpochStart(e) => {
                 w.u64(e.epoch.0);
                 w.u16(e.broker.0);
+                w.count("epoch start voters", e.voters.len(), MEMBERS_MAX)?;
+                for v in &e.voters {
+                    w.u16(v.store_index);
+                    w.u64(v.store_id.0);
+                    w.u64(v.incarnation.0);
+                }
             }
             EventBody::Trim(t) => w.u64(t.before.0),
         }

@@ -49,7 +49,7 @@ pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
     encode_message_event, message_event_bytes, CursorCommitEvent, EpochStartEvent, EventBody,
-    MessageEvent, TopicAction, TopicAdminEvent, TrimEvent, EVENT_BODY_VERSION,
+    MessageEvent, TopicAction, TopicAdminEvent, TrimEvent, Voter, EVENT_BODY_VERSION,
 };
 pub use frame::{
     decode, decode_frame_body, decode_slice, encode, encode_body, Body, EncodedBody, Flags, Frame,

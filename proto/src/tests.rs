@@ -1037,6 +1037,23 @@ fn event_bodies_round_trip() {
         EventBody::EpochStart(EpochStartEvent {
             epoch: Epoch(0x2_0001),
             broker: BrokerId(1),
+            voters: vec![],
+        }),
+        EventBody::EpochStart(EpochStartEvent {
+            epoch: Epoch(0x2_0001),
+            broker: BrokerId(1),
+            voters: vec![
+                Voter {
+                    store_index: 0,
+                    store_id: StoreId(7),
+                    incarnation: Incarnation(8),
+                },
+                Voter {
+                    store_index: 2,
+                    store_id: StoreId(9),
+                    incarnation: Incarnation(10),
+                },
+            ],
         }),
         EventBody::Trim(TrimEvent {
             before: Offset(1000),
@@ -1176,4 +1193,27 @@ fn golden_bytes_match_the_protocol_document() {
     assert_eq!(&bytes[26..28], &(message_len as u16).to_le_bytes());
     let detail = &bytes[28 + message_len..];
     assert_eq!(detail, &[1, 3, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
+
+    let start = EventBody::EpochStart(EpochStartEvent {
+        epoch: Epoch(0x0203),
+        broker: BrokerId(1),
+        voters: vec![Voter {
+            store_index: 2,
+            store_id: StoreId(5),
+            incarnation: Incarnation(6),
+        }],
+    })
+    .to_payload()
+    .expect("encodes");
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        1,                          // body version
+        3, 2, 0, 0, 0, 0, 0, 0,     // epoch
+        1, 0,                       // broker
+        1, 0, 0, 0,                 // voter count
+        2, 0,                       //   store_index
+        5, 0, 0, 0, 0, 0, 0, 0,     //   store_id
+        6, 0, 0, 0, 0, 0, 0, 0,     //   incarnation
+    ];
+    assert_eq!(&start[..], expected);
 }

@@ -468,7 +468,7 @@ proptest! {
             EventBody::Message(MessageEvent { topic: topic.clone(), producer_id: a, sequence: b, message: message.clone() }),
             EventBody::CursorCommit(CursorCommitEvent { topic: topic.clone(), cursor, offset: Offset(a) }),
             EventBody::TopicAdmin(TopicAdminEvent { action: TopicAction::Delete, topic: topic.clone() }),
-            EventBody::EpochStart(EpochStartEvent { epoch: Epoch(a), broker: BrokerId(b as u16) }),
+            EventBody::EpochStart(EpochStartEvent { epoch: Epoch(a), broker: BrokerId(b as u16), voters: vec![Voter { store_index: b as u16, store_id: StoreId(a), incarnation: Incarnation(b) }] }),
             EventBody::Trim(TrimEvent { before: Offset(b) }),
         ];
         for body in bodies {

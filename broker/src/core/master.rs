@@ -538,6 +538,21 @@ impl MasterCore {
         payload: Bytes,
         out: &mut Vec<MasterCommand>,
     ) -> Result<Offset, ProposeError> {
+        let offset = self.propose_deferred(kind, payload)?;
+        self.flush(out);
+        Ok(offset)
+    }
+
+    /// [`MasterCore::propose`] without sending: the event takes its offset (or is refused,
+    /// with the same errors), but no append goes out until [`MasterCore::flush`]. A driver
+    /// that proposes a burst of events — many producers' messages — then flushes once gets
+    /// them into shared appends (up to [`ReplicationLimits::append_events_max`] /
+    /// `append_bytes_max` each) instead of one append per event while the pipelines have
+    /// room.
+    ///
+    /// # Errors
+    /// As [`MasterCore::propose`].
+    pub fn propose_deferred(&mut self, kind: u8, payload: Bytes) -> Result<Offset, ProposeError> {
         if let Some(promised) = self.fenced_by {
             return Err(ProposeError::Fenced { promised });
         }
@@ -565,10 +580,16 @@ impl MasterCore {
         let offset = event.offset;
         self.log.append(event);
         self.unstable_bytes += event_bytes;
+        Ok(offset)
+    }
+
+    /// Sends every slot what is due within its pipeline window: the events proposed with
+    /// [`MasterCore::propose_deferred`] since the last flush. Does nothing after a
+    /// step-down.
+    pub fn flush(&mut self, out: &mut Vec<MasterCommand>) {
         for i in 0..self.slots.len() {
             self.fill(i, out);
         }
-        Ok(offset)
     }
 
     /// Feeds one input; appends the resulting commands to `out`.

@@ -896,3 +896,57 @@ fn an_overloaded_store_is_retried_after_the_next_tick() {
     assert_eq!(a.len(), 1);
     assert_eq!((a[0].prev, a[0].first, a[0].count), (None, Offset(0), 2));
 }
+
+#[test]
+fn deferred_proposals_share_one_append_per_slot_after_a_flush() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    for a in &probes {
+        h.ack_append(a);
+    }
+    assert_eq!(h.stabilized(), vec![Offset(0)]);
+    let offsets: Vec<Offset> = (0..5)
+        .map(|_| {
+            h.m.propose_deferred(1, Bytes::from_static(b"m"))
+                .expect("accepted")
+        })
+        .collect();
+    assert_eq!(offsets, (1..=5).map(Offset).collect::<Vec<_>>());
+    assert!(h.appends().is_empty(), "nothing is sent before the flush");
+    h.m.flush(&mut h.out);
+    let appends = h.appends();
+    assert_eq!(appends.len(), 3, "one append per slot: {appends:?}");
+    for a in &appends {
+        assert_eq!((a.first, a.count), (Offset(1), 5));
+    }
+    for a in &appends {
+        h.ack_append(a);
+    }
+    assert_eq!(h.stabilized(), vec![Offset(5)]);
+    // A flush with nothing due sends nothing.
+    h.m.flush(&mut h.out);
+    assert!(h.appends().is_empty());
+}
+
+#[test]
+fn deferred_proposals_obey_backpressure_like_propose() {
+    let limits = ReplicationLimits {
+        inflight_bytes_max: 3 * (crate::core::event::EVENT_OVERHEAD_BYTES + 1),
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    // The epoch-start event (empty payload) is unstable too.
+    h.m.propose_deferred(1, Bytes::from_static(b"m"))
+        .expect("fits");
+    h.m.propose_deferred(1, Bytes::from_static(b"m"))
+        .expect("fits");
+    assert!(matches!(
+        h.m.propose_deferred(1, Bytes::from_static(b"m")),
+        Err(ProposeError::Backpressure { .. })
+    ));
+    assert_eq!(
+        h.m.next_offset(),
+        Offset(3),
+        "a refused event takes no offset"
+    );
+}

@@ -186,6 +186,17 @@ pub enum TakeoverInput {
         /// The epoch seen.
         epoch: Epoch,
     },
+    /// The broker's durable cluster configuration now names the voter identity of store
+    /// `slot` (see [`ClusterConfig::learn_identity`]: an identity already known is never
+    /// replaced). The bootstrap path: a broker that knows no identity fences with none
+    /// expected, binds the identities of stores that all granted with an empty log, makes
+    /// them durable, and only then feeds them here, each before its grant.
+    StoreIdentityKnown {
+        /// The store's slot.
+        slot: SlotId,
+        /// Its identity.
+        identity: StoreIdentity,
+    },
 }
 
 /// What the takeover core asks its driver to do.
@@ -445,7 +456,16 @@ impl TakeoverCore {
                 }
             }
             TakeoverInput::RivalSeen { epoch } => self.see(epoch, out),
+            TakeoverInput::StoreIdentityKnown { slot, identity } => {
+                self.config.cluster.learn_identity(slot, identity);
+            }
         }
+    }
+
+    /// The cluster configuration in force (with the identities learned since the start).
+    #[must_use]
+    pub fn cluster(&self) -> &ClusterConfig {
+        &self.config.cluster
     }
 
     /// The current attempt's epoch.

@@ -655,3 +655,51 @@ fn a_grant_whose_log_already_holds_the_takeover_epoch_never_counts() {
     assert_eq!((t.grant_count(), t.stats().grants_inconsistent), (0, 1));
     assert!(out.is_empty());
 }
+
+#[test]
+fn bootstrap_grants_count_only_after_the_identities_are_known() {
+    // A broker that knows no store identity: grants cannot count until the driver binds
+    // the identities (after making them durable) and feeds them in.
+    let unknown = TakeoverConfig {
+        broker: ME,
+        cluster: crate::core::ClusterConfig::with_majorities(
+            (0..3).map(|_| SlotKind::Store { identity: None }).collect(),
+        ),
+        fetch_events_max: 64,
+    };
+    let (mut t, e) = fencing(unknown, LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(0, e, None), &mut out);
+    assert_eq!((t.grant_count(), t.stats().grants_not_voting), (0, 1));
+    for slot in 0..3u16 {
+        t.handle(
+            TakeoverInput::StoreIdentityKnown {
+                slot: SlotId(slot),
+                identity: ident(u64::from(slot)),
+            },
+            &mut out,
+        );
+    }
+    assert_eq!(
+        t.cluster().expected_identity(SlotId(1)),
+        Some(ident(1)),
+        "learned"
+    );
+    // A second identity for a slot is never taken.
+    t.handle(
+        TakeoverInput::StoreIdentityKnown {
+            slot: SlotId(1),
+            identity: ident(9),
+        },
+        &mut out,
+    );
+    assert_eq!(t.cluster().expected_identity(SlotId(1)), Some(ident(1)));
+    t.handle(grant(0, e, None), &mut out);
+    assert!(out.is_empty());
+    t.handle(grant(1, e, None), &mut out);
+    let Some(TakeoverCommand::BecomeMaster(adopted)) = out.pop() else {
+        panic!("{out:?}")
+    };
+    assert!(adopted.log.is_empty());
+    assert_eq!(adopted.epoch, e);
+}
