@@ -1,0 +1,402 @@
+//! The broker's metrics (Prometheus text format, every name prefixed `quire_`) and a tiny
+//! HTTP/1.1 responder serving them on `GET /metrics` — the same approach as quire-node's
+//! (`prometheus-client` registry, one request per connection, bounded).
+//!
+//! Counters and histograms are updated where things happen (atomics, no lock). The
+//! broker's role, epoch, HWM and per-store progress are read at scrape time from a
+//! [`StatusSnapshot`] the server refreshes on every heartbeat tick.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Longest HTTP request head read, in bytes.
+pub const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
+/// How long one metrics request may take, end to end.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Metrics connections served at once.
+pub const HTTP_CONNECTIONS_MAX: usize = 16;
+
+/// A label set with one label.
+pub type Label = [(&'static str, &'static str); 1];
+
+/// Latency buckets in seconds: 50 µs .. 10 s.
+const LATENCY_BUCKETS_S: [f64; 16] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+/// Failover duration buckets in seconds.
+const FAILOVER_BUCKETS_S: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0];
+
+/// One store's progress as the master sees it.
+#[derive(Clone, Debug, Default)]
+pub struct StoreProgress {
+    /// The store's address.
+    pub addr: String,
+    /// Events the store lacks behind the master's log end (`None`: not the master).
+    pub lag: Option<u64>,
+}
+
+/// What the server reports at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct StatusSnapshot {
+    /// 1 while this broker is the master.
+    pub is_master: bool,
+    /// The highest epoch this broker knows.
+    pub epoch: u64,
+    /// The HWM this broker knows (`None`: none).
+    pub hwm: Option<u64>,
+    /// Highest offset applied to broker state.
+    pub applied: Option<u64>,
+    /// Per store, in slot order.
+    pub stores: Vec<StoreProgress>,
+}
+
+/// Every metric the broker updates. Share it with `Arc`; updates are atomic.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Produce requests received.
+    pub produce_requests: Counter,
+    /// Messages acknowledged to producers.
+    pub produce_messages_acked: Counter,
+    /// Produce requests answered with an error, by code.
+    pub produce_errors: Family<Label, Counter>,
+    /// Produce latency: request received to acknowledgement sent, in seconds.
+    pub produce_latency: Histogram,
+    /// Quorum wait: event proposed to event stabilized, in seconds (one sample per batch).
+    pub quorum_wait: Histogram,
+    /// Fetch requests received.
+    pub fetch_requests: Counter,
+    /// Fetches served from a store (older than the broker keeps in memory).
+    pub fetches_from_store: Counter,
+    /// Open connections (clients and brokers).
+    pub connections_open: Gauge,
+    /// Connections accepted.
+    pub connections_accepted: Counter,
+    /// Takeovers that made this broker master (the first election included).
+    pub failovers: Counter,
+    /// From the last message of the previous master (or the takeover's start, for the
+    /// first election) to serving clients, in seconds.
+    pub failover_duration: Histogram,
+    /// Times this broker stepped down as master.
+    pub step_downs: Counter,
+    snapshot: Arc<Mutex<StatusSnapshot>>,
+}
+
+impl Metrics {
+    /// A fresh set of metrics, registered under the `quire` prefix.
+    #[must_use]
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("quire");
+        let snapshot = Arc::new(Mutex::new(StatusSnapshot::default()));
+        let m = Metrics {
+            produce_requests: Counter::default(),
+            produce_messages_acked: Counter::default(),
+            produce_errors: Family::default(),
+            produce_latency: Histogram::new(LATENCY_BUCKETS_S),
+            quorum_wait: Histogram::new(LATENCY_BUCKETS_S),
+            fetch_requests: Counter::default(),
+            fetches_from_store: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            failovers: Counter::default(),
+            failover_duration: Histogram::new(FAILOVER_BUCKETS_S),
+            step_downs: Counter::default(),
+            snapshot: snapshot.clone(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "produce_requests",
+            "Produce requests received",
+            m.produce_requests.clone(),
+        );
+        r.register(
+            "produce_messages_acked",
+            "Messages acknowledged to producers (stabilized)",
+            m.produce_messages_acked.clone(),
+        );
+        r.register(
+            "produce_errors",
+            "Produce requests answered with an error, by code",
+            m.produce_errors.clone(),
+        );
+        r.register(
+            "produce_latency_seconds",
+            "Produce request received to acknowledgement sent",
+            m.produce_latency.clone(),
+        );
+        r.register(
+            "quorum_wait_seconds",
+            "Event proposed to stabilized on the ack quorum (one sample per batch)",
+            m.quorum_wait.clone(),
+        );
+        r.register(
+            "fetch_requests",
+            "Fetch requests received",
+            m.fetch_requests.clone(),
+        );
+        r.register(
+            "fetches_from_store",
+            "Fetches served by reading a store",
+            m.fetches_from_store.clone(),
+        );
+        r.register(
+            "connections_open",
+            "Open connections",
+            m.connections_open.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "Connections accepted",
+            m.connections_accepted.clone(),
+        );
+        r.register(
+            "failovers",
+            "Takeovers that made this broker master (the first election included)",
+            m.failovers.clone(),
+        );
+        r.register(
+            "failover_duration_seconds",
+            "Previous master's last message (or takeover start) to serving clients",
+            m.failover_duration.clone(),
+        );
+        r.register(
+            "step_downs",
+            "Times this broker stopped being master",
+            m.step_downs.clone(),
+        );
+        registry.register_collector(Box::new(SnapshotCollector { snapshot }));
+        Metrics { registry, ..m }
+    }
+
+    /// Replaces the status read at scrape time.
+    pub fn set_status(&self, status: StatusSnapshot) {
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = status;
+    }
+
+    /// Counts a produce error.
+    pub fn produce_error(&self, code: &'static str) {
+        self.produce_errors.get_or_create(&[("code", code)]).inc();
+    }
+
+    /// The whole registry in Prometheus text format.
+    ///
+    /// # Errors
+    /// Only if formatting fails (it writes to a `String`).
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[derive(Debug)]
+struct SnapshotCollector {
+    snapshot: Arc<Mutex<StatusSnapshot>>,
+}
+
+fn gauge(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: i64) -> fmt::Result {
+    let g = ConstGauge::new(v);
+    let m = enc.encode_descriptor(name, help, None, g.metric_type())?;
+    g.encode(m)
+}
+
+fn signed(v: Option<u64>) -> i64 {
+    v.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let s = self
+            .snapshot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        gauge(
+            &mut enc,
+            "is_master",
+            "1 while this broker is the master",
+            i64::from(s.is_master),
+        )?;
+        gauge(
+            &mut enc,
+            "epoch",
+            "Highest epoch this broker knows",
+            signed(Some(s.epoch)),
+        )?;
+        gauge(
+            &mut enc,
+            "hwm",
+            "High-water mark this broker knows (-1: none)",
+            signed(s.hwm),
+        )?;
+        gauge(
+            &mut enc,
+            "applied_offset",
+            "Highest offset applied to broker state (-1: none)",
+            signed(s.applied),
+        )?;
+        let lag = Family::<[(&'static str, String); 1], Gauge>::default();
+        for st in &s.stores {
+            lag.get_or_create(&[("store", st.addr.clone())])
+                .set(signed(st.lag));
+        }
+        let m = enc.encode_descriptor(
+            "store_lag",
+            "Events a store lacks behind the master's log end (-1: unknown, not master)",
+            None,
+            lag.metric_type(),
+        )?;
+        lag.encode(m)
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve_http(listener: TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if tokio::time::timeout(HTTP_TIMEOUT, answer(stream, &metrics))
+                .await
+                .is_err()
+            {
+                tracing::debug!("metrics request timed out");
+            }
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Metrics) {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        if head.len() >= HTTP_REQUEST_BYTES_MAX {
+            respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "request head too large\n",
+            )
+            .await;
+            return;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    match (parts.next().unwrap_or(""), parts.next().unwrap_or("")) {
+        ("GET", "/metrics") => match metrics.encode() {
+            Ok(body) => respond(&mut stream, "200 OK", &body).await,
+            Err(_) => {
+                respond(
+                    &mut stream,
+                    "500 Internal Server Error",
+                    "encoding failed\n",
+                )
+                .await
+            }
+        },
+        ("GET", _) => {
+            respond(
+                &mut stream,
+                "404 Not Found",
+                "only /metrics is served here\n",
+            )
+            .await
+        }
+        _ => {
+            respond(
+                &mut stream,
+                "405 Method Not Allowed",
+                "only GET is served here\n",
+            )
+            .await
+        }
+    }
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, body: &str) {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if stream.write_all(head.as_bytes()).await.is_ok()
+        && stream.write_all(body.as_bytes()).await.is_ok()
+    {
+        let _ = stream.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_quire_prefix_and_the_snapshot_is_read_at_scrape_time() {
+        let m = Metrics::new();
+        m.produce_requests.inc();
+        m.failovers.inc();
+        m.failover_duration.observe(0.8);
+        m.produce_error("no_quorum");
+        m.set_status(StatusSnapshot {
+            is_master: true,
+            epoch: 65_537,
+            hwm: Some(41),
+            applied: Some(41),
+            stores: vec![StoreProgress {
+                addr: "127.0.0.1:7001".into(),
+                lag: Some(3),
+            }],
+        });
+        let text = m.encode().expect("encodes");
+        for want in [
+            "quire_produce_requests_total 1",
+            "quire_failovers_total 1",
+            "quire_failover_duration_seconds_count 1",
+            "quire_is_master 1",
+            "quire_epoch 65537",
+            "quire_hwm 41",
+            "quire_store_lag{store=\"127.0.0.1:7001\"} 3",
+            "quire_produce_errors_total{code=\"no_quorum\"} 1",
+            "quire_quorum_wait_seconds_bucket",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Inbound connections: clients (producers, consumers, tools) and masters streaming appends
+//! to this broker when it is a slave. One reader task decodes frames and hands each request
+//! to the broker's actor, in order; one writer task sends the answers, gathering queued
+//! frames into vectored writes.
+//!
+//! Bounds: at most [`CONN_REQUESTS_MAX`] requests of one connection wait for an answer (the
+//! reader stops reading beyond it), and every produce holds permits of the broker-wide
+//! produce byte budget until it is answered — when the master's in-flight bound is
+//! reached, the actor stops taking produces, their permits are not returned, and readers
+//! stop reading producer sockets instead of buffering without limit. A peer that does not
+//! read its answers (its writer queue of [`WRITE_QUEUE_FRAMES_MAX`] fills) is disconnected.
+//!
+//! Bad input: a frame that fails to decode after a sound header is answered with an
+//! `ErrorResponse` for its request id and the connection reads on; a bad header (the
+//! stream is out of sync) gets an `ErrorResponse` with request id 0 and the connection is
+//! closed. Neither affects any other connection.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use quire_proto::{
+    decode, encode_body, Body, ErrorCode, ErrorResponse, Flags, RequestId, WireError,
+};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::Metrics;
+
+/// Most requests of one connection waiting for an answer.
+pub const CONN_REQUESTS_MAX: usize = 4096;
+/// Most answer frames queued for one connection's writer.
+pub const WRITE_QUEUE_FRAMES_MAX: usize = CONN_REQUESTS_MAX + 64;
+/// Bytes asked of the socket at a time.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The permits a request holds until it is answered.
+#[derive(Debug)]
+pub(crate) struct Permits {
+    _request: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// Sends answers on one inbound connection; cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct Responder {
+    id: u64,
+    tx: mpsc::Sender<Vec<Bytes>>,
+    kill: Arc<Notify>,
+}
+
+impl Responder {
+    /// Queues `body` as the answer to `request_id`. Never waits: a connection whose queue
+    /// is full (the peer does not read) is closed.
+    pub(crate) fn send(&self, request_id: RequestId, body: Body) {
+        let mut scratch = BytesMut::new();
+        let encoded = match encode_body(&body, &mut scratch) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(conn = self.id, error = %e, "cannot encode an answer");
+                let err = ErrorResponse::new(
+                    ErrorCode::Internal,
+                    format!("cannot encode the answer: {e}"),
+                );
+                match encode_body(&err.into(), &mut scratch) {
+                    Ok(e) => e,
+                    Err(_) => return,
+                }
+            }
+        };
+        let mut parts = Vec::with_capacity(1 + encoded.chunks().len());
+        parts.push(Bytes::copy_from_slice(
+            &encoded.header(request_id, Flags::NONE),
+        ));
+        parts.extend(encoded.chunks().iter().cloned());
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(parts) {
+            tracing::warn!(
+                conn = self.id,
+                "the peer does not read its answers: closing the connection"
+            );
+            self.kill.notify_one();
+        }
+    }
+
+    /// Answers `request_id` with an error.
+    pub(crate) fn error(&self, request_id: RequestId, error: ErrorResponse) {
+        self.send(request_id, error.into());
+    }
+}
+
+/// One request handed to the actor.
+#[derive(Debug)]
+pub(crate) struct Request {
+    /// The request's id on its connection.
+    pub(crate) request_id: RequestId,
+    /// The decoded body (a request frame type).
+    pub(crate) body: Body,
+    /// Where to answer.
+    pub(crate) reply: Responder,
+    /// Held until answered.
+    pub(crate) permits: Permits,
+    /// When the frame was decoded.
+    pub(crate) received: Instant,
+}
+
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What a connection needs from the broker.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnShared {
+    pub(crate) actor: mpsc::Sender<Request>,
+    pub(crate) produce_bytes: Arc<Semaphore>,
+    pub(crate) produce_bytes_max: usize,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
+pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
+    let id = NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    tracing::debug!(conn = id, %peer, "connection accepted");
+    shared.metrics.connections_accepted.inc();
+    shared.metrics.connections_open.inc();
+    let (mut r, w) = stream.into_split();
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
+    let kill = Arc::new(Notify::new());
+    let writer = tokio::spawn(write_loop(w, rx, kill.clone(), id));
+    let reply = Responder {
+        id,
+        tx,
+        kill: kill.clone(),
+    };
+    let requests = Arc::new(Semaphore::new(CONN_REQUESTS_MAX));
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    'conn: loop {
+        loop {
+            match decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    let received = Instant::now();
+                    if frame.frame_type().is_response() {
+                        reply.error(
+                            frame.request_id,
+                            ErrorResponse::new(
+                                ErrorCode::UnexpectedFrame,
+                                format!(
+                                    "a broker does not take a {:?} as a request",
+                                    frame.frame_type()
+                                ),
+                            ),
+                        );
+                        continue;
+                    }
+                    let Ok(request) = requests.clone().acquire_owned().await else {
+                        break 'conn;
+                    };
+                    let bytes = match &frame.body {
+                        Body::ProduceRequest(p) => {
+                            let want = produce_permit_bytes(p, shared.produce_bytes_max);
+                            tokio::select! {
+                                p = shared.produce_bytes.clone().acquire_many_owned(want) => match p {
+                                    Ok(p) => Some(p),
+                                    Err(_) => break 'conn,
+                                },
+                                () = kill.notified() => break 'conn,
+                            }
+                        }
+                        _ => None,
+                    };
+                    let req = Request {
+                        request_id: frame.request_id,
+                        body: frame.body,
+                        reply: reply.clone(),
+                        permits: Permits {
+                            _request: request,
+                            _bytes: bytes,
+                        },
+                        received,
+                    };
+                    if shared.actor.send(req).await.is_err() {
+                        break 'conn;
+                    }
+                }
+                Ok(None) => break,
+                Err(e @ WireError::BadFrame { request_id, .. }) => {
+                    tracing::debug!(conn = id, error = %e, "bad frame");
+                    reply.error(request_id, ErrorResponse::from_wire_error(&e));
+                }
+                Err(e) => {
+                    tracing::debug!(conn = id, error = %e, "unreadable stream: closing");
+                    reply.error(RequestId::CONNECTION, ErrorResponse::from_wire_error(&e));
+                    break 'conn;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 4 {
+            buf.reserve(READ_CHUNK_BYTES);
+        }
+        tokio::select! {
+            n = r.read_buf(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
+            () = kill.notified() => break,
+        }
+    }
+    drop(reply);
+    // Let the writer flush what is queued (an error frame before closing, say), bounded.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
+    shared.metrics.connections_open.dec();
+    tracing::debug!(conn = id, %peer, "connection closed");
+}
+
+/// The produce byte budget a request takes: its messages plus a fixed overhead per message
+/// (never more than the whole budget, so one maximal request always fits).
+fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
+    let bytes: usize = p
+        .messages
+        .iter()
+        .map(|m| m.len() + crate::core::event::EVENT_OVERHEAD_BYTES as usize)
+        .sum::<usize>()
+        .max(1);
+    u32::try_from(bytes.min(max)).unwrap_or(u32::MAX)
+}
+
+async fn write_loop(
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Vec<Bytes>>,
+    kill: Arc<Notify>,
+    id: u64,
+) {
+    let mut queue: VecDeque<Bytes> = VecDeque::new();
+    while let Some(parts) = rx.recv().await {
+        queue.extend(parts);
+        while queue.len() < quire_client::conn::IOV_MAX {
+            match rx.try_recv() {
+                Ok(parts) => queue.extend(parts),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = quire_client::conn::write_all_vectored(&mut w, &mut queue).await {
+            tracing::debug!(conn = id, error = %e, "write failed: closing");
+            kill.notify_one();
+            return;
+        }
+    }
+}

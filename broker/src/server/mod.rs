@@ -1,0 +1,190 @@
+//! The broker server: the network and disk layer around the pure cores.
+//!
+//! ```text
+//!  clients, masters ──TCP──> conn (reader) ──Request──> actor ──> conn (writer) ──> answers
+//!                                                         │  ▲
+//!                    SlotSend (encoded appends) ◀─────────┘  │ Internal (answers, up/down,
+//!  stores, brokers <──TCP── slot tasks ───────────────────────┘  fences, reads, fsyncs)
+//! ```
+//!
+//! - [`conn`]: inbound connections (clients, and a master's appends to this slave);
+//! - [`slots`]: outbound connections to every store and every other broker;
+//! - [`actor`]: the one task that owns the role, the cores and the broker state;
+//! - [`recent`]: the window of recent stabilized events consumers are served from.
+//!
+//! [`Broker::start`] binds the listeners, checks the data directory and starts the tasks.
+
+mod actor;
+mod conn;
+mod recent;
+mod slots;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::BrokerConfig;
+use crate::core::SlotId;
+use crate::durable::{self, ClusterFile, DirLock};
+use crate::metrics::{self, Metrics};
+
+pub use actor::{BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
+pub use conn::{CONN_REQUESTS_MAX, WRITE_QUEUE_FRAMES_MAX};
+pub use recent::RECENT_BYTES_MAX_DEFAULT;
+pub use slots::{RECONNECT_BACKOFF_MAX, SLOT_QUEUE_MAX};
+
+/// Requests queued for the actor, at most (readers wait beyond it).
+pub const ACTOR_QUEUE_MAX: usize = 8192;
+/// Internal messages queued for the actor, at most.
+pub const INTERNAL_QUEUE_MAX: usize = 8192;
+/// The broker-wide budget of produce bytes received and not yet answered (the master's
+/// in-flight bound is the same size: readers stop reading producers beyond it).
+pub const PRODUCE_BYTES_MAX: usize = 64 << 20;
+/// How long a store or broker has to answer one request (an append, a fence, a read).
+pub const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running broker.
+#[derive(Debug)]
+pub struct Broker {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    tasks: Vec<JoinHandle<()>>,
+    actor: JoinHandle<()>,
+    metrics: Arc<Metrics>,
+    _lock: DirLock,
+}
+
+impl Broker {
+    /// Checks the data directory (lock, epoch counter, cluster file), binds the listeners
+    /// and starts every task. The broker starts as a slave.
+    ///
+    /// # Errors
+    /// A data directory in use, damaged, or made for another cluster; an address that
+    /// cannot be bound.
+    pub async fn start(config: BrokerConfig) -> anyhow::Result<Broker> {
+        let dir = config.data_dir.clone();
+        let given = ClusterFile::new(&config.stores, &config.brokers, config.ack_quorum);
+        let (lock, counter, cluster_file) = tokio::task::spawn_blocking(move || {
+            let lock = durable::lock_dir(&dir)?;
+            let counter = durable::load_epoch_counter(&dir)?;
+            let cluster = durable::load_or_create_cluster(&dir, &given)?;
+            Ok::<_, durable::DurableError>((lock, counter, cluster))
+        })
+        .await
+        .context("checking the data directory")??;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let local_addr = listener.local_addr().context("reading the bound address")?;
+        let metrics = Arc::new(Metrics::new());
+        let mut tasks = Vec::new();
+        let mut metrics_addr = None;
+        if let Some(addr) = &config.metrics_listen {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics address {addr}"))?;
+            metrics_addr = Some(l.local_addr().context("reading the metrics address")?);
+            tasks.push(tokio::spawn(metrics::serve_http(l, metrics.clone())));
+        }
+        let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE_MAX);
+        let (request_tx, request_rx) = mpsc::channel(ACTOR_QUEUE_MAX);
+        let peer_config = slots::conn_config(PEER_REQUEST_TIMEOUT);
+        let mut slot_addrs: Vec<String> = config.stores.clone();
+        slot_addrs.extend(
+            config
+                .brokers
+                .iter()
+                .filter(|(b, _)| *b != config.id)
+                .map(|(_, a)| a.clone()),
+        );
+        let slot_handles = slot_addrs
+            .into_iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let slot = SlotId(
+                    u16::try_from(i)
+                        .expect("invariant: slots <= SLOTS_MAX (checked by the config)"),
+                );
+                slots::spawn_slot(slot, addr, peer_config.clone(), internal_tx.clone())
+            })
+            .collect();
+        tracing::info!(
+            id = config.id.0,
+            listen = %local_addr,
+            epoch_counter = counter,
+            identities_known = cluster_file.identities.len(),
+            "broker starting as a slave"
+        );
+        let cfg = Arc::new(config);
+        let actor = actor::Actor::new(actor::ActorInit {
+            cfg: cfg.clone(),
+            cluster_file,
+            durable_counter: counter,
+            slots: slot_handles,
+            internal_tx,
+            metrics: metrics.clone(),
+        });
+        let actor = tokio::spawn(actor.run(request_rx, internal_rx));
+        let shared = conn::ConnShared {
+            actor: request_tx,
+            produce_bytes: Arc::new(Semaphore::new(PRODUCE_BYTES_MAX)),
+            produce_bytes_max: PRODUCE_BYTES_MAX,
+            metrics: metrics.clone(),
+        };
+        tasks.push(tokio::spawn(accept_loop(listener, shared)));
+        Ok(Broker {
+            local_addr,
+            metrics_addr,
+            tasks,
+            actor,
+            metrics,
+            _lock: lock,
+        })
+    }
+
+    /// The address the broker listens on.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics address, if metrics are served.
+    #[must_use]
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The broker's metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Stops accepting, stops the actor and every task.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.actor.abort();
+        let _ = self.actor.await;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: conn::ConnShared) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(conn::serve(stream, shared.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

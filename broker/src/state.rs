@@ -1,0 +1,701 @@
+//! Broker state: a deterministic function of the stabilized events (DESIGN.md "Broker
+//! state").
+//!
+//! Every broker — the master on [`crate::core::MasterCommand::Stabilized`], a slave on
+//! [`crate::core::FollowerCommand::Apply`] — feeds the stabilized events, in offset order,
+//! to [`BrokerState::apply`]; equal event sequences give equal states, so a slave that
+//! takes over serves exactly what the old master served. Nothing here does I/O or reads a
+//! clock, and no decision depends on a hash map's iteration order.
+//!
+//! What the state holds:
+//! - **topics**, created by their first message (or a topic-admin create event), each with
+//!   the log offsets of its messages (kept as runs of consecutive offsets, so a topic fed
+//!   by one producer costs a few bytes however long it is);
+//! - **durable consumer cursors** `(topic, cursor) → offset`, set by cursor-commit events;
+//! - the **idempotent-producer table** `producer_id → (last sequence, recent runs)`: a run
+//!   is a stretch of messages whose sequences and offsets both go up by one, so a retried
+//!   batch that lies inside a remembered run gets its original offsets back
+//!   ([`BrokerState::dedup`]);
+//! - the voter set and master of the last epoch-start event.
+//!
+//! # Duplicates
+//! A message whose `(producer_id, sequence)` is at or below the producer's last applied
+//! sequence is a duplicate: it stays in the log (offsets are never reused) but is not
+//! indexed in its topic, so consumers see each idempotent message once. The master makes
+//! this rare (it answers retries from this table and from its in-flight batches); the one
+//! case it cannot avoid is a batch whose prefix survived a failover while its suffix did
+//! not: the retry writes the whole batch again and the re-written prefix is skipped here.
+//! Sequences must therefore increase per producer id: a producer that starts over at 0
+//! must take a new producer id.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use quire_proto::{BrokerId, Epoch, EventBody, EventKind, Offset, TopicAction, Voter};
+
+use crate::core::Event;
+
+/// Runs remembered per producer id (each at least one batch): retries of older batches
+/// are refused ([`Dedup::Conflict`]).
+pub const PRODUCER_RUNS_MAX: usize = 16;
+
+/// Producer ids remembered; beyond it the one whose last message is oldest is forgotten
+/// (deterministically: the smallest `(last offset, producer id)`).
+pub const PRODUCERS_MAX: usize = 65_536;
+
+/// Topics the state holds at most; messages to further new topics are still in the log
+/// but not indexed (counted in [`StateStats::topics_refused`]).
+pub const TOPICS_MAX: usize = 65_536;
+
+/// A stretch of one producer's messages with consecutive sequences at consecutive offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceRun {
+    /// Sequence of the first message.
+    pub first_sequence: u64,
+    /// Offset of the first message.
+    pub first_offset: Offset,
+    /// Messages in the run (at least 1).
+    pub count: u64,
+}
+
+impl SequenceRun {
+    fn end_sequence(&self) -> u64 {
+        self.first_sequence + self.count
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.first_offset.0 + self.count
+    }
+}
+
+/// What the state remembers of one idempotent producer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProducerRecord {
+    /// Highest sequence applied.
+    pub last_sequence: u64,
+    /// Offset of the message with the highest sequence.
+    pub last_offset: Offset,
+    /// The most recent runs, oldest first, at most [`PRODUCER_RUNS_MAX`].
+    pub runs: VecDeque<SequenceRun>,
+}
+
+/// The answer of [`BrokerState::dedup`] for a batch `(producer_id, sequence, count)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dedup {
+    /// Nothing of the batch is known: write it.
+    New,
+    /// The whole batch is stabilized: answer with these offsets, write nothing.
+    Duplicate {
+        /// Offset of the batch's first message.
+        base_offset: Offset,
+    },
+    /// A prefix of the batch is stabilized (the batch was cut by a failover): write the
+    /// whole batch again; the re-written prefix is skipped as duplicates.
+    Partial {
+        /// Messages of the batch already applied.
+        present: u64,
+    },
+    /// The batch's sequences are at or below the last one applied but not all in a
+    /// remembered run: refuse (the producer resent out of order, or a batch too old to
+    /// recall).
+    Conflict {
+        /// The producer's last applied sequence.
+        last_sequence: u64,
+    },
+}
+
+/// What applying one event changed, for the caller to act on (wake consumers, learn
+/// voters).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A message indexed in `topic`.
+    Message {
+        /// The topic.
+        topic: String,
+    },
+    /// A message skipped as a duplicate of an applied `(producer_id, sequence)`.
+    DuplicateMessage,
+    /// A cursor commit.
+    CursorCommit,
+    /// An epoch start naming its master and voters.
+    EpochStart {
+        /// The master's epoch.
+        epoch: Epoch,
+        /// The master.
+        broker: BrokerId,
+        /// The voters it counts.
+        voters: Vec<Voter>,
+    },
+    /// Anything else (topic admin, trim), or a body this build cannot decode.
+    Other,
+}
+
+/// Counters of what [`BrokerState::apply`] skipped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Messages applied and indexed.
+    pub messages: u64,
+    /// Messages skipped as duplicates.
+    pub duplicates: u64,
+    /// Events whose kind or body could not be decoded (kept in the log, ignored here).
+    pub undecodable: u64,
+    /// Messages not indexed because [`TOPICS_MAX`] topics exist.
+    pub topics_refused: u64,
+    /// Producer ids forgotten because of [`PRODUCERS_MAX`].
+    pub producers_evicted: u64,
+}
+
+/// The log offsets of one topic's messages, as runs of consecutive offsets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicIndex {
+    /// `(first offset, count)`, offsets increasing, runs never adjacent.
+    runs: Vec<(u64, u64)>,
+    messages: u64,
+}
+
+impl TopicIndex {
+    fn push(&mut self, offset: Offset) {
+        if let Some((first, count)) = self.runs.last_mut() {
+            assert!(offset.0 >= *first + *count, "topic offsets only grow");
+            if *first + *count == offset.0 {
+                *count += 1;
+                self.messages += 1;
+                return;
+            }
+        }
+        self.runs.push((offset.0, 1));
+        self.messages += 1;
+    }
+
+    /// Number of messages in the topic.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.messages
+    }
+
+    /// Whether the topic has no message.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.messages == 0
+    }
+
+    /// Offset of the topic's last message.
+    #[must_use]
+    pub fn last(&self) -> Option<Offset> {
+        self.runs.last().map(|&(f, c)| Offset(f + c - 1))
+    }
+
+    /// Up to `max` offsets of the topic's messages at or after `from`, increasing.
+    #[must_use]
+    pub fn offsets_from(&self, from: Offset, max: usize) -> Vec<Offset> {
+        let mut out = Vec::new();
+        // First run that ends after `from`.
+        let start = self.runs.partition_point(|&(f, c)| f + c <= from.0);
+        for &(f, c) in &self.runs[start..] {
+            let mut o = f.max(from.0);
+            while o < f + c {
+                if out.len() >= max {
+                    return out;
+                }
+                out.push(Offset(o));
+                o += 1;
+            }
+        }
+        out
+    }
+}
+
+/// The broker state. See the module docs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BrokerState {
+    applied: Option<Offset>,
+    topics: BTreeMap<String, TopicIndex>,
+    cursors: BTreeMap<(String, String), Offset>,
+    producers: BTreeMap<u64, ProducerRecord>,
+    /// `(last offset, producer id)` of every record: the eviction order.
+    producer_age: BTreeSet<(Offset, u64)>,
+    epoch: Epoch,
+    master: Option<BrokerId>,
+    voters: Vec<Voter>,
+    stats: StateStats,
+}
+
+impl BrokerState {
+    /// The state before any event.
+    #[must_use]
+    pub fn new() -> BrokerState {
+        BrokerState::default()
+    }
+
+    /// Highest offset applied (`None`: nothing yet).
+    #[must_use]
+    pub fn applied(&self) -> Option<Offset> {
+        self.applied
+    }
+
+    /// Applies the next stabilized event.
+    ///
+    /// # Panics
+    /// If `event.offset` is not the one right after [`BrokerState::applied`] (events are
+    /// applied exactly once, in order: a driver bug otherwise).
+    pub fn apply(&mut self, event: &Event) -> Applied {
+        let expected = self.applied.map_or(Offset::ZERO, Offset::next);
+        assert_eq!(
+            event.offset, expected,
+            "broker state applies events in order, exactly once"
+        );
+        self.applied = Some(event.offset);
+        let Some(kind) = EventKind::from_u8(event.kind) else {
+            self.stats.undecodable += 1;
+            return Applied::Other;
+        };
+        let Ok(body) = EventBody::decode(kind, &event.payload) else {
+            self.stats.undecodable += 1;
+            return Applied::Other;
+        };
+        match body {
+            EventBody::Message(m) => {
+                self.apply_message(event.offset, m.topic, m.producer_id, m.sequence)
+            }
+            EventBody::CursorCommit(c) => {
+                self.cursors.insert((c.topic, c.cursor), c.offset);
+                Applied::CursorCommit
+            }
+            EventBody::TopicAdmin(t) => {
+                match t.action {
+                    TopicAction::Create => {
+                        if self.topics.len() < TOPICS_MAX {
+                            self.topics.entry(t.topic).or_default();
+                        }
+                    }
+                    TopicAction::Delete => {
+                        self.topics.remove(&t.topic);
+                    }
+                }
+                Applied::Other
+            }
+            EventBody::EpochStart(s) => {
+                self.epoch = s.epoch;
+                self.master = Some(s.broker);
+                self.voters.clone_from(&s.voters);
+                Applied::EpochStart {
+                    epoch: s.epoch,
+                    broker: s.broker,
+                    voters: s.voters,
+                }
+            }
+            EventBody::Trim(_) => Applied::Other,
+        }
+    }
+
+    fn apply_message(
+        &mut self,
+        offset: Offset,
+        topic: String,
+        producer_id: u64,
+        sequence: u64,
+    ) -> Applied {
+        if producer_id != 0 {
+            if let Some(rec) = self.producers.get(&producer_id) {
+                if sequence <= rec.last_sequence {
+                    self.stats.duplicates += 1;
+                    return Applied::DuplicateMessage;
+                }
+            }
+        }
+        if !self.topics.contains_key(&topic) && self.topics.len() >= TOPICS_MAX {
+            self.stats.topics_refused += 1;
+        } else {
+            self.topics.entry(topic.clone()).or_default().push(offset);
+        }
+        self.stats.messages += 1;
+        if producer_id != 0 {
+            self.record_producer(producer_id, sequence, offset);
+        }
+        Applied::Message { topic }
+    }
+
+    fn record_producer(&mut self, producer_id: u64, sequence: u64, offset: Offset) {
+        let rec = self
+            .producers
+            .entry(producer_id)
+            .or_insert_with(|| ProducerRecord {
+                last_sequence: sequence,
+                last_offset: offset,
+                runs: VecDeque::new(),
+            });
+        self.producer_age.remove(&(rec.last_offset, producer_id));
+        match rec.runs.back_mut() {
+            Some(run) if run.end_sequence() == sequence && run.end_offset() == offset.0 => {
+                run.count += 1;
+            }
+            _ => {
+                rec.runs.push_back(SequenceRun {
+                    first_sequence: sequence,
+                    first_offset: offset,
+                    count: 1,
+                });
+                if rec.runs.len() > PRODUCER_RUNS_MAX {
+                    rec.runs.pop_front();
+                }
+            }
+        }
+        rec.last_sequence = sequence;
+        rec.last_offset = offset;
+        self.producer_age.insert((offset, producer_id));
+        while self.producers.len() > PRODUCERS_MAX {
+            let Some(&(o, oldest)) = self.producer_age.iter().next() else {
+                break;
+            };
+            self.producer_age.remove(&(o, oldest));
+            self.producers.remove(&oldest);
+            self.stats.producers_evicted += 1;
+        }
+    }
+
+    /// Whether the batch `sequence .. sequence + count` of `producer_id` is already
+    /// applied. `producer_id` 0 (not idempotent) and an empty batch are always
+    /// [`Dedup::New`].
+    #[must_use]
+    pub fn dedup(&self, producer_id: u64, sequence: u64, count: u64) -> Dedup {
+        if producer_id == 0 || count == 0 {
+            return Dedup::New;
+        }
+        let Some(rec) = self.producers.get(&producer_id) else {
+            return Dedup::New;
+        };
+        if sequence > rec.last_sequence {
+            return Dedup::New;
+        }
+        let Some(end) = sequence.checked_add(count) else {
+            return Dedup::Conflict {
+                last_sequence: rec.last_sequence,
+            };
+        };
+        let run = rec
+            .runs
+            .iter()
+            .find(|r| r.first_sequence <= sequence && sequence < r.end_sequence());
+        match run {
+            Some(r) if end <= r.end_sequence() => Dedup::Duplicate {
+                base_offset: Offset(r.first_offset.0 + (sequence - r.first_sequence)),
+            },
+            // A prefix up to the last applied sequence, the rest never written.
+            Some(r) if r.end_sequence() == rec.last_sequence + 1 => Dedup::Partial {
+                present: r.end_sequence() - sequence,
+            },
+            _ => Dedup::Conflict {
+                last_sequence: rec.last_sequence,
+            },
+        }
+    }
+
+    /// The last applied sequence of `producer_id`, if it is remembered.
+    #[must_use]
+    pub fn last_sequence(&self, producer_id: u64) -> Option<u64> {
+        self.producers.get(&producer_id).map(|r| r.last_sequence)
+    }
+
+    /// The topic's index, `None` for a topic that does not exist (yet).
+    #[must_use]
+    pub fn topic(&self, topic: &str) -> Option<&TopicIndex> {
+        self.topics.get(topic)
+    }
+
+    /// Every topic with its message count, in name order.
+    pub fn topics(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.topics.iter().map(|(n, t)| (n.as_str(), t.len()))
+    }
+
+    /// Up to `max` offsets of `topic`'s messages at or after `from` (empty for an unknown
+    /// topic).
+    #[must_use]
+    pub fn topic_offsets(&self, topic: &str, from: Offset, max: usize) -> Vec<Offset> {
+        self.topics
+            .get(topic)
+            .map(|t| t.offsets_from(from, max))
+            .unwrap_or_default()
+    }
+
+    /// The committed offset of `cursor` on `topic`.
+    #[must_use]
+    pub fn cursor(&self, topic: &str, cursor: &str) -> Option<Offset> {
+        self.cursors
+            .get(&(topic.to_owned(), cursor.to_owned()))
+            .copied()
+    }
+
+    /// Epoch and master of the last epoch-start event applied.
+    #[must_use]
+    pub fn last_epoch_start(&self) -> Option<(Epoch, BrokerId)> {
+        self.master.map(|m| (self.epoch, m))
+    }
+
+    /// The voters named by the last epoch-start event applied.
+    #[must_use]
+    pub fn voters(&self) -> &[Voter] {
+        &self.voters
+    }
+
+    /// Counters.
+    #[must_use]
+    pub fn stats(&self) -> &StateStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::{Bytes, BytesMut};
+    use quire_proto::{
+        encode_message_event, CursorCommitEvent, EpochStartEvent, Incarnation, StoreId,
+        TopicAdminEvent,
+    };
+
+    use super::*;
+
+    /// Builds a log of events from bodies, offsets from 0.
+    struct LogBuilder {
+        events: Vec<Event>,
+    }
+
+    impl LogBuilder {
+        fn new() -> LogBuilder {
+            LogBuilder { events: Vec::new() }
+        }
+
+        fn next(&self) -> Offset {
+            Offset(self.events.len() as u64)
+        }
+
+        fn push(&mut self, kind: EventKind, payload: Bytes) -> Offset {
+            let offset = self.next();
+            self.events.push(Event {
+                epoch: Epoch(1),
+                offset,
+                kind: kind.as_u8(),
+                payload,
+            });
+            offset
+        }
+
+        fn message(&mut self, topic: &str, producer_id: u64, sequence: u64, body: &[u8]) -> Offset {
+            let mut b = BytesMut::new();
+            encode_message_event(topic, producer_id, sequence, body, &mut b).expect("encodes");
+            self.push(EventKind::Message, b.freeze())
+        }
+
+        fn body(&mut self, body: &EventBody) -> Offset {
+            self.push(body.kind(), body.to_payload().expect("encodes"))
+        }
+
+        fn apply_all(&self) -> BrokerState {
+            let mut s = BrokerState::new();
+            for e in &self.events {
+                s.apply(e);
+            }
+            s
+        }
+    }
+
+    #[test]
+    fn topics_are_created_by_their_first_message_and_index_offsets() {
+        let mut log = LogBuilder::new();
+        log.message("a", 0, 0, b"1");
+        log.message("b", 0, 0, b"2");
+        log.message("a", 0, 0, b"3");
+        log.message("a", 0, 0, b"4");
+        let s = log.apply_all();
+        assert_eq!(s.applied(), Some(Offset(3)));
+        assert_eq!(s.topics().collect::<Vec<_>>(), vec![("a", 3), ("b", 1)]);
+        assert_eq!(
+            s.topic_offsets("a", Offset(0), 10),
+            vec![Offset(0), Offset(2), Offset(3)]
+        );
+        assert_eq!(
+            s.topic_offsets("a", Offset(1), 10),
+            vec![Offset(2), Offset(3)]
+        );
+        assert_eq!(
+            s.topic_offsets("a", Offset(0), 2),
+            vec![Offset(0), Offset(2)]
+        );
+        assert_eq!(s.topic_offsets("a", Offset(4), 10), vec![]);
+        assert_eq!(s.topic_offsets("nope", Offset(0), 10), vec![]);
+        assert_eq!(s.topic("a").and_then(TopicIndex::last), Some(Offset(3)));
+        assert_eq!(s.stats().messages, 4);
+    }
+
+    #[test]
+    fn cursors_keep_the_last_commit() {
+        let mut log = LogBuilder::new();
+        let commit = |offset| {
+            EventBody::CursorCommit(CursorCommitEvent {
+                topic: "t".into(),
+                cursor: "billing".into(),
+                offset: Offset(offset),
+            })
+        };
+        log.body(&commit(5));
+        log.body(&commit(9));
+        let s = log.apply_all();
+        assert_eq!(s.cursor("t", "billing"), Some(Offset(9)));
+        assert_eq!(s.cursor("t", "other"), None);
+        assert_eq!(s.cursor("u", "billing"), None);
+    }
+
+    #[test]
+    fn topic_admin_and_epoch_start_are_applied() {
+        let mut log = LogBuilder::new();
+        log.body(&EventBody::TopicAdmin(TopicAdminEvent {
+            action: TopicAction::Create,
+            topic: "empty".into(),
+        }));
+        let voters = vec![Voter {
+            store_index: 1,
+            store_id: StoreId(4),
+            incarnation: Incarnation(5),
+        }];
+        log.body(&EventBody::EpochStart(EpochStartEvent {
+            epoch: Epoch(0x1_0002),
+            broker: BrokerId(2),
+            voters: voters.clone(),
+        }));
+        let s = log.apply_all();
+        assert_eq!(s.topics().collect::<Vec<_>>(), vec![("empty", 0)]);
+        assert_eq!(s.last_epoch_start(), Some((Epoch(0x1_0002), BrokerId(2))));
+        assert_eq!(s.voters(), &voters[..]);
+    }
+
+    #[test]
+    fn a_retried_batch_gets_its_original_offsets() {
+        let mut log = LogBuilder::new();
+        // Producer 7: batch seq 0..3 at offsets 0..3, another producer interleaves, then
+        // batch seq 3..5 at 4..6.
+        for seq in 0..3 {
+            log.message("t", 7, seq, b"x");
+        }
+        log.message("t", 8, 0, b"y");
+        for seq in 3..5 {
+            log.message("t", 7, seq, b"x");
+        }
+        let s = log.apply_all();
+        assert_eq!(
+            s.dedup(7, 0, 3),
+            Dedup::Duplicate {
+                base_offset: Offset(0)
+            }
+        );
+        assert_eq!(
+            s.dedup(7, 3, 2),
+            Dedup::Duplicate {
+                base_offset: Offset(4)
+            }
+        );
+        assert_eq!(
+            s.dedup(7, 1, 2),
+            Dedup::Duplicate {
+                base_offset: Offset(1)
+            }
+        );
+        assert_eq!(
+            s.dedup(8, 0, 1),
+            Dedup::Duplicate {
+                base_offset: Offset(3)
+            }
+        );
+        assert_eq!(s.dedup(7, 5, 4), Dedup::New);
+        assert_eq!(s.dedup(7, 9, 1), Dedup::New, "gaps are allowed");
+        assert_eq!(s.dedup(9, 0, 1), Dedup::New, "unknown producer");
+        assert_eq!(s.dedup(0, 0, 1), Dedup::New, "producer 0 is not idempotent");
+        // Spanning two runs, or reaching past the last sequence from an older run.
+        assert_eq!(s.dedup(7, 2, 2), Dedup::Conflict { last_sequence: 4 });
+        // A batch cut by a failover: seq 3..=4 applied, 5..=6 not.
+        assert_eq!(s.dedup(7, 3, 4), Dedup::Partial { present: 2 });
+        assert_eq!(s.last_sequence(7), Some(4));
+    }
+
+    #[test]
+    fn duplicates_stay_in_the_log_but_are_not_indexed() {
+        let mut log = LogBuilder::new();
+        log.message("t", 7, 0, b"a");
+        log.message("t", 7, 1, b"b");
+        // The retry of a batch whose prefix (seq 1) survived: 1 is a duplicate, 2 is new.
+        log.message("t", 7, 1, b"b");
+        log.message("t", 7, 2, b"c");
+        let s = log.apply_all();
+        assert_eq!(
+            s.topic_offsets("t", Offset(0), 10),
+            vec![Offset(0), Offset(1), Offset(3)]
+        );
+        assert_eq!(s.stats().duplicates, 1);
+        assert_eq!(s.applied(), Some(Offset(3)));
+        assert_eq!(
+            s.dedup(7, 2, 1),
+            Dedup::Duplicate {
+                base_offset: Offset(3)
+            }
+        );
+    }
+
+    #[test]
+    fn old_runs_are_forgotten_and_retries_of_them_refused() {
+        let mut log = LogBuilder::new();
+        // Each batch of producer 7 is interleaved with producer 8: one run per batch.
+        for seq in 0..(PRODUCER_RUNS_MAX as u64 + 2) {
+            log.message("t", 7, seq, b"x");
+            log.message("t", 8, seq, b"y");
+        }
+        let s = log.apply_all();
+        assert!(matches!(s.dedup(7, 0, 1), Dedup::Conflict { .. }));
+        assert!(matches!(s.dedup(7, 2, 1), Dedup::Duplicate { .. }));
+    }
+
+    #[test]
+    fn state_is_a_function_of_the_events_whatever_the_apply_batches() {
+        let mut log = LogBuilder::new();
+        for i in 0..50u64 {
+            log.message(if i % 3 == 0 { "a" } else { "b" }, i % 4, i / 4, b"m");
+            if i % 7 == 0 {
+                log.body(&EventBody::CursorCommit(CursorCommitEvent {
+                    topic: "a".into(),
+                    cursor: "c".into(),
+                    offset: Offset(i),
+                }));
+            }
+        }
+        let whole = log.apply_all();
+        let mut again = BrokerState::new();
+        for chunk in log.events.chunks(7) {
+            for e in chunk {
+                again.apply(e);
+            }
+        }
+        assert_eq!(whole, again);
+    }
+
+    #[test]
+    fn undecodable_events_are_counted_and_skipped() {
+        let mut log = LogBuilder::new();
+        log.push(EventKind::Message, Bytes::from_static(b"\x09garbage"));
+        log.events.push(Event {
+            epoch: Epoch(1),
+            offset: Offset(1),
+            kind: 200,
+            payload: Bytes::new(),
+        });
+        log.message("t", 0, 0, b"ok");
+        let s = log.apply_all();
+        assert_eq!(s.stats().undecodable, 2);
+        assert_eq!(s.topic_offsets("t", Offset(0), 10), vec![Offset(2)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "in order")]
+    fn events_apply_in_order_only() {
+        let mut log = LogBuilder::new();
+        log.message("t", 0, 0, b"a");
+        log.message("t", 0, 0, b"b");
+        let mut s = BrokerState::new();
+        s.apply(&log.events[1]);
+    }
+}
