@@ -26,6 +26,7 @@ pub struct Node {
     metrics_addr: Option<SocketAddr>,
     identity: Identity,
     wal: Wal,
+    metrics: Arc<Metrics>,
     accept: JoinHandle<()>,
     metrics_task: Option<JoinHandle<()>>,
     actor: JoinHandle<()>,
@@ -125,6 +126,7 @@ impl Node {
             metrics_addr,
             identity,
             wal,
+            metrics,
             accept,
             metrics_task,
             actor,
@@ -141,6 +143,12 @@ impl Node {
     #[must_use]
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The node's metrics (what `GET /metrics` serves).
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The store's identity as loaded at start (its role may change to learner later).
