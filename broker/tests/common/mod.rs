@@ -1,0 +1,555 @@
+//! A harness for multi-process tests: real `quire-node` stores and `quire-broker` brokers
+//! on loopback, each in a temporary directory, killed and cleaned up on drop (also when a
+//! test panics), plus a minimal synchronous client speaking quire-proto frames directly.
+//!
+//! Where the binaries come from: `quire-broker` is this package's binary
+//! (`CARGO_BIN_EXE_quire-broker`, built by cargo for integration tests). `quire-node` is
+//! another package's binary: the harness looks for it next to the test executable's
+//! directory (`target/<profile>/quire-node`). `cargo nextest run --workspace` and
+//! `cargo test --workspace` build it (quire-node has integration tests of its own, which
+//! makes cargo build its binary); for `cargo test -p quire-broker` alone the harness runs
+//! `cargo build -p quire-node` (same profile and target directory) once if it is missing.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use quire_proto::{
+    decode, encode, Body, BrokerId, ErrorCode, ErrorResponse, FetchRequest, Frame, MetadataRequest,
+    MetadataResponse, Offset, ProduceRequest, ProduceResponse, RequestId,
+};
+
+/// How long any single wait of the harness may take.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The `quire-node` binary, built if missing.
+pub fn node_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = target_dir();
+        let bin = dir.join("quire-node");
+        if bin.exists() {
+            return bin;
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let target = dir.parent().expect("target/<profile> has a parent");
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "quire-node", "--bin", "quire-node"])
+            .env("CARGO_TARGET_DIR", target);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status();
+        assert!(
+            bin.exists(),
+            "the quire-node binary is missing at {} and building it failed ({status:?}): run `cargo build -p quire-node` (same profile and target directory) first",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+/// The `quire-broker` binary.
+pub fn broker_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_quire-broker"))
+}
+
+/// A free loopback port (bound and released: another process could take it meanwhile,
+/// which the tests accept).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A child process with its log file, killed on drop.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd`, with stderr to `log`, and waits for `listening on ADDR` on stdout.
+    fn start(name: &str, mut cmd: Command, log: PathBuf) -> (Proc, String) {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        cmd.stdout(Stdio::piped()).stderr(err).stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    if !sent {
+                        let _ = tx.send(addr.trim().to_owned());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let mut p = Proc {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+        };
+        match rx.recv_timeout(WAIT) {
+            Ok(addr) => (p, addr),
+            Err(_) => {
+                let tail = p.log_tail(40);
+                p.kill9();
+                panic!("{name} did not print its address within {WAIT:?}; log:\n{tail}");
+            }
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The last `n` lines of the process's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            eprintln!(
+                "---- {} (last lines of {}) ----\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
+        self.kill9();
+    }
+}
+
+/// One store: its directory and address survive restarts.
+#[derive(Debug)]
+pub struct StoreNode {
+    pub dir: PathBuf,
+    pub addr: String,
+    config: PathBuf,
+    pub proc: Option<Proc>,
+    index: usize,
+}
+
+impl StoreNode {
+    pub fn start(&mut self) {
+        assert!(self.proc.is_none(), "store {} already runs", self.index);
+        let mut cmd = Command::new(node_bin());
+        cmd.args(["run", "--data-dir"])
+            .arg(&self.dir)
+            .args(["--listen", &self.addr, "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info");
+        let (p, addr) = Proc::start(
+            &format!("store{}", self.index),
+            cmd,
+            self.dir.with_extension("log"),
+        );
+        assert_eq!(addr, self.addr);
+        self.proc = Some(p);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill9();
+        }
+    }
+}
+
+/// One broker.
+#[derive(Debug)]
+pub struct BrokerNode {
+    pub id: u16,
+    pub addr: String,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    pub proc: Option<Proc>,
+}
+
+impl BrokerNode {
+    pub fn start(&mut self) {
+        assert!(self.proc.is_none(), "broker {} already runs", self.id);
+        let mut cmd = Command::new(broker_bin());
+        cmd.arg("run").args(&self.args).env(
+            "RUST_LOG",
+            std::env::var("QUIRE_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        let (p, addr) = Proc::start(
+            &format!("broker{}", self.id),
+            cmd,
+            self.dir.with_extension("log"),
+        );
+        assert_eq!(addr, self.addr);
+        self.proc = Some(p);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill9();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.proc.is_some()
+    }
+}
+
+/// A cluster of stores and brokers in one temporary directory (removed on drop, after the
+/// processes are killed).
+#[derive(Debug)]
+pub struct Cluster {
+    pub stores: Vec<StoreNode>,
+    pub brokers: Vec<BrokerNode>,
+    // Declared last: dropped after the processes.
+    pub root: tempfile::TempDir,
+}
+
+/// Timing settings of the brokers.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    pub produce_timeout_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            heartbeat_ms: 50,
+            election_timeout_ms: 600,
+            produce_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for b in &mut self.brokers {
+            b.kill9();
+        }
+        for s in &mut self.stores {
+            s.kill9();
+        }
+        if std::env::var_os("QUIRE_TEST_KEEP").is_some() {
+            self.root.disable_cleanup(true);
+            eprintln!("QUIRE_TEST_KEEP: kept {}", self.root.path().display());
+        }
+    }
+}
+
+impl Cluster {
+    /// Initialises `stores` stores and prepares `brokers` brokers (ids 1..), starts nothing.
+    pub fn new(stores: usize, brokers: u16, timing: Timing) -> Cluster {
+        let root = tempfile::Builder::new()
+            .prefix("quire-broker-test-")
+            .tempdir()
+            .expect("temp dir");
+        let store_config = root.path().join("store.toml");
+        std::fs::write(&store_config, "[wal]\nsegment_bytes_max = 16777216\n")
+            .expect("store config");
+        let mut nodes = Vec::new();
+        for i in 0..stores {
+            let dir = root.path().join(format!("store{i}"));
+            let out = Command::new(node_bin())
+                .args(["init", "--data-dir"])
+                .arg(&dir)
+                .output()
+                .expect("quire-node init");
+            assert!(
+                out.status.success(),
+                "init failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            nodes.push(StoreNode {
+                dir,
+                addr: format!("127.0.0.1:{}", free_port()),
+                config: store_config.clone(),
+                proc: None,
+                index: i,
+            });
+        }
+        let store_list = nodes
+            .iter()
+            .map(|s| s.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",");
+        let broker_addrs: Vec<(u16, String)> = (1..=brokers)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let broker_list = broker_addrs
+            .iter()
+            .map(|(id, a)| format!("{id}={a}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let brokers = broker_addrs
+            .into_iter()
+            .map(|(id, addr)| {
+                let dir = root.path().join(format!("broker{id}"));
+                let args = vec![
+                    "--id".to_owned(),
+                    id.to_string(),
+                    "--data-dir".to_owned(),
+                    dir.display().to_string(),
+                    "--listen".to_owned(),
+                    addr.clone(),
+                    "--stores".to_owned(),
+                    store_list.clone(),
+                    "--brokers".to_owned(),
+                    broker_list.clone(),
+                    "--heartbeat-ms".to_owned(),
+                    timing.heartbeat_ms.to_string(),
+                    "--election-timeout-ms".to_owned(),
+                    timing.election_timeout_ms.to_string(),
+                    "--produce-timeout-ms".to_owned(),
+                    timing.produce_timeout_ms.to_string(),
+                ];
+                BrokerNode {
+                    id,
+                    addr,
+                    dir,
+                    args,
+                    proc: None,
+                }
+            })
+            .collect();
+        Cluster {
+            stores: nodes,
+            brokers,
+            root,
+        }
+    }
+
+    pub fn start_all(&mut self) {
+        for s in &mut self.stores {
+            s.start();
+        }
+        for b in &mut self.brokers {
+            b.start();
+        }
+    }
+
+    pub fn broker(&mut self, id: u16) -> &mut BrokerNode {
+        self.brokers
+            .iter_mut()
+            .find(|b| b.id == id)
+            .expect("a broker with that id")
+    }
+
+    /// Waits until a running broker says it is the master and serves (a produce-free
+    /// check: its Metadata names itself and a Fetch is not refused with NotMaster).
+    pub fn wait_for_master(&self) -> u16 {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            for b in self.brokers.iter().filter(|b| b.is_running()) {
+                let Ok(mut c) = Client::connect(&b.addr) else {
+                    continue;
+                };
+                let Ok(m) = c.metadata() else { continue };
+                if m.master.as_ref().is_some_and(|m| m.id == BrokerId(b.id)) && c.is_serving() {
+                    return b.id;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no master elected within {WAIT:?}");
+    }
+}
+
+/// A minimal synchronous client of one broker speaking quire-proto frames.
+#[derive(Debug)]
+pub struct Client {
+    stream: TcpStream,
+    buf: BytesMut,
+    next_id: u64,
+    /// Answers read while waiting for another request's.
+    stash: HashMap<u64, Body>,
+}
+
+impl Client {
+    pub fn connect(addr: &str) -> std::io::Result<Client> {
+        let stream = TcpStream::connect_timeout(
+            &addr
+                .parse()
+                .map_err(|_| std::io::Error::other("bad address"))?,
+            Duration::from_secs(2),
+        )?;
+        stream.set_read_timeout(Some(WAIT))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            buf: BytesMut::with_capacity(1 << 16),
+            next_id: 1,
+            stash: HashMap::new(),
+        })
+    }
+
+    /// Sends a request; returns its id.
+    pub fn send(&mut self, body: impl Into<Body>) -> std::io::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = BytesMut::new();
+        encode(&Frame::new(RequestId(id), body), &mut out).map_err(std::io::Error::other)?;
+        self.stream.write_all(&out)?;
+        Ok(id)
+    }
+
+    /// Waits for the answer to request `id`.
+    pub fn recv(&mut self, id: u64) -> std::io::Result<Body> {
+        if let Some(b) = self.stash.remove(&id) {
+            return Ok(b);
+        }
+        loop {
+            match decode(&mut self.buf) {
+                Ok(Some(frame)) => {
+                    if frame.request_id.0 == id {
+                        return Ok(frame.body);
+                    }
+                    self.stash.insert(frame.request_id.0, frame.body);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => return Err(std::io::Error::other(e)),
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed",
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    pub fn request(&mut self, body: impl Into<Body>) -> std::io::Result<Body> {
+        let id = self.send(body)?;
+        self.recv(id)
+    }
+
+    pub fn metadata(&mut self) -> std::io::Result<MetadataResponse> {
+        match self.request(MetadataRequest)? {
+            Body::MetadataResponse(m) => Ok(m),
+            other => Err(std::io::Error::other(format!(
+                "metadata answered {other:?}"
+            ))),
+        }
+    }
+
+    /// Whether this broker serves clients (a zero-wait fetch is not refused).
+    pub fn is_serving(&mut self) -> bool {
+        matches!(
+            self.request(FetchRequest {
+                topic: "__probe".into(),
+                from_offset: Offset(0),
+                max_messages: 1,
+                max_bytes: 1,
+                wait_ms: 0,
+            }),
+            Ok(Body::FetchResponse(_))
+        )
+    }
+}
+
+/// What a produce came back with.
+pub type ProduceResult = Result<ProduceResponse, ErrorResponse>;
+
+/// Decodes a produce answer.
+pub fn produce_answer(body: Body) -> ProduceResult {
+    match body {
+        Body::ProduceResponse(r) => Ok(r),
+        Body::ErrorResponse(e) => Err(e),
+        other => Err(ErrorResponse::new(
+            ErrorCode::UnexpectedFrame,
+            format!("{other:?}"),
+        )),
+    }
+}
+
+/// The payload of message `i` of producer `p`.
+pub fn payload(p: u64, i: u64) -> Bytes {
+    Bytes::from(format!("p{p}-m{i:08}"))
+}
+
+/// A produce request of `count` messages of producer `p` from sequence `seq`.
+pub fn produce_request(topic: &str, p: u64, seq: u64, count: u64) -> ProduceRequest {
+    ProduceRequest {
+        topic: topic.into(),
+        producer_id: p,
+        sequence: seq,
+        messages: (seq..seq + count).map(|i| payload(p, i)).collect(),
+    }
+}
+
+/// Reads every message of `topic` from `from` until `want` messages were read or nothing
+/// new comes within the wait; returns `(offset, payload)` pairs in order.
+pub fn fetch_all(c: &mut Client, topic: &str, want: usize) -> Vec<(Offset, Bytes)> {
+    let mut out = Vec::new();
+    let mut next = Offset(0);
+    let deadline = Instant::now() + WAIT;
+    while out.len() < want && Instant::now() < deadline {
+        match c.request(FetchRequest {
+            topic: topic.into(),
+            from_offset: next,
+            max_messages: 1000,
+            max_bytes: 1 << 20,
+            wait_ms: 500,
+        }) {
+            Ok(Body::FetchResponse(r)) => {
+                assert!(r.next_offset >= next, "next_offset never goes back");
+                next = r.next_offset;
+                out.extend(r.messages);
+            }
+            Ok(other) => panic!("fetch answered {other:?}"),
+            Err(e) => panic!("fetch failed: {e}"),
+        }
+    }
+    out
+}
