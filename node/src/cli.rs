@@ -53,7 +53,7 @@ pub struct RunArgs {
     /// the bound address is printed as `listening on ADDR`).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// A TOML file with settings (see `NodeConfig`); flags override it.
+    /// A TOML file with settings (keys: see node/README.md); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Address to serve Prometheus metrics on (`GET /metrics`); none by default.

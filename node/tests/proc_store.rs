@@ -12,7 +12,8 @@ use bytes::Bytes;
 use common::*;
 use quire_client::{AppendOutcome, ClientError, FenceOutcome, StoreClient};
 use quire_proto::{
-    AppendRejected, Epoch, Incarnation, LogPosition, Offset, PersistedAck, RejectReason,
+    AppendRejected, BrokerId, Epoch, Heartbeat, Incarnation, LogPosition, Offset, PersistedAck,
+    RejectReason,
 };
 use tokio::sync::Mutex;
 
@@ -291,6 +292,31 @@ fn proc_fence_refuses_lower_epochs_also_after_restart() {
         let ack = persisted(c.append(append(7, Some(pos(5, 2)), 7, &one)).await.unwrap());
         assert_eq!(ack.through_offset, Some(Offset(3)));
         assert_eq!(ack.epoch, Epoch(7));
+
+        // Heartbeats: the HWM is learned only from epochs at or above the promise, and
+        // only rises; the ack reports the promised epoch and the last entry.
+        let hb = |epoch, hwm: Option<u64>| Heartbeat {
+            epoch: Epoch(epoch),
+            hwm: hwm.map(Offset),
+            master: BrokerId(1),
+        };
+        let a = c.heartbeat(hb(5, Some(100))).await.unwrap();
+        assert_eq!(a.epoch, Epoch(7));
+        assert_eq!(a.last, Some(pos(7, 3)));
+        assert_eq!(
+            c.tail().await.unwrap().hwm,
+            None,
+            "a stale master's HWM is ignored"
+        );
+        c.heartbeat(hb(7, Some(2))).await.unwrap();
+        assert_eq!(c.tail().await.unwrap().hwm, Some(Offset(2)));
+        c.heartbeat(hb(7, Some(1))).await.unwrap();
+        assert_eq!(c.tail().await.unwrap().hwm, Some(Offset(2)));
+        // Appends carry the HWM too.
+        let mut a = append(7, Some(pos(7, 3)), 7, &one);
+        a.hwm = Some(Offset(3));
+        persisted(c.append(a).await.unwrap());
+        assert_eq!(c.tail().await.unwrap().hwm, Some(Offset(3)));
     });
 }
 
@@ -366,6 +392,36 @@ fn proc_log_matching_and_truncation_survive_restart() {
             assert_eq!(ack.through_offset, Some(Offset(4 + i as u64)));
         }
         assert_eq!(read_all(&c).await.len(), 14);
+
+        // Reads are bounded by events and by payload bytes (at least one event), and
+        // empty outside the log.
+        let r = c.read(Offset(4), 3, 1 << 20).await.unwrap();
+        let offsets: Vec<u64> = r.events.iter().map(|e| e.offset.0).collect();
+        assert_eq!(offsets, vec![4, 5, 6]);
+        assert_eq!(r.last, Some(pos(7, 13)));
+        assert_eq!(r.first_offset, Offset(0));
+        let r = c.read(Offset(4), 100, 1).await.unwrap();
+        assert_eq!(r.events.len(), 1);
+        let r = c.read(Offset(4), 100, 5).await.unwrap();
+        assert_eq!(r.events.len(), 2, "p0 and p1 are 2 bytes each");
+        assert!(c
+            .read(Offset(14), 100, 1 << 20)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
+        assert!(c
+            .read(Offset(1000), 100, 1 << 20)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
+        assert!(c
+            .read(Offset(0), 0, 1 << 20)
+            .await
+            .unwrap()
+            .events
+            .is_empty());
     });
     node = node.restart();
     block_on(async {
