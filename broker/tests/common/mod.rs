@@ -88,6 +88,8 @@ pub struct Proc {
     pub name: String,
     child: Option<Child>,
     pub log: PathBuf,
+    /// The metrics address, if the process printed one.
+    pub metrics: Option<String>,
 }
 
 impl Proc {
@@ -105,25 +107,38 @@ impl Proc {
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut sent = false;
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(addr) = line.strip_prefix("listening on ") {
-                    if !sent {
-                        let _ = tx.send(addr.trim().to_owned());
-                        sent = true;
-                    }
-                }
+                let _ = tx.send(line);
             }
         });
         let mut p = Proc {
             name: name.to_owned(),
             child: Some(child),
             log,
+            metrics: None,
         };
-        match rx.recv_timeout(WAIT) {
-            Ok(addr) => (p, addr),
-            Err(_) => {
+        let deadline = Instant::now() + WAIT;
+        let mut addr = None;
+        while addr.is_none() && Instant::now() < deadline {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    if let Some(a) = line.strip_prefix("listening on ") {
+                        addr = Some(a.trim().to_owned());
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        // `metrics on ADDR` follows at once when metrics are served.
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if let Some(m) = line.strip_prefix("metrics on ") {
+                p.metrics = Some(m.trim().to_owned());
+            }
+        }
+        match addr {
+            Some(addr) => (p, addr),
+            None => {
                 let tail = p.log_tail(40);
                 p.kill9();
                 panic!("{name} did not print its address within {WAIT:?}; log:\n{tail}");
@@ -239,6 +254,22 @@ impl BrokerNode {
     pub fn is_running(&self) -> bool {
         self.proc.is_some()
     }
+
+    /// `GET /metrics` from the running broker, as text.
+    pub fn scrape(&self) -> String {
+        let addr = self
+            .proc
+            .as_ref()
+            .and_then(|p| p.metrics.clone())
+            .expect("the broker serves metrics");
+        let mut s = TcpStream::connect(&addr).expect("metrics connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("metrics request");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("metrics answer");
+        out
+    }
 }
 
 /// A cluster of stores and brokers in one temporary directory (removed on drop, after the
@@ -349,6 +380,8 @@ impl Cluster {
                     timing.election_timeout_ms.to_string(),
                     "--produce-timeout-ms".to_owned(),
                     timing.produce_timeout_ms.to_string(),
+                    "--metrics-listen".to_owned(),
+                    "127.0.0.1:0".to_owned(),
                 ];
                 BrokerNode {
                     id,
@@ -467,6 +500,11 @@ impl Client {
             }
             self.buf.extend_from_slice(&chunk[..n]);
         }
+    }
+
+    /// Whether an answer to `id` arrived unasked (while waiting for another).
+    pub fn stashed(&self, id: u64) -> bool {
+        self.stash.contains_key(&id)
     }
 
     pub fn request(&mut self, body: impl Into<Body>) -> std::io::Result<Body> {

@@ -1,0 +1,239 @@
+//! Multi-process tests of the broker's failure behaviour with the real binaries: no quorum,
+//! a broker that knows no voters, bad client frames; and the cursor and metrics surfaces.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
+use quire_proto::{
+    Body, BrokerId, CommitCursorRequest, CursorRequest, ErrorCode, FetchRequest, Offset,
+};
+
+#[test]
+fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
+    let timing = Timing {
+        produce_timeout_ms: 1_500,
+        ..Timing::default()
+    };
+    let mut cluster = Cluster::new(3, 2, timing);
+    cluster.start_all();
+    let master = cluster.wait_for_master();
+    let addr = cluster.broker(master).addr.clone();
+    let mut c = Client::connect(&addr).expect("connect");
+    let first = produce_answer(c.request(produce_request("t", 5, 0, 100)).expect("answer"))
+        .expect("acked with 3 stores");
+    assert_eq!(first.count, 100);
+
+    // Two of three stores die: the produce is not acked, and fails with NoQuorum in time.
+    cluster.stores[1].kill9();
+    cluster.stores[2].kill9();
+    let started = Instant::now();
+    let failed_id = c.send(produce_request("t", 5, 100, 10)).expect("send");
+    let err = produce_answer(c.recv(failed_id).expect("an answer comes"))
+        .expect_err("two stores down: no ack");
+    assert_eq!(err.code, ErrorCode::NoQuorum, "{err:?}");
+    assert!(started.elapsed() < WAIT);
+    // Metrics count it.
+    let text = cluster.broker(master).scrape();
+    assert!(
+        text.contains("quire_produce_errors_total{code=\"no_quorum\"} 1"),
+        "{text}"
+    );
+
+    // One store comes back: the retry with the same producer id and sequence is written
+    // once, whether it joins the original (still in flight) or finds it stabilized.
+    cluster.stores[1].start();
+    let deadline = Instant::now() + WAIT;
+    let retry = loop {
+        match produce_answer(c.request(produce_request("t", 5, 100, 10)).expect("answer")) {
+            Ok(r) => break r,
+            Err(e) if e.code == ErrorCode::NoQuorum || e.code == ErrorCode::Timeout => {
+                assert!(Instant::now() < deadline, "producing did not resume");
+            }
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    };
+    assert_eq!(retry.count, 10);
+    let fetched = fetch_all(&mut c, "t", 110);
+    assert_eq!(fetched.len(), 110, "each message once");
+    for (i, (_, m)) in fetched.iter().enumerate() {
+        assert_eq!(*m, payload(5, i as u64));
+    }
+    // The failed request is never answered a second time (answers come in order on this
+    // connection: one more round trip flushes anything sent before it).
+    assert!(c.request(quire_proto::MetadataRequest).is_ok());
+    assert!(
+        !c.stashed(failed_id),
+        "a failed produce must never be acked later"
+    );
+}
+
+#[test]
+fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.start_all();
+    let master = cluster.wait_for_master();
+    let other = if master == 1 { 2 } else { 1 };
+    let addr = cluster.broker(master).addr.clone();
+    let mut c = Client::connect(&addr).expect("connect");
+    produce_answer(c.request(produce_request("t", 9, 0, 20)).expect("answer")).expect("acked");
+    drop(c);
+
+    // Both brokers stop; the other one loses its data directory and comes back alone.
+    cluster.broker(master).kill9();
+    cluster.broker(other).kill9();
+    let dir = cluster.broker(other).dir.clone();
+    std::fs::remove_dir_all(&dir).expect("wipe the broker's directory");
+    cluster.broker(other).start();
+    // Several election timeouts pass: it never becomes master over the stores' data.
+    std::thread::sleep(Duration::from_millis(3_000));
+    let oaddr = cluster.broker(other).addr.clone();
+    let mut oc = Client::connect(&oaddr).expect("connect");
+    assert!(
+        !oc.is_serving(),
+        "a broker that knows no voters must not bootstrap"
+    );
+    let m = oc.metadata().expect("metadata");
+    assert!(m.stores.iter().all(|s| !s.voter), "{m:?}");
+
+    // The broker that knows the voters comes back and leads; the other learns the voters
+    // from its stream.
+    cluster.broker(master).start();
+    let leader = cluster.wait_for_master();
+    assert_eq!(leader, master);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let m = oc.metadata().expect("metadata");
+        if m.stores.iter().all(|s| s.voter)
+            && m.master.as_ref().map(|b| b.id) == Some(BrokerId(master))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the voters were not learned: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = Client::connect(&addr).expect("connect");
+    assert_eq!(fetch_all(&mut c, "t", 20).len(), 20);
+}
+
+#[test]
+fn proc_cursors_metrics_and_bad_frames() {
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.start_all();
+    let master = cluster.wait_for_master();
+    let slave = if master == 1 { 2 } else { 1 };
+    let addr = cluster.broker(master).addr.clone();
+    let mut c = Client::connect(&addr).expect("connect");
+
+    // A cursor commit goes through the quorum path and reads back.
+    match c
+        .request(CommitCursorRequest {
+            topic: "t".into(),
+            cursor: "billing".into(),
+            offset: Offset(42),
+        })
+        .expect("answer")
+    {
+        Body::CommitCursorResponse(_) => {}
+        other => panic!("commit answered {other:?}"),
+    }
+    match c
+        .request(CursorRequest {
+            topic: "t".into(),
+            cursor: "billing".into(),
+        })
+        .expect("answer")
+    {
+        Body::CursorResponse(r) => assert_eq!(r.offset, Some(Offset(42))),
+        other => panic!("cursor answered {other:?}"),
+    }
+    // A slave refuses client reads with the master's address.
+    let mut s = Client::connect(&cluster.broker(slave).addr.clone()).expect("connect");
+    match s
+        .request(FetchRequest {
+            topic: "t".into(),
+            from_offset: Offset(0),
+            max_messages: 10,
+            max_bytes: 1000,
+            wait_ms: 0,
+        })
+        .expect("answer")
+    {
+        Body::ErrorResponse(e) => {
+            assert_eq!(e.code, ErrorCode::NotMaster);
+            match e.detail {
+                quire_proto::ErrorDetail::NotMaster {
+                    master: Some(m), ..
+                } => {
+                    assert_eq!(m.id, BrokerId(master));
+                    assert_eq!(m.addr, addr);
+                }
+                other => panic!("no master hint: {other:?}"),
+            }
+        }
+        other => panic!("a slave answered a fetch with {other:?}"),
+    }
+
+    // A long poll returns as soon as a message arrives.
+    let poll = c
+        .send(FetchRequest {
+            topic: "later".into(),
+            from_offset: Offset(0),
+            max_messages: 10,
+            max_bytes: 1 << 20,
+            wait_ms: 20_000,
+        })
+        .expect("send");
+    let mut p = Client::connect(&addr).expect("connect");
+    produce_answer(
+        p.request(produce_request("later", 0, 0, 1))
+            .expect("answer"),
+    )
+    .expect("acked");
+    match c.recv(poll).expect("answer") {
+        Body::FetchResponse(r) => assert_eq!(r.messages.len(), 1),
+        other => panic!("poll answered {other:?}"),
+    }
+
+    // Garbage on one connection: an error or a close, never an effect on the others.
+    let mut bad = TcpStream::connect(&addr).expect("connect");
+    bad.set_read_timeout(Some(WAIT)).expect("timeout");
+    bad.write_all(&[0xAB; 200]).expect("write garbage");
+    let mut buf = Vec::new();
+    let _ = bad.read_to_end(&mut buf);
+    // A sound header with an unknown frame type: answered with an error, connection kept.
+    let mut q = Client::connect(&addr).expect("connect");
+    let r = q.request(quire_proto::TailRequest).expect("answer");
+    assert!(
+        matches!(r, Body::ErrorResponse(ref e) if e.code == ErrorCode::UnexpectedFrame),
+        "{r:?}"
+    );
+    assert!(
+        q.metadata().is_ok(),
+        "the connection survives a bad request"
+    );
+    assert!(c.metadata().is_ok(), "other clients are unaffected");
+
+    // The metrics name the master and count what happened.
+    let text = cluster.broker(master).scrape();
+    for want in [
+        "quire_is_master 1",
+        "quire_failovers_total 1",
+        "quire_produce_requests_total",
+        "quire_produce_latency_seconds_bucket",
+        "quire_quorum_wait_seconds_bucket",
+        "quire_store_lag{store=",
+        "quire_connections_open",
+        "quire_failover_duration_seconds_count 1",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    let slave_text = cluster.broker(slave).scrape();
+    assert!(slave_text.contains("quire_is_master 0"), "{slave_text}");
+}
