@@ -571,6 +571,107 @@ mod tests {
         assert_eq!(r.hwm(), Some(Offset(11)));
     }
 
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// An append of `epoch` whose prev is at `prev_at` (clamped to the log, or
+            /// none), with a wrong prev epoch if `bad_prev`, and events of these epoch
+            /// steps (0: same as before, 1: one up, capped at the append's epoch).
+            Append {
+                epoch: u64,
+                prev_at: Option<u64>,
+                bad_prev: bool,
+                steps: Vec<u8>,
+            },
+            Fence(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (1u64..8, proptest::option::of(0u64..12), proptest::bool::weighted(0.15), proptest::collection::vec(0u8..2, 0..5))
+                    .prop_map(|(epoch, prev_at, bad_prev, steps)| Op::Append { epoch, prev_at, bad_prev, steps }),
+                1 => (0u64..8).prop_map(Op::Fence),
+            ]
+        }
+
+        proptest! {
+            /// Any sequence of appends and fences, applied the way the store applies an
+            /// accepted plan, keeps the log-matching invariants: an accepted append's
+            /// prev and events are all in the log afterwards, nothing before them moved,
+            /// epochs never go down along the log, truncation only replaces lower epochs,
+            /// the promise never goes down, and every refusal has its reason.
+            #[test]
+            fn accepted_plans_keep_the_log_invariants(ops in proptest::collection::vec(op(), 1..60)) {
+                let mut r = replica(0);
+                let mut log = VecLog::new(&[]);
+                for op in ops {
+                    match op {
+                        Op::Fence(e) => {
+                            if let FenceDecision::Grant { promise: Some(p) } = r.decide_fence(&FenceRequest { epoch: Epoch(e), expected: None }) {
+                                r.promise(p);
+                            }
+                        }
+                        Op::Append { epoch, prev_at, bad_prev, steps } => {
+                            let len = log.epochs.len() as u64;
+                            let prev = prev_at.map(|at| {
+                                let at = at.min(len);
+                                let e = log.epochs.get(at as usize).copied().unwrap_or(1);
+                                (if bad_prev { e + 1 } else { e }, at)
+                            });
+                            let mut e = prev.map_or(1, |p| p.0).min(epoch);
+                            let epochs: Vec<u64> = steps.iter().map(|s| { e = (e + u64::from(*s)).min(epoch); e }).collect();
+                            let req = append(epoch, prev, &epochs);
+                            let before = log.epochs.clone();
+                            let promised = r.promised();
+                            match r.decide_append(&req, &log) {
+                                AppendDecision::Reject(RejectReason::StaleEpoch) => prop_assert!(req.epoch < promised),
+                                AppendDecision::Reject(RejectReason::LogMismatch) => {
+                                    let p = req.prev.expect("a mismatch needs a prev");
+                                    prop_assert_ne!(log.entry_epoch(p.offset), Some(p.epoch));
+                                }
+                                AppendDecision::Reject(other) => prop_assert!(false, "unexpected {other:?}"),
+                                AppendDecision::Invalid(problem) => {
+                                    // Only an event conflicting with an entry of the master's
+                                    // own epoch or above, or a prev epoch above the append's.
+                                    prop_assert!(problem.contains("not below") || problem.contains("prev epoch"), "{problem}");
+                                }
+                                AppendDecision::Accept(plan) => {
+                                    prop_assert!(req.epoch >= promised);
+                                    prop_assert_eq!(plan.promise, (req.epoch > promised).then_some(req.epoch));
+                                    prop_assert_eq!(plan.through, req.through_offset());
+                                    if let Some(p) = plan.promise { r.promise(p); }
+                                    let first = req.first_offset().unwrap().0 as usize;
+                                    if let Some(i) = plan.write_from {
+                                        let at = first + i;
+                                        prop_assert_eq!(plan.truncates, at < log.epochs.len());
+                                        if plan.truncates {
+                                            prop_assert!(log.epochs[at] < req.epoch.0, "replaces only lower epochs");
+                                        }
+                                        log.epochs.truncate(at);
+                                        log.epochs.extend(req.events[i..].iter().map(|e| e.epoch.0));
+                                    }
+                                    // The append is in the log, and nothing before it moved.
+                                    if let Some(p) = req.prev {
+                                        prop_assert_eq!(log.entry_epoch(p.offset), Some(p.epoch));
+                                    }
+                                    for ev in &req.events {
+                                        prop_assert_eq!(log.entry_epoch(ev.offset), Some(ev.epoch));
+                                    }
+                                    prop_assert_eq!(&log.epochs[..first.min(before.len())], &before[..first.min(before.len())]);
+                                    prop_assert!(log.epochs.windows(2).all(|w| w[0] <= w[1]), "epochs go down: {:?}", log.epochs);
+                                }
+                            }
+                            prop_assert!(r.promised() >= promised);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "promised epoch would go down")]
     fn the_promise_never_goes_down() {
