@@ -17,7 +17,11 @@
 # Both tools write sequentially with O_DIRECT through io_uring into a file that was fully
 # written and fdatasynced beforehand, wrapping at its end:
 #   fio  --ioengine=io_uring --direct=1 --rw=write --bs=B --iodepth=N [--fdatasync=1]
-#        --time_based --runtime=D --fallocate=none, on a file prefilled with dd
+#        --time_based --runtime=D --fallocate=none --scramble_buffers=0, on a file
+#        prefilled with dd. fio fills its buffers with random bytes once, like quire;
+#        scramble_buffers=0 stops it from rewriting part of every buffer before each write,
+#        CPU work that cost fio up to a third of its 64 KiB qd 32 throughput on this 2-core
+#        machine and is no part of what the disk can do.
 #   quire bench disk --block-size B --qd N --fsync every|none --duration D --file-size S
 # With fsync every, fio submits the write and then the fdatasync (not linked); quire links
 # the fdatasync behind its write (IOSQE_IO_LINK). Latency: fio's write clat and its sync
@@ -95,6 +99,7 @@ for round in $(seq 1 "$REPEAT"); do
     fio --name=fio-compare --filename="$FIO_FILE" --size="$FILE_BYTES" \
       --ioengine=io_uring --direct=1 --rw=write --bs="$bs_bytes" --iodepth="$qd" \
       "${fsync_opt[@]}" --time_based --runtime="$DURATION" --fallocate=none \
+      --scramble_buffers=0 \
       --output-format=json >"$WORK/fio.$round.$bs.$qd.$fsync.json"
     rm -f "$FIO_FILE"
 
