@@ -71,11 +71,14 @@ pub(crate) fn read(
             });
             o = o.next();
         }
-        let files: Vec<(Arc<File>, PathBuf)> = index
-            .segments
-            .iter()
-            .map(|s| (s.file.clone(), s.path.clone()))
-            .collect();
+        // Only the segments this read touches (usually one or two).
+        let mut files: Vec<(u32, Arc<File>, PathBuf)> = Vec::new();
+        for w in &wanted {
+            if files.last().is_none_or(|(id, _, _)| *id != w.loc.segment) {
+                let seg = &index.segments[w.loc.segment as usize];
+                files.push((w.loc.segment, seg.file.clone(), seg.path.clone()));
+            }
+        }
         (wanted, files)
     };
 
@@ -96,7 +99,10 @@ pub(crate) fn read(
             end = u64::from(l.position) + u64::from(l.bytes);
             j += 1;
         }
-        let (file, path) = &files[first.segment as usize];
+        let (_, file, path) = files
+            .iter()
+            .find(|(id, _, _)| *id == first.segment)
+            .expect("invariant: every wanted segment was collected");
         let start = u64::from(first.position);
         let len = usize::try_from(end - start).expect("invariant: a read run fits memory");
         let mut buf = vec![0u8; len];
