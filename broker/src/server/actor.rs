@@ -440,10 +440,11 @@ impl Actor {
                 let m = self.metadata();
                 r.reply.send(r.request_id, m.into());
             }
-            Body::ProduceRequest(_) | Body::CommitCursorRequest(_) => {
+            Body::ProduceRequest(_) => {
                 self.metrics.produce_requests.inc();
                 self.on_write_request(r);
             }
+            Body::CommitCursorRequest(_) => self.on_write_request(r),
             Body::FetchRequest(_) => {
                 self.metrics.fetch_requests.inc();
                 self.on_fetch(r);
@@ -789,7 +790,7 @@ impl Actor {
             Internal::ReadForAppend { cmd, outcome } => match outcome {
                 Ok(events) => {
                     if matches!(&self.role, Role::Master(m) if m.core.epoch() == cmd.epoch) {
-                        self.send_append(&cmd, events, &mut None);
+                        self.send_append(&cmd, Batch::Wire(events), &mut Vec::new());
                     }
                 }
                 Err(e) => {
@@ -1317,13 +1318,12 @@ impl Actor {
     }
 
     fn dispatch_master(&mut self, out: Vec<MasterCommand>) {
-        let mut encoded: Option<(AppendKey, quire_proto::EncodedBody)> = None;
+        let mut encoded: Vec<(AppendKey, quire_proto::EncodedBody)> = Vec::new();
         for c in out {
             match c {
                 MasterCommand::Append(cmd) => match &cmd.events {
                     AppendEvents::InMemory(events) => {
-                        let events = events.iter().map(to_proto_event).collect();
-                        self.send_append(&cmd, events, &mut encoded);
+                        self.send_append(&cmd, Batch::Core(events), &mut encoded);
                     }
                     AppendEvents::FromStore { source } => {
                         self.read_for_append(cmd.clone(), *source)
@@ -1341,8 +1341,8 @@ impl Actor {
     fn send_append(
         &mut self,
         cmd: &AppendCommand,
-        events: Vec<quire_proto::Event>,
-        cache: &mut Option<(AppendKey, quire_proto::EncodedBody)>,
+        events: Batch<'_>,
+        cache: &mut Vec<(AppendKey, quire_proto::EncodedBody)>,
     ) {
         if !self.slot_up[cmd.slot.index()] {
             return;
@@ -1354,25 +1354,31 @@ impl Actor {
             count: cmd.count,
             hwm: cmd.hwm,
         };
-        let body = match cache {
-            Some((k, b)) if *k == key => b.clone(),
-            _ => {
-                let req = AppendRequest {
-                    epoch: cmd.epoch,
-                    prev: cmd.prev,
-                    events,
-                    hwm: cmd.hwm,
-                };
-                let mut scratch = BytesMut::new();
-                match encode_body(&req.into(), &mut scratch) {
-                    Ok(b) => {
-                        *cache = Some((key, b.clone()));
-                        b
+        let body = if let Some((_, b)) = cache.iter().find(|(k, _)| *k == key) {
+            b.clone()
+        } else {
+            let events = match events {
+                Batch::Core(evs) => evs.iter().map(to_proto_event).collect(),
+                Batch::Wire(evs) => evs,
+            };
+            let req = AppendRequest {
+                epoch: cmd.epoch,
+                prev: cmd.prev,
+                events,
+                hwm: cmd.hwm,
+            };
+            let mut scratch = BytesMut::new();
+            match encode_body(&req.into(), &mut scratch) {
+                Ok(b) => {
+                    if cache.len() >= APPEND_ENCODE_CACHE_MAX {
+                        cache.remove(0);
                     }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot encode an append");
-                        return;
-                    }
+                    cache.push((key, b.clone()));
+                    b
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot encode an append");
+                    return;
                 }
             }
         };
@@ -1913,12 +1919,12 @@ impl Actor {
                 Ok(read) => {
                     let mut messages = Vec::new();
                     let mut bytes = 0usize;
-                    let mut scanned = first;
+                    let mut scanned: Option<Offset> = None;
                     for e in read.events {
                         if e.offset > last {
                             break;
                         }
-                        scanned = e.offset;
+                        scanned = Some(e.offset);
                         if !wanted.contains(&e.offset) || e.kind != EventKind::Message {
                             continue;
                         }
@@ -1934,7 +1940,11 @@ impl Actor {
                         messages.push((e.offset, msg.message));
                     }
                     let next_offset = messages.last().map_or_else(
-                        || scanned.max(req.from_offset),
+                        || {
+                            scanned
+                                .map_or(req.from_offset, Offset::next)
+                                .max(req.from_offset)
+                        },
                         |(o, _): &(Offset, Bytes)| o.next(),
                     );
                     waiter.reply.send(
@@ -1984,6 +1994,17 @@ impl Actor {
         }
     }
 }
+
+/// The events of an append to encode.
+enum Batch<'a> {
+    /// Events from the master's memory.
+    Core(&'a [Event]),
+    /// Events read from a store.
+    Wire(Vec<quire_proto::Event>),
+}
+
+/// Distinct appends whose encoding one dispatch keeps for the other slots.
+const APPEND_ENCODE_CACHE_MAX: usize = 32;
 
 /// What identifies an append's bytes apart from the request id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,6 +29,8 @@ use quire_proto::{
 
 /// How long any single wait of the harness may take.
 pub const WAIT: Duration = Duration::from_secs(30);
+/// How long a probe (is this broker the master?) waits for an answer.
+pub const PROBE_WAIT: Duration = Duration::from_secs(1);
 
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable has a path");
@@ -158,6 +160,11 @@ impl Proc {
         self.child.is_some()
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The last `n` lines of the process's log.
     pub fn log_tail(&self, n: usize) -> String {
         let mut s = String::new();
@@ -255,6 +262,11 @@ impl BrokerNode {
         self.proc.is_some()
     }
 
+    /// The broker's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+
     /// `GET /metrics` from the running broker, as text.
     pub fn scrape(&self) -> String {
         let addr = self
@@ -302,6 +314,21 @@ impl Default for Timing {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let procs = self
+                .brokers
+                .iter()
+                .filter_map(|b| b.proc.as_ref())
+                .chain(self.stores.iter().filter_map(|s| s.proc.as_ref()));
+            for p in procs {
+                eprintln!(
+                    "---- {} (last lines of {}) ----\n{}",
+                    p.name,
+                    p.log.display(),
+                    p.log_tail(30)
+                );
+            }
+        }
         for b in &mut self.brokers {
             b.kill9();
         }
@@ -421,7 +448,7 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         while Instant::now() < deadline {
             for b in self.brokers.iter().filter(|b| b.is_running()) {
-                let Ok(mut c) = Client::connect(&b.addr) else {
+                let Ok(mut c) = Client::connect_with(&b.addr, PROBE_WAIT) else {
                     continue;
                 };
                 let Ok(m) = c.metadata() else { continue };
@@ -447,13 +474,19 @@ pub struct Client {
 
 impl Client {
     pub fn connect(addr: &str) -> std::io::Result<Client> {
+        Client::connect_with(addr, WAIT)
+    }
+
+    /// Connects with `read_timeout` for every answer (short for probes: a stopped broker
+    /// accepts connections but never answers).
+    pub fn connect_with(addr: &str, read_timeout: Duration) -> std::io::Result<Client> {
         let stream = TcpStream::connect_timeout(
             &addr
                 .parse()
                 .map_err(|_| std::io::Error::other("bad address"))?,
             Duration::from_secs(2),
         )?;
-        stream.set_read_timeout(Some(WAIT))?;
+        stream.set_read_timeout(Some(read_timeout))?;
         stream.set_nodelay(true)?;
         Ok(Client {
             stream,

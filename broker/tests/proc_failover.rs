@@ -1,0 +1,171 @@
+//! Multi-process failover tests with the real binaries: a stopped (SIGSTOP) master that
+//! wakes up after a slave took over, and three brokers where two slaves race for a dead
+//! master's place.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
+use quire_proto::{Body, BrokerId, ErrorCode, Offset};
+
+/// Produces `count` messages of producer `p` from `from` in batches of 20, one request at
+/// a time, to whichever broker serves, retrying a batch (same sequence) until it is acked.
+fn produce_all(cluster: &mut Cluster, p: u64, from: u64, count: u64) -> BTreeMap<u64, Offset> {
+    let mut acked = BTreeMap::new();
+    let mut seq = from;
+    let deadline = Instant::now() + WAIT;
+    while seq < from + count {
+        assert!(Instant::now() < deadline, "producing did not finish");
+        let master = cluster.wait_for_master();
+        let Ok(mut c) = Client::connect(&cluster.broker(master).addr.clone()) else {
+            continue;
+        };
+        while seq < from + count {
+            let n = 20.min(from + count - seq);
+            match c
+                .request(produce_request("t", p, seq, n))
+                .map(produce_answer)
+            {
+                Ok(Ok(r)) => {
+                    for i in 0..n {
+                        acked.insert(seq + i, Offset(r.base_offset.0 + i));
+                    }
+                    seq += n;
+                }
+                _ => break,
+            }
+        }
+    }
+    acked
+}
+
+fn check(p: u64, acked: &BTreeMap<u64, Offset>, fetched: &[(Offset, bytes::Bytes)]) {
+    let by_offset: BTreeMap<Offset, &bytes::Bytes> = fetched.iter().map(|(o, b)| (*o, b)).collect();
+    assert_eq!(by_offset.len(), fetched.len(), "no offset twice");
+    for (&seq, o) in acked {
+        assert_eq!(
+            by_offset.get(o).map(|b| (*b).clone()),
+            Some(payload(p, seq)),
+            "acked message {seq} at {o}"
+        );
+    }
+    let mut payloads: Vec<&bytes::Bytes> = fetched.iter().map(|(_, b)| b).collect();
+    payloads.sort();
+    payloads.dedup();
+    assert_eq!(payloads.len(), fetched.len(), "no message twice");
+}
+
+fn signal(b: &common::BrokerNode, sig: i32) {
+    let pid = b.pid().expect("the broker runs");
+    // SAFETY: kill(2) with a pid this test started and still owns (not yet reaped).
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+#[test]
+fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.start_all();
+    let old = cluster.wait_for_master();
+    let acked = produce_all(&mut cluster, 1, 0, 200);
+
+    // Freeze the master past the election timeout; send it a produce while it is frozen.
+    let old_addr = cluster.broker(old).addr.clone();
+    let mut frozen = Client::connect(&old_addr).expect("connect");
+    signal(cluster.broker(old), libc::SIGSTOP);
+    let stale = frozen.send(produce_request("t", 2, 0, 5)).expect("send");
+    let new = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let serving = cluster
+                .brokers
+                .iter()
+                .filter(|b| b.id != old)
+                .find(|b| {
+                    Client::connect_with(&b.addr, common::PROBE_WAIT)
+                        .is_ok_and(|mut c| c.is_serving())
+                })
+                .map(|b| b.id);
+            if let Some(id) = serving {
+                break id;
+            }
+            assert!(Instant::now() < deadline, "no slave took over");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let more = produce_all(&mut cluster, 1, 200, 200);
+
+    // Wake the old master: it learns the higher epoch from the stores, acks nothing, and
+    // follows the new master.
+    signal(cluster.broker(old), libc::SIGCONT);
+    match frozen.recv(stale).expect("an answer") {
+        Body::ErrorResponse(e) => assert_eq!(e.code, ErrorCode::NotMaster, "{e:?}"),
+        other => panic!("a fenced master answered {other:?}"),
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let m = Client::connect(&old_addr)
+            .and_then(|mut c| c.metadata())
+            .expect("metadata");
+        if m.master.as_ref().map(|b| b.id) == Some(BrokerId(new)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old master did not follow: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut all = acked;
+    all.extend(more);
+    let mut c = Client::connect(&cluster.broker(new).addr.clone()).expect("connect");
+    let fetched = fetch_all(&mut c, "t", 400);
+    check(1, &all, &fetched);
+    assert!(
+        !fetched.iter().any(|(_, b)| *b == payload(2, 0)),
+        "the produce sent to the frozen master must not be in the log as acked"
+    );
+}
+
+#[test]
+fn proc_three_brokers_two_slaves_race_and_one_wins() {
+    let mut cluster = Cluster::new(3, 3, Timing::default());
+    cluster.start_all();
+    let first = cluster.wait_for_master();
+    let acked = produce_all(&mut cluster, 4, 0, 300);
+    cluster.broker(first).kill9();
+    let second = cluster.wait_for_master();
+    assert_ne!(second, first);
+    let more = produce_all(&mut cluster, 4, 300, 300);
+    // The third broker follows the winner.
+    let third = (1..=3u16)
+        .find(|&b| b != first && b != second)
+        .expect("three brokers");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let m = Client::connect(&cluster.broker(third).addr.clone())
+            .and_then(|mut c| c.metadata())
+            .expect("metadata");
+        if m.master.as_ref().map(|b| b.id) == Some(BrokerId(second)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the other slave does not follow: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Kill the second master too: the last broker takes over with everything.
+    cluster.broker(second).kill9();
+    let last = cluster.wait_for_master();
+    assert_eq!(last, third);
+    let mut all = acked;
+    all.extend(more);
+    let mut c = Client::connect(&cluster.broker(third).addr.clone()).expect("connect");
+    let fetched = fetch_all(&mut c, "t", 600);
+    assert_eq!(fetched.len(), 600);
+    check(4, &all, &fetched);
+}
