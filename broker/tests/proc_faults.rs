@@ -85,11 +85,30 @@ fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
     // Both brokers stop; the other one loses its data directory and comes back alone.
     cluster.broker(master).kill9();
     cluster.broker(other).kill9();
+    let promised = |c: &Cluster| -> Vec<u64> {
+        c.stores
+            .iter()
+            .map(|s| {
+                match Client::connect(&s.addr).and_then(|mut c| c.request(quire_proto::TailRequest))
+                {
+                    Ok(Body::TailResponse(t)) => t.promised.0,
+                    other => panic!("tail answered {other:?}"),
+                }
+            })
+            .collect()
+    };
+    let before = promised(&cluster);
     let dir = cluster.broker(other).dir.clone();
     std::fs::remove_dir_all(&dir).expect("wipe the broker's directory");
     cluster.broker(other).start();
-    // Several election timeouts pass: it never becomes master over the stores' data.
+    // Several election timeouts pass: it never becomes master over the stores' data, and
+    // it does not even fence them (it asks for their tails first).
     std::thread::sleep(Duration::from_millis(3_000));
+    assert_eq!(
+        promised(&cluster),
+        before,
+        "a broker that cannot bootstrap fences nothing"
+    );
     let oaddr = cluster.broker(other).addr.clone();
     let mut oc = Client::connect(&oaddr).expect("connect");
     assert!(

@@ -166,6 +166,10 @@ pub(crate) struct Actor {
     limits: ReplicationLimits,
     seed: u64,
     persisting_identities: bool,
+    /// A bootstrap probe in progress: per store, whether it answered "empty voter".
+    bootstrap_probe: Option<(u64, Vec<Option<bool>>)>,
+    probe_generation: u64,
+    bootstrap_refusal_logged: bool,
     identities_dirty: bool,
 }
 
@@ -274,6 +278,9 @@ impl Actor {
             limits: ReplicationLimits::default(),
             seed,
             persisting_identities: false,
+            bootstrap_probe: None,
+            probe_generation: 0,
+            bootstrap_refusal_logged: false,
             identities_dirty: false,
             cfg,
         };
@@ -797,6 +804,11 @@ impl Actor {
                     tracing::debug!(slot = %cmd.slot, error = %e, "read for a lagging slot failed; the append times out and is resent");
                 }
             },
+            Internal::TailAnswer {
+                slot,
+                generation,
+                outcome,
+            } => self.on_tail_answer(slot, generation, outcome),
             Internal::EpochPersisted { counter, outcome } => match outcome {
                 Ok(()) => {
                     self.durable_counter = self.durable_counter.max(counter);
@@ -841,7 +853,11 @@ impl Actor {
                     .iter()
                     .any(|c| matches!(c, FollowerCommand::StartTakeover { .. }))
                 {
-                    self.start_takeover();
+                    if self.knows_identities() {
+                        self.start_takeover();
+                    } else {
+                        self.probe_bootstrap();
+                    }
                 }
             }
             Role::TakingOver(t) => {
@@ -901,6 +917,71 @@ impl Actor {
     }
 
     // ------------------------------------------------------------------ takeover
+
+    /// A broker that knows no voter asks every store for its tail before it fences
+    /// anything: it bootstraps only if every store is an empty voter, and otherwise never
+    /// raises a store's promised epoch (which would disturb a running cluster).
+    fn probe_bootstrap(&mut self) {
+        self.probe_generation += 1;
+        let generation = self.probe_generation;
+        self.bootstrap_probe = Some((generation, vec![None; self.store_count]));
+        for i in 0..self.store_count {
+            let slot = Self::slot_of(i);
+            let client = self.slots[i].client();
+            let tx = self.internal_tx.clone();
+            tokio::spawn(async move {
+                let outcome = match client {
+                    Some(c) => c.tail().await,
+                    None => Err(ClientError::Closed {
+                        addr: String::new(),
+                        reason: "not connected".into(),
+                    }),
+                };
+                let _ = tx
+                    .send(Internal::TailAnswer {
+                        slot,
+                        generation,
+                        outcome,
+                    })
+                    .await;
+            });
+        }
+    }
+
+    fn on_tail_answer(
+        &mut self,
+        slot: SlotId,
+        generation: u64,
+        outcome: Result<quire_proto::TailResponse, ClientError>,
+    ) {
+        let Some((g, answers)) = &mut self.bootstrap_probe else {
+            return;
+        };
+        if *g != generation || !matches!(self.role, Role::Follower(_)) {
+            return;
+        }
+        match outcome {
+            Ok(t) => {
+                let empty_voter = t.last.is_none() && t.voter;
+                if !empty_voter {
+                    if self.probe_generation == generation && !self.bootstrap_refusal_logged {
+                        tracing::warn!(%slot, last = ?t.last, voter = t.voter, "a store is not an empty voter but this broker knows no store identity: it will not bootstrap a cluster; waiting to learn the voters from a master");
+                        self.bootstrap_refusal_logged = true;
+                    } else {
+                        tracing::debug!(%slot, last = ?t.last, "still no voters known and a store is not empty");
+                    }
+                    self.bootstrap_probe = None;
+                    return;
+                }
+                answers[slot.index()] = Some(true);
+                if answers.iter().all(Option::is_some) {
+                    self.bootstrap_probe = None;
+                    self.start_takeover();
+                }
+            }
+            Err(e) => tracing::debug!(%slot, error = %e, "bootstrap probe: no tail"),
+        }
+    }
 
     fn start_takeover(&mut self) {
         let Role::Follower(f) = std::mem::replace(&mut self.role, Role::Switching) else {

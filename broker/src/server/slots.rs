@@ -79,6 +79,12 @@ pub(crate) enum Internal {
         cmd: AppendCommand,
         outcome: Result<Vec<quire_proto::Event>, String>,
     },
+    /// A store's tail, for a bootstrap probe.
+    TailAnswer {
+        slot: SlotId,
+        generation: u64,
+        outcome: Result<quire_proto::TailResponse, ClientError>,
+    },
     /// The epoch counter is durable (or could not be made so).
     EpochPersisted {
         counter: u64,
