@@ -1,9 +1,11 @@
-//! [`ClientError`]: every way a request of this crate can fail.
+//! [`ClientError`]: every way a request of this crate can fail, and how the broker
+//! clients sort failures into "retry against the master" and "give up"
+//! ([`ClientError::disposition`]).
 
 use std::io;
 use std::sync::Arc;
 
-use quire_proto::{ErrorResponse, FrameType, WireError};
+use quire_proto::{Body, BrokerInfo, ErrorCode, ErrorDetail, ErrorResponse, FrameType, WireError};
 
 /// Why a client call failed. `Clone`: when a connection dies, every request in flight on
 /// it gets the same error.
@@ -72,9 +74,60 @@ pub enum ClientError {
         response: FrameType,
     },
     /// The caller passed something this call does not send (e.g. an encoded body of the
-    /// wrong frame type).
+    /// wrong frame type, an empty topic name, a message above `MESSAGE_BYTES_MAX`).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A setting is out of its range (the message names it and the range).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Discovery found no broker that says it is the master, within its bound.
+    #[error(
+        "no master found among {brokers} broker address(es) after {rounds} round(s) in {elapsed_ms} ms{}",
+        last_suffix(.last)
+    )]
+    NoMaster {
+        /// Broker addresses known (given and learned).
+        brokers: usize,
+        /// Discovery rounds made (each asks every known broker).
+        rounds: u32,
+        /// Time spent, in milliseconds.
+        elapsed_ms: u64,
+        /// The last error met (a refused connect, a broker naming no master, ...).
+        last: Option<Box<ClientError>>,
+    },
+    /// A request kept failing with retriable errors (lost master, `NotMaster`, `Timeout`,
+    /// `NoQuorum`, ...) until its retry bound ran out.
+    #[error("{op}: gave up after {attempts} attempt(s) in {elapsed_ms} ms: {last}")]
+    RetriesExhausted {
+        /// What was being done (`"fetch"`, `"commit cursor"`, ...).
+        op: &'static str,
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent, in milliseconds.
+        elapsed_ms: u64,
+        /// The last error.
+        last: Box<ClientError>,
+    },
+}
+
+fn last_suffix(last: &Option<Box<ClientError>>) -> String {
+    match last {
+        Some(e) => format!("; last error: {e}"),
+        None => String::new(),
+    }
+}
+
+/// What a broker client does after a failed request ([`ClientError::disposition`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Find the master again (starting at `hint` when the broker named one), wait a
+    /// backoff, and send the request again. The request may or may not have taken effect.
+    Retry {
+        /// The master a `NotMaster` answer named.
+        hint: Option<BrokerInfo>,
+    },
+    /// Sending it again cannot help: report the error.
+    Fatal,
 }
 
 impl ClientError {
@@ -88,5 +141,123 @@ impl ClientError {
                 | ClientError::Io { .. }
                 | ClientError::Closed { .. }
         )
+    }
+
+    /// The broker's error code, when the peer answered with an `ErrorResponse`.
+    #[must_use]
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Remote(e) => Some(e.code),
+            ClientError::RetriesExhausted { last, .. } => last.code(),
+            _ => None,
+        }
+    }
+
+    /// Whether a broker request that failed this way is worth sending again, to the
+    /// master found anew:
+    ///
+    /// - retry: a lost or refused connection, no response in time, no master found, and
+    ///   the broker codes `NotMaster` (with its hint), `Timeout`, `NoQuorum`,
+    ///   `Overloaded`, `ShuttingDown`, `Internal` (the broker says "retry" with it);
+    /// - fatal: every other code (`MessageTooLarge`, `InvalidName`, `SequenceGap`,
+    ///   `Malformed`, ...), undecodable or unexpected answers, invalid requests.
+    #[must_use]
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            ClientError::Connect { .. }
+            | ClientError::ConnectTimeout { .. }
+            | ClientError::Io { .. }
+            | ClientError::Closed { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::NoMaster { .. } => Disposition::Retry { hint: None },
+            ClientError::Remote(e) => match e.code {
+                ErrorCode::NotMaster => Disposition::Retry {
+                    hint: match &e.detail {
+                        ErrorDetail::NotMaster { master, .. } => master.clone(),
+                        _ => None,
+                    },
+                },
+                ErrorCode::Timeout
+                | ErrorCode::NoQuorum
+                | ErrorCode::Overloaded
+                | ErrorCode::ShuttingDown
+                | ErrorCode::Internal => Disposition::Retry { hint: None },
+                _ => Disposition::Fatal,
+            },
+            ClientError::Wire(_)
+            | ClientError::UnexpectedResponse { .. }
+            | ClientError::InvalidRequest(_)
+            | ClientError::InvalidConfig(_)
+            | ClientError::RetriesExhausted { .. } => Disposition::Fatal,
+        }
+    }
+}
+
+/// The error for a response body that does not answer `request`: the peer's
+/// `ErrorResponse` as [`ClientError::Remote`], anything else as
+/// [`ClientError::UnexpectedResponse`].
+pub(crate) fn remote_or_unexpected(request: FrameType, body: Body) -> ClientError {
+    match body {
+        Body::ErrorResponse(e) => ClientError::Remote(Box::new(e)),
+        other => ClientError::UnexpectedResponse {
+            request,
+            response: other.frame_type(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_proto::{BrokerId, Epoch};
+
+    #[test]
+    fn dispositions_follow_the_error_codes() {
+        let remote = |code| ClientError::Remote(Box::new(ErrorResponse::new(code, "x")));
+        for code in [
+            ErrorCode::Timeout,
+            ErrorCode::NoQuorum,
+            ErrorCode::Overloaded,
+            ErrorCode::ShuttingDown,
+            ErrorCode::Internal,
+        ] {
+            assert_eq!(
+                remote(code).disposition(),
+                Disposition::Retry { hint: None },
+                "{code}"
+            );
+        }
+        for code in [
+            ErrorCode::MessageTooLarge,
+            ErrorCode::InvalidName,
+            ErrorCode::SequenceGap,
+            ErrorCode::Malformed,
+            ErrorCode::UnexpectedFrame,
+        ] {
+            assert_eq!(remote(code).disposition(), Disposition::Fatal, "{code}");
+            assert_eq!(remote(code).code(), Some(code));
+        }
+        let hint = BrokerInfo {
+            id: BrokerId(2),
+            addr: "b2:1".into(),
+        };
+        let not_master = ClientError::Remote(Box::new(ErrorResponse::not_master(
+            Epoch(5),
+            Some(hint.clone()),
+        )));
+        assert_eq!(
+            not_master.disposition(),
+            Disposition::Retry { hint: Some(hint) }
+        );
+        let lost = ClientError::Closed {
+            addr: "a".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(lost.disposition(), Disposition::Retry { hint: None });
+        assert_eq!(lost.code(), None);
+        assert_eq!(
+            ClientError::InvalidRequest("x".into()).disposition(),
+            Disposition::Fatal
+        );
     }
 }

@@ -24,7 +24,7 @@ use quire_proto::{
 use tokio::net::ToSocketAddrs;
 
 use crate::conn::{ConnConfig, Connection, PendingReply};
-use crate::error::ClientError;
+use crate::error::{remote_or_unexpected, ClientError};
 
 /// A store's answer to an append.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,15 +257,5 @@ impl StoreClient {
 
     async fn request(&self, body: Body) -> Result<Frame, ClientError> {
         self.conn.send(body).await?.wait().await
-    }
-}
-
-fn remote_or_unexpected(request: FrameType, body: Body) -> ClientError {
-    match body {
-        Body::ErrorResponse(e) => ClientError::Remote(Box::new(e)),
-        other => ClientError::UnexpectedResponse {
-            request,
-            response: other.frame_type(),
-        },
     }
 }
