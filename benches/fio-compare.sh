@@ -163,6 +163,11 @@ for name, case in cases.items():
           f"{med(f, 'ops_per_s'):>9.0f} {med(q, 'ops_per_s'):>10.0f} "
           f"{med(f, 'fsyncs_per_s'):>11.0f} {med(q, 'fsyncs_per_s'):>13.0f} "
           f"{fio_lat:>33} {quire_lat:>22}")
+print()
+print("per round, MB/s fio -> quire:")
+for name, case in cases.items():
+    pairs = "  ".join(f"{a['mb_per_s']:.0f}->{b['mb_per_s']:.0f}" for a, b in zip(case["fio"], case["quire"]))
+    print(f"  {name:<22} {pairs}")
 print("medians over the rounds; ratio = median quire MB/s / median fio MB/s; med.r = median "
       "of the rounds' ratios; rounds = each round's ratio; "
       "MB = 10^6 bytes; quire backend: " + ", ".join(sorted(backends)))
