@@ -128,7 +128,7 @@ fn metadata(addr: &str) -> MetadataResponse {
 fn proc_cluster_elects_a_master_produces_and_survives_a_store_kill() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
-    let master = cluster.wait_for_master();
+    let master = cluster.settle();
     let slave = if master == 1 { 2 } else { 1 };
 
     // Every broker names the same master; the voters were bound at bootstrap.
@@ -205,7 +205,7 @@ fn proc_cluster_elects_a_master_produces_and_survives_a_store_kill() {
 fn proc_master_kill_the_slave_takes_over_with_every_acked_message() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
-    let first = cluster.wait_for_master();
+    let first = cluster.settle();
     let acked = produce(&mut cluster, 3, 0, 2000, 40, |_, _| {});
     assert_eq!(acked.len(), 2000);
 

@@ -58,17 +58,14 @@ fn check(p: u64, acked: &BTreeMap<u64, Offset>, fetched: &[(Offset, bytes::Bytes
 }
 
 fn signal(b: &common::BrokerNode, sig: i32) {
-    let pid = b.pid().expect("the broker runs");
-    // SAFETY: kill(2) with a pid this test started and still owns (not yet reaped).
-    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-    assert_eq!(rc, 0, "kill({pid}, {sig})");
+    common::signal(b.pid().expect("the broker runs"), sig);
 }
 
 #[test]
 fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
-    let old = cluster.wait_for_master();
+    let old = cluster.settle();
     let acked = produce_all(&mut cluster, 1, 0, 200);
 
     // Freeze the master past the election timeout; send it a produce while it is frozen.
@@ -134,7 +131,7 @@ fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
 fn proc_three_brokers_two_slaves_race_and_one_wins() {
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
-    let first = cluster.wait_for_master();
+    let first = cluster.settle();
     let acked = produce_all(&mut cluster, 4, 0, 300);
     cluster.broker(first).kill9();
     let second = cluster.wait_for_master();

@@ -20,12 +20,11 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
     };
     let mut cluster = Cluster::new(3, 2, timing);
     cluster.start_all();
+    let first = cluster.produce_acked(&produce_request("t", 5, 0, 100));
+    assert_eq!(first.count, 100);
     let master = cluster.wait_for_master();
     let addr = cluster.broker(master).addr.clone();
     let mut c = Client::connect(&addr).expect("connect");
-    let first = produce_answer(c.request(produce_request("t", 5, 0, 100)).expect("answer"))
-        .expect("acked with 3 stores");
-    assert_eq!(first.count, 100);
 
     // Two of three stores die: the produce is not acked, and fails with NoQuorum in time.
     cluster.stores[1].kill9();
@@ -72,15 +71,58 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
 }
 
 #[test]
+fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
+    let timing = Timing {
+        produce_timeout_ms: 1_500,
+        ..Timing::default()
+    };
+    let mut cluster = Cluster::new(3, 1, timing);
+    cluster.start_all();
+    cluster.produce_acked(&produce_request("t", 6, 0, 10));
+    let master = cluster.wait_for_master();
+    let addr = cluster.broker(master).addr.clone();
+    let mut c = Client::connect(&addr).expect("connect");
+    // Two stores freeze: their connections stay open, but they ack nothing.
+    let frozen: Vec<u32> = cluster.stores[..2]
+        .iter()
+        .map(|s| s.pid().expect("runs"))
+        .collect();
+    for &pid in &frozen {
+        common::signal(pid, libc::SIGSTOP);
+    }
+    let err = produce_answer(c.request(produce_request("t", 6, 10, 10)).expect("answer"))
+        .expect_err("no quorum: no ack");
+    assert_eq!(err.code, ErrorCode::NoQuorum, "{err:?}");
+    for &pid in &frozen {
+        common::signal(pid, libc::SIGCONT);
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match produce_answer(c.request(produce_request("t", 6, 10, 10)).expect("answer")) {
+            Ok(r) => {
+                assert_eq!(r.count, 10);
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    e.code == ErrorCode::NoQuorum || e.code == ErrorCode::Timeout,
+                    "{e:?}"
+                );
+                assert!(Instant::now() < deadline, "producing did not resume");
+            }
+        }
+    }
+    assert_eq!(fetch_all(&mut c, "t", 20).len(), 20);
+}
+
+#[test]
 fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
+    cluster.produce_acked(&produce_request("t", 9, 0, 20));
     let master = cluster.wait_for_master();
     let other = if master == 1 { 2 } else { 1 };
     let addr = cluster.broker(master).addr.clone();
-    let mut c = Client::connect(&addr).expect("connect");
-    produce_answer(c.request(produce_request("t", 9, 0, 20)).expect("answer")).expect("acked");
-    drop(c);
 
     // Both brokers stop; the other one loses its data directory and comes back alone.
     cluster.broker(master).kill9();
@@ -145,7 +187,7 @@ fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
 fn proc_cursors_metrics_and_bad_frames() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
-    let master = cluster.wait_for_master();
+    let master = cluster.settle();
     let slave = if master == 1 { 2 } else { 1 };
     let addr = cluster.broker(master).addr.clone();
     let mut c = Client::connect(&addr).expect("connect");

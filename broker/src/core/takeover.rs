@@ -287,6 +287,21 @@ pub enum AbortReason {
     EpochsExhausted,
 }
 
+/// A takeover rule switched off on purpose. **Test-only**: the deterministic simulation
+/// (quire-sim) turns one on to show that its checker catches the data loss the rule prevents.
+/// Production code never sets it; the default, [`TakeoverMutation::None`], keeps every rule.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TakeoverMutation {
+    /// Every rule on.
+    #[default]
+    None,
+    /// Adopt the longest granted log (highest last offset, then epoch), ignoring Raft's
+    /// up-to-date order — the rule whose absence loses stabilized events (found by model
+    /// check, `mut-adopt-longest`).
+    AdoptLongest,
+}
+
 /// Counters of ignored answers, for observability and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TakeoverStats {
@@ -335,6 +350,7 @@ pub struct TakeoverCore {
     /// Per slot: the granted last entry, once that store granted this attempt's fence.
     grants: Vec<Option<Option<LogPosition>>>,
     stats: TakeoverStats,
+    mutation: TakeoverMutation,
 }
 
 impl TakeoverCore {
@@ -376,6 +392,7 @@ impl TakeoverCore {
             highest_seen,
             phase: Phase::Aborted,
             stats: TakeoverStats::default(),
+            mutation: TakeoverMutation::None,
         };
         core.begin_attempt(out);
         Ok(core)
@@ -508,6 +525,13 @@ impl TakeoverCore {
         &self.stats
     }
 
+    /// **Test-only**: switches a rule off (see [`TakeoverMutation`]). Set it right after
+    /// [`TakeoverCore::start`], before any grant is fed.
+    #[doc(hidden)]
+    pub fn set_mutation(&mut self, mutation: TakeoverMutation) {
+        self.mutation = mutation;
+    }
+
     /// Gives the broker's log back (after [`TakeoverCommand::StepBack`] or an abort). Its
     /// applied prefix is unchanged; above it the log may hold part of the adopted store's
     /// log, which a master's stream corrects. After [`TakeoverCommand::BecomeMaster`] the
@@ -625,8 +649,8 @@ impl TakeoverCore {
         let mut best: Option<(SlotId, Option<LogPosition>)> = None;
         for (i, g) in self.grants.iter().enumerate() {
             let Some(last) = *g else { continue };
-            let key = last.map(LogPosition::up_to_date_key);
-            if best.is_none_or(|(_, b)| key > b.map(LogPosition::up_to_date_key)) {
+            let key = last.map(|l| self.adopt_key(l));
+            if best.is_none_or(|(_, b)| key > b.map(|l| self.adopt_key(l))) {
                 best = Some((
                     SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX")),
                     last,
@@ -687,6 +711,16 @@ impl TakeoverCore {
             next: from,
         };
         self.request_fetch(out);
+    }
+
+    /// The order `adopt` picks the most up-to-date log by: Raft's (last epoch, then last
+    /// offset), unless a test switched the rule off.
+    fn adopt_key(&self, last: LogPosition) -> (u64, u64) {
+        let (epoch, offset) = last.up_to_date_key();
+        match self.mutation {
+            TakeoverMutation::None => (epoch.0, offset.0),
+            TakeoverMutation::AdoptLongest => (offset.0, epoch.0),
+        }
     }
 
     fn request_fetch(&mut self, out: &mut Vec<TakeoverCommand>) {

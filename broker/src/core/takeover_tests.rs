@@ -203,6 +203,35 @@ fn adopts_the_highest_last_epoch_not_the_longest_log() {
 }
 
 #[test]
+fn the_adopt_longest_mutation_is_off_by_default_and_picks_the_longest_log_when_on() {
+    // The test-only hook quire-sim uses to show its checker catches this rule's absence.
+    let grants = [(0, pos(2, 5)), (1, pos(3, 3))];
+    for (mutation, slot, through) in [
+        (TakeoverMutation::None, 1, 3),
+        (TakeoverMutation::AdoptLongest, 0, 5),
+    ] {
+        let (mut t, e) = fencing(config(3), LocalLog::empty());
+        if mutation != TakeoverMutation::default() {
+            t.set_mutation(mutation);
+        }
+        let mut out = Vec::new();
+        for (s, last) in grants {
+            t.handle(grant(s, e, Some(last)), &mut out);
+        }
+        assert_eq!(
+            out,
+            vec![TakeoverCommand::Fetch {
+                slot: SlotId(slot),
+                epoch: e,
+                from: Offset(0),
+                through: Offset(through)
+            }],
+            "{mutation:?}"
+        );
+    }
+}
+
+#[test]
 fn equal_epochs_prefer_the_higher_offset() {
     let (mut t, e) = fencing(config(5), LocalLog::empty());
     let mut out = Vec::new();

@@ -110,6 +110,8 @@ struct MasterRun {
     blocked: VecDeque<Request>,
     /// Per store slot: the identity and voter flag of its last ack.
     store_answers: Vec<Option<(StoreIdentity, bool)>>,
+    /// Per store slot: when it last acked as a voter with its bound identity.
+    voted_at: Vec<Option<Instant>>,
     needs_flush: bool,
 }
 
@@ -170,6 +172,7 @@ pub(crate) struct Actor {
     bootstrap_probe: Option<(u64, Vec<Option<bool>>)>,
     probe_generation: u64,
     bootstrap_refusal_logged: bool,
+    probe_started: Instant,
     identities_dirty: bool,
 }
 
@@ -281,6 +284,7 @@ impl Actor {
             bootstrap_probe: None,
             probe_generation: 0,
             bootstrap_refusal_logged: false,
+            probe_started: Instant::now(),
             identities_dirty: false,
             cfg,
         };
@@ -849,14 +853,19 @@ impl Actor {
             Role::Follower(f) => {
                 let mut out = Vec::new();
                 f.handle(FollowerInput::Tick { now_ms }, &mut out);
+                let followed = f.master_epoch();
                 if out
                     .iter()
                     .any(|c| matches!(c, FollowerCommand::StartTakeover { .. }))
                 {
                     if self.knows_identities() {
                         self.start_takeover();
-                    } else {
+                    } else if followed == Epoch::ZERO {
                         self.probe_bootstrap();
+                    } else {
+                        // A master existed: the cluster is not new, and this broker has not
+                        // learned its voters yet. Only a master's stream can teach it.
+                        tracing::debug!("no master heard, no voters known: waiting for a master");
                     }
                 }
             }
@@ -925,6 +934,7 @@ impl Actor {
         self.probe_generation += 1;
         let generation = self.probe_generation;
         self.bootstrap_probe = Some((generation, vec![None; self.store_count]));
+        self.probe_started = Instant::now();
         for i in 0..self.store_count {
             let slot = Self::slot_of(i);
             let client = self.slots[i].client();
@@ -957,7 +967,17 @@ impl Actor {
         let Some((g, answers)) = &mut self.bootstrap_probe else {
             return;
         };
-        if *g != generation || !matches!(self.role, Role::Follower(_)) {
+        if *g != generation {
+            return;
+        }
+        // The answers are stale if a master spoke since the probe began (it may have
+        // written its epoch-start event after a store answered).
+        let heard = self
+            .last_master_contact
+            .is_some_and(|t| t >= self.probe_started);
+        let follows = matches!(&self.role, Role::Follower(f) if f.master_epoch() != Epoch::ZERO);
+        if heard || follows || !matches!(self.role, Role::Follower(_)) {
+            self.bootstrap_probe = None;
             return;
         }
         match outcome {
@@ -1307,6 +1327,7 @@ impl Actor {
                     inflight_batches: BTreeMap::new(),
                     blocked: VecDeque::new(),
                     store_answers: vec![None; self.store_count],
+                    voted_at: vec![None; self.store_count],
                     needs_flush: false,
                 }));
                 self.dispatch_master(out);
@@ -1348,6 +1369,9 @@ impl Actor {
                         incarnation: a.incarnation,
                     };
                     m.store_answers[slot.index()] = Some((identity, a.voter));
+                    if a.voter && self.cluster.expected_identity(slot) == Some(identity) {
+                        m.voted_at[slot.index()] = Some(Instant::now());
+                    }
                     MasterInput::Persisted {
                         slot,
                         append: meta.append,
@@ -1815,15 +1839,19 @@ impl Actor {
     /// stabilized later, but these requests are never answered again (a retry with the
     /// same producer id and sequence gets the offsets if they were).
     fn expire_writes(&mut self, now: Instant) {
-        let up_voters = (0..self.store_count)
-            .filter(|&i| {
-                self.slot_up[i] && self.cluster.expected_identity(Self::slot_of(i)).is_some()
-            })
-            .count();
-        let no_quorum = up_voters < self.cluster.ack_quorum;
         let Role::Master(m) = &mut self.role else {
             return;
         };
+        // A voter is reachable if it is connected and acked (heartbeats included) within
+        // the produce timeout: a stopped store keeps its connection but acks nothing.
+        let window = self.cfg.produce_timeout;
+        let up_voters = (0..self.store_count)
+            .filter(|&i| {
+                self.slot_up[i]
+                    && m.voted_at[i].is_some_and(|t| now.saturating_duration_since(t) < window)
+            })
+            .count();
+        let no_quorum = up_voters < self.cluster.ack_quorum;
         let (code, label, why) = if no_quorum {
             (
                 ErrorCode::NoQuorum,

@@ -223,6 +223,19 @@ impl StoreNode {
             p.kill9();
         }
     }
+
+    /// The store's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+}
+
+/// Sends `sig` to a process this test started and still owns.
+pub fn signal(pid: u32, sig: i32) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits in pid_t");
+    // SAFETY: kill(2) with a pid this test started and has not reaped.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
 }
 
 /// One broker.
@@ -459,6 +472,45 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("no master elected within {WAIT:?}");
+    }
+}
+
+impl Cluster {
+    /// Waits until a master acked a first message (to topic `__warmup`, not idempotent):
+    /// after it the election is settled. Returns the master's id.
+    pub fn settle(&self) -> u16 {
+        self.produce_acked(&ProduceRequest {
+            topic: "__warmup".into(),
+            producer_id: 0,
+            sequence: 0,
+            messages: vec![Bytes::from_static(b"warmup")],
+        });
+        self.wait_for_master()
+    }
+
+    /// Sends `req` to the master until it is acked (a master elected a moment ago may still
+    /// be deposed by a racing election: `NotMaster` is retried), within [`WAIT`].
+    pub fn produce_acked(&self, req: &ProduceRequest) -> ProduceResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let master = self.wait_for_master();
+            let addr = &self
+                .brokers
+                .iter()
+                .find(|b| b.id == master)
+                .expect("the master is a broker")
+                .addr;
+            if let Ok(mut c) = Client::connect(addr) {
+                match c.request(req.clone()).map(produce_answer) {
+                    Ok(Ok(r)) => return r,
+                    Ok(Err(e)) if e.code == ErrorCode::NotMaster => {}
+                    Ok(Err(e)) => panic!("produce failed: {e:?}"),
+                    Err(_) => {}
+                }
+            }
+            assert!(Instant::now() < deadline, "no master acked within {WAIT:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
