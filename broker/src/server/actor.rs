@@ -780,11 +780,16 @@ impl Actor {
                     return;
                 };
                 let input = match outcome {
-                    Ok(read) => TakeoverInput::Fetched {
-                        slot,
-                        epoch,
-                        events: read.events.into_iter().map(from_proto_event).collect(),
-                    },
+                    Ok(read) => {
+                        // Progress: a long tail may take many reads; the deadline bounds
+                        // a stall, not the length of the log.
+                        t.deadline = Instant::now() + takeover_budget(&self.cfg);
+                        TakeoverInput::Fetched {
+                            slot,
+                            epoch,
+                            events: read.events.into_iter().map(from_proto_event).collect(),
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(%slot, error = %e, "takeover fetch failed");
                         TakeoverInput::FetchFailed {
@@ -1029,7 +1034,7 @@ impl Actor {
                 );
                 self.role = Role::TakingOver(Box::new(TakeoverRun {
                     core,
-                    deadline: now + self.cfg.election_timeout.max(Duration::from_millis(500)) * 2,
+                    deadline: now + takeover_budget(&self.cfg),
                     failover_from: self.last_master_contact.unwrap_or(now),
                     known_epoch,
                     bootstrap: bootstrap.then(|| vec![None; self.store_count]),
@@ -2102,6 +2107,12 @@ impl Actor {
             }
         }
     }
+}
+
+/// How long a takeover may go without progress before it is dropped: twice the election
+/// timeout, at least 1 s.
+fn takeover_budget(cfg: &BrokerConfig) -> Duration {
+    cfg.election_timeout.max(Duration::from_millis(500)) * 2
 }
 
 /// The events of an append to encode.
