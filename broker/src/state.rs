@@ -18,15 +18,20 @@
 //!   ([`BrokerState::dedup`]);
 //! - the voter set and master of the last epoch-start event.
 //!
-//! # Duplicates
+//! # Duplicates and cut batches
 //! A message whose `(producer_id, sequence)` is at or below the producer's last applied
 //! sequence is a duplicate: it stays in the log (offsets are never reused) but is not
-//! indexed in its topic, so consumers see each idempotent message once. The master makes
-//! this rare (it answers retries from this table and from its in-flight batches); the one
-//! case it cannot avoid is a batch whose prefix survived a failover while its suffix did
-//! not: the retry writes the whole batch again and the re-written prefix is skipped here.
-//! Sequences must therefore increase per producer id: a producer that starts over at 0
-//! must take a new producer id.
+//! indexed in its topic. The master makes this rare (it answers retries from this table and
+//! from its in-flight batches). The one case it cannot avoid is a batch whose prefix
+//! survived a failover while its suffix did not: the retry writes the whole batch again.
+//! Applying its first message *supersedes* the surviving prefix — the end of the producer's
+//! last run, `sequence ..= last`: those old copies are removed from their topic and the run
+//! is cut back, so the rewrite is applied as new and the offsets the producer is told are
+//! where consumers find the messages. (A consumer that read the old prefix before sees
+//! those messages again: delivery is at-least-once. The prefix was never acknowledged: a
+//! batch is acked only when its last message is stabilized.) A retry must therefore resend
+//! the same batch — same first sequence and count — and sequences must increase per
+//! producer id: a producer that starts over at 0 must take a new producer id.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -46,9 +51,12 @@ pub const PRODUCERS_MAX: usize = 65_536;
 /// but not indexed (counted in [`StateStats::topics_refused`]).
 pub const TOPICS_MAX: usize = 65_536;
 
-/// A stretch of one producer's messages with consecutive sequences at consecutive offsets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A stretch of one producer's messages to one topic with consecutive sequences at
+/// consecutive offsets.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SequenceRun {
+    /// The topic of the run's messages.
+    pub topic: String,
     /// Sequence of the first message.
     pub first_sequence: u64,
     /// Offset of the first message.
@@ -89,7 +97,7 @@ pub enum Dedup {
         base_offset: Offset,
     },
     /// A prefix of the batch is stabilized (the batch was cut by a failover): write the
-    /// whole batch again; the re-written prefix is skipped as duplicates.
+    /// whole batch again; applying it supersedes the old prefix (see the module docs).
     Partial {
         /// Messages of the batch already applied.
         present: u64,
@@ -136,6 +144,9 @@ pub struct StateStats {
     pub messages: u64,
     /// Messages skipped as duplicates.
     pub duplicates: u64,
+    /// Old copies of a cut batch's prefix no longer served after the batch was written
+    /// again whole.
+    pub superseded: u64,
     /// Events whose kind or body could not be decoded (kept in the log, ignored here).
     pub undecodable: u64,
     /// Messages not indexed because [`TOPICS_MAX`] topics exist.
@@ -164,6 +175,31 @@ impl TopicIndex {
         }
         self.runs.push((offset.0, 1));
         self.messages += 1;
+    }
+
+    /// Removes `offset` from the topic (nothing if it is not there).
+    fn remove(&mut self, offset: Offset) {
+        let i = self.runs.partition_point(|&(f, c)| f + c <= offset.0);
+        let Some(&(f, c)) = self.runs.get(i) else {
+            return;
+        };
+        if offset.0 < f {
+            return;
+        }
+        self.messages -= 1;
+        let before = offset.0 - f;
+        let after = f + c - offset.0 - 1;
+        match (before, after) {
+            (0, 0) => {
+                self.runs.remove(i);
+            }
+            (0, _) => self.runs[i] = (offset.0 + 1, after),
+            (_, 0) => self.runs[i] = (f, before),
+            _ => {
+                self.runs[i] = (f, before);
+                self.runs.insert(i + 1, (offset.0 + 1, after));
+            }
+        }
     }
 
     /// Number of messages in the topic.
@@ -294,13 +330,15 @@ impl BrokerState {
         producer_id: u64,
         sequence: u64,
     ) -> Applied {
-        if producer_id != 0 {
-            if let Some(rec) = self.producers.get(&producer_id) {
-                if sequence <= rec.last_sequence {
-                    self.stats.duplicates += 1;
-                    return Applied::DuplicateMessage;
-                }
-            }
+        if producer_id != 0
+            && self
+                .producers
+                .get(&producer_id)
+                .is_some_and(|rec| sequence <= rec.last_sequence)
+            && !self.supersede(producer_id, sequence)
+        {
+            self.stats.duplicates += 1;
+            return Applied::DuplicateMessage;
         }
         if !self.topics.contains_key(&topic) && self.topics.len() >= TOPICS_MAX {
             self.stats.topics_refused += 1;
@@ -309,12 +347,59 @@ impl BrokerState {
         }
         self.stats.messages += 1;
         if producer_id != 0 {
-            self.record_producer(producer_id, sequence, offset);
+            self.record_producer(producer_id, &topic, sequence, offset);
         }
         Applied::Message { topic }
     }
 
-    fn record_producer(&mut self, producer_id: u64, sequence: u64, offset: Offset) {
+    /// A message `(producer_id, sequence)` at or below the producer's last applied
+    /// sequence: if `sequence ..= last` is the end of the producer's last run — the prefix of
+    /// a batch a failover cut, now written again whole — the old copies stop being served
+    /// (removed from their topic) and the run is cut back to before `sequence`, so the
+    /// rewrite is applied as new and the producer's offsets are where consumers find the
+    /// messages. Returns `false` (a plain duplicate) otherwise.
+    fn supersede(&mut self, producer_id: u64, sequence: u64) -> bool {
+        let Some(rec) = self.producers.get_mut(&producer_id) else {
+            return false;
+        };
+        let Some(run) = rec.runs.back() else {
+            return false;
+        };
+        let cut_tail = run.first_sequence <= sequence
+            && sequence <= rec.last_sequence
+            && run.end_sequence() == rec.last_sequence + 1;
+        if !cut_tail {
+            return false;
+        }
+        let keep = sequence - run.first_sequence;
+        let old_first = run.first_offset.0 + keep;
+        let old_end = run.end_offset();
+        if let Some(t) = self.topics.get_mut(&run.topic) {
+            for o in old_first..old_end {
+                t.remove(Offset(o));
+            }
+        }
+        self.stats.superseded += old_end - old_first;
+        self.producer_age.remove(&(rec.last_offset, producer_id));
+        if keep == 0 {
+            rec.runs.pop_back();
+        } else if let Some(run) = rec.runs.back_mut() {
+            run.count = keep;
+        }
+        match rec.runs.back() {
+            Some(r) => {
+                rec.last_sequence = r.end_sequence() - 1;
+                rec.last_offset = Offset(r.end_offset() - 1);
+                self.producer_age.insert((rec.last_offset, producer_id));
+            }
+            None => {
+                self.producers.remove(&producer_id);
+            }
+        }
+        true
+    }
+
+    fn record_producer(&mut self, producer_id: u64, topic: &str, sequence: u64, offset: Offset) {
         let rec = self
             .producers
             .entry(producer_id)
@@ -325,11 +410,16 @@ impl BrokerState {
             });
         self.producer_age.remove(&(rec.last_offset, producer_id));
         match rec.runs.back_mut() {
-            Some(run) if run.end_sequence() == sequence && run.end_offset() == offset.0 => {
+            Some(run)
+                if run.end_sequence() == sequence
+                    && run.end_offset() == offset.0
+                    && run.topic == topic =>
+            {
                 run.count += 1;
             }
             _ => {
                 rec.runs.push_back(SequenceRun {
+                    topic: topic.to_owned(),
                     first_sequence: sequence,
                     first_offset: offset,
                     count: 1,
@@ -615,26 +705,82 @@ mod tests {
     }
 
     #[test]
+    fn a_rewritten_cut_batch_supersedes_its_surviving_prefix() {
+        let mut log = LogBuilder::new();
+        log.message("t", 7, 0, b"a"); // batch 1: seq 0, acked
+        log.message("t", 7, 1, b"b"); // batch 2: seq 1..=3, cut after seq 2 by a failover
+        log.message("t", 7, 2, b"c");
+        log.message("u", 8, 0, b"x"); // another producer (the new epoch's events)
+        assert_eq!(
+            log.apply_all().dedup(7, 1, 3),
+            Dedup::Partial { present: 2 }
+        );
+        // The retry of batch 2, whole, at new offsets 4..=6.
+        log.message("t", 7, 1, b"b");
+        log.message("t", 7, 2, b"c");
+        log.message("t", 7, 3, b"d");
+        let s = log.apply_all();
+        assert_eq!(
+            s.topic_offsets("t", Offset(0), 10),
+            vec![Offset(0), Offset(4), Offset(5), Offset(6)],
+            "the old prefix (1, 2) is no longer served; the rewrite is"
+        );
+        assert_eq!(s.stats().superseded, 2);
+        assert_eq!(s.stats().duplicates, 0);
+        assert_eq!(
+            s.dedup(7, 1, 3),
+            Dedup::Duplicate {
+                base_offset: Offset(4)
+            }
+        );
+        assert_eq!(
+            s.dedup(7, 0, 1),
+            Dedup::Duplicate {
+                base_offset: Offset(0)
+            }
+        );
+        assert_eq!(s.topic("t").map(TopicIndex::len), Some(4));
+    }
+
+    #[test]
     fn duplicates_stay_in_the_log_but_are_not_indexed() {
         let mut log = LogBuilder::new();
         log.message("t", 7, 0, b"a");
         log.message("t", 7, 1, b"b");
-        // The retry of a batch whose prefix (seq 1) survived: 1 is a duplicate, 2 is new.
-        log.message("t", 7, 1, b"b");
+        log.message("u", 8, 0, b"x");
         log.message("t", 7, 2, b"c");
+        // seq 1 again: not the tail of the last run (that is seq 2 alone): a duplicate.
+        log.message("t", 7, 1, b"b");
         let s = log.apply_all();
         assert_eq!(
             s.topic_offsets("t", Offset(0), 10),
             vec![Offset(0), Offset(1), Offset(3)]
         );
         assert_eq!(s.stats().duplicates, 1);
-        assert_eq!(s.applied(), Some(Offset(3)));
+        assert_eq!(s.applied(), Some(Offset(4)));
         assert_eq!(
             s.dedup(7, 2, 1),
             Dedup::Duplicate {
                 base_offset: Offset(3)
             }
         );
+    }
+
+    #[test]
+    fn topic_offsets_can_be_removed_anywhere() {
+        let mut t = TopicIndex::default();
+        for o in [1, 2, 3, 4, 5, 9] {
+            t.push(Offset(o));
+        }
+        t.remove(Offset(3));
+        t.remove(Offset(1));
+        t.remove(Offset(9));
+        t.remove(Offset(7));
+        assert_eq!(
+            t.offsets_from(Offset(0), 10),
+            vec![Offset(2), Offset(4), Offset(5)]
+        );
+        assert_eq!(t.len(), 3);
     }
 
     #[test]

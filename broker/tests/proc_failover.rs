@@ -13,6 +13,17 @@ use quire_proto::{Body, BrokerId, ErrorCode, Offset};
 /// Produces `count` messages of producer `p` from `from` in batches of 20, one request at
 /// a time, to whichever broker serves, retrying a batch (same sequence) until it is acked.
 fn produce_all(cluster: &mut Cluster, p: u64, from: u64, count: u64) -> BTreeMap<u64, Offset> {
+    produce_batches(cluster, p, from, count, 20)
+}
+
+/// [`produce_all`] with batches of `batch` messages (a retry resends the same batches).
+fn produce_batches(
+    cluster: &mut Cluster,
+    p: u64,
+    from: u64,
+    count: u64,
+    batch: u64,
+) -> BTreeMap<u64, Offset> {
     let mut acked = BTreeMap::new();
     let mut seq = from;
     let deadline = Instant::now() + WAIT;
@@ -23,7 +34,7 @@ fn produce_all(cluster: &mut Cluster, p: u64, from: u64, count: u64) -> BTreeMap
             continue;
         };
         while seq < from + count {
-            let n = 20.min(from + count - seq);
+            let n = batch.min(from + count - seq);
             match c
                 .request(produce_request("t", p, seq, n))
                 .map(produce_answer)
@@ -165,4 +176,55 @@ fn proc_three_brokers_two_slaves_race_and_one_wins() {
     let fetched = fetch_all(&mut c, "t", 600);
     assert_eq!(fetched.len(), 600);
     check(4, &all, &fetched);
+}
+
+#[test]
+fn proc_repeated_master_kills_under_load_lose_nothing() {
+    let mut cluster = Cluster::new(3, 3, Timing::default());
+    cluster.start_all();
+    cluster.settle();
+    let mut all = BTreeMap::new();
+    let mut seq = 0u64;
+    for round in 0..5u64 {
+        // Load, then kill the master in the middle of more load, restart it as a slave.
+        all.extend(produce_all(&mut cluster, 8, seq, 150));
+        seq += 150;
+        let master = cluster.wait_for_master();
+        let addr = cluster.broker(master).addr.clone();
+        let mut c = Client::connect(&addr).expect("connect");
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            ids.push((
+                seq + i * 10,
+                c.send(produce_request("t", 8, seq + i * 10, 10))
+                    .expect("send"),
+            ));
+        }
+        cluster.broker(master).kill9();
+        // Whatever was acked before the kill counts; the rest is resent (same sequences).
+        for (s, id) in ids {
+            if let Ok(Ok(r)) = c.recv(id).map(produce_answer) {
+                for i in 0..10 {
+                    all.insert(s + i, Offset(r.base_offset.0 + i));
+                }
+            }
+        }
+        // The same batches as before the kill (a retry resends the same batch).
+        let resent = produce_batches(&mut cluster, 8, seq, 50, 10);
+        for (s, o) in resent {
+            if let Some(prev) = all.insert(s, o) {
+                assert_eq!(
+                    prev, o,
+                    "round {round}: a retry of an acked batch got other offsets"
+                );
+            }
+        }
+        seq += 50;
+        cluster.broker(master).start();
+    }
+    let master = cluster.wait_for_master();
+    let mut c = Client::connect(&cluster.broker(master).addr.clone()).expect("connect");
+    let fetched = fetch_all(&mut c, "t", all.len());
+    assert_eq!(fetched.len(), all.len(), "every acked message, once");
+    check(8, &all, &fetched);
 }

@@ -75,13 +75,26 @@ pub fn broker_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_quire-broker"))
 }
 
-/// A free loopback port (bound and released: another process could take it meanwhile,
-/// which the tests accept).
+/// A free loopback port for a server that must keep its address across restarts. Picked
+/// at random below the kernel's ephemeral range (32768 and up on Linux), so the test's own
+/// outgoing connections never take it between this check and the server's bind.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut x = seed.wrapping_add(n.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+        x ^= x >> 31;
+        let port = 20_000 + (x % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000");
 }
 
 /// A child process with its log file, killed on drop.
