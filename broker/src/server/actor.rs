@@ -1428,7 +1428,7 @@ impl Actor {
     }
 
     fn dispatch_master(&mut self, out: Vec<MasterCommand>) {
-        let mut encoded: Vec<(AppendKey, quire_proto::EncodedBody)> = Vec::new();
+        let mut encoded: Vec<(AppendKey, Arc<quire_proto::EncodedBody>)> = Vec::new();
         for c in out {
             match c {
                 MasterCommand::Append(cmd) => match &cmd.events {
@@ -1452,7 +1452,7 @@ impl Actor {
         &mut self,
         cmd: &AppendCommand,
         events: Batch<'_>,
-        cache: &mut Vec<(AppendKey, quire_proto::EncodedBody)>,
+        cache: &mut Vec<(AppendKey, Arc<quire_proto::EncodedBody>)>,
     ) {
         if !self.slot_up[cmd.slot.index()] {
             return;
@@ -1480,6 +1480,7 @@ impl Actor {
             let mut scratch = BytesMut::new();
             match encode_body(&req.into(), &mut scratch) {
                 Ok(b) => {
+                    let b = Arc::new(b);
                     if cache.len() >= APPEND_ENCODE_CACHE_MAX {
                         cache.remove(0);
                     }

@@ -102,7 +102,8 @@ pub(crate) enum Internal {
 #[derive(Debug)]
 pub(crate) struct SlotSend {
     pub(crate) meta: AppendMeta,
-    pub(crate) body: EncodedBody,
+    /// Shared by every slot the same append goes to (the chunks are not cloned per slot).
+    pub(crate) body: Arc<EncodedBody>,
 }
 
 /// The actor's handle on one slot.
