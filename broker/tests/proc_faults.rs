@@ -298,3 +298,79 @@ fn proc_cursors_metrics_and_bad_frames() {
     let slave_text = cluster.broker(slave).scrape();
     assert!(slave_text.contains("quire_is_master 0"), "{slave_text}");
 }
+
+#[test]
+fn proc_a_wiped_store_is_a_learner_and_never_counts() {
+    let timing = Timing {
+        produce_timeout_ms: 1_500,
+        ..Timing::default()
+    };
+    let mut cluster = Cluster::new(3, 2, timing);
+    cluster.start_all();
+    let first = cluster.settle();
+    cluster.produce_acked(&produce_request("t", 3, 0, 50));
+
+    // Store 2 loses its disk and is initialised again: a new incarnation.
+    cluster.stores[2].kill9();
+    let dir = cluster.stores[2].dir.clone();
+    std::fs::remove_dir_all(&dir).expect("wipe the store");
+    let out = std::process::Command::new(common::node_bin())
+        .args(["init", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .expect("quire-node init");
+    assert!(out.status.success());
+    cluster.stores[2].start();
+
+    // The cluster keeps serving on the two voters; the wiped store receives the log as a
+    // learner and is shown as one.
+    cluster.produce_acked(&produce_request("t", 3, 50, 50));
+    let addr = cluster.broker(first).addr.clone();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let m = Client::connect(&addr)
+            .and_then(|mut c| c.metadata())
+            .expect("metadata");
+        if !m.stores[2].voter && m.stores[2].persisted.is_some() {
+            assert!(m.stores[0].voter && m.stores[1].voter, "{m:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the wiped store is not shown as a learner: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A failover: the new master's fence makes the wiped store a learner for good, and it
+    // still serves on the two voters.
+    cluster.broker(first).kill9();
+    let second = cluster.settle();
+    assert_ne!(second, first);
+    cluster.produce_acked(&produce_request("t", 3, 100, 50));
+
+    // With one voter down, the learner must not make up the quorum: producing fails.
+    cluster.stores[0].kill9();
+    let mut c = Client::connect(&cluster.broker(second).addr.clone()).expect("connect");
+    let err = produce_answer(c.request(produce_request("t", 3, 150, 10)).expect("answer"))
+        .expect_err("a learner never counts toward Qa");
+    assert_eq!(err.code, ErrorCode::NoQuorum, "{err:?}");
+    cluster.stores[0].start();
+    let fetched = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Ok(_)) = c
+                .request(produce_request("t", 3, 150, 10))
+                .map(produce_answer)
+            {
+                break fetch_all(&mut c, "t", 160);
+            }
+            assert!(Instant::now() < deadline, "producing did not resume");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    assert_eq!(fetched.len(), 160);
+    for (i, (_, m)) in fetched.iter().enumerate() {
+        assert_eq!(*m, payload(3, i as u64));
+    }
+}
