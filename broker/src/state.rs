@@ -844,4 +844,135 @@ mod tests {
         let mut s = BrokerState::new();
         s.apply(&log.events[1]);
     }
+
+    mod props {
+        use std::collections::{BTreeMap, VecDeque};
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// One step of the model: producer `p` (0..3) does something with its oldest
+        /// unacked batch (a new one of `n` messages if it has none).
+        #[derive(Clone, Copy, Debug)]
+        enum Op {
+            /// Written whole and acked.
+            Send { p: u64, n: u64 },
+            /// Written whole, the ack lost (the master died after stabilizing it).
+            SendLostAck { p: u64, n: u64 },
+            /// Only the first `keep` messages reached the adopted log (a failover cut it).
+            Cut { p: u64, n: u64, keep: u64 },
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0..3u64, 1..6u64).prop_map(|(p, n)| Op::Send { p, n }),
+                1 => (0..3u64, 1..6u64).prop_map(|(p, n)| Op::SendLostAck { p, n }),
+                1 => (0..3u64, 2..6u64, 1..5u64)
+                    .prop_map(|(p, n, keep)| Op::Cut { p, n, keep: keep.min(n - 1) }),
+            ]
+        }
+
+        /// A master deciding with [`BrokerState::dedup`], and producers that resend their
+        /// oldest unacked batch unchanged.
+        #[derive(Default)]
+        struct Model {
+            log: Option<LogBuilder>,
+            state: BrokerState,
+            next_seq: [u64; 3],
+            queue: [VecDeque<(u64, u64)>; 3],
+            acked: BTreeMap<(u64, u64), Offset>,
+        }
+
+        impl Model {
+            fn log(&mut self) -> &mut LogBuilder {
+                self.log.get_or_insert_with(LogBuilder::new)
+            }
+
+            fn write(&mut self, p: u64, seq: u64, n: u64) -> Offset {
+                let base = self.log().next();
+                for i in 0..n {
+                    let topic = if p == 2 { "other" } else { "t" };
+                    self.log().message(topic, p + 1, seq + i, b"m");
+                    let e = self.log().events.last().expect("just pushed").clone();
+                    self.state.apply(&e);
+                }
+                base
+            }
+
+            fn step(&mut self, op: Op) {
+                let (p, n) = match op {
+                    Op::Send { p, n } | Op::SendLostAck { p, n } | Op::Cut { p, n, .. } => (p, n),
+                };
+                let pi = p as usize;
+                if self.queue[pi].is_empty() {
+                    self.queue[pi].push_back((self.next_seq[pi], n));
+                    self.next_seq[pi] += n;
+                }
+                let (seq, n) = self.queue[pi][0];
+                let base = match self.state.dedup(p + 1, seq, n) {
+                    Dedup::Duplicate { base_offset } => Some(base_offset),
+                    Dedup::Conflict { last_sequence } => {
+                        panic!("in-order same-batch retries never conflict (last {last_sequence})")
+                    }
+                    Dedup::New | Dedup::Partial { .. } => match op {
+                        Op::Cut { keep, .. } => {
+                            self.write(p, seq, keep.clamp(1, n.max(2) - 1).min(n));
+                            None
+                        }
+                        Op::SendLostAck { .. } => {
+                            self.write(p, seq, n);
+                            None
+                        }
+                        Op::Send { .. } => Some(self.write(p, seq, n)),
+                    },
+                };
+                if let Some(base) = base {
+                    for i in 0..n {
+                        self.acked.insert((p + 1, seq + i), Offset(base.0 + i));
+                    }
+                    self.queue[pi].pop_front();
+                }
+            }
+        }
+
+        proptest! {
+            /// Whatever failovers cut and whatever acks are lost: every acked message is
+            /// served exactly once, at the offset its producer was told, and a replay of
+            /// the log gives the same state.
+            #[test]
+            fn acked_messages_are_served_once_where_their_producer_was_told(
+                ops in proptest::collection::vec(op(), 1..60)
+            ) {
+                let mut m = Model::default();
+                for o in ops {
+                    m.step(o);
+                }
+                for p in 0..3u64 {
+                    while !m.queue[p as usize].is_empty() {
+                        m.step(Op::Send { p, n: 1 });
+                    }
+                }
+                let log = m.log.take().unwrap_or_else(LogBuilder::new);
+                prop_assert_eq!(&log.apply_all(), &m.state);
+                let mut served: BTreeMap<(u64, u64), Offset> = BTreeMap::new();
+                for t in ["t", "other"] {
+                    for o in m.state.topic_offsets(t, Offset(0), usize::MAX) {
+                        let e = &log.events[o.0 as usize];
+                        let Ok(EventBody::Message(msg)) =
+                            EventBody::decode(EventKind::Message, &e.payload)
+                        else {
+                            panic!("a served offset holds a message");
+                        };
+                        let key = (msg.producer_id, msg.sequence);
+                        prop_assert!(served.insert(key, o).is_none(), "served twice: {:?}", key);
+                    }
+                }
+                for (k, o) in &m.acked {
+                    prop_assert_eq!(served.get(k), Some(o), "acked {:?}", k);
+                }
+                prop_assert_eq!(served.len(), m.acked.len());
+            }
+        }
+    }
 }
