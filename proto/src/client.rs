@@ -8,6 +8,7 @@
 //! | [`CommitCursorRequest`] | [`CommitCursorResponse`] (after the commit is stabilized) |
 //! | [`CursorRequest`] | [`CursorResponse`] |
 //! | [`MetadataRequest`] | [`MetadataResponse`] (any broker answers) |
+//! | [`HandoffRequest`] | [`HandoffResponse`] (the master, once the new master serves) |
 //!
 //! Every one may also be answered by an `ErrorResponse`; a broker that is not the master
 //! answers produce, fetch and cursor requests with code `NotMaster` and a hint.
@@ -256,6 +257,43 @@ pub struct MetadataResponse {
     pub brokers: Vec<BrokerInfo>,
     /// Every store.
     pub stores: Vec<StoreInfo>,
+}
+
+/// Operator → master: hand mastership to slave broker `to` (graceful handoff, DESIGN.md
+/// "Graceful handoff"). The master stops taking new writes (they wait, unanswered), waits
+/// until its HWM covers everything it accepted, tells `to` to take over
+/// ([`crate::TakeOverNowRequest`]), steps down to slave, and answers once it has seen the
+/// new master's epoch-start event stabilized. A broker that is not the master answers
+/// `NotMaster` with a hint; a handoff that does not finish within the broker's bound is
+/// answered `Timeout` (the old master serves again if it had not handed over yet).
+///
+/// ```text
+/// off   size   field
+/// 0     2      to                    u16 (BrokerId): the slave to hand mastership to
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoffRequest {
+    /// The slave broker that should become master.
+    pub to: BrokerId,
+}
+
+/// Master (now a slave) → operator: the handoff finished.
+///
+/// ```text
+/// off   size   field
+/// 0     8      epoch                 u64: the new master's epoch
+/// 8     2      master                u16 (BrokerId): the new master
+/// 10    8      pause_us              u64: how long writes waited, in microseconds
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoffResponse {
+    /// The new master's epoch.
+    pub epoch: Epoch,
+    /// The new master.
+    pub master: BrokerId,
+    /// From the request's arrival to the new master serving, in microseconds: the pause
+    /// producers saw.
+    pub pause_us: u64,
 }
 
 // ---- encoding ----
@@ -527,6 +565,36 @@ impl MetadataResponse {
             master,
             brokers,
             stores,
+        })
+    }
+}
+
+impl HandoffRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u16(self.to.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(HandoffRequest {
+            to: BrokerId(r.u16("handoff to")?),
+        })
+    }
+}
+
+impl HandoffResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.epoch.0);
+        w.u16(self.master.0);
+        w.u64(self.pause_us);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(HandoffResponse {
+            epoch: r.epoch("handoff epoch")?,
+            master: BrokerId(r.u16("handoff master")?),
+            pause_us: r.u64("handoff pause_us")?,
         })
     }
 }

@@ -27,7 +27,8 @@ use bytes::{Bytes, BytesMut};
 
 use crate::client::{
     CommitCursorRequest, CommitCursorResponse, CursorRequest, CursorResponse, FetchRequest,
-    FetchResponse, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse,
+    FetchResponse, HandoffRequest, HandoffResponse, MetadataRequest, MetadataResponse,
+    ProduceRequest, ProduceResponse,
 };
 use crate::codec::{BodyWriter, ChunkWriter, CountingWriter, Reader};
 use crate::error::WireError;
@@ -36,6 +37,7 @@ use crate::limits::FRAME_BYTES_MAX;
 use crate::replication::{
     AppendRejected, AppendRequest, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, TailRequest, TailResponse,
+    TakeOverNowRequest, TakeOverNowResponse,
 };
 
 /// Size of the frame header, in bytes.
@@ -208,6 +210,10 @@ bodies! {
     Heartbeat = 0x0201, request;
     /// [`HeartbeatAck`]: slave → master.
     HeartbeatAck = 0x0202, response;
+    /// [`TakeOverNowRequest`]: master → slave (graceful handoff).
+    TakeOverNowRequest = 0x0203, request;
+    /// [`TakeOverNowResponse`]: slave → master.
+    TakeOverNowResponse = 0x0204, response;
     /// [`ProduceRequest`]: producer → master.
     ProduceRequest = 0x0301, request;
     /// [`ProduceResponse`]: master → producer.
@@ -228,6 +234,10 @@ bodies! {
     MetadataRequest = 0x0309, request;
     /// [`MetadataResponse`]: broker → anyone.
     MetadataResponse = 0x030A, response;
+    /// [`HandoffRequest`]: operator → master.
+    HandoffRequest = 0x030B, request;
+    /// [`HandoffResponse`]: master → operator.
+    HandoffResponse = 0x030C, response;
 }
 
 impl Body {

@@ -42,8 +42,8 @@ pub mod types;
 
 pub use client::{
     validate_cursor, validate_topic, BrokerInfo, CommitCursorRequest, CommitCursorResponse,
-    CursorRequest, CursorResponse, FetchRequest, FetchResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, StoreInfo,
+    CursorRequest, CursorResponse, FetchRequest, FetchResponse, HandoffRequest, HandoffResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, StoreInfo,
 };
 pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
@@ -59,7 +59,7 @@ pub use limits::*;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, RejectReason, TailRequest, TailResponse,
-    EVENT_OVERHEAD_BYTES,
+    TakeOverNowRequest, TakeOverNowResponse, EVENT_OVERHEAD_BYTES,
 };
 pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
 

@@ -11,6 +11,7 @@
 //! | [`ReadRequest`] | [`ReadResponse`] |
 //! | [`TailRequest`] | [`TailResponse`] |
 //! | [`Heartbeat`] | [`HeartbeatAck`] |
+//! | [`TakeOverNowRequest`] | [`TakeOverNowResponse`] (graceful handoff, master → slave) |
 //!
 //! Events travel without their offsets: an append's events sit at consecutive offsets
 //! starting right after `prev` (at 0 when `prev` is `None`), a read response's at
@@ -429,6 +430,37 @@ pub struct HeartbeatAck {
     pub last: Option<LogPosition>,
 }
 
+/// Master → the slave it hands mastership to (graceful handoff): "I have stopped taking
+/// writes and everything I accepted is stabilized; take over now". The slave starts its
+/// takeover at once, without waiting for its election timeout, if it still follows the
+/// master of `from_epoch`; otherwise it answers `ErrorResponse` `NotMaster`.
+///
+/// ```text
+/// off   size   field
+/// 0     8      from_epoch            u64: the handing master's epoch
+/// 8     1|9    hwm                   Option<Offset>: the master's HWM, which now covers
+///                                    everything it ever accepted
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakeOverNowRequest {
+    /// The epoch of the master handing over.
+    pub from_epoch: Epoch,
+    /// The master's HWM when it handed over.
+    pub hwm: Option<Offset>,
+}
+
+/// Slave → master: the slave has started its takeover (it has not fenced anything yet).
+///
+/// ```text
+/// off   size   field
+/// 0     2      broker                u16 (BrokerId): the slave taking over
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakeOverNowResponse {
+    /// The slave taking over.
+    pub broker: BrokerId,
+}
+
 // ---- encoding ----
 
 impl AppendRequest {
@@ -656,6 +688,34 @@ impl HeartbeatAck {
             epoch: r.epoch("heartbeat ack epoch")?,
             broker: BrokerId(r.u16("heartbeat ack broker")?),
             last: r.opt_position("heartbeat ack last")?,
+        })
+    }
+}
+
+impl TakeOverNowRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.from_epoch.0);
+        w.opt_offset(self.hwm);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(TakeOverNowRequest {
+            from_epoch: r.epoch("take over now from_epoch")?,
+            hwm: r.opt_offset("take over now hwm")?,
+        })
+    }
+}
+
+impl TakeOverNowResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u16(self.broker.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(TakeOverNowResponse {
+            broker: BrokerId(r.u16("take over now broker")?),
         })
     }
 }

@@ -223,6 +223,22 @@ pub(crate) fn samples() -> Vec<Body> {
         .into(),
         CursorResponse { offset: None }.into(),
         MetadataRequest.into(),
+        HandoffRequest { to: BrokerId(2) }.into(),
+        HandoffResponse {
+            epoch: Epoch(0x4_0002),
+            master: BrokerId(2),
+            pause_us: 41_000,
+        }
+        .into(),
+        TakeOverNowRequest {
+            from_epoch: Epoch(0x3_0001),
+            hwm: Some(Offset(502)),
+        }
+        .into(),
+        TakeOverNowResponse {
+            broker: BrokerId(2),
+        }
+        .into(),
         MetadataResponse {
             epoch: Epoch(0x3_0002),
             hwm: Some(Offset(502)),
@@ -1216,4 +1232,47 @@ fn golden_bytes_match_the_protocol_document() {
         6, 0, 0, 0, 0, 0, 0, 0,     //   incarnation
     ];
     assert_eq!(&start[..], expected);
+
+    let handoff = encoded(&Frame::new(
+        RequestId(3),
+        HandoffRequest { to: BrokerId(2) },
+    ));
+    assert_eq!(&handoff[4..6], &[0x0B, 0x03]);
+    assert_eq!(&handoff[24..], &[2, 0]);
+    let done = encoded(&Frame::new(
+        RequestId(3),
+        HandoffResponse {
+            epoch: Epoch(0x0402),
+            master: BrokerId(2),
+            pause_us: 0x0103,
+        },
+    ));
+    assert_eq!(&done[4..6], &[0x0C, 0x03]);
+    #[rustfmt::skip]
+    let expected: &[u8] = &[
+        2, 4, 0, 0, 0, 0, 0, 0,     // epoch
+        2, 0,                       // master
+        3, 1, 0, 0, 0, 0, 0, 0,     // pause_us
+    ];
+    assert_eq!(&done[24..], expected);
+    let now = encoded(&Frame::new(
+        RequestId(4),
+        TakeOverNowRequest {
+            from_epoch: Epoch(0x0301),
+            hwm: Some(Offset(7)),
+        },
+    ));
+    assert_eq!(&now[4..6], &[0x03, 0x02]);
+    assert_eq!(
+        &now[24..],
+        &[1, 3, 0, 0, 0, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, 0, 0]
+    );
+    let took = encoded(&Frame::new(
+        RequestId(4),
+        TakeOverNowResponse {
+            broker: BrokerId(2),
+        },
+    ));
+    assert_eq!(&took[4..6], &[0x04, 0x02]);
+    assert_eq!(&took[24..], &[2, 0]);
 }
