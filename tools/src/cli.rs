@@ -47,6 +47,24 @@ pub enum Command {
     /// Measure the disk (and, later, the WAL, a node, a cluster) against its physical limit.
     #[command(subcommand)]
     Bench(BenchCommand),
+
+    /// An event store (the same commands and arguments as `quire-node`): `init`, `run`.
+    #[command(subcommand)]
+    Node(quire_node::Command),
+
+    /// A broker (the same commands and arguments as `quire-broker`): `run`.
+    #[command(subcommand)]
+    Broker(quire_broker::Command),
+
+    /// Send messages to a topic: one per stdin line, or --count N generated ones.
+    Produce(crate::produce::ProduceArgs),
+
+    /// Read a topic's messages in log order.
+    Consume(crate::consume::ConsumeArgs),
+
+    /// Look at a running cluster.
+    #[command(subcommand)]
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 /// `quire bench ...`
@@ -60,6 +78,10 @@ pub enum BenchCommand {
     /// it. Prints throughput (MB = 10^6 bytes), IOPS, fdatasyncs per second and op latency
     /// percentiles in microseconds.
     Disk(DiskBenchArgs),
+
+    /// Produce-to-stabilized-ack throughput and latency of a running cluster (closed loop,
+    /// or --rate for a fixed rate measured from each message's intended send time).
+    Cluster(crate::bench::cluster::ClusterBenchArgs),
 }
 
 /// The `--format` option, for every command that prints results.
@@ -151,7 +173,9 @@ mod tests {
             "json",
         ])
         .unwrap();
-        let Command::Bench(BenchCommand::Disk(args)) = cli.command;
+        let Command::Bench(BenchCommand::Disk(args)) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(args.block_size, 64 * 1024);
         assert_eq!(args.qd, 32);
         assert_eq!(args.fsync, FsyncPolicy::None);

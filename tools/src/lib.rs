@@ -8,7 +8,10 @@
 //! | [`cli`] | the clap declarations of every command and option |
 //! | [`units`] | parsers for durations (`5s`, `500ms`) and sizes (`64KiB`, `1MB`) |
 //! | [`output`] | `--format text|json|jsonl` and the shared printing helpers |
-//! | [`bench`] | `quire bench ...` (today: [`bench::disk`]) |
+//! | [`bench`] | `quire bench ...` (today: [`bench::disk`], [`bench::cluster`]) |
+//! | [`servers`] | `quire node ...` / `quire broker ...`: the store and broker servers |
+//! | [`produce`], [`consume`] | `quire produce` / `quire consume` |
+//! | [`cluster`] | `quire cluster ...` and what the client commands share |
 //! | [`dio`] | direct-I/O alignment discovery and aligned buffers |
 //! | [`interrupt`] | Ctrl-C/SIGTERM as a flag for synchronous commands |
 //!
@@ -18,9 +21,13 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
+pub mod consume;
 pub mod dio;
 pub mod interrupt;
 pub mod output;
+pub mod produce;
+pub mod servers;
 pub mod units;
 
 use std::io::{self, IsTerminal};
@@ -28,6 +35,7 @@ use std::io::{self, IsTerminal};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{BenchCommand, Cli, Command};
+use crate::cluster::ClusterCommand;
 
 /// Runs the command `cli` describes, printing its results to stdout.
 ///
@@ -39,6 +47,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let report = bench::disk::run(&args.to_config())?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
         }
+        Command::Node(command) => servers::node(command)?,
+        Command::Broker(command) => servers::broker(command)?,
+        Command::Produce(args) => produce::main(&args.to_config()?)?,
+        Command::Consume(args) => consume::main(&args.to_config())?,
+        Command::Cluster(ClusterCommand::Status(args)) => {
+            let status = cluster::status::run(&args.to_config())?;
+            output::emit(&status, args.format.format, &mut io::stdout().lock())?;
+        }
+        Command::Bench(BenchCommand::Cluster(args)) => {
+            let report = bench::cluster::run(&args.to_config()?)?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+            bench::cluster::check(&report)?;
+        }
     }
     Ok(())
 }
@@ -46,6 +67,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// Sends `tracing` output to stderr: `info` by default, `debug` with `-v`, `trace` with
 /// `-vv`, `warn` with `-q`; the `RUST_LOG` environment variable, when set, overrides.
 pub fn init_logging(cli: &Cli) {
+    if servers::has_own_logging(&cli.command) {
+        return;
+    }
     let default = match (cli.quiet, cli.verbose) {
         (true, _) => "warn",
         (false, 0) => "info",

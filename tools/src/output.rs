@@ -21,8 +21,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
-    /// A short table for people; layout not stable.
+    /// A short table for people; layout not stable. `table` is accepted as another name.
     #[default]
+    #[value(alias = "table")]
     Text,
     /// One JSON object on one line, printed when the command finishes.
     Json,

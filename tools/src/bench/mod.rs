@@ -5,4 +5,5 @@
 //! commands can call it directly. Today: [`disk`] (raw O_DIRECT writes, the yardstick
 //! `fio` also measures). `bench wal` and `bench node` are to come.
 
+pub mod cluster;
 pub mod disk;

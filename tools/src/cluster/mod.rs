@@ -1,0 +1,103 @@
+//! The cluster-facing commands: `quire cluster ...` ([`status`]) and the pieces that
+//! `quire produce`, `quire consume` and `quire bench cluster` share — the `--brokers`
+//! option ([`BrokersArgs`]), the Tokio runtime each of them builds in its own `run`
+//! ([`runtime`]), and Ctrl-C/SIGTERM as a future ([`signal`]).
+//!
+//! This module talks to brokers only through `quire-client`; it owns no wire bytes. It does
+//! not start stores or brokers (`quire node run` / `quire broker run` do, see
+//! [`crate::servers`]).
+
+pub mod status;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+/// `quire cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// The cluster as its brokers see it: the master, the epoch, the high-water mark, every
+    /// store (voter or learner, persisted offset, lag) and every broker.
+    ///
+    /// Asks every broker given (and every broker their answers name) for its metadata, each
+    /// request bounded by --timeout; the stores' figures come from the master's answer.
+    Status(status::StatusArgs),
+}
+
+/// The `--brokers` option of every command that talks to a running cluster.
+#[derive(Debug, Clone, Args)]
+pub struct BrokersArgs {
+    /// Broker addresses (`host:port`), comma separated; any subset of the cluster's
+    /// brokers will do, the others are learned from their answers.
+    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    pub brokers: Vec<String>,
+}
+
+impl BrokersArgs {
+    /// The addresses, trimmed, empty entries dropped.
+    #[must_use]
+    pub fn addrs(&self) -> Vec<String> {
+        self.brokers
+            .iter()
+            .map(|b| b.trim().to_owned())
+            .filter(|b| !b.is_empty())
+            .collect()
+    }
+}
+
+/// The Tokio runtime an async command runs in: multi-threaded, with I/O and timers, its
+/// threads named after the command.
+///
+/// # Errors
+/// The runtime could not be built (no threads or file descriptors left).
+pub fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(format!("quire-{name}"))
+        .build()
+        .context("starting the Tokio runtime")
+}
+
+/// Resolves when SIGINT (Ctrl-C) or SIGTERM arrives. Must run inside a Tokio runtime.
+///
+/// # Errors
+/// The signal handlers could not be installed.
+pub async fn signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+/// `after.saturating_sub(before)` counted in log positions: the number of offsets at or
+/// below `after` that are not at or below `before` (`None` meaning "no offset").
+#[must_use]
+pub fn offsets_between(before: Option<u64>, after: Option<u64>) -> u64 {
+    let next = |o: Option<u64>| o.map_or(0, |o| o.saturating_add(1));
+    next(after).saturating_sub(next(before))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_between_counts_positions() {
+        assert_eq!(offsets_between(None, None), 0);
+        assert_eq!(offsets_between(None, Some(0)), 1);
+        assert_eq!(offsets_between(Some(4), Some(9)), 5);
+        assert_eq!(offsets_between(Some(9), Some(4)), 0, "never negative");
+        assert_eq!(offsets_between(Some(9), None), 0);
+    }
+
+    #[test]
+    fn broker_addresses_are_trimmed() {
+        let args = BrokersArgs {
+            brokers: vec![" a:1".into(), String::new(), "b:2 ".into()],
+        };
+        assert_eq!(args.addrs(), vec!["a:1".to_owned(), "b:2".to_owned()]);
+    }
+}
