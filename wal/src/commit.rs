@@ -121,7 +121,7 @@ impl Shared {
         self.index.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+    pub(crate) fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
         self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -626,12 +626,10 @@ impl Committer {
             "roll with batches in flight"
         );
         let dir = self.shared.dir.clone();
-        let doomed: Vec<(usize, PathBuf)> = {
+        let doomed: Vec<(u32, PathBuf)> = {
             let index = self.shared.read_index();
             index
-                .segments
-                .iter()
-                .enumerate()
+                .segments()
                 .filter(|(_, s)| s.base >= name)
                 .map(|(i, s)| (i, s.path.clone()))
                 .collect()

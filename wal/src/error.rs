@@ -192,6 +192,16 @@ pub enum WalError {
         next: Offset,
     },
 
+    /// A read asked for an offset below the log's first offset: retention deleted it
+    /// ([`crate::Wal::trim_before`]). Reads can start at `first`.
+    #[error("offset {requested} was trimmed; the log starts at {first}")]
+    Trimmed {
+        /// The offset asked for.
+        requested: Offset,
+        /// The first offset held (the trim point).
+        first: Offset,
+    },
+
     /// A promised epoch may only go up.
     #[error("promised epoch cannot go down from {current} to {requested}")]
     PromiseRegression {

@@ -84,6 +84,27 @@ impl EpochRuns {
         self.next = offset.next();
     }
 
+    /// Drops every entry below `start` (a retention trim): the log then starts at `start`.
+    ///
+    /// # Panics
+    /// If `start` is below the current start or above `next` (a bug in the caller).
+    pub fn trim_front(&mut self, start: Offset) {
+        assert!(
+            start >= self.start && start <= self.next,
+            "a trim point lies inside the log"
+        );
+        // The run holding `start` becomes the first run, beginning at `start`.
+        let first = self.runs.partition_point(|(o, _)| *o <= start);
+        if first > 0 {
+            self.runs.drain(..first - 1);
+            self.runs[0].0 = start;
+        }
+        if start == self.next {
+            self.runs.clear();
+        }
+        self.start = start;
+    }
+
     /// Drops every entry at or after `offset`.
     pub fn truncate(&mut self, offset: Offset) {
         if offset >= self.next {
@@ -121,8 +142,11 @@ pub struct Location {
 /// The durable index: every durable entry's location and epoch.
 #[derive(Debug)]
 pub struct Index {
-    /// Segments in base order; a `Location::segment` indexes this.
-    pub segments: Vec<IndexedSegment>,
+    /// Segments in base order; a `Location::segment` minus `first_segment_id` indexes
+    /// this (ids stay stable when a trim removes segments at the front).
+    segments: Vec<IndexedSegment>,
+    /// The id of `segments[0]`.
+    first_segment_id: u32,
     locations: Vec<Location>,
     epochs: EpochRuns,
 }
@@ -133,6 +157,7 @@ impl Index {
     pub fn new(start: Offset) -> Index {
         Index {
             segments: Vec::new(),
+            first_segment_id: 0,
             locations: Vec::new(),
             epochs: EpochRuns::new(start),
         }
@@ -162,26 +187,63 @@ impl Index {
         self.epochs.last()
     }
 
-    /// Adds a segment and returns its index for [`Location::segment`].
+    /// Adds a segment and returns its id for [`Location::segment`].
     pub fn add_segment(&mut self, segment: IndexedSegment) -> u32 {
         self.segments.push(segment);
-        u32::try_from(self.segments.len() - 1).expect("invariant: fewer than 2^32 segments")
+        let n = u32::try_from(self.segments.len()).expect("invariant: fewer than 2^32 segments");
+        self.first_segment_id + n - 1
     }
 
-    /// Removes the segments from index `from` on (files deleted by a truncation), dropping
+    /// The segment with id `id`, if held.
+    #[must_use]
+    pub fn segment(&self, id: u32) -> Option<&IndexedSegment> {
+        let i = id.checked_sub(self.first_segment_id)?;
+        self.segments.get(i as usize)
+    }
+
+    /// The held segments with their ids, in base order.
+    pub fn segments(&self) -> impl Iterator<Item = (u32, &IndexedSegment)> {
+        (self.first_segment_id..).zip(self.segments.iter())
+    }
+
+    /// Removes the segments from id `from` on (files deleted by a truncation), dropping
     /// every entry they held and every entry after the first of them.
-    pub fn remove_segments_from(&mut self, from: usize) {
-        if from >= self.segments.len() {
+    pub fn remove_segments_from(&mut self, from: u32) {
+        let Some(keep) = from.checked_sub(self.first_segment_id) else {
+            return;
+        };
+        if keep as usize >= self.segments.len() {
             return;
         }
-        let cut = self
-            .locations
-            .iter()
-            .position(|l| l.segment as usize >= from);
+        let cut = self.locations.iter().position(|l| l.segment >= from);
         if let Some(i) = cut {
             self.truncate(Offset(self.start().0 + i as u64));
         }
-        self.segments.truncate(from);
+        self.segments.truncate(keep as usize);
+    }
+
+    /// Removes the first `count` segments (a retention trim); the log then starts at the
+    /// base of the segment after them. Returns the removed segments.
+    ///
+    /// # Panics
+    /// If that would remove every segment, or the next segment's base is not a durable
+    /// entry (the caller keeps the segment holding the log's durable end).
+    pub fn trim_front(&mut self, count: usize) -> Vec<IndexedSegment> {
+        if count == 0 {
+            return Vec::new();
+        }
+        assert!(count < self.segments.len(), "a trim keeps the last segment");
+        let start = self.segments[count].base;
+        assert!(
+            start > self.start() && start < self.next(),
+            "a trim leaves a durable entry at the new start"
+        );
+        let dropped =
+            usize::try_from(start.0 - self.start().0).expect("invariant: the index fits memory");
+        self.locations.drain(..dropped);
+        self.epochs.trim_front(start);
+        self.first_segment_id += u32::try_from(count).expect("invariant: fewer than 2^32 segments");
+        self.segments.drain(..count).collect()
     }
 
     /// Records the entry at `self.next()`.
@@ -196,7 +258,7 @@ impl Index {
         position: Position,
         bytes: u64,
     ) {
-        assert!((segment as usize) < self.segments.len(), "unknown segment");
+        assert!(self.segment(segment).is_some(), "unknown segment");
         self.epochs.push(offset, epoch);
         self.locations.push(Location {
             segment,

@@ -48,7 +48,7 @@ pub use scan::{
     BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
 };
 pub use stats::{WalStats, FSYNC_US_BUCKETS};
-pub use wal::{IoBackend, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+pub use wal::{IoBackend, TrimReport, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 
 /// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -41,7 +41,13 @@ pub(crate) fn read(
         let index = index
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if from < index.start() || from > index.next() {
+        if from < index.start() {
+            return Err(WalError::Trimmed {
+                requested: from,
+                first: index.start(),
+            });
+        }
+        if from > index.next() {
             return Err(WalError::OffsetOutOfRange {
                 requested: from,
                 first: index.start(),
@@ -75,7 +81,9 @@ pub(crate) fn read(
         let mut files: Vec<(u32, Arc<File>, PathBuf)> = Vec::new();
         for w in &wanted {
             if files.last().is_none_or(|(id, _, _)| *id != w.loc.segment) {
-                let seg = &index.segments[w.loc.segment as usize];
+                let seg = index
+                    .segment(w.loc.segment)
+                    .expect("invariant: an indexed entry's segment is held");
                 files.push((w.loc.segment, seg.file.clone(), seg.path.clone()));
             }
         }

@@ -111,7 +111,9 @@ pub(crate) fn recover(dir: &Path, segment_bytes: u64, align: u64) -> Result<Reco
         let deleted = cut(dir, t)?;
         if deleted > 0 {
             let first_deleted = segments.len() - deleted;
-            index.remove_segments_from(first_deleted);
+            index.remove_segments_from(
+                u32::try_from(first_deleted).expect("invariant: fewer than 2^32 segments"),
+            );
             deleted_from = Some(first_deleted);
         }
     }

@@ -39,6 +39,8 @@ pub struct WalStats {
     pub truncations: u64,
     /// Segments started (rolls and truncations below the current segment).
     pub segments_created: u64,
+    /// Segments deleted by retention ([`crate::Wal::trim_before`]).
+    pub segments_trimmed: u64,
     /// Appends refused by validation.
     pub appends_refused: u64,
     /// Whether the log has failed (fail-stop).
@@ -63,6 +65,7 @@ pub(crate) struct Counters {
     pub pipelined_writes: AtomicU64,
     pub truncations: AtomicU64,
     pub segments_created: AtomicU64,
+    pub segments_trimmed: AtomicU64,
     pub appends_refused: AtomicU64,
     pub failed: AtomicBool,
     pub direct_io: AtomicBool,
@@ -104,6 +107,7 @@ impl Counters {
             pipelined_writes: get(&self.pipelined_writes),
             truncations: get(&self.truncations),
             segments_created: get(&self.segments_created),
+            segments_trimmed: get(&self.segments_trimmed),
             appends_refused: get(&self.appends_refused),
             failed: self.failed.load(Ordering::Relaxed),
             direct_io: self.direct_io.load(Ordering::Relaxed),

@@ -348,6 +348,80 @@ impl Wal {
         crate::reader::read(&self.shared().index, from, max_events, max_bytes)
     }
 
+    /// Retention: deletes, oldest first, every whole segment whose entries all lie below
+    /// `before`, then fsyncs the directory. The log then starts at the base offset of its
+    /// first remaining segment (the **trim point**, `first_offset()`), which is at most
+    /// `before`: a segment holding any entry at or above `before` is kept whole.
+    ///
+    /// Never deleted: the segment appends go to (the last one) and the segment holding the
+    /// log's last durable entry, so the new first offset is always a durable entry and a
+    /// torn tail cut at the next open can never empty the log. The trim point needs no
+    /// file of its own: it is the first segment's base, which recovery already takes as
+    /// the log's start; deleting lowest first means a crash part-way leaves a shorter
+    /// contiguous run of segments, never a gap. Reads below the trim point then fail with
+    /// [`WalError::Trimmed`]; an append that would truncate below it fails with
+    /// [`WalError::TruncateBelowStart`].
+    ///
+    /// Blocking (unlinks files and fsyncs the directory): call it off any async runtime.
+    /// The caller decides that `before` is safe to drop (the node: only at or below the
+    /// stabilized HWM). Readers holding a deleted segment open finish their read.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] if the log has failed; I/O errors from unlinking or the
+    /// directory fsync (the in-memory log already starts at the new trim point then, and the
+    /// next open finds whichever segments remain).
+    pub fn trim_before(&self, before: Offset) -> Result<TrimReport, WalError> {
+        let shared = self.shared();
+        let removed = {
+            // Lock order: state before index.
+            let mut st = shared.lock_state();
+            if let Some(reason) = &st.failed {
+                return Err(WalError::Failed {
+                    reason: Arc::new(reason.clone()),
+                });
+            }
+            let mut index = shared.write_index();
+            let next = index.next();
+            let bases: Vec<Offset> = index.segments().map(|(_, s)| s.base).collect();
+            // Segment i goes if the one after it starts at or below `before` and holds a
+            // durable entry (so it is neither the last segment nor past the durable end).
+            let count = bases
+                .windows(2)
+                .take_while(|w| w[1] <= before && w[1] < next && w[1] > index.start())
+                .count();
+            let removed = index.trim_front(count);
+            if count > 0 {
+                st.epochs.trim_front(index.start());
+            }
+            removed
+        };
+        let first_offset = self.first_offset();
+        let mut report = TrimReport {
+            first_offset,
+            segments_deleted: 0,
+            bytes_deleted: 0,
+        };
+        if removed.is_empty() {
+            return Ok(report);
+        }
+        for seg in &removed {
+            let bytes = seg.file.metadata().map_or(0, |m| m.len());
+            std::fs::remove_file(&seg.path).map_err(|e| WalError::io("remove", &seg.path, e))?;
+            report.segments_deleted += 1;
+            report.bytes_deleted += bytes;
+        }
+        crate::segment::fsync_dir(&shared.dir)?;
+        Counters::add(&shared.counters.segments_trimmed, report.segments_deleted);
+        tracing::info!(
+            before = before.0,
+            first_offset = first_offset.0,
+            segments = report.segments_deleted,
+            bytes = report.bytes_deleted,
+            "retention deleted segments below the trim point"
+        );
+        Ok(report)
+    }
+
     /// A snapshot of the counters.
     #[must_use]
     pub fn stats(&self) -> WalStats {
@@ -405,6 +479,17 @@ impl Wal {
             None => Ok(()),
         }
     }
+}
+
+/// What [`Wal::trim_before`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrimReport {
+    /// The log's first offset after the trim (the trim point).
+    pub first_offset: Offset,
+    /// Segment files deleted by this call.
+    pub segments_deleted: u64,
+    /// Their total size, in bytes.
+    pub bytes_deleted: u64,
 }
 
 fn page_size() -> u64 {
