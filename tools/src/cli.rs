@@ -65,6 +65,10 @@ pub enum Command {
     /// Look at a running cluster.
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
+
+    /// Inspect, verify and repair a store's write-ahead log offline.
+    #[command(subcommand)]
+    Wal(crate::wal::args::WalCommand),
 }
 
 /// `quire bench ...`
@@ -82,6 +86,15 @@ pub enum BenchCommand {
     /// Produce-to-stabilized-ack throughput and latency of a running cluster (closed loop,
     /// or --rate for a fixed rate measured from each message's intended send time).
     Cluster(crate::bench::cluster::ClusterBenchArgs),
+
+    /// Appends through quire-wal with N concurrent appenders (group commit): MB/s,
+    /// events/s, fdatasyncs/s, append-to-durable latency, CPU per event; in text output
+    /// also a one-appender baseline (one fdatasync per event) and the ratio.
+    Wal(crate::bench::cli::WalBenchArgs),
+
+    /// Appends through a running quire-node (or one started in this process) over TCP, as
+    /// a master does: events/s, MB/s, fdatasyncs/s, append-to-persisted latency.
+    Node(crate::bench::cli::NodeBenchArgs),
 }
 
 /// The `--format` option, for every command that prints results.

@@ -12,6 +12,7 @@
 //! | [`servers`] | `quire node ...` / `quire broker ...`: the store and broker servers |
 //! | [`produce`], [`consume`] | `quire produce` / `quire consume` |
 //! | [`cluster`] | `quire cluster ...` and what the client commands share |
+//! | [`wal`] | `quire wal dump|verify|stat|repair`: the offline WAL tools |
 //! | [`dio`] | direct-I/O alignment discovery and aligned buffers |
 //! | [`interrupt`] | Ctrl-C/SIGTERM as a flag for synchronous commands |
 //!
@@ -29,6 +30,7 @@ pub mod output;
 pub mod produce;
 pub mod servers;
 pub mod units;
+pub mod wal;
 
 use std::io::{self, IsTerminal};
 
@@ -51,6 +53,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broker(command) => servers::broker(command)?,
         Command::Produce(args) => produce::main(&args.to_config()?)?,
         Command::Consume(args) => consume::main(&args.to_config())?,
+        Command::Cluster(ClusterCommand::Up(args)) => {
+            cluster::up::run_up(&args, &mut io::stdout().lock())?;
+        }
+        Command::Cluster(ClusterCommand::Down(args)) => {
+            cluster::up::run_down(&args, &mut io::stdout().lock())?;
+        }
         Command::Cluster(ClusterCommand::Status(args)) => {
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
@@ -59,6 +67,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let report = bench::cluster::run(&args.to_config()?)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
             bench::cluster::check(&report)?;
+        }
+        Command::Wal(command) => wal::run(&command)?,
+        Command::Bench(BenchCommand::Wal(args)) => {
+            let report = bench::wal::run(&args.to_config())?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+        }
+        Command::Bench(BenchCommand::Node(args)) => {
+            let report = bench::node::run(&args.to_config())?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
         }
     }
     Ok(())

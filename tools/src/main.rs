@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use quire_tools::cli::Cli;
 use quire_tools::interrupt::Interrupted;
+use quire_tools::wal::FindingsExit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -18,6 +19,8 @@ fn main() -> ExitCode {
             eprintln!("quire: error: {err:#}");
             if err.is::<Interrupted>() {
                 ExitCode::from(130)
+            } else if let Some(findings) = err.downcast_ref::<FindingsExit>() {
+                ExitCode::from(findings.exit_code)
             } else {
                 ExitCode::FAILURE
             }

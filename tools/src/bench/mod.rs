@@ -3,7 +3,13 @@
 //! Each benchmark is a submodule with a plain configuration struct, a `run` function that
 //! returns a [`crate::output::Report`], and no clap types in its API, so tests and other
 //! commands can call it directly. Today: [`disk`] (raw O_DIRECT writes, the yardstick
-//! `fio` also measures). `bench wal` and `bench node` are to come.
+//! `fio` also measures), [`wal`] (appends through quire-wal, group commit vs one fdatasync
+//! per event), [`node`] (appends through a quire-node over TCP); [`cpu`] measures the CPU
+//! a run spends, [`cli`] declares the arguments of `bench wal` and `bench node`.
 
+pub mod cli;
 pub mod cluster;
+pub mod cpu;
 pub mod disk;
+pub mod node;
+pub mod wal;

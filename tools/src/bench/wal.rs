@@ -1,0 +1,656 @@
+//! `quire bench wal`: appends through `quire-wal` itself (no network, no node), with N
+//! concurrent appenders, and measures what group commit gives against one fdatasync per
+//! event.
+//!
+//! # What runs
+//! A fresh WAL in a new temporary directory (inside `--dir`, default the system temp
+//! directory), removed at the end, also after an error or Ctrl-C. Before timing, one append
+//! creates the first segment (from the spare the WAL's preallocator zero-filled) and the
+//! run waits until the next spare is ready too, so the timed part starts in steady state. Then `appenders`
+//! async tasks on one thread (a Tokio current-thread runtime) each loop: take the next
+//! offset, `Wal::append` one event of `event_size` bytes, await its durability. Taking the
+//! offset and queueing the append happen under one mutex, so queue order is log order, as
+//! in a node's store actor. The WAL's commit thread batches whatever is queued into one
+//! O_DIRECT write and one fdatasync (group commit).
+//!
+//! With a baseline (on by default in text output, `--baseline`/`--no-baseline`), a second
+//! fresh WAL then runs **one** appender for `--baseline-duration`: one event per fdatasync,
+//! the rate a log without group commit gets. The report gives the ratio.
+//!
+//! # What is measured
+//! - **Latency** per append, from just before `Wal::append` to the resolution of its
+//!   future (durable: covered by a successful fdatasync), microseconds, HDR histogram.
+//! - **Throughput** counts events acknowledged between the start and the moment the last
+//!   appender finished (appends in flight at the deadline are awaited and counted).
+//!   `mb_per_s` is payload in MB = 10^6 bytes; `disk_mb_per_s` is what the WAL wrote
+//!   (headers and padding included).
+//! - **fdatasyncs** and batches from the WAL's own counters (`Wal::stats`) over the window.
+//! - **CPU**: user + system seconds of the whole process over the window (`getrusage`), per
+//!   event, and by thread name (`quire-wal-commit`, `quire-wal-prealloc`, the appenders'
+//!   thread).
+//!
+//! # JSON output (`--format json`): one object
+//! | field | unit / values |
+//! | --- | --- |
+//! | `bench` | `"wal"` |
+//! | `backend` | `"io_uring"` or `"sync"` |
+//! | `direct_io` | whether segments are written with O_DIRECT |
+//! | `dir`, `filesystem` | the parent directory used and its file system |
+//! | `event_size` | payload bytes per event |
+//! | `appenders` | concurrent appenders |
+//! | `segment_bytes`, `batch_bytes_max`, `batch_window_us` | WAL settings used |
+//! | `warmup_s`, `duration_s` | seconds (warm-up is in no rate) |
+//! | `events`, `payload_bytes`, `written_bytes`, `fsyncs`, `batches`, `segments_created` | totals over `duration_s` |
+//! | `mb_per_s`, `mib_per_s` | payload, 10^6 and 2^20 bytes per second |
+//! | `disk_mb_per_s` | bytes written by the WAL, 10^6 bytes per second |
+//! | `ops_per_s` | events (= appends) acknowledged per second |
+//! | `fsyncs_per_s` | fdatasyncs per second |
+//! | `events_per_fsync`, `events_per_batch` | group-commit sizes |
+//! | `mean_us`, `p50_us`, `p99_us`, `p999_us`, `max_us` | append-to-durable latency, microseconds |
+//! | `cpu_user_s`, `cpu_sys_s` | process CPU over the window, seconds |
+//! | `cpu_us_per_event` | (user + sys) / events, microseconds |
+//! | `cpu_by_thread` | `[{name, threads, user_s, sys_s}]`, busiest first |
+//! | `baseline` | the same fields (without `bench`, `dir`, `filesystem`, WAL settings) for the one-appender run, or `null` |
+//! | `ratio_vs_baseline` | `ops_per_s / baseline.ops_per_s`, or `null` |
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use quire_proto::{Epoch, EventKind, Offset};
+use quire_wal::format::PAYLOAD_BYTES_MAX;
+use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError};
+use serde::Serialize;
+
+use super::cpu::{ProcessCpu, ThreadCpu, ThreadSnapshot};
+use crate::dio;
+use crate::interrupt::{self, Interrupted};
+use crate::output::{Report, Table};
+
+/// Default `--event-size`, bytes.
+pub const EVENT_BYTES_DEFAULT: u64 = 1024;
+/// Default `--appenders`.
+pub const APPENDERS_DEFAULT: u32 = 64;
+/// Default `--duration`.
+pub const DURATION_DEFAULT: Duration = Duration::from_secs(10);
+/// Default `--baseline-duration`.
+pub const BASELINE_DURATION_DEFAULT: Duration = Duration::from_secs(3);
+/// Most `--appenders`.
+pub const APPENDERS_MAX: u32 = 4096;
+/// Largest `--event-size`, bytes: the WAL's own payload bound.
+pub const EVENT_BYTES_MAX: u64 = PAYLOAD_BYTES_MAX as u64;
+/// Longest `--duration`.
+pub const DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
+/// Largest latency the histogram holds, microseconds (one hour); longer ones saturate.
+pub const LATENCY_US_MAX: u64 = 3_600_000_000;
+/// Longest wait for the WAL's preallocator to prepare the spare segment before timing.
+pub const SPARE_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// The WAL's disk backend (`--io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum WalIo {
+    /// io_uring, falling back to `sync` (with a warning) where the kernel refuses it.
+    #[default]
+    Auto,
+    /// io_uring only.
+    Uring,
+    /// `pwrite` + `fdatasync` on the WAL's commit thread.
+    Sync,
+}
+
+impl WalIo {
+    fn backend(self) -> IoBackend {
+        match self {
+            WalIo::Auto => IoBackend::Auto,
+            WalIo::Uring => IoBackend::Uring,
+            WalIo::Sync => IoBackend::Sync,
+        }
+    }
+}
+
+/// What to run. Built from the command line, or directly by tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalBenchConfig {
+    /// Where to create the temporary WAL directory; `None`: the system temp directory.
+    pub dir: Option<PathBuf>,
+    /// Payload bytes per event, 1..=[`EVENT_BYTES_MAX`].
+    pub event_size: u64,
+    /// Concurrent appenders, 1..=[`APPENDERS_MAX`].
+    pub appenders: u32,
+    /// How long to append.
+    pub duration: Duration,
+    /// The WAL's disk backend.
+    pub io: WalIo,
+    /// Run the one-appender baseline for this long afterwards.
+    pub baseline: Option<Duration>,
+    /// The WAL's `segment_bytes_max`, bytes.
+    pub segment_bytes: u64,
+    /// The WAL's `batch_bytes_max`, bytes.
+    pub batch_bytes_max: u64,
+    /// The WAL's `batch_window_us`, microseconds.
+    pub batch_window_us: u64,
+}
+
+impl Default for WalBenchConfig {
+    fn default() -> Self {
+        let wal = WalConfig::default();
+        WalBenchConfig {
+            dir: None,
+            event_size: EVENT_BYTES_DEFAULT,
+            appenders: APPENDERS_DEFAULT,
+            duration: DURATION_DEFAULT,
+            io: WalIo::Auto,
+            baseline: None,
+            segment_bytes: wal.segment_bytes_max,
+            batch_bytes_max: wal.batch_bytes_max,
+            batch_window_us: wal.batch_window_us,
+        }
+    }
+}
+
+/// One measured run; see the module docs for units.
+#[derive(Debug, Clone, Serialize)]
+pub struct WalRun {
+    /// `"io_uring"` or `"sync"`.
+    pub backend: &'static str,
+    /// Segments written with O_DIRECT.
+    pub direct_io: bool,
+    /// Payload bytes per event.
+    pub event_size: u64,
+    /// Concurrent appenders.
+    pub appenders: u32,
+    /// Open + first append + spare ready, seconds.
+    pub warmup_s: f64,
+    /// Measured wall time, seconds.
+    pub duration_s: f64,
+    /// Events acknowledged durable.
+    pub events: u64,
+    /// Their payload bytes.
+    pub payload_bytes: u64,
+    /// Bytes the WAL wrote (records, padding).
+    pub written_bytes: u64,
+    /// fdatasyncs completed.
+    pub fsyncs: u64,
+    /// Batches (writes).
+    pub batches: u64,
+    /// Segments started.
+    pub segments_created: u64,
+    /// Payload MB/s (10^6).
+    pub mb_per_s: f64,
+    /// Payload MiB/s (2^20).
+    pub mib_per_s: f64,
+    /// Written MB/s (10^6).
+    pub disk_mb_per_s: f64,
+    /// Events per second.
+    pub ops_per_s: f64,
+    /// fdatasyncs per second.
+    pub fsyncs_per_s: f64,
+    /// Events per fdatasync.
+    pub events_per_fsync: f64,
+    /// Events per batch.
+    pub events_per_batch: f64,
+    /// Mean latency, microseconds.
+    pub mean_us: f64,
+    /// Median latency, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile, microseconds.
+    pub p99_us: u64,
+    /// 99.9th percentile, microseconds.
+    pub p999_us: u64,
+    /// Largest, microseconds.
+    pub max_us: u64,
+    /// Process user CPU over the window, seconds.
+    pub cpu_user_s: f64,
+    /// Process system CPU over the window, seconds.
+    pub cpu_sys_s: f64,
+    /// (user + sys) per event, microseconds.
+    pub cpu_us_per_event: f64,
+    /// CPU by thread name.
+    pub cpu_by_thread: Vec<ThreadCpu>,
+}
+
+/// The result of `quire bench wal`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WalBenchReport {
+    /// Always `"wal"`.
+    pub bench: &'static str,
+    /// The parent directory of the temporary WAL.
+    pub dir: String,
+    /// Its file system.
+    pub filesystem: String,
+    /// `segment_bytes_max` used, bytes.
+    pub segment_bytes: u64,
+    /// `batch_bytes_max` used, bytes.
+    pub batch_bytes_max: u64,
+    /// `batch_window_us` used.
+    pub batch_window_us: u64,
+    /// The main run.
+    #[serde(flatten)]
+    pub run: WalRun,
+    /// The one-appender run.
+    pub baseline: Option<WalRun>,
+    /// `run.ops_per_s / baseline.ops_per_s`.
+    pub ratio_vs_baseline: Option<f64>,
+}
+
+impl Report for WalBenchReport {
+    fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let r = &self.run;
+        writeln!(
+            out,
+            "quire bench wal: {} appender(s) of {} events through quire-wal ({}{}), group commit",
+            r.appenders,
+            human_bytes(r.event_size),
+            r.backend,
+            if r.direct_io {
+                ", O_DIRECT"
+            } else {
+                ", buffered"
+            }
+        )?;
+        let mut table = Table::new();
+        table
+            .row("dir", format!("{} ({})", self.dir, self.filesystem))
+            .row(
+                "duration",
+                format!("{:.2} s (warm-up {:.2} s)", r.duration_s, r.warmup_s),
+            );
+        run_rows(&mut table, r);
+        if let (Some(b), Some(ratio)) = (&self.baseline, self.ratio_vs_baseline) {
+            table
+                .row(
+                    "baseline",
+                    format!(
+                        "1 appender (one fdatasync per event), {:.2} s: {:.0} events/s, {:.0} \
+                         fsyncs/s, {:.1} MB/s, p50 {} us, p99 {} us",
+                        b.duration_s, b.ops_per_s, b.fsyncs_per_s, b.mb_per_s, b.p50_us, b.p99_us
+                    ),
+                )
+                .row(
+                    "ratio",
+                    format!(
+                        "{ratio:.1}x the events/s of one fdatasync per event ({} appenders vs 1, \
+                         same event size, same run)",
+                        r.appenders
+                    ),
+                );
+        }
+        table.write(out)
+    }
+}
+
+fn run_rows(table: &mut Table, r: &WalRun) {
+    table
+        .row(
+            "throughput",
+            format!(
+                "{:.1} MB/s payload ({:.1} MiB/s); {:.1} MB/s written",
+                r.mb_per_s, r.mib_per_s, r.disk_mb_per_s
+            ),
+        )
+        .row(
+            "events",
+            format!("{:.0} /s ({} total)", r.ops_per_s, r.events),
+        )
+        .row(
+            "fdatasyncs",
+            format!(
+                "{:.0} /s ({} total), {:.1} events per fsync, {:.1} per write",
+                r.fsyncs_per_s, r.fsyncs, r.events_per_fsync, r.events_per_batch
+            ),
+        )
+        .row(
+            "latency",
+            format!(
+                "append to durable: mean {:.0} us, p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+                r.mean_us, r.p50_us, r.p99_us, r.p999_us, r.max_us
+            ),
+        );
+    let threads: Vec<String> = r
+        .cpu_by_thread
+        .iter()
+        .take(4)
+        .map(|t| format!("{} {:.2} s", t.name, t.user_s + t.sys_s))
+        .collect();
+    table.row(
+        "cpu",
+        format!(
+            "user {:.2} s + sys {:.2} s = {:.2} us per event ({})",
+            r.cpu_user_s,
+            r.cpu_sys_s,
+            r.cpu_us_per_event,
+            threads.join(", ")
+        ),
+    );
+}
+
+/// `1048576` → `"1 MiB"`, `1000` → `"1000 B"`.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
+}
+
+fn validate(config: &WalBenchConfig) -> anyhow::Result<()> {
+    if config.event_size == 0 || config.event_size > EVENT_BYTES_MAX {
+        bail!(
+            "--event-size {} is out of range: 1 to {EVENT_BYTES_MAX} bytes",
+            config.event_size
+        );
+    }
+    if config.appenders == 0 || config.appenders > APPENDERS_MAX {
+        bail!(
+            "--appenders {} is out of range: 1 to {APPENDERS_MAX}",
+            config.appenders
+        );
+    }
+    for (name, d) in [
+        ("--duration", Some(config.duration)),
+        ("--baseline-duration", config.baseline),
+    ] {
+        if let Some(d) = d {
+            if d.is_zero() || d > DURATION_MAX {
+                bail!("{name} {d:?} is out of range: above 0, at most {DURATION_MAX:?}");
+            }
+        }
+    }
+    if config.segment_bytes < 4 * (config.event_size + 4096) {
+        bail!(
+            "--segment-size {} is too small for events of {} bytes (at least four per segment)",
+            config.segment_bytes,
+            config.event_size
+        );
+    }
+    Ok(())
+}
+
+/// Runs the benchmark: the main run, then the baseline if configured; removes the
+/// temporary directory. Installs a SIGINT/SIGTERM handler so Ctrl-C stops it cleanly.
+///
+/// # Errors
+/// Invalid configuration; the directory missing or too full; the WAL failing to open
+/// (e.g. `--io uring` without io_uring) or failing during the run (fail-stop: the first
+/// error); [`Interrupted`] after Ctrl-C (the directory is still removed).
+pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
+    validate(config)?;
+    let parent = config.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let meta = std::fs::metadata(&parent)
+        .with_context(|| format!("cannot use --dir {}", parent.display()))?;
+    if !meta.is_dir() {
+        bail!("--dir {} is not a directory", parent.display());
+    }
+    let filesystem = dio::filesystem_name(&parent)
+        .with_context(|| format!("cannot statfs {}", parent.display()))?;
+    if matches!(filesystem.as_str(), "tmpfs" | "ramfs") {
+        tracing::warn!(
+            "{} is on {filesystem}: this measures memory, not a disk (pass --dir on a disk)",
+            parent.display()
+        );
+    }
+    let needed = 3 * config.segment_bytes;
+    let available = dio::available_bytes(&parent).unwrap_or(u64::MAX);
+    if available < needed {
+        bail!(
+            "not enough free space in {}: the WAL needs at least {needed} bytes (three \
+             segments), {available} are available; pass --dir elsewhere or a smaller \
+             --segment-size",
+            parent.display()
+        );
+    }
+    interrupt::install().context("cannot install the Ctrl-C handler")?;
+    let root = tempfile::Builder::new()
+        .prefix(".quire-bench-wal-")
+        .tempdir_in(&parent)
+        .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
+
+    let run = measure(
+        &root.path().join("main"),
+        config,
+        config.appenders,
+        config.duration,
+    )?;
+    let baseline = match config.baseline {
+        Some(d) => {
+            tracing::info!("baseline: 1 appender for {d:?}");
+            Some(measure(&root.path().join("baseline"), config, 1, d)?)
+        }
+        None => None,
+    };
+    root.close()
+        .with_context(|| format!("cannot remove the bench directory in {}", parent.display()))?;
+    let ratio_vs_baseline = baseline
+        .as_ref()
+        .filter(|b| b.ops_per_s > 0.0)
+        .map(|b| run.ops_per_s / b.ops_per_s);
+    Ok(WalBenchReport {
+        bench: "wal",
+        dir: parent.display().to_string(),
+        filesystem,
+        segment_bytes: config.segment_bytes,
+        batch_bytes_max: config.batch_bytes_max,
+        batch_window_us: config.batch_window_us,
+        run,
+        baseline,
+        ratio_vs_baseline,
+    })
+}
+
+/// A payload of `len` bytes that does not compress (an xorshift stream).
+pub(crate) fn payload_bytes(len: usize) -> Bytes {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut bytes = Vec::with_capacity(len);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let take = (len - bytes.len()).min(8);
+        bytes.extend_from_slice(&state.to_le_bytes()[..take]);
+    }
+    Bytes::from(bytes)
+}
+
+/// Waits (bounded) until the WAL in `dir` has its spare segment ready.
+fn wait_for_spare(dir: &Path) {
+    let spare = dir.join(quire_wal::segment::SPARE_NAME);
+    let started = Instant::now();
+    while !spare.exists() {
+        if started.elapsed() > SPARE_WAIT_MAX || interrupt::is_interrupted() {
+            tracing::warn!(
+                "the WAL's spare segment is not ready after {:?}; measuring anyway",
+                started.elapsed()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One run on a fresh WAL in `dir` (created, then removed).
+fn measure(
+    dir: &Path,
+    config: &WalBenchConfig,
+    appenders: u32,
+    duration: Duration,
+) -> anyhow::Result<WalRun> {
+    let opened = Instant::now();
+    let wal_config = WalConfig {
+        dir: dir.to_path_buf(),
+        segment_bytes_max: config.segment_bytes,
+        batch_bytes_max: config.batch_bytes_max,
+        batch_window_us: config.batch_window_us,
+        io: config.io.backend(),
+        ..WalConfig::default()
+    };
+    let (wal, _) = Wal::open(wal_config).map_err(|e| match e {
+        WalError::UringUnavailable(why) => {
+            anyhow!("io_uring is unavailable: {why}; run with --io sync (or auto)")
+        }
+        other => {
+            anyhow::Error::new(other).context(format!("cannot open a WAL in {}", dir.display()))
+        }
+    })?;
+    let epoch = Epoch(1);
+    let event_len = usize::try_from(config.event_size).context("event size")?;
+    let payload = payload_bytes(event_len);
+    let record = |offset: u64| Record {
+        epoch,
+        offset: Offset(offset),
+        kind: EventKind::Message.as_u8(),
+        payload: payload.clone(),
+    };
+    // The first append takes the spare segment: let it be ready first, then the next one.
+    wait_for_spare(dir);
+    wal.append(epoch, vec![record(wal.next_offset().0)])
+        .wait()
+        .context("the warm-up append failed")?;
+    wait_for_spare(dir);
+    let warmup = opened.elapsed();
+    tracing::info!(
+        "measuring {appenders} appender(s) of {} bytes for {duration:?} ({})",
+        config.event_size,
+        wal.backend()
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .context("cannot start the appenders' runtime")?;
+    let next = Arc::new(Mutex::new(wal.next_offset().0));
+    let stats_before = wal.stats();
+    let cpu_before = ProcessCpu::now();
+    let threads_before = ThreadSnapshot::now();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let results = runtime.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..appenders {
+            set.spawn(appender(
+                wal.clone(),
+                next.clone(),
+                epoch,
+                payload.clone(),
+                deadline,
+            ));
+        }
+        let mut results = Vec::with_capacity(set.len());
+        while let Some(joined) = set.join_next().await {
+            results.push(joined);
+        }
+        results
+    });
+    let elapsed = started.elapsed();
+    let cpu = ProcessCpu::now().since(cpu_before);
+    let cpu_by_thread = ThreadSnapshot::now().since(&threads_before);
+    let stats = wal.stats();
+    let backend = wal.backend();
+    drop(runtime);
+
+    let mut hist = latency_histogram();
+    let mut events = 0u64;
+    for joined in results {
+        let (h, n) = joined
+            .map_err(|e| anyhow!("an appender task failed: {e}"))?
+            .context("an append failed")?;
+        hist.add(h)
+            .map_err(|e| anyhow!("merging latency histograms: {e}"))?;
+        events += n;
+    }
+    wal.close().context("the WAL failed")?;
+    drop(wal);
+    std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    if interrupt::is_interrupted() {
+        return Err(Interrupted.into());
+    }
+
+    let secs = elapsed.as_secs_f64();
+    let fsyncs = stats.fsyncs - stats_before.fsyncs;
+    let batches = stats.batches - stats_before.batches;
+    let written_bytes = stats.batch_bytes - stats_before.batch_bytes;
+    let payload_bytes = events * config.event_size;
+    let per_sec = |v: f64| if secs > 0.0 { v / secs } else { 0.0 };
+    let per = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+    let cpu_s = (cpu.user + cpu.sys).as_secs_f64();
+    Ok(WalRun {
+        backend,
+        direct_io: stats.direct_io,
+        event_size: config.event_size,
+        appenders,
+        warmup_s: warmup.as_secs_f64(),
+        duration_s: secs,
+        events,
+        payload_bytes,
+        written_bytes,
+        fsyncs,
+        batches,
+        segments_created: stats.segments_created - stats_before.segments_created,
+        mb_per_s: per_sec(payload_bytes as f64) / 1e6,
+        mib_per_s: per_sec(payload_bytes as f64) / f64::from(1u32 << 20),
+        disk_mb_per_s: per_sec(written_bytes as f64) / 1e6,
+        ops_per_s: per_sec(events as f64),
+        fsyncs_per_s: per_sec(fsyncs as f64),
+        events_per_fsync: per(events, fsyncs),
+        events_per_batch: per(events, batches),
+        mean_us: hist.mean(),
+        p50_us: hist.value_at_quantile(0.50),
+        p99_us: hist.value_at_quantile(0.99),
+        p999_us: hist.value_at_quantile(0.999),
+        max_us: hist.max(),
+        cpu_user_s: cpu.user.as_secs_f64(),
+        cpu_sys_s: cpu.sys.as_secs_f64(),
+        cpu_us_per_event: if events > 0 {
+            cpu_s * 1e6 / events as f64
+        } else {
+            0.0
+        },
+        cpu_by_thread,
+    })
+}
+
+/// An HDR histogram of microseconds, 3 significant digits, up to [`LATENCY_US_MAX`].
+pub(crate) fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
+        .expect("invariant: constant bounds are valid (1 <= low, high >= 2 * low, sigfig 3)")
+}
+
+/// One appender: appends single events until `deadline` (or Ctrl-C), each awaited before
+/// the next. Returns its latency histogram and the events it got acknowledged.
+async fn appender(
+    wal: Wal,
+    next: Arc<Mutex<u64>>,
+    epoch: Epoch,
+    payload: Bytes,
+    deadline: Instant,
+) -> Result<(Histogram<u64>, u64), WalError> {
+    let mut hist = latency_histogram();
+    let mut events = 0u64;
+    while Instant::now() < deadline && !interrupt::is_interrupted() {
+        let sent = Instant::now();
+        let append = {
+            // Offset order is queue order: take the offset and queue under one lock.
+            let mut next = next.lock().unwrap_or_else(PoisonError::into_inner);
+            let offset = *next;
+            *next += 1;
+            wal.append(
+                epoch,
+                vec![Record {
+                    epoch,
+                    offset: Offset(offset),
+                    kind: EventKind::Message.as_u8(),
+                    payload: payload.clone(),
+                }],
+            )
+        };
+        append.await?;
+        let us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+        hist.saturating_record(us.max(1));
+        events += 1;
+    }
+    Ok((hist, events))
+}

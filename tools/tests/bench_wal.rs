@@ -1,0 +1,193 @@
+//! Runs the real `quire bench wal` for a second on a temporary directory and checks its
+//! output contract: one JSON object with every field, rates and latencies above zero, the
+//! baseline when asked for, and the temporary WAL removed. No timing thresholds.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Upper bound for any one `quire` run in these tests; a run past it is killed and fails.
+const RUN_TIME_MAX: Duration = Duration::from_secs(120);
+
+fn wait_bounded(mut child: Child) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("wait_with_output");
+        }
+        if started.elapsed() > RUN_TIME_MAX {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("wait_with_output");
+            panic!(
+                "quire ran longer than {RUN_TIME_MAX:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn quire(args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_quire"))
+        .env_remove("RUST_LOG")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn quire");
+    wait_bounded(child)
+}
+
+fn number(json: &Value, field: &str) -> f64 {
+    json.get(field)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("field {field:?} missing or not a number in {json}"))
+}
+
+fn assert_run_fields(run: &Value, appenders: f64) {
+    for field in [
+        "mb_per_s",
+        "mib_per_s",
+        "disk_mb_per_s",
+        "ops_per_s",
+        "fsyncs_per_s",
+        "events_per_fsync",
+        "events_per_batch",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "max_us",
+        "mean_us",
+        "duration_s",
+        "events",
+        "payload_bytes",
+        "written_bytes",
+        "fsyncs",
+        "batches",
+        "cpu_us_per_event",
+    ] {
+        assert!(number(run, field) > 0.0, "{field} not > 0 in {run}");
+    }
+    assert!(number(run, "p50_us") <= number(run, "p99_us"));
+    assert!(number(run, "p99_us") <= number(run, "p999_us"));
+    assert!(number(run, "p999_us") <= number(run, "max_us"));
+    assert_eq!(number(run, "event_size"), 4096.0);
+    assert_eq!(number(run, "appenders"), appenders);
+    assert_eq!(number(run, "payload_bytes"), number(run, "events") * 4096.0);
+    // Every event was covered by an fdatasync, so there are at most as many fsyncs.
+    assert!(
+        number(run, "fsyncs") <= number(run, "events") + 1.0,
+        "{run}"
+    );
+    assert!(
+        number(run, "written_bytes") >= number(run, "payload_bytes"),
+        "{run}"
+    );
+    assert!(
+        run["backend"] == "io_uring" || run["backend"] == "sync",
+        "{run}"
+    );
+    assert!(run["cpu_by_thread"].is_array(), "{run}");
+}
+
+fn assert_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "bench files left behind: {left:?}");
+}
+
+#[test]
+fn bench_wal_json_has_every_field_and_the_baseline_when_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = quire(&[
+        "bench",
+        "wal",
+        "--dir",
+        dir.path().to_str().expect("utf-8"),
+        "--duration",
+        "1s",
+        "--event-size",
+        "4KiB",
+        "--appenders",
+        "8",
+        "--segment-size",
+        "8MiB",
+        "--baseline",
+        "--baseline-duration",
+        "500ms",
+        "--format",
+        "json",
+    ]);
+    let stdout = String::from_utf8(out.stdout.clone()).expect("utf-8");
+    assert!(
+        out.status.success(),
+        "quire failed: {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout}");
+    let json: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(json["bench"], "wal");
+    assert_eq!(number(&json, "segment_bytes"), 8.0 * 1024.0 * 1024.0);
+    assert_run_fields(&json, 8.0);
+    assert_run_fields(&json["baseline"], 1.0);
+    assert!(number(&json, "ratio_vs_baseline") > 0.0, "{json}");
+    assert_empty(dir.path());
+}
+
+#[test]
+fn bench_wal_text_prints_the_summary_with_the_ratio() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = quire(&[
+        "bench",
+        "wal",
+        "--dir",
+        dir.path().to_str().expect("utf-8"),
+        "--duration",
+        "500ms",
+        "--baseline-duration",
+        "300ms",
+        "--event-size",
+        "4KiB",
+        "--appenders",
+        "4",
+        "--segment-size",
+        "8MiB",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        stdout.starts_with("quire bench wal: 4 appender(s) of 4 KiB"),
+        "{stdout}"
+    );
+    for label in [
+        "throughput",
+        "events",
+        "fdatasyncs",
+        "latency",
+        "cpu",
+        "baseline",
+        "ratio",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(label)),
+            "no {label} line:\n{stdout}"
+        );
+    }
+    assert_empty(dir.path());
+}
+
+#[test]
+fn bench_wal_refuses_bad_values() {
+    let out = quire(&["bench", "wal", "--appenders", "0", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--appenders 0 is out of range"));
+    let out = quire(&["bench", "wal", "--event-size", "64K"]);
+    assert_eq!(out.status.code(), Some(2), "usage error");
+}

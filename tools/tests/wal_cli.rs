@@ -1,0 +1,564 @@
+//! Runs the real `quire` binary's `wal dump|verify|stat|repair` on a WAL this test writes
+//! through quire-wal itself (several small segments, two epochs), then damages it the two
+//! ways a disk can: a torn last write (the last segment cut mid-record) and a flipped bit
+//! in a sealed segment. Checks the output shapes, the exit statuses (0 clean, 1 corruption,
+//! 2 torn tail), that a dry run changes nothing, that `repair --yes` cuts only the torn
+//! tail, and that corruption is never "repaired".
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quire_proto::{Epoch, Offset};
+use quire_wal::{Record, Wal, WalConfig};
+use serde_json::Value;
+
+/// Upper bound for any one `quire` run in these tests; a run past it is killed and fails.
+const RUN_TIME_MAX: Duration = Duration::from_secs(60);
+/// Events the test log holds.
+const EVENTS: u64 = 120;
+/// Events written in epoch 1; the rest are in epoch 2.
+const EPOCH_1_EVENTS: u64 = 50;
+
+fn wait_bounded(mut child: Child) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("wait_with_output");
+        }
+        if started.elapsed() > RUN_TIME_MAX {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("wait_with_output");
+            panic!(
+                "quire ran longer than {RUN_TIME_MAX:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn quire(args: &[&str]) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_quire"))
+        .env_remove("RUST_LOG")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn quire");
+    wait_bounded(child)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).expect("utf-8 output")
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The payload of event `i`: a readable string whose length varies with `i`.
+fn payload(i: u64) -> String {
+    format!("event-{i:04}-{}", "x".repeat((i as usize * 37) % 700))
+}
+
+/// Writes the test log into `dir`: 120 events (50 in epoch 1, 70 in epoch 2) across
+/// several 64 KiB segments, appended in batches of varying size.
+fn write_log(dir: &Path) {
+    let config = WalConfig {
+        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+        ..WalConfig::new(dir)
+    };
+    let (wal, _) = Wal::open(config).expect("open the WAL");
+    let mut offset = 0u64;
+    let mut batch = 1u64;
+    while offset < EVENTS {
+        let n = batch.min(EVENTS - offset);
+        let records: Vec<Record> = (offset..offset + n)
+            .map(|i| Record {
+                epoch: Epoch(if i < EPOCH_1_EVENTS { 1 } else { 2 }),
+                offset: Offset(i),
+                kind: 1,
+                payload: Bytes::from(payload(i)),
+            })
+            .collect();
+        // A batch never mixes epochs here, so its writer epoch is its records' epoch.
+        let writer = records.last().expect("non-empty").epoch;
+        let split = records.iter().position(|r| r.epoch != records[0].epoch);
+        match split {
+            None => {
+                wal.append(writer, records).wait().expect("append");
+            }
+            Some(k) => {
+                let (a, b) = records.split_at(k);
+                wal.append(a[0].epoch, a.to_vec()).wait().expect("append");
+                wal.append(writer, b.to_vec()).wait().expect("append");
+            }
+        }
+        offset += n;
+        batch = batch % 7 + 1;
+    }
+    wal.close().expect("close");
+}
+
+/// Every file of `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| {
+            let p = e.expect("entry").path();
+            let bytes = std::fs::read(&p).expect("read");
+            (p, bytes)
+        })
+        .collect()
+}
+
+/// The `jsonl` dump of `dir`: record objects and the end object.
+fn dump_jsonl(dir: &Path, extra: &[&str]) -> (Vec<Value>, Value) {
+    let mut args = vec!["wal", "dump", path_str(dir), "--format", "jsonl"];
+    args.extend_from_slice(extra);
+    let out = quire(&args);
+    assert!(out.status.success(), "dump failed: {out:?}");
+    let mut lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let end = lines.pop().expect("an end line");
+    assert_eq!(end["type"], "end", "{end}");
+    for r in &lines {
+        assert_eq!(r["type"], "record", "{r}");
+    }
+    (lines, end)
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut s: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    s.sort();
+    s
+}
+
+#[test]
+fn dump_prints_every_record_in_text_jsonl_and_json() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_log(dir);
+
+    let (records, end) = dump_jsonl(dir, &[]);
+    assert_eq!(records.len() as u64, EVENTS);
+    for (i, r) in records.iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(r["offset"], i, "{r}");
+        assert_eq!(r["epoch"], if i < EPOCH_1_EVENTS { 1 } else { 2 }, "{r}");
+        assert_eq!(r["kind"], 1);
+        assert_eq!(r["kind_name"], "message");
+        assert_eq!(r["length"], payload(i).len());
+        assert_eq!(r["record_bytes"], payload(i).len() + 32);
+        assert_eq!(r["checksum_ok"], true);
+        assert_eq!(r["status"], "entry");
+        assert!(r["segment"].as_str().expect("segment").ends_with(".log"));
+        assert!(r["position"].is_u64());
+        assert!(r.get("payload").is_none(), "no payload by default: {r}");
+    }
+    let segment_names: std::collections::BTreeSet<&str> = records
+        .iter()
+        .map(|r| r["segment"].as_str().expect("segment"))
+        .collect();
+    assert!(
+        segment_names.len() >= 2,
+        "the log spans segments: {segment_names:?}"
+    );
+    assert_eq!(end["records_printed"], EVENTS);
+    assert_eq!(end["entries"], EVENTS);
+    assert_eq!(end["next_offset"], EVENTS);
+    assert_eq!(end["last_offset"], EVENTS - 1);
+    assert_eq!(end["last_epoch"], 2);
+    assert_eq!(end["end"]["result"], "clean");
+    assert_eq!(end["live_holder"], Value::Null);
+
+    // --from / --count choose the printed records.
+    let (some, end) = dump_jsonl(dir, &["--from", "60", "--count", "3"]);
+    let offsets: Vec<u64> = some
+        .iter()
+        .map(|r| r["offset"].as_u64().expect("offset"))
+        .collect();
+    assert_eq!(offsets, [60, 61, 62]);
+    assert_eq!(end["records_printed"], 3);
+    assert_eq!(end["records_scanned"], EVENTS);
+
+    // Payload modes.
+    let (hex, _) = dump_jsonl(dir, &["--from", "7", "--count", "1", "--payload", "hex"]);
+    let expected: String = payload(7).bytes().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex[0]["payload"], expected);
+    let (utf8, _) = dump_jsonl(dir, &["--from", "7", "--count", "1", "--payload", "utf8"]);
+    assert_eq!(utf8[0]["payload"], payload(7));
+
+    // Text: a header, one row per record, an end line.
+    let out = quire(&[
+        "wal",
+        "dump",
+        path_str(dir),
+        "--count",
+        "5",
+        "--payload",
+        "utf8",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1 + 5 + 1, "{stdout}");
+    for column in [
+        "OFFSET", "EPOCH", "KIND", "LENGTH", "SEGMENT", "POSITION", "CRC", "PAYLOAD",
+    ] {
+        assert!(
+            lines[0].contains(column),
+            "header lacks {column}: {}",
+            lines[0]
+        );
+    }
+    let row: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(row[0], "2", "{}", lines[3]);
+    assert_eq!(row[1], "1");
+    assert_eq!(row[2], "message(1)");
+    assert_eq!(row[3], payload(2).len().to_string());
+    assert_eq!(row[6], "ok");
+    assert_eq!(row[7], "entry");
+    assert!(
+        lines[3].contains(&format!("{:?}", payload(2))),
+        "{}",
+        lines[3]
+    );
+    assert!(
+        lines[6].starts_with("-- 5 record(s) printed"),
+        "{}",
+        lines[6]
+    );
+    assert!(lines[6].contains("clean"), "{}", lines[6]);
+
+    // json: one object holding everything.
+    let out = quire(&["wal", "dump", path_str(dir), "--format", "json"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1);
+    let json: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        json["records"].as_array().expect("records").len() as u64,
+        EVENTS
+    );
+    assert_eq!(json["end"]["end"]["result"], "clean");
+}
+
+#[test]
+fn stat_summarizes_segments_and_totals() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_log(tmp.path());
+    // A store's data directory: the WAL is in DIR/wal.
+    let data = tempfile::tempdir().expect("tempdir");
+    std::fs::rename(tmp.path(), data.path().join("wal")).expect("move the WAL");
+
+    let out = quire(&["wal", "stat", path_str(data.path()), "--format", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    let segs = json["segments"].as_array().expect("segments");
+    assert!(segs.len() >= 2, "{json}");
+    let mut records = 0;
+    let mut epochs = Vec::new();
+    let mut expected_base = 0;
+    for s in segs {
+        assert_eq!(s["base_offset"], expected_base, "{s}");
+        assert!(s["name"].as_str().expect("name").ends_with(".log"));
+        assert!(s["used_bytes"].as_u64().expect("used") > 0);
+        assert!(s["file_bytes"].as_u64().expect("file") >= s["used_bytes"].as_u64().expect("used"));
+        assert_eq!(s["markers"], 0);
+        let last = s["last_offset"].as_u64().expect("last");
+        records += s["records"].as_u64().expect("records");
+        expected_base = last + 1;
+        for e in s["epochs"].as_array().expect("epochs") {
+            let e = e.as_u64().expect("epoch");
+            if epochs.last() != Some(&e) {
+                epochs.push(e);
+            }
+        }
+        assert_eq!(
+            s["epochs_count"],
+            s["epochs"].as_array().expect("epochs").len()
+        );
+    }
+    assert_eq!(records, EVENTS);
+    assert_eq!(epochs, [1, 2]);
+    let t = &json["totals"];
+    assert_eq!(t["segments"], segs.len());
+    assert_eq!(t["records"], EVENTS);
+    assert_eq!(t["entries"], EVENTS);
+    assert_eq!(t["first_offset"], 0);
+    assert_eq!(t["next_offset"], EVENTS);
+    assert_eq!(t["last_offset"], EVENTS - 1);
+    assert_eq!(t["last_epoch"], 2);
+    assert_eq!(t["max_epoch"], 2);
+    assert_eq!(json["promised_epoch"], 0);
+    assert_eq!(json["end"]["result"], "clean");
+    assert!(
+        json["dir"].as_str().expect("dir").ends_with("/wal"),
+        "{json}"
+    );
+
+    // The text form is a table ("table" is accepted as the format's name).
+    let out = quire(&["wal", "stat", path_str(data.path()), "--format", "table"]);
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("SEGMENT"), "{stdout}");
+    assert!(stdout.contains("end         clean"), "{stdout}");
+}
+
+#[test]
+fn verify_is_0_clean_2_torn_and_repair_cuts_only_the_torn_tail() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_log(dir);
+
+    let out = quire(&["wal", "verify", path_str(dir)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("result      clean (exit 0)"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Tear the last record: cut the last segment in the middle of it.
+    let (records, _) = dump_jsonl(dir, &[]);
+    let last = records.last().expect("records");
+    let seg = dir.join(last["segment"].as_str().expect("segment"));
+    let position = last["position"].as_u64().expect("position");
+    let cut_at = position + last["record_bytes"].as_u64().expect("bytes") / 2;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open segment")
+        .set_len(cut_at)
+        .expect("truncate");
+
+    let out = quire(&["wal", "verify", path_str(dir), "--format", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    assert_eq!(json["result"], "torn_tail");
+    assert_eq!(json["exit_code"], 2);
+    assert_eq!(json["end"]["segment"], path_str(&seg));
+    assert_eq!(json["end"]["position"], position);
+    assert_eq!(json["end"]["offset"], EVENTS - 1);
+    assert_eq!(json["last_offset"], EVENTS - 2);
+    assert!(
+        text(&out.stderr).contains("torn tail"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A dry run reports the cut and changes nothing.
+    let before = snapshot(dir);
+    let out = quire(&["wal", "repair", path_str(dir), "--truncate-torn-tail"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("dry run: would cut the torn tail"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--yes"), "{stdout}");
+    assert_eq!(snapshot(dir), before, "a dry run changed the directory");
+
+    // Without --truncate-torn-tail there is nothing to do: a usage error.
+    let out = quire(&["wal", "repair", path_str(dir), "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(snapshot(dir), before);
+
+    // --yes cuts it; the log then verifies clean and ends one entry earlier.
+    let out = quire(&[
+        "wal",
+        "repair",
+        path_str(dir),
+        "--truncate-torn-tail",
+        "--yes",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    assert_eq!(json["dry_run"], false);
+    assert_eq!(json["changed"], true);
+    assert_eq!(json["result"], "torn_tail");
+    assert_eq!(json["cut"]["position"], position);
+    assert_eq!(json["last_offset"], EVENTS - 2);
+    let out = quire(&["wal", "verify", path_str(dir)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let (records, end) = dump_jsonl(dir, &[]);
+    assert_eq!(records.len() as u64, EVENTS - 1);
+    assert_eq!(end["end"]["result"], "clean");
+
+    // A second repair has nothing to cut.
+    let out = quire(&[
+        "wal",
+        "repair",
+        path_str(dir),
+        "--truncate-torn-tail",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text(&out.stdout).contains("nothing to cut"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn a_flipped_bit_in_a_sealed_segment_is_corruption_and_never_repaired() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_log(dir);
+    let first_segment = segments(dir)[0].clone();
+    let (records, _) = dump_jsonl(dir, &[]);
+    let victim = &records[10];
+    assert_eq!(
+        victim["segment"].as_str(),
+        first_segment.file_name().and_then(|n| n.to_str()),
+        "record 10 is in the first (sealed) segment"
+    );
+    let position = victim["position"].as_u64().expect("position");
+    // Flip one bit in the payload.
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&first_segment)
+        .expect("open");
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, position + 40).expect("read");
+    byte[0] ^= 0x10;
+    file.write_all_at(&byte, position + 40).expect("write");
+    drop(file);
+
+    let out = quire(&["wal", "verify", path_str(dir)]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    for needle in [
+        "CORRUPTION".to_owned(),
+        path_str(&first_segment).to_owned(),
+        format!("position {position}"),
+        "expected offset 10".to_owned(),
+    ] {
+        assert!(
+            stdout.contains(&needle),
+            "stdout lacks {needle:?}:\n{stdout}"
+        );
+        assert!(
+            stderr.contains(&needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    let out = quire(&["wal", "verify", path_str(dir), "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    assert_eq!(json["result"], "corruption");
+    assert_eq!(json["end"]["segment"], path_str(&first_segment));
+    assert_eq!(json["end"]["position"], position);
+    assert_eq!(json["end"]["offset"], 10);
+
+    // The dump shows the bad record with a failed checksum.
+    let (dumped, end) = dump_jsonl(dir, &[]);
+    let bad = dumped.last().expect("records");
+    assert_eq!(bad["status"], "bad");
+    assert_eq!(bad["checksum_ok"], false);
+    assert_eq!(bad["offset"], 10);
+    assert_eq!(end["end"]["result"], "corruption");
+
+    // Repair refuses, dry run or not, and changes nothing.
+    let before = snapshot(dir);
+    for extra in [&[][..], &["--yes"][..]] {
+        let mut args = vec!["wal", "repair", path_str(dir), "--truncate-torn-tail"];
+        args.extend_from_slice(extra);
+        let out = quire(&args);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            text(&out.stdout).contains("REFUSED"),
+            "{}",
+            text(&out.stdout)
+        );
+        assert!(
+            text(&out.stderr).contains("refusing to repair"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_eq!(snapshot(dir), before, "repair changed a corrupt log");
+    }
+}
+
+#[test]
+fn a_wal_held_open_is_read_but_not_repaired() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_log(dir);
+    // This process plays the running node. Other tests of this binary spawn `quire`
+    // children at the same time, and a child holds a copy of every open descriptor until
+    // it execs (close-on-exec applies only then), so the lock `write_log` just released
+    // can stay taken for a moment: retry, bounded.
+    let started = Instant::now();
+    let wal = loop {
+        match Wal::open(WalConfig {
+            segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+            ..WalConfig::new(dir)
+        }) {
+            Ok((wal, _)) => break wal,
+            Err(quire_wal::WalError::Locked { .. }) if started.elapsed() < RUN_TIME_MAX => {
+                thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("reopen: {e}"),
+        }
+    };
+
+    let out = quire(&["wal", "stat", path_str(dir), "--format", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    if Path::new("/proc/locks").exists() {
+        assert_eq!(json["live_holder"]["pid"], std::process::id(), "{json}");
+        assert!(
+            text(&out.stderr).contains("open by a running process"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = quire(&[
+        "wal",
+        "repair",
+        path_str(dir),
+        "--truncate-torn-tail",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("is locked by"),
+        "{}",
+        text(&out.stderr)
+    );
+    wal.close().expect("close");
+}
+
+#[test]
+fn a_missing_directory_is_an_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let missing = tmp.path().join("nope");
+    let out = quire(&["wal", "verify", path_str(&missing)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("cannot open"),
+        "{}",
+        text(&out.stderr)
+    );
+}
