@@ -53,12 +53,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broker(command) => servers::broker(command)?,
         Command::Produce(args) => produce::main(&args.to_config()?)?,
         Command::Consume(args) => consume::main(&args.to_config())?,
-        Command::Cluster(ClusterCommand::Up(args)) => {
-            cluster::up::run_up(&args, &mut io::stdout().lock())?;
-        }
-        Command::Cluster(ClusterCommand::Down(args)) => {
-            cluster::up::run_down(&args, &mut io::stdout().lock())?;
-        }
         Command::Cluster(ClusterCommand::Status(args)) => {
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
