@@ -93,6 +93,10 @@ pub struct Metrics {
     pub failover_duration: Histogram,
     /// Times this broker stepped down as master.
     pub step_downs: Counter,
+    /// Graceful handoffs this broker finished as the handing master.
+    pub handoffs: Counter,
+    /// A graceful handoff's pause: request received to the new master serving, in seconds.
+    pub handoff_duration: Histogram,
     snapshot: Arc<Mutex<StatusSnapshot>>,
 }
 
@@ -115,6 +119,8 @@ impl Metrics {
             failovers: Counter::default(),
             failover_duration: Histogram::new(FAILOVER_BUCKETS_S),
             step_downs: Counter::default(),
+            handoffs: Counter::default(),
+            handoff_duration: Histogram::new(FAILOVER_BUCKETS_S),
             snapshot: snapshot.clone(),
             registry: Registry::default(),
         };
@@ -178,6 +184,16 @@ impl Metrics {
             "step_downs",
             "Times this broker stopped being master",
             m.step_downs.clone(),
+        );
+        r.register(
+            "handoffs",
+            "Graceful handoffs finished by this broker as the handing master",
+            m.handoffs.clone(),
+        );
+        r.register(
+            "handoff_duration_seconds",
+            "Graceful handoff: request received to the new master serving (the write pause)",
+            m.handoff_duration.clone(),
         );
         registry.register_collector(Box::new(SnapshotCollector { snapshot }));
         Metrics { registry, ..m }
@@ -373,6 +389,8 @@ mod tests {
         m.produce_requests.inc();
         m.failovers.inc();
         m.failover_duration.observe(0.8);
+        m.handoffs.inc();
+        m.handoff_duration.observe(0.05);
         m.produce_error("no_quorum");
         m.set_status(StatusSnapshot {
             is_master: true,
@@ -389,6 +407,8 @@ mod tests {
             "quire_produce_requests_total 1",
             "quire_failovers_total 1",
             "quire_failover_duration_seconds_count 1",
+            "quire_handoffs_total 1",
+            "quire_handoff_duration_seconds_count 1",
             "quire_is_master 1",
             "quire_epoch 65537",
             "quire_hwm 41",

@@ -51,6 +51,8 @@ use crate::durable::{self, ClusterFile};
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
 use crate::state::{Applied, BrokerState, Dedup};
 
+mod handoff;
+
 /// Longest long-poll a fetch may ask for, in milliseconds.
 pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
 /// Fetches waiting for messages at once, at most; more are answered at once (empty).
@@ -174,6 +176,8 @@ pub(crate) struct Actor {
     bootstrap_refusal_logged: bool,
     probe_started: Instant,
     identities_dirty: bool,
+    /// A graceful handoff this broker runs as the handing master.
+    handoff: Option<handoff::Handoff>,
 }
 
 impl std::fmt::Debug for Actor {
@@ -286,6 +290,7 @@ impl Actor {
             bootstrap_refusal_logged: false,
             probe_started: Instant::now(),
             identities_dirty: false,
+            handoff: None,
             cfg,
         };
         actor.role = Role::Follower(Box::new(actor.new_follower(LocalLog::empty(), Epoch::ZERO)));
@@ -403,6 +408,9 @@ impl Actor {
     fn master_hint(&self) -> (Epoch, Option<BrokerInfo>) {
         match &self.role {
             Role::Master(_) => (self.highest_epoch_seen, self.broker_info(self.me)),
+            Role::Follower(_) if self.handoff_hint().is_some() => {
+                (self.highest_epoch_seen, self.handoff_hint())
+            }
             Role::Follower(f) => {
                 let recent = self
                     .last_master_contact
@@ -456,6 +464,8 @@ impl Actor {
                 self.on_write_request(r);
             }
             Body::CommitCursorRequest(_) => self.on_write_request(r),
+            Body::HandoffRequest(_) => self.on_handoff_request(r),
+            Body::TakeOverNowRequest(_) => self.on_take_over_now(r),
             Body::FetchRequest(_) => {
                 self.metrics.fetch_requests.inc();
                 self.on_fetch(r);
@@ -646,6 +656,7 @@ impl Actor {
                 FollowerCommand::StartTakeover { .. } => {}
             }
         }
+        self.advance_handoff();
     }
 
     /// Applies stabilized events to the broker state (any role), keeps them for consumers,
@@ -818,6 +829,7 @@ impl Actor {
                 generation,
                 outcome,
             } => self.on_tail_answer(slot, generation, outcome),
+            Internal::HandoffAnswer { epoch, outcome } => self.on_handoff_answer(epoch, outcome),
             Internal::EpochPersisted { counter, outcome } => match outcome {
                 Ok(()) => {
                     self.durable_counter = self.durable_counter.max(counter);
@@ -888,6 +900,7 @@ impl Actor {
             }
             Role::Switching => {}
         }
+        self.advance_handoff();
         self.expire_fetches(now);
         self.publish_status();
     }
@@ -1582,6 +1595,7 @@ impl Actor {
             self.metrics.failover_duration.observe(took.as_secs_f64());
             tracing::info!(epoch = %m.core.epoch(), hwm = ?m.core.hwm(), took_ms = took.as_millis() as u64, "master is serving");
         }
+        self.advance_handoff();
         self.retry_blocked();
     }
 
@@ -1630,6 +1644,7 @@ impl Actor {
     // ------------------------------------------------------------------ produce
 
     fn on_write_request(&mut self, r: Request) {
+        let handing_off = self.is_handing_off();
         let Role::Master(m) = &mut self.role else {
             if matches!(r.body, Body::ProduceRequest(_)) {
                 self.metrics.produce_error("not_master");
@@ -1637,7 +1652,7 @@ impl Actor {
             self.not_master(&r.reply, r.request_id);
             return;
         };
-        if !m.serving || !m.blocked.is_empty() {
+        if !m.serving || !m.blocked.is_empty() || handing_off {
             if m.blocked.len() >= BLOCKED_REQUESTS_MAX {
                 self.metrics.produce_error("overloaded");
                 r.reply.error(
@@ -1658,6 +1673,9 @@ impl Actor {
 
     /// Retries blocked requests in order while they fit.
     fn retry_blocked(&mut self) {
+        if self.is_handing_off() {
+            return;
+        }
         loop {
             let Role::Master(m) = &mut self.role else {
                 return;

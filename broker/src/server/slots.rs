@@ -85,6 +85,11 @@ pub(crate) enum Internal {
         generation: u64,
         outcome: Result<quire_proto::TailResponse, ClientError>,
     },
+    /// The target's answer to a handoff's `TakeOverNowRequest` (sent in `epoch`).
+    HandoffAnswer {
+        epoch: Epoch,
+        outcome: Result<quire_proto::Body, String>,
+    },
     /// The epoch counter is durable (or could not be made so).
     EpochPersisted {
         counter: u64,
