@@ -79,7 +79,7 @@ fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
     // The longest gap between two acknowledgements of any producer around the handoff.
     let pause_max = outcomes
         .iter()
-        .flat_map(|o| o.ack_times.windows(2).map(|w| w[1] - w[0]))
+        .flat_map(|o| o.ack_times.windows(2).map(|w| w[1].0 - w[0].0))
         .max()
         .unwrap_or_default();
     let not_master: u64 = outcomes.iter().map(|o| o.not_master).sum();

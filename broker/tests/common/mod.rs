@@ -702,8 +702,8 @@ pub struct ProducerOutcome {
     pub transport: u64,
     /// Every other error answer: code and message.
     pub errors: Vec<(ErrorCode, String)>,
-    /// When each acknowledgement arrived.
-    pub ack_times: Vec<Instant>,
+    /// When each acknowledgement arrived, and from which broker (index in the addresses).
+    pub ack_times: Vec<(Instant, usize)>,
 }
 
 /// Producers that send batches of 10 continuously, one request in flight each, to
@@ -741,12 +741,12 @@ impl LoadDriver {
     }
 }
 
-fn serving_master(addrs: &[String]) -> Option<Client> {
-    addrs.iter().find_map(|a| {
+fn serving_master(addrs: &[String]) -> Option<(usize, Client)> {
+    addrs.iter().enumerate().find_map(|(i, a)| {
         let mut c = Client::connect_with(a, PROBE_WAIT).ok()?;
         let m = c.metadata().ok()?;
         let me = m.master.as_ref()?;
-        (me.addr == *a && c.is_serving()).then_some(c)
+        (me.addr == *a && c.is_serving()).then_some((i, c))
     })
 }
 
@@ -759,7 +759,7 @@ fn run_producer(addrs: &[String], p: u64, stop: &std::sync::atomic::AtomicBool) 
         if stop.load(std::sync::atomic::Ordering::SeqCst) {
             break;
         }
-        let Some(mut c) = serving_master(addrs) else {
+        let Some((broker, mut c)) = serving_master(addrs) else {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
@@ -776,7 +776,7 @@ fn run_producer(addrs: &[String], p: u64, stop: &std::sync::atomic::AtomicBool) 
                             assert_eq!(prev, o, "producer {p}: a retry got other offsets");
                         }
                     }
-                    out.ack_times.push(Instant::now());
+                    out.ack_times.push((Instant::now(), broker));
                     seq += LOAD_BATCH;
                     if stop.load(std::sync::atomic::Ordering::SeqCst) {
                         break 'outer;
