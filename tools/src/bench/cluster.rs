@@ -110,11 +110,11 @@ pub struct ClusterBenchArgs {
     pub event_size: u64,
 
     /// Messages per produce request (the producer's batch).
-    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[arg(long, value_name = "N", default_value_t = 64)]
     pub batch: usize,
 
     /// Produce requests in flight per producer.
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    #[arg(long, value_name = "N", default_value_t = 4)]
     pub in_flight: usize,
 
     /// How long a batch waits for more messages after its first one.
