@@ -356,8 +356,10 @@ pub(crate) fn reject_reason(e: &WireError) -> &'static str {
 }
 
 /// Serves a read from the WAL's durable records (blocking: call on the blocking pool).
+/// A range that retention deleted is answered with no events and `first_offset` above
+/// `from` (docs/protocol.md, "Read").
 fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
-    let first_offset = wal.first_offset();
+    let mut first_offset = wal.first_offset();
     let max_events = (req.max_events as usize).min(limits.read_events_max);
     let max_bytes = (req.max_bytes as usize).min(limits.read_bytes_max);
     let records = if max_events == 0 {
@@ -366,6 +368,11 @@ fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
         match wal.read(req.from, max_events, max_bytes as u64) {
             Ok(r) => r,
             Err(WalError::OffsetOutOfRange { .. }) => Vec::new(),
+            Err(WalError::Trimmed { first, .. }) => {
+                // A trim may have run since `first_offset` was taken.
+                first_offset = first_offset.max(first);
+                Vec::new()
+            }
             Err(e) => {
                 tracing::error!(error = %e, from = %req.from, "read failed");
                 return ErrorResponse::new(ErrorCode::Internal, format!("read failed: {e}")).into();

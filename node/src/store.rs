@@ -26,9 +26,9 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use quire_proto::{
-    AppendRejected, AppendRequest, Body, BrokerId, Epoch, ErrorCode, ErrorResponse, FenceGranted,
-    FenceRefused, FenceRequest, Heartbeat, HeartbeatAck, LogPosition, Offset, PersistedAck,
-    RejectReason, TailResponse,
+    AppendRejected, AppendRequest, Body, BrokerId, Epoch, ErrorCode, ErrorResponse, EventBody,
+    EventKind, FenceGranted, FenceRefused, FenceRequest, Heartbeat, HeartbeatAck, LogPosition,
+    Offset, PersistedAck, RejectReason, TailResponse,
 };
 use quire_wal::{Append, PromisedEpoch, Record, Wal, WalError};
 use tokio::sync::mpsc;
@@ -41,6 +41,10 @@ use crate::replica::{AcceptPlan, AppendDecision, FenceDecision, Replica};
 /// Commands queued for the store actor at most; connections wait (and stop reading)
 /// beyond it.
 pub const STORE_QUEUE_MAX: usize = 8192;
+
+/// Trim events remembered at most while they wait to be stabilized; beyond it the oldest
+/// is forgotten (a later trim point supersedes it: the master's trim points only grow).
+pub const PENDING_TRIMS_MAX: usize = 64;
 
 /// A request for the store actor, with where to answer it.
 #[derive(Debug)]
@@ -132,6 +136,87 @@ pub(crate) struct Store {
     /// Sequence number of the latest WAL submission (0: none yet).
     last_seq: u64,
     metrics: Arc<Metrics>,
+    /// Retention bookkeeping; see [`Retention`].
+    retention: Retention,
+}
+
+/// Retention on a store: Trim events seen in accepted appends wait here until they are
+/// stabilized, then the WAL deletes the whole segments below their trim point.
+///
+/// An entry of this store's log is known stabilized when it is at or below both the HWM
+/// and the end of the last append accepted from a master of the same epoch (an accepted
+/// append means this log matches that master's through its end; the HWM says the
+/// master's log is stabilized through it). `stable` is the highest such offset seen; it
+/// only grows, since a stabilized entry is never replaced.
+#[derive(Debug, Default)]
+struct Retention {
+    /// `(epoch, through)` of the last accepted append.
+    matched: Option<(Epoch, Offset)>,
+    /// Highest offset known stabilized in this log.
+    stable: Option<Offset>,
+    /// `(offset of the Trim event, its epoch, before)`, in log order.
+    pending: VecDeque<(Offset, Epoch, Offset)>,
+    /// The highest trim point handed to the WAL.
+    requested: Offset,
+}
+
+impl Retention {
+    /// Learns the HWM `hwm` of a master of `epoch`; returns whether `stable` rose.
+    fn learn(&mut self, epoch: Epoch, hwm: Option<Offset>) -> bool {
+        let (Some(h), Some((m_epoch, through))) = (hwm, self.matched) else {
+            return false;
+        };
+        if m_epoch != epoch {
+            return false;
+        }
+        let safe = h.min(through);
+        if self.stable.is_some_and(|s| s >= safe) {
+            return false;
+        }
+        self.stable = Some(safe);
+        true
+    }
+
+    /// Remembers the Trim events among `events` (bodies that do not decode are logged and
+    /// ignored: they delete nothing).
+    fn note(&mut self, events: &[quire_proto::Event]) {
+        for e in events.iter().filter(|e| e.kind == EventKind::Trim) {
+            match EventBody::decode(EventKind::Trim, &e.payload) {
+                Ok(EventBody::Trim(t)) => {
+                    if self.pending.len() == PENDING_TRIMS_MAX {
+                        self.pending.pop_front();
+                    }
+                    self.pending.push_back((e.offset, e.epoch, t.before));
+                }
+                Ok(_) | Err(_) => {
+                    tracing::warn!(offset = %e.offset, "a Trim event whose body does not decode");
+                }
+            }
+        }
+    }
+
+    /// The trim point to hand to the WAL now, if any: the highest `before` of a pending
+    /// Trim event that is stabilized and still in the log, capped at `stable`.
+    fn due(&mut self, wal: &Wal) -> Option<Offset> {
+        let stable = self.stable?;
+        let mut best = None;
+        while let Some(&(at, epoch, before)) = self.pending.front() {
+            if at > stable {
+                break;
+            }
+            self.pending.pop_front();
+            // The event must still be the one at `at` (not replaced by a truncation).
+            if wal.entry_epoch(at) == Some(epoch) || at < wal.first_offset() {
+                best = best.max(Some(before.min(stable)));
+            }
+        }
+        let point = best?;
+        if point <= self.requested {
+            return None;
+        }
+        self.requested = point;
+        Some(point)
+    }
 }
 
 impl Store {
@@ -162,6 +247,7 @@ impl Store {
             waiters: VecDeque::new(),
             last_seq: 0,
             metrics,
+            retention: Retention::default(),
         };
         (store, StoreHandle { tx }, rx)
     }
@@ -193,6 +279,7 @@ impl Store {
             Command::Fence(req, reply) => self.on_fence(req, reply).await,
             Command::Heartbeat(hb, reply) => {
                 self.learn_hwm(hb.epoch, hb.hwm);
+                self.retain(hb.epoch, hb.hwm);
                 reply.send(HeartbeatAck {
                     epoch: self.replica.promised(),
                     broker: BrokerId(0),
@@ -255,8 +342,15 @@ impl Store {
                 return;
             }
         }
-        self.learn_hwm(req.epoch, req.hwm);
+        if let Some(through) = plan.through {
+            self.retention.matched = Some((req.epoch, through));
+        }
+        self.retention.note(&req.events);
+        let (epoch, hwm) = (req.epoch, req.hwm);
+        self.learn_hwm(epoch, hwm);
         self.submit(req, plan, reply);
+        // After the submission, so a Trim event in this very append is in the log.
+        self.retain(epoch, hwm);
     }
 
     fn submit(&mut self, req: AppendRequest, plan: AcceptPlan, reply: Reply) {
@@ -496,6 +590,34 @@ impl Store {
                 self.metrics.hwm.set(i64::try_from(h.0).unwrap_or(i64::MAX));
             }
         }
+    }
+
+    /// Retention: learns what is stabilized from the HWM of a master of `epoch` and trims
+    /// the log if a Trim event became stabilized.
+    fn retain(&mut self, epoch: Epoch, hwm: Option<Offset>) {
+        if self.retention.learn(epoch, hwm) {
+            if let Some(before) = self.retention.due(&self.wal) {
+                self.trim(before);
+            }
+        }
+    }
+
+    /// Deletes the whole segments below `before` on the blocking pool (unlinks and a
+    /// directory fsync), without holding up the actor. A failure is logged: the segments
+    /// stay and the next trim point retries.
+    fn trim(&self, before: Offset) {
+        let wal = self.wal.clone();
+        tokio::task::spawn_blocking(move || match wal.trim_before(before) {
+            Ok(r) if r.segments_deleted > 0 => tracing::info!(
+                before = %before,
+                first_offset = %r.first_offset,
+                segments = r.segments_deleted,
+                bytes = r.bytes_deleted,
+                "retention trimmed the log"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, before = %before, "retention trim failed"),
+        });
     }
 
     /// Raises the promised epoch durably (on the blocking pool), then in memory.
