@@ -5,8 +5,9 @@
 //! Then, through the `quire` binary: `produce --count` (jsonl acks), `consume --from
 //! beginning` (the same offsets and payloads in order), stdin mode round-tripping text lines,
 //! a durable cursor continuing where the previous run stopped, an idle timeout before `-n`
-//! failing, `cluster status` naming the master and three voting stores, and `bench cluster`
-//! reporting non-zero figures and a readable histogram file.
+//! failing, `cluster status` naming the master and three voting stores, `bench cluster`
+//! reporting non-zero figures and a readable histogram file, and — with two stores killed —
+//! `produce` failing with every message reported as outcome unknown.
 //!
 //! Every child is killed and the directory removed on drop, also when an assertion fails;
 //! every wait is bounded.
@@ -178,7 +179,8 @@ impl Cluster {
                 .arg(root.path().join(format!("broker{id}")))
                 .args(["--stores", &stores.join(",")])
                 .args(["--brokers", &list.join(",")])
-                .args(["--heartbeat-ms", "50", "--election-timeout-ms", "600"]);
+                .args(["--heartbeat-ms", "50", "--election-timeout-ms", "600"])
+                .args(["--produce-timeout-ms", "2000"]);
             let (b, got) = Server::start(
                 &format!("broker{id}"),
                 cmd,
@@ -271,7 +273,7 @@ fn offsets(lines: &[Value]) -> Vec<u64> {
 
 #[test]
 fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
-    let cluster = Cluster::start();
+    let mut cluster = Cluster::start();
 
     // Generated messages: one jsonl line per ack, distinct offsets, in send order.
     let produced = cluster.quire(
@@ -484,6 +486,41 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
     assert!(log.starts_with('#'), "{log}");
     assert!(log.contains("Tag=produce-to-ack,"), "{log}");
     assert_no_leftovers(cluster.root.path());
+
+    // Two of three stores gone: nothing is stabilized, no ack line is printed, and the
+    // command fails saying every message's outcome is unknown (the broker may have written
+    // them to the one store left).
+    let gone: Vec<Server> = cluster.servers.drain(..2).collect();
+    assert!(gone.iter().all(|s| s.name.starts_with("store")));
+    drop(gone);
+    let failed = cluster.quire(
+        &[
+            "produce",
+            "--topic",
+            "lost",
+            "--count",
+            "3",
+            "--size",
+            "10",
+            "--delivery-timeout",
+            "3s",
+            "--format",
+            "jsonl",
+        ],
+        None,
+    );
+    assert!(!failed.status.success(), "{}", stderr(&failed));
+    assert!(stdout(&failed).is_empty(), "{}", stdout(&failed));
+    assert!(
+        stderr(&failed).contains("3 of 3 messages failed (3 outcome unknown"),
+        "{}",
+        stderr(&failed)
+    );
+    assert!(
+        stderr(&failed).contains("failed: message 0 (outcome unknown"),
+        "{}",
+        stderr(&failed)
+    );
 }
 
 /// The commands leave nothing behind in the cluster's directory but what the servers and
