@@ -293,11 +293,14 @@ pub enum ErrorCode {
     Timeout = 206,
     /// Broker: fewer than a quorum of voting stores are reachable.
     NoQuorum = 207,
+    /// Broker: the offset asked for was deleted by retention; detail
+    /// `ErrorDetail::Trimmed` names the first offset still held.
+    Trimmed = 208,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -317,6 +320,7 @@ impl ErrorCode {
         ErrorCode::MessageTooLarge,
         ErrorCode::Timeout,
         ErrorCode::NoQuorum,
+        ErrorCode::Trimmed,
     ];
 
     /// The code's number on the wire.
@@ -345,7 +349,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 19] = [
+        let expected: [(ErrorCode, u16); 20] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -365,13 +369,14 @@ mod tests {
             (ErrorCode::MessageTooLarge, 205),
             (ErrorCode::Timeout, 206),
             (ErrorCode::NoQuorum, 207),
+            (ErrorCode::Trimmed, 208),
         ];
         for (code, number) in expected {
             assert_eq!(code.as_u16(), number);
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 10, 99, 102, 199, 208, 299, u16::MAX] {
+        for n in [0u16, 10, 99, 102, 199, 209, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -6,14 +6,15 @@ use crate::client::BrokerInfo;
 use crate::codec::{BodyWriter, Reader};
 use crate::error::{ErrorCode, WireError};
 use crate::limits::ERROR_MESSAGE_BYTES_MAX;
-use crate::types::{Epoch, Incarnation, StoreId};
+use crate::types::{Epoch, Incarnation, Offset, StoreId};
 
 /// Typed facts that go with some error codes.
 ///
 /// ```text
-/// 1      detail tag            u8: 0 None, 1 NotVoter, 2 NotMaster
+/// 1      detail tag            u8: 0 None, 1 NotVoter, 2 NotMaster, 3 Trimmed
 /// NotVoter:  8 store_id u64, 8 incarnation u64
 /// NotMaster: 8 epoch u64, then Option<BrokerInfo> (tag u8; id u16, addr string)
+/// Trimmed:   8 first_offset u64
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ErrorDetail {
@@ -34,6 +35,11 @@ pub enum ErrorDetail {
         epoch: Epoch,
         /// The master, if known.
         master: Option<BrokerInfo>,
+    },
+    /// With [`ErrorCode::Trimmed`]: where the log now starts.
+    Trimmed {
+        /// The lowest offset still held; reads can start here.
+        first_offset: Offset,
     },
 }
 
@@ -109,6 +115,22 @@ impl ErrorResponse {
         }
     }
 
+    /// The answer to a read of `requested`, which retention deleted; the log now starts at
+    /// `first_offset`.
+    #[must_use]
+    pub fn trimmed(requested: Offset, first_offset: Offset) -> ErrorResponse {
+        ErrorResponse {
+            detail: ErrorDetail::Trimmed { first_offset },
+            ..ErrorResponse::new(
+                ErrorCode::Trimmed,
+                format!(
+                    "offset {} was trimmed by retention; the log starts at {}",
+                    requested.0, first_offset.0
+                ),
+            )
+        }
+    }
+
     /// The answer to a frame that failed to decode with `error`.
     #[must_use]
     pub fn from_wire_error(error: &WireError) -> ErrorResponse {
@@ -133,6 +155,10 @@ impl ErrorResponse {
                 w.u64(epoch.0);
                 BrokerInfo::write_opt(master.as_ref(), w)?;
             }
+            ErrorDetail::Trimmed { first_offset } => {
+                w.u8(3);
+                w.u64(first_offset.0);
+            }
         }
         Ok(())
     }
@@ -151,6 +177,9 @@ impl ErrorResponse {
             2 => ErrorDetail::NotMaster {
                 epoch: r.epoch(field)?,
                 master: BrokerInfo::read_opt(r)?,
+            },
+            3 => ErrorDetail::Trimmed {
+                first_offset: Offset(r.u64(field)?),
             },
             byte => return Err(WireError::InvalidTag { field, byte }),
         };

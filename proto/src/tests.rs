@@ -262,6 +262,7 @@ pub(crate) fn samples() -> Vec<Body> {
             ],
         }
         .into(),
+        ErrorResponse::trimmed(Offset(3), Offset(0x1_0000)).into(),
     ]
 }
 
@@ -1178,6 +1179,21 @@ fn golden_bytes_match_the_protocol_document() {
         },
     ));
     assert_eq!(&unbound[24..], &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+
+    // ErrorResponse with the Trimmed detail (code 208, detail tag 3).
+    let trimmed = ErrorResponse {
+        message: "t".to_owned(),
+        ..ErrorResponse::trimmed(Offset(1), Offset(0x0201))
+    };
+    let bytes = encoded(&Frame::new(RequestId(1), trimmed));
+    #[rustfmt::skip]
+    let body: &[u8] = &[
+        208, 0,                     // code: Trimmed
+        1, 0, b't',                 // message
+        3,                          // detail: Trimmed
+        0x01, 0x02, 0, 0, 0, 0, 0, 0, // first_offset
+    ];
+    assert_eq!(&bytes[24..], body);
 
     let append = AppendRequest {
         epoch: Epoch(5),
