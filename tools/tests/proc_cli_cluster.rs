@@ -487,6 +487,29 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
     assert!(log.contains("Tag=produce-to-ack,"), "{log}");
     assert_no_leftovers(cluster.root.path());
 
+    // Fixed rate: every intended message of the period is sent and acknowledged, once.
+    let paced = cluster.quire(
+        &[
+            "bench",
+            "cluster",
+            "--producers",
+            "2",
+            "--rate",
+            "2000",
+            "--duration",
+            "1s",
+            "--format",
+            "json",
+        ],
+        None,
+    );
+    assert!(paced.status.success(), "bench --rate: {}", stderr(&paced));
+    let report: Value = serde_json::from_str(stdout(&paced).trim()).unwrap();
+    assert_eq!(report["mode"], "fixed_rate", "{report}");
+    assert_eq!(report["target_rate"], 2000, "{report}");
+    assert_eq!(report["ops"], 2000, "{report}");
+    assert!(report["p50_us"].as_u64().unwrap() > 0, "{report}");
+
     // Two of three stores gone: nothing is stabilized, no ack line is printed, and the
     // command fails saying every message's outcome is unknown (the broker may have written
     // them to the one store left).

@@ -504,7 +504,14 @@ async fn drive(
     window: usize,
     pacing: Option<(Duration, Duration)>,
 ) -> ProducerResult {
-    let (tx, mut rx) = mpsc::channel::<Pending>(window.clamp(1, PENDING_MAX));
+    // In closed loop the window bounds what is pending; at a fixed rate only the producer's
+    // buffer does, so a slow ack never holds back the schedule.
+    let pending_max = if pacing.is_some() {
+        PENDING_MAX
+    } else {
+        window.clamp(1, PENDING_MAX)
+    };
+    let (tx, mut rx) = mpsc::channel::<Pending>(pending_max);
     let window = Arc::new(Semaphore::new(window.max(1)));
     let sender = async {
         let mut i: u32 = 0;
