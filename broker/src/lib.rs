@@ -18,6 +18,7 @@ pub mod config;
 pub mod core;
 pub mod durable;
 pub mod metrics;
+pub mod retention;
 pub mod server;
 pub mod state;
 

@@ -16,7 +16,10 @@
 //!   is a stretch of messages whose sequences and offsets both go up by one, so a retried
 //!   batch that lies inside a remembered run gets its original offsets back
 //!   ([`BrokerState::dedup`]);
-//! - the voter set and master of the last epoch-start event.
+//! - the voter set and master of the last epoch-start event;
+//! - the **trim point**: the highest `before` of the Trim events applied (retention). Topic
+//!   indexes drop every offset below it, so no message below it is served from the state;
+//!   a read below it is answered "trimmed" (`ErrorCode::Trimmed`) by the server.
 //!
 //! # Duplicates and cut batches
 //! A message whose `(producer_id, sequence)` is at or below the producer's last applied
@@ -202,6 +205,21 @@ impl TopicIndex {
         }
     }
 
+    /// Drops every offset below `before` (a retention trim).
+    fn trim_below(&mut self, before: Offset) {
+        let whole = self.runs.partition_point(|&(f, c)| f + c <= before.0);
+        let dropped: u64 = self.runs.drain(..whole).map(|(_, c)| c).sum();
+        self.messages -= dropped;
+        if let Some((f, c)) = self.runs.first_mut() {
+            if *f < before.0 {
+                let cut = before.0 - *f;
+                *f = before.0;
+                *c -= cut;
+                self.messages -= cut;
+            }
+        }
+    }
+
     /// Number of messages in the topic.
     #[must_use]
     pub fn len(&self) -> u64 {
@@ -252,6 +270,8 @@ pub struct BrokerState {
     epoch: Epoch,
     master: Option<BrokerId>,
     voters: Vec<Voter>,
+    /// Highest `before` of the Trim events applied (0: nothing trimmed).
+    trim_point: Offset,
     stats: StateStats,
 }
 
@@ -319,7 +339,16 @@ impl BrokerState {
                     voters: s.voters,
                 }
             }
-            EventBody::Trim(_) => Applied::Other,
+            EventBody::Trim(t) => {
+                // Trim points only grow; a stale lower one changes nothing.
+                if t.before > self.trim_point {
+                    self.trim_point = t.before;
+                    for index in self.topics.values_mut() {
+                        index.trim_below(t.before);
+                    }
+                }
+                Applied::Other
+            }
         }
     }
 
@@ -526,6 +555,13 @@ impl BrokerState {
         &self.voters
     }
 
+    /// The trim point: the highest `before` of the Trim events applied; every offset
+    /// below it may have been deleted from the stores (0: nothing trimmed).
+    #[must_use]
+    pub fn trim_point(&self) -> Offset {
+        self.trim_point
+    }
+
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> &StateStats {
@@ -585,6 +621,55 @@ mod tests {
             }
             s
         }
+    }
+
+    #[test]
+    fn a_trim_event_drops_topic_offsets_below_its_point_and_never_goes_back() {
+        let mut log = LogBuilder::new();
+        for i in 0..6 {
+            log.message("a", 0, 0, b"x"); // 0, 2, 4, 6, 8, 10
+            log.message(if i < 2 { "b" } else { "c" }, 0, 0, b"y"); // b: 1, 3; c: 5, 7, 9, 11
+        }
+        // 12: trim below 5 (inside a's run structure and between b's and c's).
+        log.body(&EventBody::Trim(quire_proto::TrimEvent {
+            before: Offset(5),
+        }));
+        // 13: a lower, stale trim point changes nothing.
+        log.body(&EventBody::Trim(quire_proto::TrimEvent {
+            before: Offset(2),
+        }));
+        let s = log.apply_all();
+        assert_eq!(s.trim_point(), Offset(5));
+        assert_eq!(
+            s.topic_offsets("a", Offset(0), 10),
+            vec![Offset(6), Offset(8), Offset(10)]
+        );
+        assert_eq!(s.topic("a").map(TopicIndex::len), Some(3));
+        assert_eq!(
+            s.topic("b").map(TopicIndex::len),
+            Some(0),
+            "b keeps its name"
+        );
+        assert_eq!(
+            s.topic_offsets("c", Offset(0), 10),
+            vec![Offset(5), Offset(7), Offset(9), Offset(11)]
+        );
+
+        // Inside one run: a topic fed alone is cut in the middle of its run.
+        let mut log = LogBuilder::new();
+        for _ in 0..10 {
+            log.message("solo", 0, 0, b"z");
+        }
+        log.body(&EventBody::Trim(quire_proto::TrimEvent {
+            before: Offset(7),
+        }));
+        let s = log.apply_all();
+        assert_eq!(
+            s.topic_offsets("solo", Offset(0), 10),
+            vec![Offset(7), Offset(8), Offset(9)]
+        );
+        assert_eq!(s.topic("solo").map(TopicIndex::len), Some(3));
+        assert_eq!(s.topic("solo").and_then(TopicIndex::last), Some(Offset(9)));
     }
 
     #[test]
