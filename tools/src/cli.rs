@@ -44,6 +44,10 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Start a local cluster, produce and consume through it, kill the master partway,
+    /// and check that every acknowledged message was consumed exactly once, in order.
+    Demo(crate::demo::DemoArgs),
+
     /// Measure the disk (and, later, the WAL, a node, a cluster) against its physical limit.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -12,6 +12,7 @@
 //! | [`servers`] | `quire node ...` / `quire broker ...`: the store and broker servers |
 //! | [`produce`], [`consume`] | `quire produce` / `quire consume` |
 //! | [`cluster`] | `quire cluster ...` and what the client commands share |
+//! | [`demo`] | `quire demo`: a local cluster, producers, a consumer, a killed master |
 //! | [`wal`] | `quire wal dump|verify|stat|repair`: the offline WAL tools |
 //! | [`dio`] | direct-I/O alignment discovery and aligned buffers |
 //! | [`interrupt`] | Ctrl-C/SIGTERM as a flag for synchronous commands |
@@ -24,6 +25,7 @@ pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod consume;
+pub mod demo;
 pub mod dio;
 pub mod interrupt;
 pub mod output;
@@ -53,6 +55,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broker(command) => servers::broker(command)?,
         Command::Produce(args) => produce::main(&args.to_config()?)?,
         Command::Consume(args) => consume::main(&args.to_config())?,
+        Command::Demo(args) => {
+            let report = demo::run(&args.to_config()?)?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+            demo::check(&report)?;
+        }
+        Command::Cluster(ClusterCommand::Up(args)) => {
+            cluster::up::run_up(&args, &mut io::stdout().lock())?;
+        }
+        Command::Cluster(ClusterCommand::Down(args)) => {
+            cluster::up::run_down(&args, &mut io::stdout().lock())?;
+        }
         Command::Cluster(ClusterCommand::Status(args)) => {
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;

@@ -3,11 +3,12 @@
 //! option ([`BrokersArgs`]), the Tokio runtime each of them builds in its own `run`
 //! ([`runtime`]), and Ctrl-C/SIGTERM as a future ([`signal`]).
 //!
-//! This module talks to brokers only through `quire-client`; it owns no wire bytes. It does
-//! not start stores or brokers (`quire node run` / `quire broker run` do, see
-//! [`crate::servers`]).
+//! This module talks to brokers only through `quire-client`; it owns no wire bytes. [`up`]
+//! starts a local cluster as child processes (`quire node run` / `quire broker run`, see
+//! [`crate::servers`]) for `quire cluster up` and `quire demo`.
 
 pub mod status;
+pub mod up;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -21,6 +22,15 @@ pub enum ClusterCommand {
     /// Asks every broker given (and every broker their answers name) for its metadata, each
     /// request bounded by --timeout; the stores' figures come from the master's answer.
     Status(status::StatusArgs),
+
+    /// Start a local cluster (stores and brokers as child processes on 127.0.0.1, data and
+    /// logs under --dir), wait until it has a master, print its addresses, and run until
+    /// Ctrl-C (or, with --detach, leave it running and exit).
+    Up(up::UpArgs),
+
+    /// Stop a cluster started with `quire cluster up --detach` (SIGTERM, a bounded wait,
+    /// then SIGKILL).
+    Down(up::DownArgs),
 }
 
 /// The `--brokers` option of every command that talks to a running cluster.
