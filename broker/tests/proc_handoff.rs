@@ -173,3 +173,45 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
         assert_eq!(by_offset.get(o), Some(m), "delivered at {o:?}");
     }
 }
+
+/// Fault: the handoff's target is dead. What must hold: the master answers the handoff
+/// with an error within its bound (no hang), stays master, and the writes that waited
+/// during the attempt are acknowledged afterwards.
+#[test]
+fn proc_handoff_to_a_dead_slave_fails_in_bounded_time_and_the_master_serves_on() {
+    let mut cluster = Cluster::new(3, 3, Timing::default());
+    cluster.start_all();
+    let old = cluster.settle();
+    let target = (1..=3u16).find(|&b| b != old).expect("three brokers");
+    cluster.broker(target).kill9();
+    let old_addr = cluster.broker(old).addr.clone();
+    let mut admin = Client::connect_with(&old_addr, WAIT).expect("connect");
+    let mut producer = Client::connect_with(&old_addr, WAIT).expect("connect");
+    let id = admin
+        .send(HandoffRequest {
+            to: BrokerId(target),
+        })
+        .expect("send");
+    std::thread::sleep(Duration::from_millis(100));
+    // A produce sent while the handoff runs waits, then is acknowledged by the same master.
+    let waiting = producer
+        .send(common::produce_request("t", 1, 0, 5))
+        .expect("send");
+    let asked = Instant::now();
+    match admin.recv(id) {
+        Ok(Body::ErrorResponse(e)) => assert!(
+            matches!(e.code, ErrorCode::Timeout | ErrorCode::NotMaster),
+            "{e:?}"
+        ),
+        other => panic!("a handoff to a dead slave answered {other:?}"),
+    }
+    match producer.recv(waiting).map(common::produce_answer) {
+        Ok(Ok(r)) => assert_eq!(r.count, 5),
+        other => panic!("the waiting produce: {other:?}"),
+    }
+    eprintln!(
+        "handoff to a dead slave refused after {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(cluster.wait_for_master(), old, "the master stays master");
+}
