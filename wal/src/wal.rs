@@ -366,6 +366,11 @@ impl Wal {
     /// The caller decides that `before` is safe to drop (the node: only at or below the
     /// stabilized HWM). Readers holding a deleted segment open finish their read.
     ///
+    /// Precondition: no append that truncates below `before` is queued or in flight (the
+    /// WAL does not check it: an accepted truncation below the new start would leave the
+    /// commit thread a marker below the log's first segment). Stabilized entries are never
+    /// truncated, so a trim point at or below the stabilized HWM always satisfies it.
+    ///
     /// # Errors
     /// [`WalError::Failed`] if the log has failed; I/O errors from unlinking or the
     /// directory fsync (the in-memory log already starts at the new trim point then, and the
