@@ -99,6 +99,10 @@ pub enum BenchCommand {
     /// Appends through a running quire-node (or one started in this process) over TCP, as
     /// a master does: events/s, MB/s, fdatasyncs/s, append-to-persisted latency.
     Node(crate::bench::cli::NodeBenchArgs),
+
+    /// Every benchmark in one run on one file system (disk, wal, node, and a local cluster),
+    /// as a Markdown table with each figure's ratio to the raw disk and the machine.
+    Report(crate::bench::report::ReportArgs),
 }
 
 /// The `--format` option, for every command that prints results.

@@ -55,6 +55,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Broker(command) => servers::broker(command)?,
         Command::Produce(args) => produce::main(&args.to_config()?)?,
         Command::Consume(args) => consume::main(&args.to_config())?,
+        Command::Bench(BenchCommand::Report(args)) => {
+            let report = bench::report::run(&args)?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+        }
         Command::Demo(args) => {
             let report = demo::run(&args.to_config()?)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;

@@ -5,11 +5,13 @@
 //! commands can call it directly. Today: [`disk`] (raw O_DIRECT writes, the yardstick
 //! `fio` also measures), [`wal`] (appends through quire-wal, group commit vs one fdatasync
 //! per event), [`node`] (appends through a quire-node over TCP); [`cpu`] measures the CPU
-//! a run spends, [`cli`] declares the arguments of `bench wal` and `bench node`.
+//! a run spends, [`cli`] declares the arguments of `bench wal` and `bench node`; [`report`]
+//! runs them all (and `bench cluster` on a local cluster) into one Markdown table.
 
 pub mod cli;
 pub mod cluster;
 pub mod cpu;
 pub mod disk;
 pub mod node;
+pub mod report;
 pub mod wal;

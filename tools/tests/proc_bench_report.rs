@@ -1,0 +1,90 @@
+//! `quire bench report --duration 500ms --format json --out FILE` on the real binary: every
+//! benchmark runs (disk, wal, node, and a local cluster it starts and stops), the JSON has
+//! eight rows with positive figures and ratios, the raw disk's best row has ratio 1, and the
+//! Markdown file holds the table and the machine. Bounded; the temporary directory is left
+//! empty by the benchmarks (each removes what it wrote).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is a clear failure
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const RUN_WAIT: Duration = Duration::from_secs(240);
+
+#[test]
+fn the_report_runs_every_benchmark_and_gives_ratios_to_the_disk() {
+    let dir = tempfile::Builder::new()
+        .prefix("quire-report-test-")
+        .tempdir()
+        .unwrap();
+    let out = dir.path().join("report.md");
+    let data = dir.path().join("data");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args([
+            "bench",
+            "report",
+            "--duration",
+            "500ms",
+            "--format",
+            "json",
+            "--dir",
+        ])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let deadline = Instant::now() + RUN_WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("quire bench report did not finish within {RUN_WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = reader.join().unwrap();
+    assert!(status.success(), "exit {status}: {text}");
+    let report: Value = serde_json::from_str(text.trim()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let benches: Vec<&str> = rows.iter().map(|r| r["bench"].as_str().unwrap()).collect();
+    assert_eq!(
+        benches,
+        ["disk", "disk", "wal", "wal", "node", "node", "cluster", "cluster"],
+        "{report}"
+    );
+    for r in rows {
+        assert!(r["mb_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ratio_to_disk"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let best = rows[..2]
+        .iter()
+        .map(|r| r["ratio_to_disk"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!((best - 1.0).abs() < 1e-9, "{report}");
+    assert!(report["machine"]["cpus"].as_u64().unwrap() > 0);
+    assert!(report["machine"]["logical_block_bytes"].as_u64().unwrap() >= 512);
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(md.contains("| bench | setup | MB/s |"), "{md}");
+    assert_eq!(
+        md.lines().filter(|l| l.starts_with("| cluster |")).count(),
+        2,
+        "{md}"
+    );
+    assert!(md.contains("Kernel "), "{md}");
+}
