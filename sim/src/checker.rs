@@ -1,0 +1,573 @@
+//! The no-loss checker: the rules every run must keep, checked online where cheap and over
+//! the whole history at the end.
+//!
+//! Online, on every event a master stabilizes, a slave applies or a consumer reads:
+//! - **one log**: an offset never maps to two events (epoch, kind, payload) across all
+//!   masters' stabilized outputs, all slaves' applied events and all consumers' reads;
+//!   stabilized offsets are contiguous from 0 (so every consumer sees a prefix of one total
+//!   order);
+//! - **one master per epoch**: at most one broker process (broker id *and* incarnation)
+//!   stabilizes anything in a given epoch.
+//!
+//! At the end, over the recorded history of every produce attempt and its outcome:
+//! - every **acknowledged** message (a batch answered ok) is served to consumers exactly
+//!   once, at the offset the ok answer named, with the payload sent, in per-producer
+//!   sequence order — "served" as the broker state indexes it after applying the whole
+//!   stabilized log (its dedup and supersede rules decide which copy of a retried
+//!   message consumers get);
+//! - no message in the log was **never sent** (same producer, sequence, topic and bytes);
+//! - **no future loss**: for every fence quorum of the voting stores (identity still bound,
+//!   disk readable), the most up-to-date durable log among them — the log any next master
+//!   would adopt — holds the whole stabilized log.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use bytes::Bytes;
+use quire_broker::core::Event;
+use quire_broker::state::BrokerState;
+use quire_proto::{Epoch, EventBody, EventKind, LogPosition, Offset};
+
+use crate::client::Batch;
+
+/// One rule broken in a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Two different events at one offset.
+    OffsetTwoEvents {
+        /// The offset.
+        offset: u64,
+        /// The event seen first.
+        first: String,
+        /// The other one.
+        second: String,
+        /// Who reported the second one.
+        by: String,
+    },
+    /// A stabilized offset was reported past the end of what was stabilized before.
+    StabilizedGap {
+        /// The offset.
+        offset: u64,
+        /// The length of the stabilized log.
+        known: u64,
+        /// Who reported it.
+        by: String,
+    },
+    /// Two broker processes stabilized events in one epoch.
+    TwoMastersInEpoch {
+        /// The epoch.
+        epoch: u64,
+        /// `(broker, incarnation)` of the first.
+        first: (u8, u32),
+        /// `(broker, incarnation)` of the second.
+        second: (u8, u32),
+    },
+    /// Two broker incarnations sent fences with one epoch (an epoch is unique per master).
+    EpochReused {
+        /// The epoch.
+        epoch: u64,
+        /// `(broker, incarnation)` that used it first.
+        first: (u8, u32),
+        /// `(broker, incarnation)` that used it again.
+        second: (u8, u32),
+    },
+    /// A store acks an append through an offset where it does not hold the master's entry
+    /// (a persisted ack says "I hold your log through X").
+    AckClaimsUnheld {
+        /// The store.
+        store: u8,
+        /// The master's epoch.
+        epoch: u64,
+        /// The acked offset.
+        through: u64,
+        /// The epoch of the store's entry there.
+        held: Option<u64>,
+        /// The epoch of the master's entry there.
+        master_has: Option<u64>,
+    },
+    /// A consumer was given an event that is not the stabilized one at its offset.
+    ConsumerNotPrefix {
+        /// The consumer.
+        consumer: u8,
+        /// The offset.
+        offset: u64,
+        /// What went wrong.
+        why: String,
+    },
+    /// An acknowledged message is missing or different at its acked offset.
+    AckedLost {
+        /// Producer id.
+        producer_id: u64,
+        /// Sequence.
+        sequence: u64,
+        /// The offset the ok answer named.
+        offset: u64,
+        /// What is there instead.
+        found: String,
+    },
+    /// An acknowledged message is given to consumers more or less than once.
+    AckedNotExactlyOnce {
+        /// Producer id.
+        producer_id: u64,
+        /// Sequence.
+        sequence: u64,
+        /// How many times consumers would see it.
+        times: u64,
+    },
+    /// A producer's acknowledged messages are out of sequence order in the log.
+    ProducerOrder {
+        /// Producer id.
+        producer_id: u64,
+        /// The sequence that comes too early.
+        sequence: u64,
+        /// Its offset.
+        offset: u64,
+        /// The offset of a lower sequence after it.
+        before_offset: u64,
+    },
+    /// A message in the log that no producer sent.
+    NeverSent {
+        /// The offset.
+        offset: u64,
+        /// What it holds.
+        what: String,
+    },
+    /// A fence quorum of voting stores whose most up-to-date log lacks a stabilized event:
+    /// the next master could lose it.
+    QuorumLacksStabilized {
+        /// The stores of the quorum.
+        quorum: Vec<u8>,
+        /// The store whose log would be adopted.
+        adopted: u8,
+        /// The first stabilized offset it lacks or holds differently.
+        offset: u64,
+    },
+    /// The cluster did not stabilize new messages in time after the faults stopped.
+    NoProgress {
+        /// What was missing.
+        why: String,
+    },
+    /// A process asserted an invariant (a panic in a core or in the simulation).
+    Panic {
+        /// The panic message.
+        message: String,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::OffsetTwoEvents {
+                offset,
+                first,
+                second,
+                by,
+            } => write!(
+                f,
+                "offset {offset} maps to two events: {first} and {second} (from {by})"
+            ),
+            Violation::StabilizedGap { offset, known, by } => write!(
+                f,
+                "{by} stabilized offset {offset} but only {known} offsets were stabilized before"
+            ),
+            Violation::TwoMastersInEpoch {
+                epoch,
+                first,
+                second,
+            } => write!(
+                f,
+                "two masters acked in epoch {epoch:#x}: B{} (incarnation {}) and B{} (incarnation {})",
+                first.0 + 1,
+                first.1,
+                second.0 + 1,
+                second.1
+            ),
+            Violation::EpochReused {
+                epoch,
+                first,
+                second,
+            } => write!(
+                f,
+                "epoch {epoch:#x} used by two takeovers: B{} (incarnation {}) and B{} (incarnation {})",
+                first.0 + 1,
+                first.1,
+                second.0 + 1,
+                second.1
+            ),
+            Violation::AckClaimsUnheld {
+                store,
+                epoch,
+                through,
+                held,
+                master_has,
+            } => write!(
+                f,
+                "S{store} acks epoch {epoch:#x} through {through} but holds an entry of epoch {held:x?} there, the master {master_has:x?}"
+            ),
+            Violation::ConsumerNotPrefix {
+                consumer,
+                offset,
+                why,
+            } => write!(f, "consumer C{consumer} at offset {offset}: {why}"),
+            Violation::AckedLost {
+                producer_id,
+                sequence,
+                offset,
+                found,
+            } => write!(
+                f,
+                "acknowledged message p{producer_id}/s{sequence} is not at its offset {offset}: found {found}"
+            ),
+            Violation::AckedNotExactlyOnce {
+                producer_id,
+                sequence,
+                times,
+            } => write!(
+                f,
+                "acknowledged message p{producer_id}/s{sequence} is delivered {times} times"
+            ),
+            Violation::ProducerOrder {
+                producer_id,
+                sequence,
+                offset,
+                before_offset,
+            } => write!(
+                f,
+                "producer {producer_id}: sequence {sequence} at offset {offset} comes after a higher sequence at offset {before_offset}"
+            ),
+            Violation::NeverSent { offset, what } => {
+                write!(f, "offset {offset} holds a message never sent: {what}")
+            }
+            Violation::QuorumLacksStabilized {
+                quorum,
+                adopted,
+                offset,
+            } => write!(
+                f,
+                "fence quorum {quorum:?} would adopt S{adopted}'s log, which lacks stabilized offset {offset}"
+            ),
+            Violation::NoProgress { why } => write!(f, "liveness: {why}"),
+            Violation::Panic { message } => write!(f, "panic: {message}"),
+        }
+    }
+}
+
+/// A short description of an event, for violations.
+pub(crate) fn describe(e: &Event) -> String {
+    let what = match EventKind::from_u8(e.kind) {
+        Some(k) => match EventBody::decode(k, &e.payload) {
+            Ok(EventBody::Message(m)) => format!("message p{}/s{}", m.producer_id, m.sequence),
+            Ok(EventBody::EpochStart(s)) => format!("epoch-start of B{}", s.broker.0),
+            Ok(other) => format!("{:?}", other.kind()),
+            Err(_) => "undecodable".into(),
+        },
+        None => format!("kind {}", e.kind),
+    };
+    format!("{what} (epoch {:#x})", e.epoch.0)
+}
+
+/// The checker's state. See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Checker {
+    /// The stabilized log, by offset.
+    log: Vec<Event>,
+    ackers: BTreeMap<Epoch, (u8, u32)>,
+    fencers: BTreeMap<Epoch, (u8, u32)>,
+    pub(crate) violations: Vec<Violation>,
+    /// Messages verified at the end.
+    pub(crate) messages_checked: u64,
+}
+
+impl Checker {
+    /// Keeps at most this many violations (the first ones tell the story).
+    const VIOLATIONS_MAX: usize = 16;
+
+    fn violate(&mut self, v: Violation) {
+        if self.violations.len() < Self::VIOLATIONS_MAX {
+            self.violations.push(v);
+        }
+    }
+
+    /// Length of the stabilized log.
+    pub(crate) fn stabilized_len(&self) -> u64 {
+        self.log.len() as u64
+    }
+
+    fn record(&mut self, e: &Event, by: &str) {
+        let known = self.log.len() as u64;
+        if e.offset.0 < known {
+            let have = &self.log[e.offset.0 as usize];
+            if have.epoch != e.epoch || have.kind != e.kind || have.payload != e.payload {
+                let v = Violation::OffsetTwoEvents {
+                    offset: e.offset.0,
+                    first: describe(have),
+                    second: describe(e),
+                    by: by.to_owned(),
+                };
+                self.violate(v);
+            }
+        } else if e.offset.0 == known {
+            self.log.push(e.clone());
+        } else {
+            self.violate(Violation::StabilizedGap {
+                offset: e.offset.0,
+                known,
+                by: by.to_owned(),
+            });
+        }
+    }
+
+    /// A master (broker `broker`, incarnation `boot`) of `epoch` stabilized `events`.
+    pub(crate) fn stabilized(&mut self, broker: u8, boot: u32, epoch: Epoch, events: &[Event]) {
+        match self.ackers.get(&epoch) {
+            Some(&first) if first != (broker, boot) => self.violate(Violation::TwoMastersInEpoch {
+                epoch: epoch.0,
+                first,
+                second: (broker, boot),
+            }),
+            Some(_) => {}
+            None => {
+                self.ackers.insert(epoch, (broker, boot));
+            }
+        }
+        let by = format!("master B{} of epoch {:#x}", broker + 1, epoch.0);
+        for e in events {
+            self.record(e, &by);
+        }
+    }
+
+    /// Broker `broker` (incarnation `boot`) fences with `epoch`.
+    pub(crate) fn fencing(&mut self, broker: u8, boot: u32, epoch: Epoch) {
+        match self.fencers.get(&epoch) {
+            Some(&first) if first != (broker, boot) => {
+                self.violate(Violation::EpochReused {
+                    epoch: epoch.0,
+                    first,
+                    second: (broker, boot),
+                });
+                self.fencers.insert(epoch, (broker, boot));
+            }
+            Some(_) => {}
+            None => {
+                self.fencers.insert(epoch, (broker, boot));
+            }
+        }
+    }
+
+    /// A store claims to hold a master's entry at `through` (an entry of epoch `held`),
+    /// where the master's log has an entry of epoch `master_has`.
+    pub(crate) fn ack_claim(
+        &mut self,
+        store: u8,
+        epoch: Epoch,
+        through: Offset,
+        held: Option<Epoch>,
+        master_has: Option<Epoch>,
+    ) {
+        if held != master_has || held.is_none() {
+            self.violate(Violation::AckClaimsUnheld {
+                store,
+                epoch: epoch.0,
+                through: through.0,
+                held: held.map(|e| e.0),
+                master_has: master_has.map(|e| e.0),
+            });
+        }
+    }
+
+    /// A slave applied `events`.
+    pub(crate) fn applied(&mut self, broker: u8, events: &[Event]) {
+        let by = format!("slave B{}", broker + 1);
+        for e in events {
+            self.record(e, &by);
+        }
+    }
+
+    /// Consumer `consumer` read `events` from `from` (it asked for `expected`).
+    pub(crate) fn consumed(&mut self, consumer: u8, expected: Offset, events: &[Event]) {
+        for (i, e) in events.iter().enumerate() {
+            let offset = expected.0 + i as u64;
+            let why = if e.offset.0 != offset {
+                Some(format!("got offset {} instead", e.offset.0))
+            } else {
+                match self.log.get(offset as usize) {
+                    None => Some("never stabilized".to_owned()),
+                    Some(have)
+                        if have.epoch != e.epoch
+                            || have.kind != e.kind
+                            || have.payload != e.payload =>
+                    {
+                        Some(format!("{} instead of {}", describe(e), describe(have)))
+                    }
+                    Some(_) => None,
+                }
+            };
+            if let Some(why) = why {
+                self.violate(Violation::ConsumerNotPrefix {
+                    consumer,
+                    offset,
+                    why,
+                });
+                return;
+            }
+        }
+    }
+
+    /// The end-of-run checks over the produce history. What consumers are served is what
+    /// the broker state indexes after applying the whole stabilized log (its dedup and
+    /// supersede rules decide which copy of a retried message is served).
+    pub(crate) fn check_history(&mut self, batches: &[Batch]) {
+        // What was sent: (producer, sequence) -> (topic, bytes).
+        let mut sent: BTreeMap<(u64, u64), (&str, &Bytes)> = BTreeMap::new();
+        for b in batches {
+            for (i, m) in b.messages.iter().enumerate() {
+                sent.insert((b.producer_id, b.sequence + i as u64), (&b.topic, m));
+            }
+        }
+        let mut problems = Vec::new();
+        // Every message in the log was sent; offset -> (producer, sequence).
+        let mut at: Vec<Option<(u64, u64)>> = Vec::with_capacity(self.log.len());
+        let mut state = BrokerState::new();
+        for e in &self.log {
+            state.apply(e);
+            let body = EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload));
+            let Some(Ok(EventBody::Message(m))) = body else {
+                at.push(None);
+                continue;
+            };
+            at.push(Some((m.producer_id, m.sequence)));
+            self.messages_checked += 1;
+            match sent.get(&(m.producer_id, m.sequence)) {
+                Some(&(topic, bytes)) if topic == m.topic && *bytes == m.message => {}
+                _ => problems.push(Violation::NeverSent {
+                    offset: e.offset.0,
+                    what: describe(e),
+                }),
+            }
+        }
+        // What consumers are served: (producer, sequence) -> offsets.
+        let mut served: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+        let topics: Vec<String> = state.topics().map(|(t, _)| t.to_owned()).collect();
+        for t in &topics {
+            for o in state.topic_offsets(t, Offset::ZERO, usize::MAX) {
+                if let Some(Some(key)) = at.get(o.0 as usize) {
+                    served.entry(*key).or_default().push(o.0);
+                }
+            }
+        }
+        let mut by_producer: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
+        for b in batches.iter().filter(|b| !b.oks.is_empty()) {
+            for i in 0..b.messages.len() as u64 {
+                let key = (b.producer_id, b.sequence + i);
+                self.messages_checked += 1;
+                let offsets = served.get(&key).map_or(&[][..], Vec::as_slice);
+                for base in &b.oks {
+                    let offset = base.0 + i;
+                    if !offsets.contains(&offset) {
+                        problems.push(Violation::AckedLost {
+                            producer_id: key.0,
+                            sequence: key.1,
+                            offset,
+                            found: match self.log.get(offset as usize) {
+                                Some(e) if at[offset as usize] == Some(key) => {
+                                    format!("{}, not served to consumers", describe(e))
+                                }
+                                Some(e) => describe(e),
+                                None => "nothing (not stabilized)".into(),
+                            },
+                        });
+                    }
+                }
+                if offsets.len() != 1 {
+                    problems.push(Violation::AckedNotExactlyOnce {
+                        producer_id: key.0,
+                        sequence: key.1,
+                        times: offsets.len() as u64,
+                    });
+                }
+                if let Some(&o) = offsets.first() {
+                    by_producer.entry(key.0).or_default().push((key.1, o));
+                }
+            }
+        }
+        // Per-producer order of acknowledged messages.
+        for (producer_id, mut seqs) in by_producer {
+            seqs.sort_unstable();
+            for w in seqs.windows(2) {
+                if w[1].1 < w[0].1 {
+                    problems.push(Violation::ProducerOrder {
+                        producer_id,
+                        sequence: w[0].0,
+                        offset: w[0].1,
+                        before_offset: w[1].1,
+                    });
+                }
+            }
+        }
+        for v in problems {
+            self.violate(v);
+        }
+    }
+
+    /// The end-of-run durability check: `voters` are `(store index, durable log)` of the
+    /// stores that may still vote; every fence quorum of `fence_quorum` of them must adopt a
+    /// log holding the stabilized log.
+    pub(crate) fn check_quorums(
+        &mut self,
+        voters: &[(u8, &[quire_proto::Event])],
+        fence_quorum: usize,
+    ) {
+        if voters.len() < fence_quorum || fence_quorum == 0 {
+            return;
+        }
+        let n = voters.len();
+        for mask in 0u32..(1 << n) {
+            if mask.count_ones() as usize != fence_quorum {
+                continue;
+            }
+            let members: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+            // Raft's order, the lowest store on ties (as the takeover core picks).
+            let key = |i: usize| {
+                voters[i].1.last().map(|e| {
+                    LogPosition {
+                        epoch: e.epoch,
+                        offset: e.offset,
+                    }
+                    .up_to_date_key()
+                })
+            };
+            let mut best = members[0];
+            for &i in &members[1..] {
+                if key(i) > key(best) {
+                    best = i;
+                }
+            }
+            let (store, entries) = voters[best];
+            let lacks = self.log.iter().find(|s| {
+                entries.get(s.offset.0 as usize).is_none_or(|e| {
+                    e.epoch != s.epoch || e.kind != s.kind.into_kind() || e.payload != s.payload
+                })
+            });
+            if let Some(s) = lacks {
+                let v = Violation::QuorumLacksStabilized {
+                    quorum: members.iter().map(|&i| voters[i].0).collect(),
+                    adopted: store,
+                    offset: s.offset.0,
+                };
+                self.violate(v);
+                return;
+            }
+        }
+    }
+}
+
+/// The core's kind byte as the wire's kind.
+trait IntoKind {
+    fn into_kind(self) -> EventKind;
+}
+
+impl IntoKind for u8 {
+    fn into_kind(self) -> EventKind {
+        EventKind::from_u8(self).expect("invariant: stabilized events have known kinds")
+    }
+}

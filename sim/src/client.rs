@@ -1,0 +1,223 @@
+//! The workload: idempotent producers and consumers of the stabilized log.
+//!
+//! A producer sends one batch at a time, `(producer_id, sequence..sequence+n)`, to the broker
+//! it believes is master, and retries the **same** batch (same id and sequences) after an
+//! error or a timeout — at the hinted master, or at another broker — until one attempt is
+//! answered ok. Its outcome is then `ok` (with the offsets of every ok answer), `failed` (the
+//! master refused the sequences for good) or, if the run ends first, `unknown`. Only `ok`
+//! batches must survive; the others may or may not be in the log.
+//!
+//! A consumer reads the stabilized log from offset 0 on, in order, from any broker (master
+//! or slave: every broker serves only what it applied), and hands every event it sees to the
+//! checker.
+
+use bytes::Bytes;
+use quire_proto::Offset;
+
+use crate::msg::{Msg, NodeId, ProduceError};
+use crate::rng::SimRng;
+
+/// Events a consumer asks for in one fetch.
+pub(crate) const FETCH_EVENTS_MAX: u64 = 32;
+
+/// One batch and what became of it.
+#[derive(Clone, Debug)]
+pub(crate) struct Batch {
+    pub(crate) producer_id: u64,
+    pub(crate) sequence: u64,
+    pub(crate) topic: String,
+    pub(crate) messages: Vec<Bytes>,
+    /// When the first attempt went out (world time, ms).
+    pub(crate) first_attempt_ms: u64,
+    /// Request ids of every attempt.
+    pub(crate) attempts: Vec<u64>,
+    /// Base offsets of every ok answer.
+    pub(crate) oks: Vec<Offset>,
+    /// When the first ok arrived.
+    pub(crate) ok_ms: Option<u64>,
+    /// The master refused the sequences for good.
+    pub(crate) failed: bool,
+}
+
+/// A producer.
+#[derive(Debug)]
+pub(crate) struct Producer {
+    pub(crate) node: u8,
+    pub(crate) producer_id: u64,
+    topic: String,
+    next_sequence: u64,
+    /// Index in the world's batch list of the batch in progress.
+    pub(crate) current: Option<usize>,
+    /// The attempt waited for.
+    pub(crate) awaiting: Option<u64>,
+    target: u8,
+    next_request: u64,
+}
+
+/// An attempt to send: to which broker, what, and its request id (to time it out).
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    pub(crate) to: u8,
+    pub(crate) msg: Msg,
+    pub(crate) request: u64,
+}
+
+impl Producer {
+    pub(crate) fn new(node: u8, producer_id: u64, brokers: usize, rng: &mut SimRng) -> Producer {
+        Producer {
+            node,
+            producer_id,
+            topic: format!("topic-{}", producer_id % 2),
+            next_sequence: 1,
+            current: None,
+            awaiting: None,
+            target: u8::try_from(rng.index(brokers)).expect("few brokers"),
+            next_request: 1,
+        }
+    }
+
+    /// Starts a new batch (registered by the caller in its batch list).
+    pub(crate) fn new_batch(&mut self, now_ms: u64, rng: &mut SimRng) -> Batch {
+        let n = rng.range(1, 3);
+        let sequence = self.next_sequence;
+        self.next_sequence += n;
+        let messages = (0..n)
+            .map(|i| {
+                let seq = sequence + i;
+                let pad = rng.range(0, 40) as usize;
+                Bytes::from(format!(
+                    "p{}-s{}-{}",
+                    self.producer_id,
+                    seq,
+                    "x".repeat(pad)
+                ))
+            })
+            .collect();
+        Batch {
+            producer_id: self.producer_id,
+            sequence,
+            topic: self.topic.clone(),
+            messages,
+            first_attempt_ms: now_ms,
+            attempts: Vec::new(),
+            oks: Vec::new(),
+            ok_ms: None,
+            failed: false,
+        }
+    }
+
+    /// Sends (again) the batch in progress.
+    pub(crate) fn attempt(&mut self, batch: &mut Batch) -> Attempt {
+        let request = self.next_request;
+        self.next_request += 1;
+        batch.attempts.push(request);
+        self.awaiting = Some(request);
+        Attempt {
+            to: self.target,
+            request,
+            msg: Msg::Produce {
+                request,
+                producer_id: batch.producer_id,
+                sequence: batch.sequence,
+                topic: batch.topic.clone(),
+                messages: batch.messages.clone(),
+            },
+        }
+    }
+
+    /// An answer to request `request` of the batch in progress (late answers to earlier
+    /// attempts count too). Returns whether the batch is finished.
+    pub(crate) fn on_answer(
+        &mut self,
+        batch: &mut Batch,
+        request: u64,
+        answer: Result<Offset, ProduceError>,
+        now_ms: u64,
+        brokers: usize,
+        rng: &mut SimRng,
+    ) -> bool {
+        if !batch.attempts.contains(&request) {
+            return false;
+        }
+        match answer {
+            Ok(base) => {
+                batch.oks.push(base);
+                batch.ok_ms.get_or_insert(now_ms);
+                self.awaiting = None;
+                true
+            }
+            Err(e) => {
+                if self.awaiting != Some(request) {
+                    return false;
+                }
+                self.awaiting = None;
+                match e {
+                    ProduceError::NotMaster { hint: Some(h) } if usize::from(h) < brokers => {
+                        self.target = h;
+                    }
+                    ProduceError::SequenceGap => {
+                        batch.failed = true;
+                        return true;
+                    }
+                    _ => self.retarget(brokers, rng),
+                }
+                false
+            }
+        }
+    }
+
+    /// The attempt `request` timed out: try another broker.
+    pub(crate) fn on_timeout(&mut self, request: u64, brokers: usize, rng: &mut SimRng) -> bool {
+        if self.awaiting != Some(request) {
+            return false;
+        }
+        self.awaiting = None;
+        self.retarget(brokers, rng);
+        true
+    }
+
+    fn retarget(&mut self, brokers: usize, rng: &mut SimRng) {
+        self.target = u8::try_from(rng.index(brokers)).expect("few brokers");
+    }
+
+    /// This producer's process id on the network.
+    pub(crate) fn node_id(&self) -> NodeId {
+        NodeId::Client(self.node)
+    }
+}
+
+/// A consumer of the stabilized log.
+#[derive(Debug)]
+pub(crate) struct Consumer {
+    pub(crate) node: u8,
+    /// The next offset it wants.
+    pub(crate) next: Offset,
+    pub(crate) awaiting: Option<u64>,
+    next_request: u64,
+}
+
+impl Consumer {
+    pub(crate) fn new(node: u8) -> Consumer {
+        Consumer {
+            node,
+            next: Offset::ZERO,
+            awaiting: None,
+            next_request: 1,
+        }
+    }
+
+    /// The next fetch.
+    pub(crate) fn fetch(&mut self) -> (u64, Msg) {
+        let request = self.next_request;
+        self.next_request += 1;
+        self.awaiting = Some(request);
+        (
+            request,
+            Msg::Fetch {
+                request,
+                from: self.next,
+                max_events: FETCH_EVENTS_MAX,
+            },
+        )
+    }
+}

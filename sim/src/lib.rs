@@ -1,0 +1,302 @@
+//! quire-sim: a seeded, deterministic simulation of a whole Quire cluster — brokers, stores,
+//! producers and consumers — with the network, the clocks and the disks simulated, and a
+//! checker of the no-loss rules after every run.
+//!
+//! What runs for real: the broker's pure replication cores ([`quire_broker::core`]:
+//! `FollowerCore`, `TakeoverCore`, `MasterCore`), its broker state
+//! ([`quire_broker::state::BrokerState`], which holds the idempotent-producer table), the
+//! store's decision rules ([`quire_node::replica::Replica`]) and the wire types and event
+//! bodies of quire-proto. What is simulated: everything the real processes do with sockets,
+//! files and clocks — see the modules:
+//!
+//! - `world` (internal): the event loop, the seeded network (drop, delay, duplicate,
+//!   reorder, symmetric and one-way partitions), the fault schedule, safety and liveness
+//!   modes;
+//! - `store` (internal): a store process over a disk that separates written from durable
+//!   state (crash, torn writes, fsync EIO, ENOSPC, bit flips, wipes);
+//! - `broker` (internal): a broker process driving the cores like the broker's actor;
+//! - `client` (internal): idempotent producers and consumers;
+//! - [`checker`]: the rules every run must keep ([`Violation`]).
+//!
+//! A run is a pure function of its seed and [`SimConfig`]: [`run`] returns the same
+//! [`RunReport`] (and the same [`RunReport::trace_hash`]) every time. A failing seed replays
+//! with `cargo run -p quire-sim --release -- --seed S`.
+//!
+//! Test-only [`Mutation`]s switch one protocol rule off, to show the checker catches the
+//! loss each rule prevents (docs/testing.md lists how fast).
+
+mod broker;
+pub mod checker;
+mod client;
+mod msg;
+mod out;
+mod rng;
+mod store;
+mod world;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use checker::Violation;
+
+/// How faults are scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Faults all the time; only safety is checked.
+    Safety,
+    /// Faults for a while, then none: the cluster must then stabilize new messages within
+    /// [`SimConfig::liveness_bound_ms`].
+    Liveness,
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "safety" => Ok(Mode::Safety),
+            "liveness" => Ok(Mode::Liveness),
+            other => Err(format!("unknown mode {other:?} (safety, liveness)")),
+        }
+    }
+}
+
+/// A protocol rule switched off on purpose (test-only), to show the checker catches what it
+/// prevents. Each is a counterexample of the model checker (`shared/model/quire_mc.py`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// Stores ack their own accepted log end as `through_offset` instead of
+    /// `prev.offset + events.len()` (model: `mut-through-end`).
+    ThroughEnd,
+    /// A takeover adopts the longest granted log, ignoring epochs (`mut-adopt-longest`).
+    AdoptLongest,
+    /// A wiped store keeps its old identity and votes again once it caught up to the HWM it
+    /// heard (`wipe-hwm`).
+    WipedVotes,
+    /// A restarted broker reads its epoch counter as 0 (`restart-amnesia`).
+    ForgetEpoch,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 4] = [
+        Mutation::ThroughEnd,
+        Mutation::AdoptLongest,
+        Mutation::WipedVotes,
+        Mutation::ForgetEpoch,
+    ];
+
+    /// The command-line name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::ThroughEnd => "through-end",
+            Mutation::AdoptLongest => "adopt-longest",
+            Mutation::WipedVotes => "wiped-votes",
+            Mutation::ForgetEpoch => "forget-epoch",
+        }
+    }
+}
+
+impl fmt::Display for Mutation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mutation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mutation, String> {
+        Mutation::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown mutation {s:?} (through-end, adopt-longest, wiped-votes, forget-epoch)")
+            })
+    }
+}
+
+/// Optional faults beyond the default set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultSet {
+    /// Bit flips may hit a store's *last* durable record, which the WAL's recovery scan
+    /// cannot tell from a torn write and cuts silently (off by default: see
+    /// docs/testing.md, "What the simulation found").
+    pub tail_flips: bool,
+}
+
+/// How one run is set up (everything else is drawn from the seed).
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Safety or liveness.
+    pub mode: Mode,
+    /// A rule switched off, or `None`.
+    pub mutation: Option<Mutation>,
+    /// Optional faults.
+    pub faults: FaultSet,
+    /// Simulated time a safety run lasts, ms.
+    pub duration_ms: u64,
+    /// Liveness mode: simulated time faults last, ms.
+    pub fault_ms: u64,
+    /// Liveness mode: after the faults stop, every producer must have a new batch
+    /// acknowledged within this many ms.
+    pub liveness_bound_ms: u64,
+    /// Keep a human-readable trace of the run (faults, roles, outcomes).
+    pub trace: bool,
+    /// Check only the end-to-end rules (what producers and consumers see, and the stores'
+    /// quorums), not the protocol invariants checked online (an epoch used by two
+    /// takeovers, an ack naming an entry the store does not hold): to measure how soon a
+    /// broken rule shows up as lost or wrong data.
+    pub end_to_end_only: bool,
+    /// Events a takeover fetches per read, instead of a seeded value in `16..=256` (the
+    /// broker's actor asks for 4096).
+    pub fetch_events_max: Option<u32>,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            mode: Mode::Safety,
+            mutation: None,
+            faults: FaultSet::default(),
+            duration_ms: 4_000,
+            fault_ms: 3_000,
+            liveness_bound_ms: 6_000,
+            trace: false,
+            end_to_end_only: false,
+            fetch_events_max: None,
+        }
+    }
+}
+
+/// Counters of one run (or a sum of runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Runs summed.
+    pub runs: u64,
+    /// Simulated events processed.
+    pub events: u64,
+    /// Messages delivered by the simulated network.
+    pub messages_delivered: u64,
+    /// Messages the network dropped (losses and partitions).
+    pub messages_dropped: u64,
+    /// Messages the network duplicated.
+    pub messages_duplicated: u64,
+    /// Batches produced.
+    pub batches: u64,
+    /// Batches acknowledged.
+    pub batches_ok: u64,
+    /// Batches refused for good.
+    pub batches_failed: u64,
+    /// Batches whose outcome stayed unknown.
+    pub batches_unknown: u64,
+    /// Acknowledged messages.
+    pub messages_acked: u64,
+    /// Messages the checker verified (log entries decoded plus acknowledged messages).
+    pub messages_checked: u64,
+    /// Length of the stabilized log at the end.
+    pub stabilized: u64,
+    /// Takeovers that became master.
+    pub masters: u64,
+    /// Broker crashes.
+    pub broker_crashes: u64,
+    /// Broker pauses.
+    pub broker_pauses: u64,
+    /// Store crashes (with lost or torn unsynced writes).
+    pub store_crashes: u64,
+    /// Store pauses.
+    pub store_pauses: u64,
+    /// Stores wiped and re-initialised.
+    pub store_wipes: u64,
+    /// Bit flips injected.
+    pub bit_flips: u64,
+    /// fsync EIO failures.
+    pub fsync_eio: u64,
+    /// ENOSPC failures.
+    pub enospc: u64,
+    /// Network partitions (symmetric and one-way).
+    pub partitions: u64,
+    /// Times a mutation changed what a process did (acks with another `through`, wiped
+    /// stores voting again, takeovers reusing an epoch): 0 without a mutation.
+    pub mutated: u64,
+}
+
+impl RunStats {
+    /// Adds another run's counters.
+    pub fn add(&mut self, o: &RunStats) {
+        self.runs += o.runs;
+        self.events += o.events;
+        self.messages_delivered += o.messages_delivered;
+        self.messages_dropped += o.messages_dropped;
+        self.messages_duplicated += o.messages_duplicated;
+        self.batches += o.batches;
+        self.batches_ok += o.batches_ok;
+        self.batches_failed += o.batches_failed;
+        self.batches_unknown += o.batches_unknown;
+        self.messages_acked += o.messages_acked;
+        self.messages_checked += o.messages_checked;
+        self.stabilized += o.stabilized;
+        self.masters += o.masters;
+        self.broker_crashes += o.broker_crashes;
+        self.broker_pauses += o.broker_pauses;
+        self.store_crashes += o.store_crashes;
+        self.store_pauses += o.store_pauses;
+        self.store_wipes += o.store_wipes;
+        self.bit_flips += o.bit_flips;
+        self.fsync_eio += o.fsync_eio;
+        self.enospc += o.enospc;
+        self.partitions += o.partitions;
+        self.mutated += o.mutated;
+    }
+}
+
+/// What one run did and found.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// A hash of every event processed, in order: equal for equal seeds and configs.
+    pub trace_hash: u64,
+    /// The rules broken (empty: the run passed).
+    pub violations: Vec<Violation>,
+    /// Counters.
+    pub stats: RunStats,
+    /// The human-readable trace, if [`SimConfig::trace`] was set.
+    pub trace: Vec<String>,
+    /// A one-line description of the cluster the seed drew.
+    pub setup: String,
+}
+
+impl RunReport {
+    /// Whether the run kept every rule.
+    #[must_use]
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Runs one seed. Never panics: a panic inside a core or the simulation is reported as a
+/// [`Violation::Panic`].
+#[must_use]
+pub fn run(seed: u64, config: &SimConfig) -> RunReport {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        world::World::new(seed, config.clone()).run()
+    }));
+    match outcome {
+        Ok(report) => report,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".into());
+            RunReport {
+                seed,
+                trace_hash: 0,
+                violations: vec![Violation::Panic { message }],
+                stats: RunStats::default(),
+                trace: Vec::new(),
+                setup: String::new(),
+            }
+        }
+    }
+}

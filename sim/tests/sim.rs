@@ -1,0 +1,238 @@
+//! The simulation's own tests: determinism, the CI seed budgets, and the mutation tests that
+//! show the checker catches each protocol rule switched off on purpose.
+//!
+//! **CI budget** (measured in docs/testing.md): the seed counts below are chosen so the whole
+//! file runs in well under a minute in the workspace's debug profile (dependencies at
+//! opt-level 2) on a loaded 2-core machine. `cargo run -p quire-sim --release -- --seeds N`
+//! runs as many more as you like.
+
+use quire_sim::{run, Mode, Mutation, RunStats, SimConfig, Violation};
+
+/// CI budget: safety-mode seeds run by [`ci_budget_safety_seeds_keep_every_rule`].
+const CI_SAFETY_SEEDS: u64 = 2_000;
+/// CI budget: liveness-mode seeds run by [`ci_budget_liveness_seeds_make_progress`].
+const CI_LIVENESS_SEEDS: u64 = 150;
+
+fn config(mode: Mode, mutation: Option<Mutation>) -> SimConfig {
+    SimConfig {
+        mode,
+        mutation,
+        ..SimConfig::default()
+    }
+}
+
+/// Runs `seeds` seeds from 0; returns the summed counters and the failing reports.
+fn run_seeds(config: &SimConfig, seeds: u64) -> (RunStats, Vec<quire_sim::RunReport>) {
+    let mut stats = RunStats::default();
+    let mut failures = Vec::new();
+    for seed in 0..seeds {
+        let r = run(seed, config);
+        stats.add(&r.stats);
+        if !r.passed() {
+            failures.push(r);
+        }
+    }
+    (stats, failures)
+}
+
+fn describe(failures: &[quire_sim::RunReport]) -> String {
+    failures
+        .iter()
+        .take(5)
+        .map(|r| {
+            format!(
+                "seed {} ({}): {}",
+                r.seed,
+                r.setup,
+                r.violations
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_same_seed_replays_the_same_run() {
+    for mode in [Mode::Safety, Mode::Liveness] {
+        let c = config(mode, None);
+        for seed in [1, 77, 4242] {
+            let a = run(seed, &c);
+            let b = run(seed, &c);
+            assert_eq!(a.trace_hash, b.trace_hash, "seed {seed} {mode:?}");
+            assert_eq!(a.stats, b.stats, "seed {seed} {mode:?}");
+            assert!(a.stats.events > 100, "the run did something");
+        }
+        assert_ne!(run(1, &c).trace_hash, run(2, &c).trace_hash);
+    }
+    // The trace (for a human) does not change the run.
+    let traced = SimConfig {
+        trace: true,
+        ..config(Mode::Safety, None)
+    };
+    assert_eq!(
+        run(9, &traced).trace_hash,
+        run(9, &config(Mode::Safety, None)).trace_hash
+    );
+    assert!(!run(9, &traced).trace.is_empty());
+}
+
+/// CI budget: [`CI_SAFETY_SEEDS`] seeds with faults all the time; every rule holds.
+#[test]
+fn ci_budget_safety_seeds_keep_every_rule() {
+    let (stats, failures) = run_seeds(&config(Mode::Safety, None), CI_SAFETY_SEEDS);
+    eprintln!("safety: {stats:?}");
+    assert!(failures.is_empty(), "{}", describe(&failures));
+    // The faults and the workload really happened.
+    assert!(stats.messages_acked > 50 * CI_SAFETY_SEEDS, "{stats:?}");
+    assert!(stats.masters > CI_SAFETY_SEEDS, "{stats:?}");
+    for (what, n) in [
+        ("broker crashes", stats.broker_crashes),
+        ("store crashes", stats.store_crashes),
+        ("wipes", stats.store_wipes),
+        ("bit flips", stats.bit_flips),
+        ("fsync EIO", stats.fsync_eio),
+        ("ENOSPC", stats.enospc),
+        ("partitions", stats.partitions),
+        ("broker pauses", stats.broker_pauses),
+        ("store pauses", stats.store_pauses),
+        ("duplicates", stats.messages_duplicated),
+    ] {
+        assert!(n > CI_SAFETY_SEEDS / 10, "too few {what}: {stats:?}");
+    }
+}
+
+/// CI budget: [`CI_LIVENESS_SEEDS`] seeds whose faults stop after a while; the cluster then
+/// acknowledges a new batch of every producer within the bound.
+#[test]
+fn ci_budget_liveness_seeds_make_progress() {
+    let (stats, failures) = run_seeds(&config(Mode::Liveness, None), CI_LIVENESS_SEEDS);
+    eprintln!("liveness: {stats:?}");
+    assert!(failures.is_empty(), "{}", describe(&failures));
+    assert!(stats.messages_acked > 500 * CI_LIVENESS_SEEDS, "{stats:?}");
+}
+
+/// Runs seeds from 0 with `mutation` until one breaks a rule (at most `budget`), asserts one
+/// did, then runs the catching seed and the 50 before it with every rule on and asserts
+/// none breaks one (the CI budget test covers the first seeds with every rule on too).
+/// Returns how many seeds it took and what was found.
+fn caught_within(mutation: Mutation, budget: u64, end_to_end_only: bool) -> (u64, Vec<Violation>) {
+    let mutated = SimConfig {
+        end_to_end_only,
+        ..config(Mode::Safety, Some(mutation))
+    };
+    let mut found = None;
+    let mut live = 0;
+    for seed in 0..budget {
+        let r = run(seed, &mutated);
+        live += r.stats.mutated;
+        if !r.passed() {
+            found = Some((seed, r.violations));
+            break;
+        }
+    }
+    let Some((seed, violations)) = found else {
+        panic!("{mutation}: no violation in {budget} seeds (the mutation changed {live} steps)");
+    };
+    assert!(
+        !violations
+            .iter()
+            .any(|v| matches!(v, Violation::Panic { .. })),
+        "{mutation}: a panic is not a finding: {violations:?}"
+    );
+    eprintln!(
+        "{mutation}: caught at seed {seed} (after {} seeds): {}",
+        seed + 1,
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let clean = config(Mode::Safety, None);
+    for s in seed.saturating_sub(50)..=seed {
+        let r = run(s, &clean);
+        assert!(
+            r.passed(),
+            "seed {s} with every rule on: {:?}",
+            r.violations
+        );
+    }
+    (seed + 1, violations)
+}
+
+/// Mutation 2 (`mut-adopt-longest`): a takeover that adopts the longest granted log,
+/// ignoring epochs, loses stabilized events — seen end to end (an offset that maps to two
+/// events, a quorum whose adopted log lacks a stabilized event).
+#[test]
+fn mutation_adopt_longest_is_caught() {
+    let (_, found) = caught_within(Mutation::AdoptLongest, 3_000, true);
+    assert!(found.iter().any(|v| matches!(
+        v,
+        Violation::OffsetTwoEvents { .. }
+            | Violation::QuorumLacksStabilized { .. }
+            | Violation::AckedLost { .. }
+    )));
+}
+
+/// Mutation 3 (`wipe-hwm`): a wiped store that votes again once it caught up to the HWM it
+/// heard lets a zombie master stabilize an event a newer master never adopted.
+#[test]
+fn mutation_wiped_votes_is_caught() {
+    let (_, found) = caught_within(Mutation::WipedVotes, 500, true);
+    assert!(found.iter().any(|v| matches!(
+        v,
+        Violation::OffsetTwoEvents { .. }
+            | Violation::QuorumLacksStabilized { .. }
+            | Violation::AckedLost { .. }
+    )));
+}
+
+/// Mutation 4 (`restart-amnesia`): a broker that forgets its epoch counter on restart uses
+/// an epoch a second time — caught by the online epoch-uniqueness rule. (End to end it is
+/// masked: the takeover core never counts a grant from a store that already holds an
+/// entry of the takeover's epoch, so a reused epoch cannot adopt a log that lacks what the
+/// first use stabilized; docs/testing.md.)
+#[test]
+fn mutation_forget_epoch_is_caught() {
+    let (_, found) = caught_within(Mutation::ForgetEpoch, 200, false);
+    assert!(found
+        .iter()
+        .any(|v| matches!(v, Violation::EpochReused { .. })));
+}
+
+/// Mutation 1 (`mut-through-end`): stores ack their own accepted log end as
+/// `through_offset`. Caught by the online ack rule: a master whose epoch-start range was
+/// trimmed from memory, with no store able to serve it, heartbeats a lagging store with an
+/// *empty* append whose `prev` is the entry before its epoch start — the model checker's
+/// counterexample — and a store holding a zombie master's suffix there acks that suffix as
+/// the new master's log. (End to end the false vote has so far always been at or below
+/// the HWM already reached; docs/testing.md.)
+#[test]
+fn mutation_through_end_is_caught() {
+    let (_, found) = caught_within(Mutation::ThroughEnd, 4_000, false);
+    assert!(found
+        .iter()
+        .any(|v| matches!(v, Violation::AckClaimsUnheld { .. })));
+}
+
+/// Open finding (docs/testing.md, "What the simulation found"): quire-wal's recovery scan
+/// reads a bit flip in a store's *last* durable record as a torn write and cuts it
+/// silently; the store then votes with a log that lacks an event it acked, and the next
+/// master overwrites a stabilized event. Seed 805 (safety mode, `--tail-flips`): S2's only
+/// entry, the stabilized epoch-start of B1 at offset 0, is cut at restart; B2 fences S1 and
+/// S2 (both empty), adopts an empty log and writes its own epoch-start at offset 0.
+/// Un-ignore once a store that cut an acked record no longer votes (or no longer cuts it).
+#[test]
+#[ignore = "open: a bit flip in the last durable record reads as a torn tail and loses a stabilized event"]
+fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
+    let c = SimConfig {
+        faults: quire_sim::FaultSet { tail_flips: true },
+        ..config(Mode::Safety, None)
+    };
+    let r = run(805, &c);
+    assert!(r.passed(), "{:?}", r.violations);
+}
