@@ -236,3 +236,20 @@ fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
     let r = run(805, &c);
     assert!(r.passed(), "{:?}", r.violations);
 }
+
+/// Open finding (docs/testing.md, "What the simulation found", 2): a takeover must fetch
+/// everything above its applied offset before its deadline (twice the election timeout),
+/// and a restarted broker has applied nothing. With one event per fetch, liveness seed 495
+/// never elects a master after the faults stop: both brokers restarted empty and each
+/// takeover is abandoned in the middle of fetching the ~96-event log. Un-ignore once the
+/// deadline grows with the fetch (or a takeover keeps what it fetched).
+#[test]
+#[ignore = "open: the takeover deadline does not grow with the events it must fetch"]
+fn a_takeover_that_must_fetch_a_long_log_one_event_at_a_time_never_finishes() {
+    let c = SimConfig {
+        fetch_events_max: Some(1),
+        ..config(Mode::Liveness, None)
+    };
+    let r = run(495, &c);
+    assert!(r.passed(), "{:?}", r.violations);
+}
