@@ -872,7 +872,7 @@ impl Progress {
 
     fn finish(&self) {
         if let Some(bar) = &self.bar {
-            bar.finish();
+            bar.finish_and_clear();
         }
     }
 }
