@@ -70,6 +70,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Down(args)) => {
             cluster::up::run_down(&args, &mut io::stdout().lock())?;
         }
+        Command::Cluster(ClusterCommand::Handoff(args)) => {
+            let report = cluster::handoff::run(&args)?;
+            cluster::handoff::print(&report, args.format.format)?;
+        }
         Command::Cluster(ClusterCommand::Status(args)) => {
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;

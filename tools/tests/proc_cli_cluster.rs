@@ -510,6 +510,58 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
     assert_eq!(report["ops"], 2000, "{report}");
     assert!(report["p50_us"].as_u64().unwrap() > 0, "{report}");
 
+    // Graceful handoff: mastership moves to the other broker, which then serves produces.
+    let status = cluster.quire(&["cluster", "status", "--format", "json"], None);
+    assert!(status.status.success(), "status: {}", stderr(&status));
+    let status: Value = serde_json::from_str(stdout(&status).trim()).unwrap();
+    let before = status["master"]["id"].as_u64().unwrap();
+    let target = if before == 1 { 2 } else { 1 };
+    let handoff = cluster.quire(
+        &[
+            "cluster",
+            "handoff",
+            "--to",
+            &target.to_string(),
+            "--format",
+            "json",
+        ],
+        None,
+    );
+    assert!(handoff.status.success(), "handoff: {}", stderr(&handoff));
+    let report: Value = serde_json::from_str(stdout(&handoff).trim()).unwrap();
+    assert_eq!(report["from"]["id"], before, "{report}");
+    assert_eq!(report["master"], target, "{report}");
+    assert!(report["epoch"].as_u64().unwrap() > status["epoch"].as_u64().unwrap());
+    let status = cluster.quire(&["cluster", "status", "--format", "json"], None);
+    let status: Value = serde_json::from_str(stdout(&status).trim()).unwrap();
+    assert_eq!(status["master"]["id"], target, "{status}");
+    let after = cluster.quire(
+        &[
+            "produce",
+            "--topic",
+            "after-handoff",
+            "--count",
+            "10",
+            "--format",
+            "jsonl",
+        ],
+        None,
+    );
+    assert!(
+        after.status.success(),
+        "produce after handoff: {}",
+        stderr(&after)
+    );
+    assert_eq!(json_lines(&after).len(), 10);
+    // A handoff to the master itself is refused with a clear error.
+    let refused = cluster.quire(&["cluster", "handoff", "--to", &target.to_string()], None);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("already the master"),
+        "{}",
+        stderr(&refused)
+    );
+
     // Two of three stores gone: nothing is stabilized, no ack line is printed, and the
     // command fails saying every message's outcome is unknown (the broker may have written
     // them to the one store left).

@@ -1,4 +1,4 @@
-//! The cluster-facing commands: `quire cluster ...` ([`status`]) and the pieces that
+//! The cluster-facing commands: `quire cluster ...` ([`status`], [`handoff`]) and the pieces that
 //! `quire produce`, `quire consume` and `quire bench cluster` share — the `--brokers`
 //! option ([`BrokersArgs`]), the Tokio runtime each of them builds in its own `run`
 //! ([`runtime`]), and Ctrl-C/SIGTERM as a future ([`signal`]).
@@ -7,6 +7,7 @@
 //! starts a local cluster as child processes (`quire node run` / `quire broker run`, see
 //! [`crate::servers`]) for `quire cluster up` and `quire demo`.
 
+pub mod handoff;
 pub mod status;
 pub mod up;
 
@@ -31,6 +32,11 @@ pub enum ClusterCommand {
     /// Stop a cluster started with `quire cluster up --detach` (SIGTERM, a bounded wait,
     /// then SIGKILL).
     Down(up::DownArgs),
+
+    /// Hand mastership to a named slave broker: the master stops taking new producer
+    /// batches, waits until its HWM covers all it accepted, tells the slave to take over
+    /// and becomes a slave itself. Producers see a short pause, no error.
+    Handoff(handoff::HandoffArgs),
 }
 
 /// The `--brokers` option of every command that talks to a running cluster.
