@@ -6,7 +6,7 @@
 //! commit), `bench node` (a node in this process, 1 KiB and 16 KiB events over TCP, 64
 //! events per append), and `bench cluster` (a local cluster of 3 stores and 2 brokers,
 //! [`crate::cluster::up::LocalCluster`], 4 producers, 1 KiB and 16 KiB messages). Each run
-//! lasts `--duration` (default 4 s): about a minute and a half in all.
+//! lasts `--duration` (default 4 s): under a minute in all on the development machine (40 s).
 //!
 //! The **ratio** of a row is its payload MB/s over the best raw-disk MB/s of the run (the
 //! physical limit with an fdatasync per write). The machine section gives the kernel
