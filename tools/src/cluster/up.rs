@@ -22,13 +22,16 @@
 //! DIR/broker1 .. brokerM         broker data directories (broker ids from 1)
 //! DIR/logs/store0.log ...        each process's stdout and stderr
 //! DIR/cluster.json               pids and addresses (written by --detach)
+//! DIR/ports                      the ports used, one per line (reused by the next start)
 //! ```
 //!
 //! # Ports
 //! With `--base-port P`, stores listen on `P, P+1, …` and brokers on the ports after them.
 //! Without it, each port is picked at random in 20000..32000 (below Linux's ephemeral range,
 //! so an outgoing connection cannot take it between the check and the bind) and checked
-//! free by binding it once. Brokers need fixed ports: a broker's address is its name in
+//! free by binding it once — unless DIR holds a previous run's `ports` (same process count),
+//! which are reused: a broker's data directory pins the addresses it was made for, so a
+//! cluster restarted on the same DIR must keep them. Brokers need fixed ports: a broker's address is its name in
 //! every broker's `--brokers` list.
 
 use std::fs::{self, File, OpenOptions};
@@ -272,7 +275,7 @@ impl LocalCluster {
             format!("[wal]\nsegment_bytes_max = {SEGMENT_BYTES}\n"),
         )
         .with_context(|| format!("writing {}", store_config.display()))?;
-        let ports = pick_ports(spec.base_port, spec.stores + spec.brokers)?;
+        let ports = ports_for(&spec.dir, spec.base_port, spec.stores + spec.brokers)?;
         let store_addrs: Vec<String> = ports[..spec.stores]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -733,6 +736,24 @@ fn init_store(exe: &Path, data_dir: &Path, log: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// The ports of a cluster in `dir`: `base..base+n` if given; else the ports a previous run
+/// in `dir` used (`DIR/ports`, one per line), because brokers' data directories pin the
+/// store and broker addresses they were made for; else fresh free ports. Written back to
+/// `DIR/ports`.
+fn ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>> {
+    let path = dir.join("ports");
+    let previous: Option<Vec<u16>> = fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect());
+    let ports = match (base, previous) {
+        (None, Some(p)) if p.len() == n => p,
+        (base, _) => pick_ports(base, n)?,
+    };
+    let text: String = ports.iter().map(|p| format!("{p}\n")).collect();
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(ports)
+}
+
 /// `n` ports: `base..base+n`, or distinct free ones.
 fn pick_ports(base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>> {
     if let Some(base) = base {
@@ -896,6 +917,18 @@ pub fn run_down(args: &DownArgs, out: &mut impl Write) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restart_in_the_same_directory_reuses_its_ports() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ports_for(dir.path(), None, 5).unwrap();
+        assert_eq!(ports_for(dir.path(), None, 5).unwrap(), first);
+        assert_eq!(
+            ports_for(dir.path(), Some(7100), 2).unwrap(),
+            vec![7100, 7101]
+        );
+        assert_eq!(ports_for(dir.path(), None, 2).unwrap(), vec![7100, 7101]);
+    }
 
     #[test]
     fn base_port_assigns_ports_in_order() {
