@@ -384,6 +384,7 @@ async fn wait_for_spare(wal_dir: &std::path::Path) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(super::wal::SPARE_SETTLE).await;
 }
 
 /// The fdatasync counter of the node, if there is a way to read it.

@@ -456,6 +456,11 @@ pub(crate) fn payload_bytes(len: usize) -> Bytes {
     Bytes::from(bytes)
 }
 
+/// How long to wait after the spare segment's file appears: the preallocator renames it
+/// into place, then fsyncs the directory, and only then marks it ready (a roll before that
+/// waits, and logs a warning).
+pub const SPARE_SETTLE: Duration = Duration::from_millis(200);
+
 /// Waits (bounded) until the WAL in `dir` has its spare segment ready.
 fn wait_for_spare(dir: &Path) {
     let spare = dir.join(quire_wal::segment::SPARE_NAME);
@@ -470,6 +475,7 @@ fn wait_for_spare(dir: &Path) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    std::thread::sleep(SPARE_SETTLE);
 }
 
 /// One run on a fresh WAL in `dir` (created, then removed).
