@@ -23,8 +23,9 @@ use crate::units::{parse_duration, parse_size};
 /// Quire: a replicated message broker. This is its command line.
 ///
 /// Durations take plain seconds or a unit (5, 5s, 500ms, 2m); sizes take plain bytes or a
-/// unit (4096, 64KiB, 1MiB; KB/MB/GB are powers of 1000). Results go to stdout, logs and
-/// errors to stderr; a failed command exits non-zero.
+/// unit (4096, 64KiB, 1MiB; KB/MB/GB are powers of 1000). Results go to stdout (`quire
+/// produce` prints acknowledgements there only with --format jsonl, its summary always
+/// to stderr), logs and errors to stderr; a failed command exits non-zero.
 #[derive(Debug, Parser)]
 #[command(name = "quire", version, propagate_version = true)]
 pub struct Cli {
@@ -48,7 +49,7 @@ pub enum Command {
     /// and check that every acknowledged message was consumed exactly once, in order.
     Demo(crate::demo::DemoArgs),
 
-    /// Measure the disk (and, later, the WAL, a node, a cluster) against its physical limit.
+    /// Measure the raw disk, the WAL, a node and a cluster (`report` runs them all with ratios to the disk).
     #[command(subcommand)]
     Bench(BenchCommand),
 
@@ -66,7 +67,7 @@ pub enum Command {
     /// Read a topic's messages in log order.
     Consume(crate::consume::ConsumeArgs),
 
-    /// Look at a running cluster.
+    /// Run and steer a cluster: `up`/`down` (a local one), `status`, `handoff`.
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
 
