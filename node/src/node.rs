@@ -72,6 +72,22 @@ impl Node {
             let promised = PromisedEpoch::load(&wal_config.dir).with_context(|| {
                 format!("loading the promised epoch in {}", wal_config.dir.display())
             })?;
+            // A store raises its promise durably before it writes an entry of a new epoch,
+            // so an entry above the promise means the promised-epoch file was lost or
+            // replaced: the store has forgotten fences it granted and must not serve.
+            if let Some(last) = wal.last_durable() {
+                if last.epoch > promised.epoch() {
+                    anyhow::bail!(
+                        "the log in {} holds entries of epoch {} but the promised epoch is {}: \
+                         the promised-epoch file was lost or replaced, so this store may have \
+                         forgotten fences it granted; it must not vote again. Re-initialise it \
+                         as a learner (`quire-node init --learner` on an empty directory)",
+                        wal_config.dir.display(),
+                        last.epoch,
+                        promised.epoch()
+                    );
+                }
+            }
             anyhow::Ok((identity, wal, report, promised))
         })
         .await

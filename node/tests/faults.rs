@@ -177,3 +177,50 @@ async fn a_failed_log_refuses_appends_and_keeps_serving_reads() {
     .await
     .expect("bounded");
 }
+
+/// Story: a tester deleted a stopped store's `promised` file; the store started with
+/// promise 0 although its log held entries of a later epoch, so it could have granted a
+/// fence below one it had already granted. A store must refuse to start instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_promised_epoch_file_stops_the_store_from_starting() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let node = start(&dir, &plan).await;
+        let c = StoreClient::connect(node.local_addr()).await.unwrap();
+        let outcome = c.append(append(7, None, &["a", "b"])).await.unwrap();
+        assert!(
+            matches!(outcome, AppendOutcome::Persisted(_)),
+            "{outcome:?}"
+        );
+        drop(c);
+        node.shutdown().await.unwrap();
+
+        let wal_dir = dir.path().join("data").join("wal");
+        let promised: Vec<_> = std::fs::read_dir(&wal_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .contains("promised")
+            })
+            .collect();
+        assert_eq!(promised.len(), 1, "{promised:?}");
+        std::fs::remove_file(&promised[0]).unwrap();
+
+        let data = dir.path().join("data");
+        let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
+        config.wal.segment_bytes_max = 4 << 20;
+        let err = match quire_node::Node::start(config).await {
+            Ok(_) => panic!("a store whose promise is below its log must refuse to start"),
+            Err(e) => e,
+        };
+        let text = format!("{err:#}");
+        assert!(text.contains("promised epoch"), "{text}");
+        assert!(text.contains("learner"), "{text}");
+    })
+    .await
+    .expect("bounded");
+}
