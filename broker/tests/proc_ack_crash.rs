@@ -52,7 +52,7 @@ fn proc_master_killed_after_stabilized_before_ack_retry_gets_the_original_offset
         while t0.elapsed() < delay {
             std::hint::spin_loop();
         }
-        common::signal(pid, libc::SIGSTOP);
+        common::stop(pid);
         std::thread::sleep(Duration::from_millis(50));
         let after = tails(&cluster);
         let held: Vec<Offset> = before

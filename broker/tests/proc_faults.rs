@@ -88,7 +88,7 @@ fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
         .map(|s| s.pid().expect("runs"))
         .collect();
     for &pid in &frozen {
-        common::signal(pid, libc::SIGSTOP);
+        common::stop(pid);
     }
     let err = produce_answer(c.request(produce_request("t", 6, 10, 10)).expect("answer"))
         .expect_err("no quorum: no ack");

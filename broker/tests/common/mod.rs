@@ -251,6 +251,48 @@ pub fn signal(pid: u32, sig: i32) {
     assert_eq!(rc, 0, "kill({pid}, {sig})");
 }
 
+/// SIGSTOPs a process this test started and waits (bounded by [`WAIT`]) until every one of
+/// its threads is stopped. kill(2) only queues the signal: the target's threads stop when
+/// they next enter the kernel, so a thread already running may still read a socket and
+/// act on what arrives right after `kill` returns. A test that sends something "while the
+/// process is frozen" must wait for this first.
+pub fn stop(pid: u32) {
+    signal(pid, libc::SIGSTOP);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if all_threads_stopped(pid) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} did not stop within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether every thread of `pid` is in state `T` (stopped) in /proc/PID/task/*/stat.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut seen = 0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return false;
+        };
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        seen += 1;
+    }
+    seen > 0
+}
+
 /// One broker.
 #[derive(Debug)]
 pub struct BrokerNode {
