@@ -469,6 +469,7 @@ mod tests {
             master: master.map(info),
             brokers: vec![info(1), info(2), info(3)],
             stores: Vec::new(),
+            applied: None,
         }
     }
 

@@ -231,6 +231,7 @@ fn handle(id: u16, body: Body, st: &Shared) -> Option<(Body, Option<Duration>)> 
                 master: named,
                 brokers: g.brokers.clone(),
                 stores: Vec::new(),
+                applied: None,
             }
             .into()
         }

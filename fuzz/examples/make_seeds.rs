@@ -127,7 +127,9 @@ fn main() -> std::io::Result<()> {
                 addr: "s1:7100".into(),
                 voter: true,
                 persisted: Some(Offset(2)),
+                connected: true,
             }],
+            applied: Some(Offset(2)),
         }
         .into(),
         Heartbeat {

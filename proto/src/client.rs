@@ -77,6 +77,7 @@ pub struct BrokerInfo {
 /// 2+n    addr                  string ≤ ADDR_BYTES_MAX
 /// 1      voter                 bool
 /// 1|9    persisted             Option<Offset>: highest through_offset it acked
+/// 1      connected             bool: the answering broker has a connection to it
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreInfo {
@@ -90,6 +91,9 @@ pub struct StoreInfo {
     pub voter: bool,
     /// Highest `through_offset` it has acked to this master.
     pub persisted: Option<Offset>,
+    /// Whether the answering broker has a live connection to the store now (`false`: down,
+    /// unreachable, or not dialled by this broker).
+    pub connected: bool,
 }
 
 /// Producer → master: append `messages` to `topic`.
@@ -244,6 +248,7 @@ pub struct MetadataRequest;
 /// ..    1|…    master                Option<BrokerInfo>: tag u8, then BrokerInfo
 /// ..    4      broker count          u32, ≤ MEMBERS_MAX, then BrokerInfo each
 /// ..    4      store count           u32, ≤ MEMBERS_MAX, then StoreInfo each
+/// ..    1|9    applied               Option<Offset>: highest offset applied to this broker's state
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetadataResponse {
@@ -257,6 +262,10 @@ pub struct MetadataResponse {
     pub brokers: Vec<BrokerInfo>,
     /// Every store.
     pub stores: Vec<StoreInfo>,
+    /// The highest stabilized offset this broker has applied to its own copy of the broker
+    /// state (topics, cursors, producer table); `None` before the first. On a slave it
+    /// trails the master's HWM by the replication lag.
+    pub applied: Option<Offset>,
 }
 
 /// Operator → master: hand mastership to slave broker `to` (graceful handoff, DESIGN.md
@@ -301,7 +310,7 @@ pub struct HandoffResponse {
 /// Smallest `BrokerInfo` on the wire: id + empty address.
 const BROKER_INFO_BYTES_MIN: usize = 2 + 2;
 /// Smallest `StoreInfo` on the wire.
-const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1;
+const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1 + 1;
 
 impl BrokerInfo {
     pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
@@ -348,6 +357,7 @@ impl StoreInfo {
         w.string("store addr", &self.addr, ADDR_BYTES_MAX)?;
         w.bool(self.voter);
         w.opt_offset(self.persisted);
+        w.bool(self.connected);
         Ok(())
     }
 
@@ -358,6 +368,7 @@ impl StoreInfo {
             addr: r.string("store addr", ADDR_BYTES_MAX)?,
             voter: r.bool("store voter")?,
             persisted: r.opt_offset("store persisted")?,
+            connected: r.bool("store connected")?,
         })
     }
 }
@@ -542,6 +553,7 @@ impl MetadataResponse {
         for s in &self.stores {
             s.write(w)?;
         }
+        w.opt_offset(self.applied);
         Ok(())
     }
 
@@ -559,12 +571,14 @@ impl MetadataResponse {
         for _ in 0..count {
             stores.push(StoreInfo::read(r)?);
         }
+        let applied = r.opt_offset("metadata applied")?;
         Ok(MetadataResponse {
             epoch,
             hwm,
             master,
             brokers,
             stores,
+            applied,
         })
     }
 }

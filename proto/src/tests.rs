@@ -251,6 +251,7 @@ pub(crate) fn samples() -> Vec<Body> {
                     addr: "s1:7100".to_owned(),
                     voter: true,
                     persisted: Some(Offset(502)),
+                    connected: true,
                 },
                 StoreInfo {
                     store_id: StoreId(2),
@@ -258,8 +259,10 @@ pub(crate) fn samples() -> Vec<Body> {
                     addr: "s2:7100".to_owned(),
                     voter: false,
                     persisted: None,
+                    connected: false,
                 },
             ],
+            applied: Some(Offset(500)),
         }
         .into(),
         ErrorResponse::trimmed(Offset(3), Offset(0x1_0000)).into(),

@@ -272,20 +272,23 @@ fn body() -> impl Strategy<Value = Body> {
                     any::<u64>(),
                     text(ADDR_BYTES_MAX),
                     any::<bool>(),
-                    opt_off()
+                    opt_off(),
+                    any::<bool>()
                 ),
                 0..4
             ),
+            opt_off(),
         )
-            .prop_map(|(epoch, hwm, master, brokers, stores)| {
+            .prop_map(|(epoch, hwm, master, brokers, stores, applied)| {
                 let stores = stores
                     .into_iter()
-                    .map(|(s, i, addr, voter, persisted)| StoreInfo {
+                    .map(|(s, i, addr, voter, persisted, connected)| StoreInfo {
                         store_id: StoreId(s),
                         incarnation: Incarnation(i),
                         addr,
                         voter,
                         persisted,
+                        connected,
                     })
                     .collect();
                 MetadataResponse {
@@ -294,6 +297,7 @@ fn body() -> impl Strategy<Value = Body> {
                     master,
                     brokers,
                     stores,
+                    applied,
                 }
                 .into()
             }),

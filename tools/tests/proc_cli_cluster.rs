@@ -436,9 +436,15 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
     let stores = status["stores"].as_array().unwrap();
     assert_eq!(stores.len(), 3, "{status}");
     assert!(stores.iter().all(|s| s["role"] == "voter"), "{status}");
+    assert!(stores.iter().all(|s| s["connected"] == true), "{status}");
     assert!(status["hwm"].as_u64().unwrap() >= *acked.last().unwrap());
     let brokers = status["brokers"].as_array().unwrap();
     assert_eq!(brokers.len(), 2, "{status}");
+    // Every broker reports what it applied: the master, and the slave (which may trail).
+    assert!(
+        brokers.iter().all(|b| b["applied"].as_u64().is_some()),
+        "{status}"
+    );
     assert_eq!(
         brokers.iter().filter(|b| b["role"] == "master").count(),
         1,

@@ -523,6 +523,7 @@ impl Actor {
                     addr: self.cfg.stores[i].clone(),
                     voter,
                     persisted,
+                    connected: self.slot_up[i],
                 }
             })
             .collect();
@@ -540,6 +541,7 @@ impl Actor {
                 })
                 .collect(),
             stores,
+            applied: self.state.applied(),
         }
     }
 

@@ -8,23 +8,25 @@
 //! confirmed master, they come from the answer with the highest epoch, and `master` is
 //! `null`.
 //!
-//! What `Metadata` does not carry, and this command therefore cannot show: a slave's
-//! *applied* offset (a slave reports the HWM it has learned, shown as its `hwm`), and the
-//! stores' own log ends (only the highest offset each acked to this master).
+//! Each broker reports its own *applied* offset (the highest stabilized offset applied to
+//! its copy of the broker state): on a slave it trails the master's HWM by the replication
+//! lag. What `Metadata` does not carry, and this command therefore cannot show: the stores'
+//! own log ends (only the highest offset each acked to this master).
 //!
 //! # JSON (`--format json`)
 //! ```json
 //! {"master":{"id":1,"addr":"127.0.0.1:7201"},"epoch":65537,"hwm":41,
 //!  "stores":[{"index":0,"addr":"127.0.0.1:7101","store_id":"00c0ffee00c0ffee",
 //!             "incarnation":"1234567890abcdef","role":"voter","voter":true,
-//!             "persisted":41,"lag":0}],
+//!             "persisted":41,"lag":0,"connected":true}],
 //!  "brokers":[{"id":1,"addr":"127.0.0.1:7201","role":"master","epoch":65537,"hwm":41,
-//!              "master_id":1,"error":null}],
+//!              "applied":41,"master_id":1,"error":null}],
 //!  "view_of":{"id":1,"addr":"127.0.0.1:7201"}}
 //! ```
 //! `hwm` and `persisted` are log offsets or `null` (nothing yet); `lag` is the number of
 //! offsets at or below the HWM the store has not acked (`null` when the HWM or the
-//! store's figure is unknown). A broker's `role` is `"master"`, `"slave"` or
+//! store's figure is unknown); `connected` is whether the master has a live connection to
+//! the store (`null` when the view is not the master's). A broker's `role` is `"master"`, `"slave"` or
 //! `"unreachable"` (then `error` says why). A store's `role` is `"voter"`, `"learner"`, or
 //! `"unknown"` when the answering broker does not know its identity yet (`store_id` and
 //! `incarnation` are then zeros, `voter` is `null`). `view_of` names the broker whose answer gave
@@ -111,6 +113,8 @@ pub struct StoreStatus {
     pub persisted: Option<u64>,
     /// Offsets at or below the HWM it has not acked.
     pub lag: Option<u64>,
+    /// Whether the master has a live connection to it; `None` when the view is a slave's.
+    pub connected: Option<bool>,
 }
 
 /// One broker's answer (or why there is none).
@@ -126,6 +130,8 @@ pub struct BrokerStatus {
     pub epoch: Option<u64>,
     /// The HWM it knows (for a slave: what it has learned from the master).
     pub hwm: Option<u64>,
+    /// The highest offset it has applied to its copy of the broker state.
+    pub applied: Option<u64>,
     /// The master it names, if any.
     pub master_id: Option<u16>,
     /// Why it did not answer.
@@ -273,6 +279,7 @@ pub fn assemble(answers: &[Answer]) -> ClusterStatus {
                     role: if is_master { "master" } else { "slave" },
                     epoch: Some(m.epoch.0),
                     hwm: m.hwm.map(|o| o.0),
+                    applied: m.applied.map(|o| o.0),
                     master_id: m.master.as_ref().map(|b| b.id.0),
                     error: None,
                 }
@@ -283,6 +290,7 @@ pub fn assemble(answers: &[Answer]) -> ClusterStatus {
                 role: "unreachable",
                 epoch: None,
                 hwm: None,
+                applied: None,
                 master_id: None,
                 error: Some(e.clone()),
             },
@@ -321,6 +329,7 @@ fn store_status(index: usize, s: &StoreInfo, hwm: Option<u64>, from_master: bool
         voter,
         persisted,
         lag,
+        connected: from_master.then_some(s.connected),
     }
 }
 
@@ -352,36 +361,43 @@ impl Report for ClusterStatus {
             .max(4);
         writeln!(
             out,
-            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}",
-            "store", "addr", "store_id", "role", "persisted", "lag"
+            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}",
+            "store", "addr", "store_id", "role", "persisted", "lag", "link"
         )?;
         for s in &self.stores {
+            let link = match s.connected {
+                Some(true) => "up",
+                Some(false) => "down",
+                None => "-",
+            };
             writeln!(
                 out,
-                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}",
+                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}",
                 s.index,
                 s.addr,
                 s.store_id,
                 s.role,
                 opt(s.persisted),
-                opt(s.lag)
+                opt(s.lag),
+                link
             )?;
         }
         writeln!(out)?;
         writeln!(
             out,
-            "{:<6}  {:<addr_w$}  {:<11}  {:>10}  {:>10}  {:>6}",
-            "broker", "addr", "role", "epoch", "hwm", "master"
+            "{:<6}  {:<addr_w$}  {:<11}  {:>10}  {:>10}  {:>10}  {:>6}",
+            "broker", "addr", "role", "epoch", "hwm", "applied", "master"
         )?;
         for b in &self.brokers {
             writeln!(
                 out,
-                "{:<6}  {:<addr_w$}  {:<11}  {:>10}  {:>10}  {:>6}{}",
+                "{:<6}  {:<addr_w$}  {:<11}  {:>10}  {:>10}  {:>10}  {:>6}{}",
                 opt(b.id),
                 b.addr,
                 b.role,
                 opt(b.epoch),
                 opt(b.hwm),
+                opt(b.applied),
                 opt(b.master_id),
                 b.error
                     .as_ref()
@@ -425,6 +441,7 @@ mod tests {
             addr: format!("s{i}:1"),
             voter,
             persisted: persisted.map(Offset),
+            connected: persisted.is_some(),
         }
     }
 
@@ -440,6 +457,7 @@ mod tests {
                 store(2, true, Some(30)),
                 store(3, false, None),
             ],
+            applied: Some(Offset(41)),
         };
         let slave_view = MetadataResponse {
             hwm: Some(Offset(40)),
@@ -448,6 +466,7 @@ mod tests {
                 store(2, true, None),
                 store(3, false, None),
             ],
+            applied: Some(Offset(39)),
             ..master_view.clone()
         };
         let answers = vec![
@@ -471,6 +490,13 @@ mod tests {
         let roles: Vec<&str> = s.brokers.iter().map(|b| b.role).collect();
         assert_eq!(roles, vec!["unreachable", "master", "slave"]);
         assert_eq!(s.brokers[2].hwm, Some(40));
+        assert_eq!(
+            s.brokers[2].applied,
+            Some(39),
+            "a slave's own applied offset"
+        );
+        let links: Vec<Option<bool>> = s.stores.iter().map(|x| x.connected).collect();
+        assert_eq!(links, vec![Some(true), Some(true), Some(false)]);
         let mut text = Vec::new();
         s.write_text(&mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
@@ -486,6 +512,7 @@ mod tests {
             master: Some(brokers()[0].clone()),
             brokers: brokers(),
             stores: vec![store(1, true, None)],
+            applied: None,
         };
         let mut stale = stale;
         stale.stores.push(StoreInfo {
@@ -494,6 +521,7 @@ mod tests {
             addr: "s9:1".into(),
             voter: false,
             persisted: None,
+            connected: false,
         });
         let s = assemble(&[("b2:2".to_owned(), Ok(stale))]);
         assert_eq!(s.stores[1].role, "unknown");
