@@ -16,6 +16,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             let err: anyhow::Error = err;
+            if is_broken_pipe(&err) {
+                // The reader of stdout went away (`quire consume | head`): that is how a
+                // pipeline ends, not a failure (as `cat` and `grep` behave).
+                return ExitCode::SUCCESS;
+            }
             eprintln!("quire: error: {err:#}");
             if err.is::<Interrupted>() {
                 ExitCode::from(130)
@@ -26,4 +31,14 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Whether `err` is, or was caused by, a write to a closed pipe (EPIPE). Rust ignores
+/// SIGPIPE, so such a write returns an error instead of ending the process.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

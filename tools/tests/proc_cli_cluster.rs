@@ -323,6 +323,52 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
         assert!(m.get("payload_hex").is_none());
     }
 
+    // A reader that goes away (`quire consume | head -1`): the consumer ends quietly, with
+    // status 0, at its next write (new messages are produced to cause one).
+    {
+        let mut child = quire()
+            .args(["consume", "--topic", "numbers", "--from", "beginning"])
+            .args(["--brokers", &cluster.brokers])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert_eq!(first.trim_end(), format!("{:0100}", 0));
+        // The BufReader (and the pipe's read end with it) is dropped here.
+        let deadline = Instant::now() + STEP_WAIT;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            let more = cluster.quire(
+                &[
+                    "produce", "--topic", "numbers", "--count", "100", "--size", "100",
+                ],
+                None,
+            );
+            assert!(more.status.success(), "produce: {}", stderr(&more));
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("consume did not end after its reader went away");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(status.success(), "status {status:?}; stderr:\n{err}");
+        assert!(!err.contains("error"), "{err}");
+    }
+
     // stdin mode: lines round-trip as text, an empty line included.
     let lines = ["hello", "wörld", "", "a line with spaces", "last"];
     let input = format!("{}\n", lines.join("\n"));
