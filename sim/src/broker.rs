@@ -814,15 +814,23 @@ impl SimBroker {
     ) {
         match purpose {
             ReadPurpose::TakeoverFetch { epoch, .. } => {
+                let local_ms = self.local_ms(now_ms);
                 let Some(Role::TakingOver(t)) = self.role.as_mut() else {
                     return;
                 };
                 let input = match events {
-                    Some(events) => TakeoverInput::Fetched {
-                        slot,
-                        epoch,
-                        events: events.into_iter().map(from_proto_event).collect(),
-                    },
+                    Some(events) => {
+                        // As the actor does: a fetch that brings events of this attempt is
+                        // progress, and the deadline bounds a stall, not the log's length.
+                        if epoch == t.core.epoch() && !events.is_empty() {
+                            t.deadline_ms = local_ms + self.params.takeover_timeout_ms;
+                        }
+                        TakeoverInput::Fetched {
+                            slot,
+                            epoch,
+                            events: events.into_iter().map(from_proto_event).collect(),
+                        }
+                    }
                     None => TakeoverInput::FetchFailed {
                         slot,
                         epoch,

@@ -244,7 +244,6 @@ fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
 /// takeover is abandoned in the middle of fetching the ~96-event log. Un-ignore once the
 /// deadline grows with the fetch (or a takeover keeps what it fetched).
 #[test]
-#[ignore = "open: the takeover deadline does not grow with the events it must fetch"]
 fn a_takeover_that_must_fetch_a_long_log_one_event_at_a_time_never_finishes() {
     let c = SimConfig {
         fetch_events_max: Some(1),

@@ -795,8 +795,11 @@ impl Actor {
                 let input = match outcome {
                     Ok(read) => {
                         // Progress: a long tail may take many reads; the deadline bounds
-                        // a stall, not the length of the log.
-                        t.deadline = Instant::now() + takeover_budget(&self.cfg);
+                        // a stall, not the length of the log (the simulation's driver,
+                        // sim/src/broker.rs, does the same).
+                        if epoch == t.core.epoch() && !read.events.is_empty() {
+                            t.deadline = Instant::now() + takeover_budget(&self.cfg);
+                        }
                         TakeoverInput::Fetched {
                             slot,
                             epoch,
