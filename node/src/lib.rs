@@ -9,7 +9,9 @@
 //! - connections ([`conn`], internal): frame decoding, bounded in-flight work per
 //!   connection, a writer per connection with a bounded queue;
 //! - the data directory's identity file ([`identity`]), the settings ([`config`]), the
-//!   command line ([`cli`]) and the metrics endpoint ([`metrics`]).
+//!   command line ([`cli`]) and the metrics endpoint ([`metrics`]);
+//! - with the `failpoints` feature, fault injection into its WAL from the environment
+//!   ([`failpoints`]), for the fault tests of the real binary.
 //!
 //! What it does not own: the on-disk log format, group commit and recovery (`quire-wal`),
 //! and wire bytes (`quire-proto`).
@@ -30,6 +32,7 @@
 pub mod cli;
 pub mod config;
 mod conn;
+pub mod failpoints;
 pub mod identity;
 pub mod metrics;
 mod node;

@@ -63,6 +63,10 @@ impl Node {
         let wal_config = config.wal_config();
         let (identity, wal, report, promised) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load(&data_dir)?;
+            let disk = match disk {
+                Some(d) => Some(d),
+                None => crate::failpoints::disk_from_env(wal_config.io)?,
+            };
             let opened = match disk {
                 Some(disk) => Wal::open_with_disk(wal_config.clone(), disk),
                 None => Wal::open(wal_config.clone()),

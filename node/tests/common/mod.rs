@@ -106,6 +106,7 @@ pub struct NodeProc {
     data: PathBuf,
     log: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl NodeProc {
@@ -120,6 +121,17 @@ impl NodeProc {
     }
 
     pub fn start_on(data: &Path, log: &Path, extra: &[&str]) -> NodeProc {
+        NodeProc::start_with_env(data, log, extra, &[])
+    }
+
+    /// [`NodeProc::start_on`] with extra environment variables (e.g. `QUIRE_FAILPOINTS`),
+    /// kept for [`NodeProc::restart`].
+    pub fn start_with_env(
+        data: &Path,
+        log: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> NodeProc {
         let log_file = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -137,6 +149,7 @@ impl NodeProc {
             ])
             .args(extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
@@ -159,6 +172,10 @@ impl NodeProc {
             data: data.to_path_buf(),
             log: log.to_path_buf(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         let deadline = Instant::now() + START_TIMEOUT;
         let (mut addr, mut metrics) = (None, None);
@@ -183,6 +200,29 @@ impl NodeProc {
         node
     }
 
+    /// SIGTERM, then waits (bounded by [`START_TIMEOUT`]) for the process to exit; returns
+    /// whether it exited with success.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return false;
+        };
+        let pid = libc::pid_t::try_from(c.id()).expect("a pid fits in pid_t");
+        // SAFETY: kill(2) on a child this harness started and has not reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = c.try_wait().expect("try_wait") {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("the node did not stop within {START_TIMEOUT:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGKILL, and wait for the process to be gone.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -195,7 +235,12 @@ impl NodeProc {
     pub fn restart(mut self) -> NodeProc {
         self.kill9();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        NodeProc::start_on(&self.data.clone(), &self.log.clone(), &extra)
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        NodeProc::start_with_env(&self.data.clone(), &self.log.clone(), &extra, &env)
     }
 
     /// `GET path` on the metrics listener; returns the body.

@@ -35,7 +35,7 @@ use std::time::Duration;
 use std::{fmt, fs};
 
 pub use buf::AlignedBuf;
-pub use fault::{FaultDisk, FaultPlan};
+pub use fault::{FaultDisk, FaultPlan, FaultSpecError, FAULT_AFTER_MAX};
 pub use sync::SyncDisk;
 pub use uring::UringDisk;
 
