@@ -10,12 +10,12 @@
 //! id and sequence) at the new master is answered with the offset the stores hold the event
 //! at, and a consumer finds the message exactly once, at that offset.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
 use quire_proto::{Body, Offset, TailRequest};
+use quire_tests::{
+    fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT,
+};
 
 const ATTEMPTS_MAX: u64 = 60;
 
@@ -52,7 +52,7 @@ fn proc_master_killed_after_stabilized_before_ack_retry_gets_the_original_offset
         while t0.elapsed() < delay {
             std::hint::spin_loop();
         }
-        common::stop(pid);
+        quire_tests::stop(pid);
         std::thread::sleep(Duration::from_millis(50));
         let after = tails(&cluster);
         let held: Vec<Offset> = before
@@ -70,7 +70,7 @@ fn proc_master_killed_after_stabilized_before_ack_retry_gets_the_original_offset
             hit = Some((p, held[0], attempt));
             break;
         }
-        common::signal(pid, libc::SIGCONT);
+        quire_tests::signal(pid, libc::SIGCONT);
         if !answered {
             let mut c2 = Client::connect(&addr).expect("connect");
             let r = c2

@@ -2,13 +2,13 @@
 //! loopback: 3 stores (`quire-node`) and 2 brokers (`quire-broker`), a minimal producer
 //! and consumer speaking quire-proto frames. Bounded in time; no timing assertions.
 
-mod common;
-
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
 use quire_proto::{Body, BrokerId, ErrorCode, MetadataResponse, Offset};
+use quire_tests::{
+    fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT,
+};
 
 const TOPIC: &str = "orders";
 
@@ -161,7 +161,7 @@ fn proc_cluster_elects_a_master_produces_and_survives_a_store_kill() {
 
     // A retried batch gets its original offsets, and nothing is written twice.
     let again = produce_answer(
-        c.request(common::produce_request(TOPIC, 7, 1000, 50))
+        c.request(quire_tests::produce_request(TOPIC, 7, 1000, 50))
             .expect("answer"),
     )
     .expect("a retry is answered");
@@ -252,7 +252,7 @@ fn proc_master_kill_the_slave_takes_over_with_every_acked_message() {
     // And answers clients with the master's address.
     let mut old = Client::connect(&cluster.broker(first).addr.clone()).expect("connect");
     match old
-        .request(common::produce_request(TOPIC, 3, 4000, 1))
+        .request(quire_tests::produce_request(TOPIC, 3, 4000, 1))
         .expect("answer")
     {
         Body::ErrorResponse(e) => assert_eq!(e.code, ErrorCode::NotMaster),
@@ -283,7 +283,7 @@ fn proc_a_restarted_broker_rebuilds_everything_from_the_stores() {
     check_exactly_once(11, &acked, &fetched);
     // The rebuilt idempotent-producer table still answers a retry with its offsets.
     let again = produce_answer(
-        c.request(common::produce_request(TOPIC, 11, 9_800, 200))
+        c.request(quire_tests::produce_request(TOPIC, 11, 9_800, 200))
             .expect("answer"),
     )
     .expect("a retry is answered");

@@ -2,13 +2,13 @@
 //! wakes up after a slave took over, and three brokers where two slaves race for a dead
 //! master's place.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
 use quire_proto::{Body, BrokerId, ErrorCode, Offset};
+use quire_tests::{
+    fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT,
+};
 
 /// Produces `count` messages of producer `p` from `from` in batches of 20, one request at
 /// a time, to whichever broker serves, retrying a batch (same sequence) until it is acked.
@@ -68,8 +68,8 @@ fn check(p: u64, acked: &BTreeMap<u64, Offset>, fetched: &[(Offset, bytes::Bytes
     assert_eq!(payloads.len(), fetched.len(), "no message twice");
 }
 
-fn signal(b: &common::BrokerNode, sig: i32) {
-    common::signal(b.pid().expect("the broker runs"), sig);
+fn signal(b: &quire_tests::BrokerNode, sig: i32) {
+    quire_tests::signal(b.pid().expect("the broker runs"), sig);
 }
 
 /// The produce is sent only once every thread of the old master is stopped: session 1 saw
@@ -77,7 +77,7 @@ fn signal(b: &common::BrokerNode, sig: i32) {
 /// stop, so the master could still take the produce, append it to the stores and freeze
 /// before the acks came back. The new master then rightly adopted those events (they were
 /// on Qa stores before the fence) and the woken master's ack of them was correct; the test,
-/// not the broker, was wrong. `common::stop` closes that window.
+/// not the broker, was wrong. `quire_tests::stop` closes that window.
 #[test]
 fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
     let mut cluster = Cluster::new(3, 2, Timing::default());
@@ -88,7 +88,7 @@ fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
     // Freeze the master past the election timeout; send it a produce while it is frozen.
     let old_addr = cluster.broker(old).addr.clone();
     let mut frozen = Client::connect(&old_addr).expect("connect");
-    common::stop(cluster.broker(old).pid().expect("the broker runs"));
+    quire_tests::stop(cluster.broker(old).pid().expect("the broker runs"));
     let stale = frozen.send(produce_request("t", 2, 0, 5)).expect("send");
     let new = {
         let deadline = Instant::now() + WAIT;
@@ -98,7 +98,7 @@ fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
                 .iter()
                 .filter(|b| b.id != old)
                 .find(|b| {
-                    Client::connect_with(&b.addr, common::PROBE_WAIT)
+                    Client::connect_with(&b.addr, quire_tests::PROBE_WAIT)
                         .is_ok_and(|mut c| c.is_serving())
                 })
                 .map(|b| b.id);

@@ -1,15 +1,15 @@
 //! Multi-process tests of the broker's failure behaviour with the real binaries: no quorum,
 //! a broker that knows no voters, bad client frames; and the cursor and metrics surfaces.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT};
 use quire_proto::{
     Body, BrokerId, CommitCursorRequest, CursorRequest, ErrorCode, FetchRequest, Offset,
+};
+use quire_tests::{
+    fetch_all, payload, produce_answer, produce_request, Client, Cluster, Timing, WAIT,
 };
 
 #[test]
@@ -88,13 +88,13 @@ fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
         .map(|s| s.pid().expect("runs"))
         .collect();
     for &pid in &frozen {
-        common::stop(pid);
+        quire_tests::stop(pid);
     }
     let err = produce_answer(c.request(produce_request("t", 6, 10, 10)).expect("answer"))
         .expect_err("no quorum: no ack");
     assert_eq!(err.code, ErrorCode::NoQuorum, "{err:?}");
     for &pid in &frozen {
-        common::signal(pid, libc::SIGCONT);
+        quire_tests::signal(pid, libc::SIGCONT);
     }
     let deadline = Instant::now() + WAIT;
     loop {
@@ -314,7 +314,7 @@ fn proc_a_wiped_store_is_a_learner_and_never_counts() {
     cluster.stores[2].kill9();
     let dir = cluster.stores[2].dir.clone();
     std::fs::remove_dir_all(&dir).expect("wipe the store");
-    let out = std::process::Command::new(common::node_bin())
+    let out = std::process::Command::new(quire_tests::node_bin())
         .args(["init", "--data-dir"])
         .arg(&dir)
         .output()

@@ -7,12 +7,10 @@
 //! target, and the quire-client producer retries without surfacing it); the target is the
 //! master afterwards and the old master follows it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 use quire_proto::{Body, BrokerId, ErrorCode, HandoffRequest};
+use quire_tests::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 
 #[test]
 fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
@@ -136,7 +134,7 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
                 while start.elapsed() < Duration::from_millis(1500) {
                     let mut batch = Vec::new();
                     for _ in 0..20 {
-                        let m = common::payload(p, i);
+                        let m = quire_tests::payload(p, i);
                         i += 1;
                         let d = producer.send("h", m.clone()).await.expect("send");
                         batch.push((m, d));
@@ -195,7 +193,7 @@ fn proc_handoff_to_a_dead_slave_fails_in_bounded_time_and_the_master_serves_on()
     std::thread::sleep(Duration::from_millis(100));
     // A produce sent while the handoff runs waits, then is acknowledged by the same master.
     let waiting = producer
-        .send(common::produce_request("t", 1, 0, 5))
+        .send(quire_tests::produce_request("t", 1, 0, 5))
         .expect("send");
     let asked = Instant::now();
     match admin.recv(id) {
@@ -205,7 +203,7 @@ fn proc_handoff_to_a_dead_slave_fails_in_bounded_time_and_the_master_serves_on()
         ),
         other => panic!("a handoff to a dead slave answered {other:?}"),
     }
-    match producer.recv(waiting).map(common::produce_answer) {
+    match producer.recv(waiting).map(quire_tests::produce_answer) {
         Ok(Ok(r)) => assert_eq!(r.count, 5),
         other => panic!("the waiting produce: {other:?}"),
     }

@@ -10,12 +10,10 @@
 //! The failover time (kill → first acknowledgement by another broker) is printed per kill,
 //! with p50 and max; nothing is asserted about it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 use quire_proto::BrokerId;
+use quire_tests::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 
 const KILLS: usize = 10;
 

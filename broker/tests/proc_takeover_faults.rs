@@ -10,13 +10,11 @@
 //! its takeover never goes back on its durable counter and, when it leads again, leads with
 //! an epoch whose counter is above the one it was killed with (no epoch reused).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 use quire_broker::durable::load_epoch_counter;
 use quire_proto::{BrokerId, Epoch};
+use quire_tests::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
 
 fn master_epoch(cluster: &mut Cluster, id: u16) -> Epoch {
     Client::connect(&cluster.broker(id).addr.clone())

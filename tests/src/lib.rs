@@ -1,0 +1,35 @@
+//! quire-tests: the one harness for Quire's multi-process tests, and the fault tests
+//! themselves (`tests/proc_*.rs`).
+//!
+//! Real `quire-node` stores and `quire-broker` brokers run on loopback, each in a temporary
+//! directory, and are killed (SIGKILL) and cleaned up on drop, also when a test panics.
+//! Every wait is bounded ([`WAIT`]). What the library holds:
+//!
+//! - [`process`]: where the binaries are, a child process with its log ([`Proc`]),
+//!   signals, free ports;
+//! - [`cluster`]: [`Cluster`] of [`StoreNode`]s and [`BrokerNode`]s with their [`Timing`];
+//! - [`client`]: a minimal synchronous [`Client`] speaking quire-proto frames;
+//! - [`load`]: continuous producers ([`LoadDriver`]) and [`check_exactly_once`].
+//!
+//! Other packages' multi-process tests (broker/tests/proc_*.rs, ...) use it as a
+//! dev-dependency. It does not own the servers' logic and reaches into no crate's internals:
+//! it talks to the processes over the wire, the command line and their files.
+
+#![allow(clippy::missing_panics_doc)] // test harness: a panic is a test failure
+
+pub mod client;
+pub mod cluster;
+pub mod load;
+pub mod process;
+
+use std::time::Duration;
+
+pub use client::{fetch_all, payload, produce_answer, produce_request, Client, ProduceResult};
+pub use cluster::{BrokerNode, Cluster, StoreNode, Timing};
+pub use load::{check_exactly_once, LoadDriver, ProducerOutcome, LOAD_BATCH};
+pub use process::{broker_bin, free_port, node_bin, quire_bin, signal, stop, Proc};
+
+/// How long any single wait of the harness may take.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// How long a probe (is this broker the master?) waits for an answer.
+pub const PROBE_WAIT: Duration = Duration::from_secs(1);

@@ -1,0 +1,284 @@
+//! Child processes of a test: where the binaries are, starting one and reading the address
+//! it prints, SIGKILL on drop (also when the test panics), signals, free ports.
+//!
+//! Where the binaries come from: `target/<profile>/` next to the test executable's
+//! `deps/` directory. `cargo nextest run --workspace` and `cargo test --workspace` build
+//! them there (every package with integration tests gets its binaries built). A test run
+//! of one package alone (`cargo nextest run -p quire-tests`) may not have built them: then
+//! [`binary`] runs `cargo build -p PACKAGE --bin NAME` (same profile and target directory)
+//! once, if the file is missing. It does not rebuild a stale binary: after changing a
+//! server, build the workspace (or that package) before running one package's tests.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::WAIT;
+
+/// `target/<profile>`: the directory of the running test executable's `deps/`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The binary `name` of workspace package `package` in `target/<profile>/`, built once if
+/// missing (see the module docs).
+///
+/// # Panics
+/// If the binary is missing and building it failed.
+pub fn binary(package: &str, name: &str) -> PathBuf {
+    // One build at a time: two tests asking for the same binary must not race cargo.
+    static BUILD: Mutex<()> = Mutex::new(());
+    let dir = target_dir();
+    let bin = dir.join(name);
+    if bin.exists() {
+        return bin;
+    }
+    let _guard = BUILD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if bin.exists() {
+        return bin;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let release = dir.file_name().is_some_and(|n| n == "release");
+    let target = dir.parent().expect("target/<profile> has a parent");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-q", "-p", package, "--bin", name])
+        .env("CARGO_TARGET_DIR", target);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status();
+    assert!(
+        bin.exists(),
+        "the {name} binary is missing at {} and building it failed ({status:?}): run \
+         `cargo build -p {package}` (same profile and target directory) first",
+        bin.display()
+    );
+    bin
+}
+
+/// The `quire-node` binary (the event store).
+pub fn node_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| binary("quire-node", "quire-node"))
+        .clone()
+}
+
+/// The `quire-broker` binary.
+pub fn broker_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| binary("quire-broker", "quire-broker"))
+        .clone()
+}
+
+/// The `quire` CLI binary (package quire-tools).
+pub fn quire_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| binary("quire-tools", "quire")).clone()
+}
+
+/// A free loopback port for a server that must keep its address across restarts. Picked
+/// at random below the kernel's ephemeral range (32768 and up on Linux), so the test's own
+/// outgoing connections never take it between this check and the server's bind.
+///
+/// # Panics
+/// If 1,000 random ports in 20000..32000 are all taken.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut x = seed.wrapping_add(n.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+        x ^= x >> 31;
+        let port = 20_000 + (x % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000");
+}
+
+/// Sends `sig` to a process this test started and still owns.
+///
+/// # Panics
+/// If kill(2) fails.
+pub fn signal(pid: u32, sig: i32) {
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits in pid_t");
+    // SAFETY: kill(2) has no memory effects; the pid is a child this test started and has
+    // not reaped, so it names that process and no other.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+/// SIGSTOPs a process this test started and waits (bounded by [`WAIT`]) until every one of
+/// its threads is stopped. kill(2) only queues the signal: the target's threads stop when
+/// they next enter the kernel, so a thread already running may still read a socket and
+/// act on what arrives right after `kill` returns. A test that sends something "while the
+/// process is frozen" must wait for this first.
+///
+/// # Panics
+/// If kill(2) fails or the threads do not all stop within [`WAIT`].
+pub fn stop(pid: u32) {
+    signal(pid, libc::SIGSTOP);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if all_threads_stopped(pid) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} did not stop within {WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether every thread of `pid` is in state `T` (stopped) in /proc/PID/task/*/stat.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut seen = 0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return false;
+        };
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        seen += 1;
+    }
+    seen > 0
+}
+
+/// A child process with its log file (stderr, appended across restarts), killed with
+/// SIGKILL and reaped on drop.
+#[derive(Debug)]
+pub struct Proc {
+    /// A name for messages (`store0`, `broker2`).
+    pub name: String,
+    child: Option<Child>,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+    /// The metrics address, if the process printed one (`metrics on ADDR`).
+    pub metrics: Option<String>,
+}
+
+impl Proc {
+    /// Starts `cmd`, with stderr appended to `log`, and waits (at most [`WAIT`]) for
+    /// `listening on ADDR` on its stdout; returns the process and `ADDR`. A
+    /// `metrics on ADDR` line right after it is kept in [`Proc::metrics`].
+    ///
+    /// # Panics
+    /// If the process cannot start or prints no address in time (its log tail is shown).
+    pub fn start(name: &str, mut cmd: Command, log: PathBuf) -> (Proc, String) {
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        cmd.stdout(Stdio::piped()).stderr(err).stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut p = Proc {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+            metrics: None,
+        };
+        let deadline = Instant::now() + WAIT;
+        let mut addr = None;
+        while addr.is_none() && Instant::now() < deadline {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    if let Some(a) = line.strip_prefix("listening on ") {
+                        addr = Some(a.trim().to_owned());
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        // `metrics on ADDR` follows at once when metrics are served.
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if let Some(m) = line.strip_prefix("metrics on ") {
+                p.metrics = Some(m.trim().to_owned());
+            }
+        }
+        match addr {
+            Some(addr) => (p, addr),
+            None => {
+                let tail = p.log_tail(40);
+                p.kill9();
+                panic!("{name} did not print its address within {WAIT:?}; log:\n{tail}");
+            }
+        }
+    }
+
+    /// SIGKILL and reap (nothing if it is not running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process was started and not killed by the test.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The last `n` lines of the process's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            eprintln!(
+                "---- {} (last lines of {}) ----\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
+        self.kill9();
+    }
+}
