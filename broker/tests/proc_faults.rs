@@ -26,7 +26,8 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
     let addr = cluster.broker(master).addr.clone();
     let mut c = Client::connect(&addr).expect("connect");
 
-    // Two of three stores die: the produce is not acked, and fails with NoQuorum in time.
+    // Two of three stores die: the produce is not acked, and fails with NoQuorum in time
+    // (the produce timeout, or the master's check-quorum step-down, whichever comes first).
     cluster.stores[1].kill9();
     cluster.stores[2].kill9();
     let started = Instant::now();
@@ -43,20 +44,31 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
     );
 
     // One store comes back: the retry with the same producer id and sequence is written
-    // once, whether it joins the original (still in flight) or finds it stabilized.
+    // once, whether it joins the original (still in flight) or finds it stabilized. The
+    // master stepped down when it lost its store quorum (check-quorum): the retry goes to
+    // whichever broker leads once a quorum of stores is back.
     cluster.stores[1].start();
     let deadline = Instant::now() + WAIT;
-    let retry = loop {
-        match produce_answer(c.request(produce_request("t", 5, 100, 10)).expect("answer")) {
-            Ok(r) => break r,
-            Err(e) if e.code == ErrorCode::NoQuorum || e.code == ErrorCode::Timeout => {
+    let (retry, mut rc) = loop {
+        let leader = cluster.wait_for_master();
+        let mut rc = Client::connect(&cluster.broker(leader).addr.clone()).expect("connect");
+        match produce_answer(
+            rc.request(produce_request("t", 5, 100, 10))
+                .expect("answer"),
+        ) {
+            Ok(r) => break (r, rc),
+            Err(e)
+                if e.code == ErrorCode::NoQuorum
+                    || e.code == ErrorCode::Timeout
+                    || e.code == ErrorCode::NotMaster =>
+            {
                 assert!(Instant::now() < deadline, "producing did not resume");
             }
             Err(e) => panic!("unexpected {e:?}"),
         }
     };
     assert_eq!(retry.count, 10);
-    let fetched = fetch_all(&mut c, "t", 110);
+    let fetched = fetch_all(&mut rc, "t", 110);
     assert_eq!(fetched.len(), 110, "each message once");
     for (i, (_, m)) in fetched.iter().enumerate() {
         assert_eq!(*m, payload(5, i as u64));
@@ -96,6 +108,8 @@ fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
     for &pid in &frozen {
         quire_tests::signal(pid, libc::SIGCONT);
     }
+    // The master stepped down when it lost its store quorum (check-quorum); with the stores
+    // back it takes over again (it is the only broker), and the retry is written once.
     let deadline = Instant::now() + WAIT;
     loop {
         match produce_answer(c.request(produce_request("t", 6, 10, 10)).expect("answer")) {
@@ -105,10 +119,13 @@ fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
             }
             Err(e) => {
                 assert!(
-                    e.code == ErrorCode::NoQuorum || e.code == ErrorCode::Timeout,
+                    e.code == ErrorCode::NoQuorum
+                        || e.code == ErrorCode::Timeout
+                        || e.code == ErrorCode::NotMaster,
                     "{e:?}"
                 );
                 assert!(Instant::now() < deadline, "producing did not resume");
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
@@ -356,14 +373,19 @@ fn proc_a_wiped_store_is_a_learner_and_never_counts() {
         .expect_err("a learner never counts toward Qa");
     assert_eq!(err.code, ErrorCode::NoQuorum, "{err:?}");
     cluster.stores[0].start();
+    // The master may have stepped down meanwhile (check-quorum): produce through whichever
+    // broker leads once the voter is back.
     let fetched = {
         let deadline = Instant::now() + WAIT;
         loop {
-            if let Ok(Ok(_)) = c
-                .request(produce_request("t", 3, 150, 10))
-                .map(produce_answer)
-            {
-                break fetch_all(&mut c, "t", 160);
+            let leader = cluster.wait_for_master();
+            if let Ok(mut c) = Client::connect(&cluster.broker(leader).addr.clone()) {
+                if let Ok(Ok(_)) = c
+                    .request(produce_request("t", 3, 150, 10))
+                    .map(produce_answer)
+                {
+                    break fetch_all(&mut c, "t", 160);
+                }
             }
             assert!(Instant::now() < deadline, "producing did not resume");
             std::thread::sleep(Duration::from_millis(50));

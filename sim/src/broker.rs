@@ -1014,6 +1014,13 @@ impl SimBroker {
                     self.on_stabilized(through, events, now_ms, out);
                 }
                 MasterCommand::StepDown { promised } => self.step_down(promised, now_ms, out),
+                // The simulation leaves the check-quorum rule off, so this never comes; if
+                // it did, the broker would follow as after a step-down (as its actor does).
+                MasterCommand::QuorumLost { .. } => {
+                    if let Some(own) = self.master_epoch() {
+                        self.step_down(own, now_ms, out);
+                    }
+                }
             }
         }
     }

@@ -19,6 +19,16 @@
 //!   epoch-start event): Raft §5.4.2, DESIGN.md "Failover" step 4. Each raise emits
 //!   [`MasterCommand::Stabilized`] with the newly stabilized events.
 //!
+//! # Check-quorum
+//! With [`MasterCore::enable_check_quorum`] on (Raft thesis §6.2, etcd's `CheckQuorum`), a
+//! master that has not had a voting ack in its epoch from Qa distinct stores within the
+//! last `window` heartbeat ticks gives up: it emits [`MasterCommand::QuorumLost`] and stops
+//! as after a step-down. Without the rule, a master cut off from a majority of stores but
+//! not from its slaves would go on heartbeating them, so no slave would ever take over,
+//! and the cluster would stay unavailable while a quorum of stores and a slave could serve.
+//! The rule is for liveness only: safety never depends on it (a master that keeps going
+//! stabilizes nothing without Qa stores, and a fence shuts it out).
+//!
 //! # Why an ack's `through` can be trusted
 //! A store answers `Persisted{epoch, through}` with `through = prev.offset + count` of the
 //! append it matched — not its own log end. Only this master writes entries of its epoch,
@@ -214,6 +224,16 @@ pub enum MasterCommand {
         /// The higher epoch that was seen.
         promised: Epoch,
     },
+    /// Check-quorum (see the module docs): fewer than Qa voting stores acked within the
+    /// window. The core has stopped as after [`MasterCommand::StepDown`]; the driver turns
+    /// the broker into a slave that stops heartbeating, so a slave that reaches a quorum of
+    /// stores can take over. Emitted once, never together with `StepDown`.
+    QuorumLost {
+        /// Distinct voting stores that acked within the window.
+        voters_heard: usize,
+        /// Qa.
+        ack_quorum: usize,
+    },
 }
 
 /// An input to [`MasterCore::handle`] (everything but proposals).
@@ -311,6 +331,9 @@ pub enum ProposeError {
         /// The bound.
         inflight_bytes_max: u64,
     },
+    /// The master gave up for lack of a store quorum ([`MasterCommand::QuorumLost`]).
+    #[error("this master lost its quorum of stores and stepped down")]
+    QuorumLost,
     /// The event alone is larger than `inflight_bytes_max`: it can never be accepted.
     #[error("event of {event_bytes} bytes exceeds inflight_bytes_max {inflight_bytes_max}")]
     TooLarge {
@@ -426,6 +449,14 @@ pub struct MasterCore {
     next_append_id: u64,
     ticks: u64,
     fenced_by: Option<Epoch>,
+    /// Check-quorum window in heartbeat ticks; `None`: the rule is off.
+    check_quorum_ticks: Option<u64>,
+    /// The tick the check-quorum rule was turned on: no verdict before a whole window.
+    check_quorum_since: u64,
+    /// Per slot, the tick of its last voting ack in this epoch (stores only).
+    voted_tick: Vec<Option<u64>>,
+    /// Set once [`MasterCommand::QuorumLost`] was emitted.
+    quorum_lost: bool,
     scratch: Vec<Offset>,
     stats: MasterStats,
 }
@@ -501,8 +532,9 @@ impl MasterCore {
                 resume_tick: 0,
             })
             .collect();
+        let slot_count = config.cluster.slots.len();
         let mut core = MasterCore {
-            scratch: Vec::with_capacity(config.cluster.slots.len()),
+            scratch: Vec::with_capacity(slot_count),
             cluster: config.cluster,
             limits: config.limits,
             epoch,
@@ -514,6 +546,10 @@ impl MasterCore {
             next_append_id: 0,
             ticks: 0,
             fenced_by: None,
+            check_quorum_ticks: None,
+            check_quorum_since: 0,
+            voted_tick: vec![None; slot_count],
+            quorum_lost: false,
             stats: MasterStats::default(),
         };
         for i in 0..core.slots.len() {
@@ -556,6 +592,9 @@ impl MasterCore {
         if let Some(promised) = self.fenced_by {
             return Err(ProposeError::Fenced { promised });
         }
+        if self.quorum_lost {
+            return Err(ProposeError::QuorumLost);
+        }
         let event = Event {
             epoch: self.epoch,
             offset: self.log.end(),
@@ -594,7 +633,7 @@ impl MasterCore {
 
     /// Feeds one input; appends the resulting commands to `out`.
     pub fn handle(&mut self, input: MasterInput, out: &mut Vec<MasterCommand>) {
-        if self.fenced_by.is_some() {
+        if self.is_stopped() {
             self.stats.inputs_after_step_down += 1;
             return;
         }
@@ -701,6 +740,33 @@ impl MasterCore {
         self.fenced_by
     }
 
+    /// Turns the check-quorum rule on (module docs, "Check-quorum"): from now on, at every
+    /// [`MasterInput::HeartbeatTick`], once a whole window has passed since this call, the
+    /// master gives up if fewer than Qa distinct voting stores acked in its epoch within the
+    /// last `window_ticks` ticks. Drivers set the window to the election timeout in ticks
+    /// (rounded up), so a master gives up about when a slave would have taken over from a
+    /// silent one. Calling it again restarts the window.
+    ///
+    /// # Panics
+    /// If `window_ticks` is 0 (a caller's bug: the master would give up at once).
+    pub fn enable_check_quorum(&mut self, window_ticks: u32) {
+        assert!(window_ticks > 0, "a check-quorum window of 0 ticks");
+        self.check_quorum_ticks = Some(u64::from(window_ticks));
+        self.check_quorum_since = self.ticks;
+    }
+
+    /// Whether this master gave up for lack of a store quorum ([`MasterCommand::QuorumLost`]).
+    #[must_use]
+    pub fn is_quorum_lost(&self) -> bool {
+        self.quorum_lost
+    }
+
+    /// Whether the core has stopped: fenced, or given up for lack of a store quorum.
+    #[must_use]
+    pub fn is_stopped(&self) -> bool {
+        self.fenced_by.is_some() || self.quorum_lost
+    }
+
     /// The master's log (epochs of every offset, in-memory suffix of events).
     #[must_use]
     pub fn log(&self) -> &Log {
@@ -785,6 +851,7 @@ impl MasterCore {
             }
             if votes {
                 s.voted_through = s.voted_through.max(Some(t));
+                self.voted_tick[i] = Some(self.ticks);
                 self.stats.acks_voted += 1;
             } else {
                 self.stats.acks_not_voting += 1;
@@ -872,6 +939,37 @@ impl MasterCore {
                 self.send(i, next, 0, AppendEvents::InMemory(Vec::new()), out);
             }
         }
+        self.check_quorum(out);
+    }
+
+    /// The check-quorum rule (module docs): gives up when fewer than Qa voting stores acked
+    /// within the last window.
+    fn check_quorum(&mut self, out: &mut Vec<MasterCommand>) {
+        let Some(window) = self.check_quorum_ticks else {
+            return;
+        };
+        if self.ticks - self.check_quorum_since < window {
+            return;
+        }
+        let since = self.ticks - window;
+        let voters_heard = self
+            .voted_tick
+            .iter()
+            .zip(&self.cluster.slots)
+            .filter(|(t, kind)| kind.is_store() && t.is_some_and(|t| t >= since))
+            .count();
+        let ack_quorum = self.cluster.ack_quorum;
+        if voters_heard >= ack_quorum {
+            return;
+        }
+        self.quorum_lost = true;
+        for s in &mut self.slots {
+            s.inflight.clear();
+        }
+        out.push(MasterCommand::QuorumLost {
+            voters_heard,
+            ack_quorum,
+        });
     }
 
     // ---------------------------------------------------------------- rules
@@ -1009,7 +1107,7 @@ impl MasterCore {
     /// Sends slot `i` what is due, within its window: one append while probing (an empty
     /// one if nothing is left to send), up to `appends_inflight_max` otherwise.
     fn fill(&mut self, i: usize, out: &mut Vec<MasterCommand>) {
-        if self.fenced_by.is_some() {
+        if self.is_stopped() {
             return;
         }
         loop {

@@ -355,6 +355,7 @@ impl World {
                     assert_eq!(promised, Epoch(E.0 + 1));
                     self.oracle.stepped_down = true;
                 }
+                MasterCommand::QuorumLost { .. } => panic!("the check-quorum rule is off here"),
             }
         }
     }

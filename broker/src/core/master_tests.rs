@@ -950,3 +950,199 @@ fn deferred_proposals_obey_backpressure_like_propose() {
         "a refused event takes no offset"
     );
 }
+
+// ------------------------------------------------------------------ check-quorum
+
+impl H {
+    /// One heartbeat tick; then the stores in `answering` ack every append due to them (as
+    /// voters with their expected identity). Returns the `QuorumLost` commands emitted.
+    fn tick_with(&mut self, answering: &[u16]) -> Vec<MasterCommand> {
+        self.handle(MasterInput::HeartbeatTick);
+        for a in self.appends() {
+            if answering.contains(&a.slot.0) {
+                self.ack_append(&a);
+            }
+        }
+        let (lost, rest): (Vec<_>, Vec<_>) = self
+            .out
+            .drain(..)
+            .partition(|c| matches!(c, MasterCommand::QuorumLost { .. }));
+        self.out = rest;
+        lost
+    }
+}
+
+#[test]
+fn check_quorum_is_off_unless_enabled() {
+    let mut h = H::new(3);
+    h.appends();
+    for _ in 0..100 {
+        assert!(h.tick_with(&[]).is_empty(), "no rule, no verdict");
+    }
+    assert!(!h.m.is_quorum_lost());
+    assert!(!h.m.is_stopped());
+}
+
+#[test]
+fn check_quorum_keeps_a_master_that_hears_qa_stores() {
+    let mut h = H::new(3);
+    h.m.enable_check_quorum(4);
+    for a in h.appends() {
+        if a.slot.0 < 2 {
+            h.ack_append(&a);
+        }
+    }
+    for _ in 0..50 {
+        assert!(h.tick_with(&[0, 1]).is_empty(), "2 of 3 voters answer: Qa");
+        h.propose();
+    }
+    assert!(!h.m.is_stopped());
+    assert!(
+        h.m.hwm().is_some(),
+        "the minority cut does not stop stabilizing"
+    );
+}
+
+#[test]
+fn check_quorum_gives_up_once_when_fewer_than_qa_stores_ack_within_the_window() {
+    let mut h = H::new(3);
+    h.m.enable_check_quorum(4);
+    let probes = h.appends();
+    for a in &probes {
+        h.ack_append(a);
+    }
+    // Everyone answers for a while, then only store 0 does (the master is cut from 1, 2).
+    for _ in 0..10 {
+        assert!(h.tick_with(&[0, 1, 2]).is_empty());
+    }
+    let mut verdicts = Vec::new();
+    let mut ticks_to_verdict = 0;
+    while verdicts.is_empty() {
+        ticks_to_verdict += 1;
+        assert!(ticks_to_verdict <= 10, "a verdict within a window or so");
+        verdicts = h.tick_with(&[0]);
+    }
+    assert_eq!(
+        verdicts,
+        vec![MasterCommand::QuorumLost {
+            voters_heard: 1,
+            ack_quorum: 2
+        }]
+    );
+    assert!(
+        ticks_to_verdict > 4,
+        "the last acks of stores 1 and 2 count for a whole window: gave up after {ticks_to_verdict} ticks"
+    );
+    assert!(h.m.is_quorum_lost() && h.m.is_stopped());
+    assert_eq!(h.m.fenced_by(), None, "not fenced: nobody took over yet");
+    let hwm = h.m.hwm();
+    assert_eq!(
+        h.m.propose(1, Bytes::new(), &mut h.out),
+        Err(ProposeError::QuorumLost)
+    );
+    h.out.clear();
+    for _ in 0..20 {
+        h.handle(MasterInput::HeartbeatTick);
+        assert!(h.out.is_empty(), "a master that gave up sends nothing");
+    }
+    assert_eq!(h.m.hwm(), hwm, "and stabilizes nothing more");
+}
+
+#[test]
+fn check_quorum_gives_a_whole_window_from_when_it_is_enabled() {
+    let mut h = H::new(3);
+    h.appends();
+    for _ in 0..10 {
+        assert!(h.tick_with(&[]).is_empty());
+    }
+    h.m.enable_check_quorum(5);
+    for _ in 0..4 {
+        assert!(
+            h.tick_with(&[]).is_empty(),
+            "no verdict within the first window"
+        );
+    }
+    assert_eq!(
+        h.tick_with(&[]),
+        vec![MasterCommand::QuorumLost {
+            voters_heard: 0,
+            ack_quorum: 2
+        }]
+    );
+}
+
+#[test]
+fn check_quorum_counts_only_voting_acks_of_its_own_epoch() {
+    let mut h = H::new(3);
+    h.m.enable_check_quorum(3);
+    let mut lost = Vec::new();
+    for _ in 0..10 {
+        for a in h.appends() {
+            let input = match a.slot.0 {
+                0 => MasterInput::Persisted {
+                    slot: a.slot,
+                    append: a.append,
+                    epoch: a.epoch,
+                    through: a.through(),
+                    identity: ident(0),
+                    voter: true,
+                },
+                // A wiped store: another incarnation, answering as a learner.
+                1 => MasterInput::Persisted {
+                    slot: a.slot,
+                    append: a.append,
+                    epoch: a.epoch,
+                    through: a.through(),
+                    identity: StoreIdentity {
+                        store_id: ident(1).store_id,
+                        incarnation: Incarnation(9),
+                    },
+                    voter: false,
+                },
+                // An answer under another epoch says nothing about this master's log.
+                _ => MasterInput::Persisted {
+                    slot: a.slot,
+                    append: a.append,
+                    epoch: Epoch(E.0 - 1),
+                    through: a.through(),
+                    identity: ident(2),
+                    voter: true,
+                },
+            };
+            h.handle(input);
+        }
+        h.handle(MasterInput::HeartbeatTick);
+        lost.extend(
+            h.out
+                .drain(..)
+                .filter(|c| matches!(c, MasterCommand::QuorumLost { .. })),
+        );
+    }
+    assert_eq!(
+        lost,
+        vec![MasterCommand::QuorumLost {
+            voters_heard: 1,
+            ack_quorum: 2
+        }]
+    );
+}
+
+#[test]
+fn a_fenced_master_never_reports_a_lost_quorum_too() {
+    let mut h = H::new(3);
+    h.m.enable_check_quorum(2);
+    let probes = h.appends();
+    h.handle(MasterInput::RivalSeen { epoch: Epoch(300) });
+    assert_eq!(
+        h.out,
+        vec![MasterCommand::StepDown {
+            promised: Epoch(300)
+        }]
+    );
+    h.out.clear();
+    for _ in 0..10 {
+        assert!(h.tick_with(&[]).is_empty());
+    }
+    assert!(!h.m.is_quorum_lost());
+    drop(probes);
+}

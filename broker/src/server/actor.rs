@@ -385,6 +385,13 @@ impl Actor {
         }
     }
 
+    /// The check-quorum window: the election timeout in heartbeat ticks, rounded up.
+    fn check_quorum_ticks(&self) -> u32 {
+        let hb = self.cfg.heartbeat.as_millis().max(1);
+        let ticks = self.cfg.election_timeout.as_millis().div_ceil(hb);
+        u32::try_from(ticks).unwrap_or(u32::MAX).max(1)
+    }
+
     fn slot_of(i: usize) -> SlotId {
         SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"))
     }
@@ -1331,6 +1338,7 @@ impl Actor {
         });
         match core {
             Ok(mut core) => {
+                core.enable_check_quorum(self.check_quorum_ticks());
                 tracing::info!(%epoch, log_end = %core.next_offset(), "became master; waiting for the epoch-start event to be stabilized");
                 for (i, up) in self.slot_up.iter().enumerate() {
                     if !up {
@@ -1461,6 +1469,12 @@ impl Actor {
                     self.on_stabilized(through, &events)
                 }
                 MasterCommand::StepDown { promised } => self.step_down(promised),
+                MasterCommand::QuorumLost {
+                    voters_heard,
+                    ack_quorum,
+                } => {
+                    self.lose_quorum(voters_heard, ack_quorum);
+                }
             }
         }
     }
@@ -1604,13 +1618,44 @@ impl Actor {
         self.retry_blocked();
     }
 
+    /// Stops being master and follows: fenced by the higher epoch `promised`.
     fn step_down(&mut self, promised: Epoch) {
+        self.leave_master(promised, None);
+    }
+
+    /// The check-quorum rule gave up ([`MasterCommand::QuorumLost`]): step down without a
+    /// higher epoch, so the slaves stop hearing heartbeats and one that reaches a quorum of
+    /// stores takes over. The writes that were waiting get `NoQuorum` (outcome unknown).
+    fn lose_quorum(&mut self, voters_heard: usize, ack_quorum: usize) {
+        let Role::Master(m) = &self.role else {
+            return;
+        };
+        let own = m.core.epoch();
+        tracing::warn!(
+            epoch = %own,
+            voters_heard,
+            ack_quorum,
+            window_ms = self.cfg.election_timeout.as_millis() as u64,
+            "check-quorum: too few voting stores acked within the election timeout; stepping down so a slave that reaches them can take over; nothing more is acked"
+        );
+        let why = format!(
+            "the master lost its quorum of stores ({voters_heard} voting stores acked within the election timeout, {ack_quorum} needed) and stepped down; the outcome is unknown (retry with the same producer id and sequence)"
+        );
+        self.leave_master(own, Some(why));
+    }
+
+    /// Leaves the master role for a follower that knows epoch `promised`. Waiting writes get
+    /// `NoQuorum` with `no_quorum` as the message when given, `NotMaster` otherwise; writes
+    /// not yet proposed and waiting fetches get `NotMaster`.
+    fn leave_master(&mut self, promised: Epoch, no_quorum: Option<String>) {
         let Role::Master(m) = std::mem::replace(&mut self.role, Role::Switching) else {
             return;
         };
         self.see_epoch(promised);
         self.metrics.step_downs.inc();
-        tracing::warn!(epoch = %m.core.epoch(), %promised, "fenced by a higher epoch: stepping down to slave; nothing more is acked");
+        if no_quorum.is_none() {
+            tracing::warn!(epoch = %m.core.epoch(), %promised, "fenced by a higher epoch: stepping down to slave; nothing more is acked");
+        }
         let MasterRun {
             core,
             pending,
@@ -1621,7 +1666,18 @@ impl Actor {
         self.role = Role::Follower(Box::new(self.new_follower(local, promised)));
         for p in pending.into_values() {
             for w in p.waiters {
-                self.not_master(&w.reply, w.request_id);
+                match (&no_quorum, p.kind) {
+                    (Some(why), kind) => {
+                        if kind == PendingKind::Produce {
+                            self.metrics.produce_error("no_quorum");
+                        }
+                        w.reply.error(
+                            w.request_id,
+                            ErrorResponse::new(ErrorCode::NoQuorum, why.clone()),
+                        );
+                    }
+                    (None, _) => self.not_master(&w.reply, w.request_id),
+                }
             }
         }
         for r in blocked {
