@@ -20,7 +20,11 @@ use crate::{PROBE_WAIT, WAIT};
 pub struct StoreNode {
     pub dir: PathBuf,
     pub addr: String,
-    config: PathBuf,
+    /// The `--config` file (shared by the cluster's stores unless a test points one
+    /// store at its own).
+    pub config: PathBuf,
+    /// Extra environment of the next start (e.g. `QUIRE_FAILPOINTS`).
+    pub env: Vec<(String, String)>,
     pub proc: Option<Proc>,
     index: usize,
 }
@@ -33,7 +37,8 @@ impl StoreNode {
             .arg(&self.dir)
             .args(["--listen", &self.addr, "--config"])
             .arg(&self.config)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         let (p, addr) = Proc::start(
             &format!("store{}", self.index),
             cmd,
@@ -199,6 +204,7 @@ impl Cluster {
                 dir,
                 addr: format!("127.0.0.1:{}", free_port()),
                 config: store_config.clone(),
+                env: Vec::new(),
                 proc: None,
                 index: i,
             });

@@ -9,7 +9,10 @@
 //!   signals, free ports;
 //! - [`cluster`]: [`Cluster`] of [`StoreNode`]s and [`BrokerNode`]s with their [`Timing`];
 //! - [`client`]: a minimal synchronous [`Client`] speaking quire-proto frames;
-//! - [`load`]: continuous producers ([`LoadDriver`]) and [`check_exactly_once`].
+//! - [`load`]: continuous producers ([`LoadDriver`]) and [`check_exactly_once`];
+//! - [`disk`]: disk faults done to a store from outside — a size-limited tmpfs, a
+//!   ballast file, truncation and bit flips of segment files, `quire wal verify`, a
+//!   store's tail, SIGTERM and wait.
 //!
 //! Other packages' multi-process tests (broker/tests/proc_*.rs, ...) use it as a
 //! dev-dependency. It does not own the servers' logic and reaches into no crate's internals:
@@ -19,6 +22,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod disk;
 pub mod load;
 pub mod process;
 

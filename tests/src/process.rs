@@ -34,6 +34,14 @@ pub fn target_dir() -> PathBuf {
 /// # Panics
 /// If the binary is missing and building it failed.
 pub fn binary(package: &str, name: &str) -> PathBuf {
+    binary_with_features(package, name, &[])
+}
+
+/// [`binary`], built (if missing) with the package's cargo `features`.
+///
+/// # Panics
+/// If the binary is missing and building it failed.
+pub fn binary_with_features(package: &str, name: &str, features: &[&str]) -> PathBuf {
     // One build at a time: two tests asking for the same binary must not race cargo.
     static BUILD: Mutex<()> = Mutex::new(());
     let dir = target_dir();
@@ -53,6 +61,9 @@ pub fn binary(package: &str, name: &str) -> PathBuf {
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "-q", "-p", package, "--bin", name])
         .env("CARGO_TARGET_DIR", target);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
     if release {
         cmd.arg("--release");
     }
@@ -66,10 +77,11 @@ pub fn binary(package: &str, name: &str) -> PathBuf {
     bin
 }
 
-/// The `quire-node` binary (the event store).
+/// The `quire-node` binary (the event store), with its `failpoints` feature when this
+/// harness builds it (a workspace test build has it too: see tests/Cargo.toml).
 pub fn node_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| binary("quire-node", "quire-node"))
+    BIN.get_or_init(|| binary_with_features("quire-node", "quire-node", &["failpoints"]))
         .clone()
 }
 
@@ -245,6 +257,27 @@ impl Proc {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then waits at most `bound` for the process to exit and reaps it: `Some`
+    /// of whether it exited with status 0, or `None` (and SIGKILL) if it did not exit.
+    pub fn terminate(&mut self, bound: Duration) -> Option<bool> {
+        let mut c = self.child.take()?;
+        signal(c.id(), libc::SIGTERM);
+        let deadline = Instant::now() + bound;
+        loop {
+            match c.try_wait() {
+                Ok(Some(status)) => return Some(status.success()),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    return None;
+                }
+            }
         }
     }
 
