@@ -14,6 +14,8 @@
 //! heartbeat_ms = 100
 //! election_timeout_ms = 1000
 //! produce_timeout_ms = 10000
+//! retention_bytes = 10737418240   # keep at least the newest 10 GiB of payload; default: no limit
+//! retention_ms = 604800000        # keep events stabilized less than 7 days ago; default: no limit
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use quire_proto::{BrokerId, ADDR_BYTES_MAX};
 use serde::Deserialize;
 
 use crate::core::{quorum, SLOTS_MAX};
+use crate::retention::RetentionPolicy;
 
 /// Default `heartbeat_ms`.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
@@ -90,6 +93,14 @@ pub struct RunArgs {
     /// How long a produce may wait to be stabilized before it fails, in milliseconds.
     #[arg(long, value_name = "MS")]
     pub produce_timeout_ms: Option<u64>,
+    /// Retention by size: the master trims whole segments once at least this many payload
+    /// bytes of newer stabilized events remain, in bytes. Default: no size limit.
+    #[arg(long, value_name = "BYTES")]
+    pub retention_bytes: Option<u64>,
+    /// Retention by age: the master trims whole segments of events stabilized at least this
+    /// long ago, in milliseconds. Default: no age limit.
+    #[arg(long, value_name = "MS")]
+    pub retention_ms: Option<u64>,
 }
 
 /// The config file: every key optional.
@@ -118,6 +129,10 @@ pub struct FileConfig {
     pub election_timeout_ms: Option<u64>,
     /// See [`RunArgs::produce_timeout_ms`].
     pub produce_timeout_ms: Option<u64>,
+    /// See [`RunArgs::retention_bytes`].
+    pub retention_bytes: Option<u64>,
+    /// See [`RunArgs::retention_ms`].
+    pub retention_ms: Option<u64>,
 }
 
 /// Everything a broker runs with.
@@ -145,6 +160,8 @@ pub struct BrokerConfig {
     pub election_timeout: Duration,
     /// Produce timeout.
     pub produce_timeout: Duration,
+    /// Retention limits (both off: keep everything).
+    pub retention: RetentionPolicy,
 }
 
 impl BrokerConfig {
@@ -238,6 +255,16 @@ impl BrokerConfig {
         if produce_ms == 0 || produce_ms > PRODUCE_TIMEOUT_MS_MAX {
             bail!("--produce-timeout-ms {produce_ms} is outside 1..={PRODUCE_TIMEOUT_MS_MAX}");
         }
+        let retention = RetentionPolicy {
+            bytes_max: args.retention_bytes.or(file.retention_bytes),
+            age_ms_max: args.retention_ms.or(file.retention_ms),
+        };
+        if retention.bytes_max == Some(0) {
+            bail!("--retention-bytes 0 would trim every event; leave it unset to keep everything");
+        }
+        if retention.age_ms_max == Some(0) {
+            bail!("--retention-ms 0 would trim every event; leave it unset to keep everything");
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -250,6 +277,7 @@ impl BrokerConfig {
             heartbeat: Duration::from_millis(heartbeat_ms),
             election_timeout: Duration::from_millis(election_ms),
             produce_timeout: Duration::from_millis(produce_ms),
+            retention,
         })
     }
 
@@ -342,6 +370,36 @@ mod tests {
         assert_eq!(c.advertised_addr(), "h:12");
         assert_eq!(c.broker_addr(BrokerId(1)), Some("h:11"));
         assert_eq!(c.heartbeat, Duration::from_millis(HEARTBEAT_MS_DEFAULT));
+        assert!(
+            c.retention.is_off(),
+            "retention keeps everything by default"
+        );
+    }
+
+    #[test]
+    fn retention_comes_from_the_file_or_flags() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("broker.toml");
+        std::fs::write(
+            &path,
+            "id = 2\ndata_dir = \"/d\"\nstores = [\"h:1\"]\nbrokers = [\"2=h:9\"]\nretention_bytes = 1000\nretention_ms = 60000\n",
+        )
+        .expect("writes");
+        let from_file = BrokerConfig::from_args(&RunArgs {
+            config: Some(path.clone()),
+            ..RunArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(from_file.retention.bytes_max, Some(1000));
+        assert_eq!(from_file.retention.age_ms_max, Some(60_000));
+        let flags = BrokerConfig::from_args(&RunArgs {
+            config: Some(path),
+            retention_bytes: Some(5),
+            ..RunArgs::default()
+        })
+        .expect("valid");
+        assert_eq!(flags.retention.bytes_max, Some(5));
+        assert_eq!(flags.retention.age_ms_max, Some(60_000));
     }
 
     #[test]
@@ -427,6 +485,20 @@ mod tests {
                     ..args()
                 },
                 "--ack-quorum",
+            ),
+            (
+                RunArgs {
+                    retention_bytes: Some(0),
+                    ..args()
+                },
+                "--retention-bytes",
+            ),
+            (
+                RunArgs {
+                    retention_ms: Some(0),
+                    ..args()
+                },
+                "--retention-ms",
             ),
             (
                 RunArgs {

@@ -96,11 +96,12 @@ impl TrimPlanner {
         }
     }
 
-    /// A heartbeat tick at `now_ms` (monotonic milliseconds): takes a mark and returns a
-    /// new trim point to propose, if the policy allows one above the last.
-    pub fn tick(&mut self, now_ms: u64) -> Option<Offset> {
+    /// Takes a mark at `now_ms` (monotonic milliseconds) if events were fed since the last
+    /// one. A slave calls this on each heartbeat tick, so that on becoming master it already
+    /// knows how old the events it applied are.
+    pub fn mark(&mut self, now_ms: u64) {
         if self.policy.is_off() {
-            return None;
+            return;
         }
         if self.marks.back().is_none_or(|m| m.next < self.next) {
             if self.marks.len() == RETENTION_MARKS_MAX {
@@ -112,6 +113,16 @@ impl TrimPlanner {
                 at_ms: now_ms,
             });
         }
+    }
+
+    /// Takes a mark at `now_ms` and returns the trim point the policy allows, if it is above
+    /// the last one proposed or applied. Records nothing: call [`TrimPlanner::trimmed`] once
+    /// the point is proposed.
+    pub fn plan(&mut self, now_ms: u64) -> Option<Offset> {
+        if self.policy.is_off() {
+            return None;
+        }
+        self.mark(now_ms);
         let by_bytes = self.policy.bytes_max.and_then(|max| {
             self.marks
                 .iter()
@@ -127,11 +138,22 @@ impl TrimPlanner {
                 .map(|m| m.next)
         });
         let point = by_bytes.max(by_age)?;
-        if point <= self.trimmed {
-            return None;
-        }
+        (point > self.trimmed).then_some(point)
+    }
+
+    /// A heartbeat tick at `now_ms` (monotonic milliseconds): takes a mark and returns a
+    /// new trim point to propose, if the policy allows one above the last, recording it as
+    /// proposed ([`TrimPlanner::plan`] then [`TrimPlanner::trimmed`]).
+    pub fn tick(&mut self, now_ms: u64) -> Option<Offset> {
+        let point = self.plan(now_ms)?;
         self.trimmed(point);
         Some(point)
+    }
+
+    /// The highest trim point proposed or applied.
+    #[must_use]
+    pub fn trim_point(&self) -> Offset {
+        self.trimmed
     }
 }
 
@@ -206,5 +228,25 @@ mod tests {
         feed(&mut p, 5, 10, 10);
         p.trimmed(Offset(50)); // e.g. replayed from the log after a takeover
         assert_eq!(p.tick(1), None);
+    }
+
+    #[test]
+    fn plan_records_nothing_and_a_slaves_marks_count_after_a_takeover() {
+        let policy = RetentionPolicy {
+            bytes_max: None,
+            age_ms_max: Some(100),
+        };
+        let mut p = TrimPlanner::new(policy, Offset::ZERO);
+        feed(&mut p, 0, 10, 1);
+        p.mark(0); // as a slave
+        feed(&mut p, 10, 20, 1);
+        p.mark(50);
+        // Became master at 120: the mark taken at 0 as a slave is old enough.
+        assert_eq!(p.plan(120), Some(Offset(10)));
+        assert_eq!(p.plan(120), Some(Offset(10)), "plan alone records nothing");
+        p.trimmed(Offset(10));
+        assert_eq!(p.plan(121), None);
+        assert_eq!(p.trim_point(), Offset(10));
+        assert_eq!(p.plan(150), Some(Offset(20)));
     }
 }

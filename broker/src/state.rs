@@ -19,7 +19,11 @@
 //! - the voter set and master of the last epoch-start event;
 //! - the **trim point**: the highest `before` of the Trim events applied (retention). Topic
 //!   indexes drop every offset below it, so no message below it is served from the state;
-//!   a read below it is answered "trimmed" (`ErrorCode::Trimmed`) by the server.
+//!   a read below it is answered "trimmed" (`ErrorCode::Trimmed`) by the server;
+//! - the **checkpoints** above the trim point: offsets of applied Trim events that carry a
+//!   snapshot of this state ([`BrokerState::snapshot`]); the master only ever trims to one
+//!   of them, so a broker whose log starts at the trim point rebuilds its state there
+//!   ([`BrokerState::from_checkpoint`], docs/protocol.md "Retention").
 //!
 //! # Duplicates and cut batches
 //! A message whose `(producer_id, sequence)` is at or below the producer's last applied
@@ -38,7 +42,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use quire_proto::{BrokerId, Epoch, EventBody, EventKind, Offset, TopicAction, Voter};
+use quire_proto::{
+    BrokerId, BrokerSnapshot, Epoch, EventBody, EventKind, Offset, SnapshotCursor,
+    SnapshotProducer, SnapshotRun, TopicAction, TrimEvent, Voter,
+};
 
 use crate::core::Event;
 
@@ -49,6 +56,10 @@ pub const PRODUCER_RUNS_MAX: usize = 16;
 /// Producer ids remembered; beyond it the one whose last message is oldest is forgotten
 /// (deterministically: the smallest `(last offset, producer id)`).
 pub const PRODUCERS_MAX: usize = 65_536;
+
+/// Checkpoints above the trim point remembered at most (oldest dropped: the master then
+/// trims to a later one).
+pub const CHECKPOINTS_MAX: usize = 64;
 
 /// Topics the state holds at most; messages to further new topics are still in the log
 /// but not indexed (counted in [`StateStats::topics_refused`]).
@@ -272,6 +283,8 @@ pub struct BrokerState {
     voters: Vec<Voter>,
     /// Highest `before` of the Trim events applied (0: nothing trimmed).
     trim_point: Offset,
+    /// Offsets of applied checkpoint Trim events above `trim_point`, increasing.
+    checkpoints: VecDeque<Offset>,
     stats: StateStats,
 }
 
@@ -346,6 +359,15 @@ impl BrokerState {
                     for index in self.topics.values_mut() {
                         index.trim_below(t.before);
                     }
+                    while self.checkpoints.front().is_some_and(|&c| c < t.before) {
+                        self.checkpoints.pop_front();
+                    }
+                }
+                if t.checkpoint.is_some() && event.offset >= self.trim_point {
+                    if self.checkpoints.len() == CHECKPOINTS_MAX {
+                        self.checkpoints.pop_front();
+                    }
+                    self.checkpoints.push_back(event.offset);
                 }
                 Applied::Other
             }
@@ -562,6 +584,128 @@ impl BrokerState {
         self.trim_point
     }
 
+    /// The highest checkpoint at or below `point` and above the trim point: where the
+    /// master may trim to (docs/protocol.md "Retention").
+    #[must_use]
+    pub fn checkpoint_at_or_below(&self, point: Offset) -> Option<Offset> {
+        self.checkpoints
+            .iter()
+            .rev()
+            .find(|&&c| c <= point)
+            .copied()
+    }
+
+    /// The newest checkpoint above the trim point.
+    #[must_use]
+    pub fn last_checkpoint(&self) -> Option<Offset> {
+        self.checkpoints.back().copied()
+    }
+
+    /// This state as a checkpoint: everything but the topics' message offsets.
+    #[must_use]
+    pub fn snapshot(&self) -> BrokerSnapshot {
+        BrokerSnapshot {
+            trim_point: self.trim_point,
+            epoch: self.epoch,
+            master: self.master,
+            voters: self.voters.clone(),
+            topics: self.topics.keys().cloned().collect(),
+            cursors: self
+                .cursors
+                .iter()
+                .map(|((topic, cursor), &offset)| SnapshotCursor {
+                    topic: topic.clone(),
+                    cursor: cursor.clone(),
+                    offset,
+                })
+                .collect(),
+            producers: self
+                .producers
+                .iter()
+                .map(|(&producer_id, rec)| SnapshotProducer {
+                    producer_id,
+                    last_sequence: rec.last_sequence,
+                    last_offset: rec.last_offset,
+                    runs: rec
+                        .runs
+                        .iter()
+                        .map(|r| SnapshotRun {
+                            topic: r.topic.clone(),
+                            first_sequence: r.first_sequence,
+                            first_offset: r.first_offset,
+                            count: r.count,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The state rebuilt at a checkpoint: `event` is a Trim event carrying a snapshot
+    /// (the state through `event.offset - 1`); the returned state has applied `event` too.
+    ///
+    /// Equal to the state of a broker that applied the whole log, except for the topics'
+    /// message offsets below `event.offset` — all below the next trim point, which the
+    /// master only ever sets to a checkpoint — and the counters. `None` if `event` is not
+    /// a checkpoint (or sits at offset 0).
+    #[must_use]
+    pub fn from_checkpoint(event: &Event) -> Option<BrokerState> {
+        if event.kind != EventKind::Trim.as_u8() || event.offset == Offset::ZERO {
+            return None;
+        }
+        let Ok(EventBody::Trim(TrimEvent {
+            checkpoint: Some(snapshot),
+            ..
+        })) = EventBody::decode(EventKind::Trim, &event.payload)
+        else {
+            return None;
+        };
+        let snapshot = *snapshot;
+        let mut state = BrokerState {
+            applied: Some(Offset(event.offset.0 - 1)),
+            topics: snapshot
+                .topics
+                .into_iter()
+                .map(|t| (t, TopicIndex::default()))
+                .collect(),
+            cursors: snapshot
+                .cursors
+                .into_iter()
+                .map(|c| ((c.topic, c.cursor), c.offset))
+                .collect(),
+            producers: BTreeMap::new(),
+            producer_age: BTreeSet::new(),
+            epoch: snapshot.epoch,
+            master: snapshot.master,
+            voters: snapshot.voters,
+            trim_point: snapshot.trim_point,
+            checkpoints: VecDeque::new(),
+            stats: StateStats::default(),
+        };
+        for p in snapshot.producers {
+            state.producer_age.insert((p.last_offset, p.producer_id));
+            state.producers.insert(
+                p.producer_id,
+                ProducerRecord {
+                    last_sequence: p.last_sequence,
+                    last_offset: p.last_offset,
+                    runs: p
+                        .runs
+                        .into_iter()
+                        .map(|r| SequenceRun {
+                            topic: r.topic,
+                            first_sequence: r.first_sequence,
+                            first_offset: r.first_offset,
+                            count: r.count,
+                        })
+                        .collect(),
+                },
+            );
+        }
+        state.apply(event);
+        Some(state)
+    }
+
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> &StateStats {
@@ -623,6 +767,91 @@ mod tests {
         }
     }
 
+    /// A checkpoint Trim event of the state `log` gives when applied whole.
+    fn checkpoint(log: &LogBuilder, before: Offset) -> EventBody {
+        EventBody::Trim(quire_proto::TrimEvent {
+            before,
+            checkpoint: Some(Box::new(log.apply_all().snapshot())),
+        })
+    }
+
+    fn without_stats(mut s: BrokerState) -> BrokerState {
+        s.stats = StateStats::default();
+        s
+    }
+
+    /// Retention deletes the log below the trim point, so a broker that starts later
+    /// rebuilds its state from the checkpoint the trim point names, then applies the rest:
+    /// it must end equal to a broker that applied the whole log (counters aside).
+    #[test]
+    fn a_state_rebuilt_from_a_checkpoint_equals_the_state_of_the_whole_log() {
+        let mut log = LogBuilder::new();
+        log.body(&EventBody::EpochStart(EpochStartEvent {
+            epoch: Epoch(1),
+            broker: BrokerId(1),
+            voters: vec![Voter {
+                store_index: 0,
+                store_id: StoreId(5),
+                incarnation: Incarnation(6),
+            }],
+        }));
+        for seq in 0..6 {
+            log.message("a", 7, seq, b"x");
+            log.message("b", 0, 0, b"y");
+        }
+        log.body(&EventBody::CursorCommit(CursorCommitEvent {
+            topic: "a".into(),
+            cursor: "c1".into(),
+            offset: Offset(4),
+        }));
+        log.body(&EventBody::TopicAdmin(TopicAdminEvent {
+            action: TopicAction::Create,
+            topic: "quiet".into(),
+        }));
+        // First checkpoint (trims nothing yet).
+        let c1 = log.body(&checkpoint(&log, Offset::ZERO));
+        for seq in 6..9 {
+            log.message("a", 7, seq, b"x");
+        }
+        log.message("b", 8, 0, b"y");
+        // Second checkpoint, trimming to the first.
+        let c2 = log.body(&checkpoint(&log, c1));
+        log.message("b", 8, 1, b"y");
+        // Third, trimming to the second.
+        log.body(&checkpoint(&log, c2));
+        log.message("a", 7, 9, b"x");
+        let whole = log.apply_all();
+        assert_eq!(whole.trim_point(), c2);
+        assert_eq!(
+            whole.last_checkpoint(),
+            Some(Offset(log.events.len() as u64 - 2))
+        );
+        assert_eq!(
+            whole.checkpoint_at_or_below(Offset(log.events.len() as u64)),
+            whole.last_checkpoint()
+        );
+
+        // A broker whose log starts at the trim point c2 (the stores deleted below it).
+        let at = usize::try_from(c2.0).expect("small");
+        let mut rebuilt = BrokerState::from_checkpoint(&log.events[at]).expect("a checkpoint");
+        for e in &log.events[at + 1..] {
+            rebuilt.apply(e);
+        }
+        assert_eq!(without_stats(rebuilt.clone()), without_stats(whole.clone()));
+        assert_eq!(rebuilt.cursor("a", "c1"), Some(Offset(4)));
+        assert_eq!(rebuilt.last_sequence(7), Some(9));
+        assert_eq!(rebuilt.dedup(7, 9, 1), whole.dedup(7, 9, 1));
+        assert!(
+            rebuilt.topic("quiet").is_some(),
+            "an empty topic keeps its name"
+        );
+        assert_eq!(rebuilt.last_epoch_start(), Some((Epoch(1), BrokerId(1))));
+
+        // Not a checkpoint: a plain trim, a message, offset 0.
+        assert!(BrokerState::from_checkpoint(&log.events[1]).is_none());
+        assert!(BrokerState::from_checkpoint(&log.events[0]).is_none());
+    }
+
     #[test]
     fn a_trim_event_drops_topic_offsets_below_its_point_and_never_goes_back() {
         let mut log = LogBuilder::new();
@@ -633,10 +862,12 @@ mod tests {
         // 12: trim below 5 (inside a's run structure and between b's and c's).
         log.body(&EventBody::Trim(quire_proto::TrimEvent {
             before: Offset(5),
+            checkpoint: None,
         }));
         // 13: a lower, stale trim point changes nothing.
         log.body(&EventBody::Trim(quire_proto::TrimEvent {
             before: Offset(2),
+            checkpoint: None,
         }));
         let s = log.apply_all();
         assert_eq!(s.trim_point(), Offset(5));
@@ -662,6 +893,7 @@ mod tests {
         }
         log.body(&EventBody::Trim(quire_proto::TrimEvent {
             before: Offset(7),
+            checkpoint: None,
         }));
         let s = log.apply_all();
         assert_eq!(

@@ -14,6 +14,13 @@
 //! starts exactly there. Messages handed out after the last commit are delivered again by
 //! a consumer that starts from the cursor (at-least-once across sessions).
 //!
+//! Retention: a fetch below the log's trim point fails with [`ClientError::Trimmed`]
+//! naming the first offset still held — except for a subscription from
+//! [`StartFrom::Beginning`] that has handed out nothing yet: it moves to that first offset
+//! (Kafka's `auto.offset.reset=earliest`). A consumer that fell behind retention later, or
+//! that started from an offset or a cursor, gets the error and decides (e.g. subscribe again
+//! from [`ClientError::trimmed_first_offset`]).
+//!
 //! Failover: when a request fails with a retriable error (see
 //! [`ClientError::disposition`]: connection lost, `NotMaster`, `Timeout`, ...) the
 //! consumer finds the master again ([`crate::discovery`], following a `NotMaster` hint,
@@ -45,14 +52,16 @@ const FETCH_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 /// Where a subscription starts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StartFrom {
-    /// Offset 0: every message of the topic still in the log.
+    /// The first offset still in the log (0, or the trim point once retention deleted the
+    /// oldest events): every message of the topic still held.
     Beginning,
     /// After the master's high-water mark at subscription time: only messages stabilized
     /// later.
     End,
     /// This log offset.
     Offset(Offset),
-    /// A durable cursor: its committed offset, or the beginning if never committed.
+    /// A durable cursor: its committed offset, or the beginning (as [`StartFrom::Beginning`])
+    /// if never committed.
     /// [`Consumer::commit`] writes this cursor.
     Cursor(String),
 }
@@ -220,6 +229,9 @@ pub struct Consumer {
     fetch_offset: Offset,
     /// Fetched, not yet handed out; offsets increasing, all below `fetch_offset`.
     buffered: VecDeque<Message>,
+    /// Started from [`StartFrom::Beginning`] and nothing fetched yet: a `Trimmed` answer
+    /// moves the position to the first offset held instead of failing.
+    reset_on_trimmed: bool,
 }
 
 impl Consumer {
@@ -250,6 +262,7 @@ impl Consumer {
         discovery_config.conn.request_timeout = discovery_config.conn.request_timeout.max(needed);
         let discovery = Discovery::new(brokers, discovery_config)?;
         let mut link = MasterLink::new(discovery, Duration::from_millis(config.retry_timeout_ms));
+        let mut reset_on_trimmed = start == StartFrom::Beginning;
         let (fetch_offset, cursor) = match start {
             StartFrom::Beginning => (Offset::ZERO, None),
             StartFrom::Offset(o) => (o, None),
@@ -269,7 +282,11 @@ impl Consumer {
                     )
                     .await?;
                 match body {
-                    Body::CursorResponse(r) => (r.offset.unwrap_or(Offset::ZERO), Some(name)),
+                    Body::CursorResponse(r) => {
+                        // A cursor never committed starts at the beginning, like Beginning.
+                        reset_on_trimmed = r.offset.is_none();
+                        (r.offset.unwrap_or(Offset::ZERO), Some(name))
+                    }
                     other => {
                         return Err(ClientError::UnexpectedResponse {
                             request: FrameType::CursorRequest,
@@ -287,6 +304,7 @@ impl Consumer {
             config,
             fetch_offset,
             buffered: VecDeque::new(),
+            reset_on_trimmed,
         })
     }
 
@@ -322,7 +340,9 @@ impl Consumer {
     /// handed out once.
     ///
     /// # Errors
-    /// A fatal error, or [`ClientError::RetriesExhausted`] when the master could not be
+    /// [`ClientError::Trimmed`] when retention deleted the position (see the module docs for
+    /// the beginning's exception); another fatal error, or
+    /// [`ClientError::RetriesExhausted`] when the master could not be
     /// reached within the retry timeout. The position is unchanged by a failed call.
     pub async fn poll(&mut self) -> Result<Vec<Message>, ClientError> {
         if self.buffered.is_empty() {
@@ -409,7 +429,7 @@ impl Consumer {
     }
 
     async fn fetch(&mut self) -> Result<(), ClientError> {
-        let body = self
+        let answer = self
             .link
             .request(
                 "fetch",
@@ -422,10 +442,30 @@ impl Consumer {
                 }
                 .into(),
             )
-            .await?;
+            .await;
+        let body = match answer {
+            Ok(body) => body,
+            Err(ClientError::Remote(e)) => {
+                let e = ClientError::from_read_error(self.fetch_offset, *e);
+                return match e {
+                    ClientError::Trimmed { first_offset, .. }
+                        if self.reset_on_trimmed && first_offset > self.fetch_offset =>
+                    {
+                        tracing::info!(topic = %self.topic, from = %self.fetch_offset, %first_offset, "the beginning of the log was trimmed: starting at the first offset held");
+                        self.fetch_offset = first_offset;
+                        Ok(())
+                    }
+                    e => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         match body {
             Body::FetchResponse(r) => {
                 self.fetch_offset = accept_fetch(self.fetch_offset, r, &mut self.buffered);
+                if !self.buffered.is_empty() {
+                    self.reset_on_trimmed = false;
+                }
                 Ok(())
             }
             other => Err(ClientError::UnexpectedResponse {

@@ -5,7 +5,9 @@
 use std::io;
 use std::sync::Arc;
 
-use quire_proto::{Body, BrokerInfo, ErrorCode, ErrorDetail, ErrorResponse, FrameType, WireError};
+use quire_proto::{
+    Body, BrokerInfo, ErrorCode, ErrorDetail, ErrorResponse, FrameType, Offset, WireError,
+};
 
 /// Why a client call failed. `Clone`: when a connection dies, every request in flight on
 /// it gets the same error.
@@ -72,6 +74,16 @@ pub enum ClientError {
         request: FrameType,
         /// The response's frame type.
         response: FrameType,
+    },
+    /// The offset asked for was deleted by retention (a broker's `Trimmed` answer to a
+    /// fetch, or a store's read answered with its first offset above the one asked):
+    /// read from `first_offset` on. Not retried: asking again cannot help.
+    #[error("offset {requested} was trimmed by retention; the log starts at {first_offset}")]
+    Trimmed {
+        /// The offset asked for.
+        requested: Offset,
+        /// The lowest offset still held.
+        first_offset: Offset,
     },
     /// The caller passed something this call does not send (e.g. an encoded body of the
     /// wrong frame type, an empty topic name, a message above `MESSAGE_BYTES_MAX`).
@@ -148,6 +160,7 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Remote(e) => Some(e.code),
+            ClientError::Trimmed { .. } => Some(ErrorCode::Trimmed),
             ClientError::RetriesExhausted { last, .. } => last.code(),
             _ => None,
         }
@@ -185,10 +198,44 @@ impl ClientError {
                 _ => Disposition::Fatal,
             },
             ClientError::Wire(_)
+            | ClientError::Trimmed { .. }
             | ClientError::UnexpectedResponse { .. }
             | ClientError::InvalidRequest(_)
             | ClientError::InvalidConfig(_)
             | ClientError::RetriesExhausted { .. } => Disposition::Fatal,
+        }
+    }
+}
+
+impl ClientError {
+    /// `Some(first_offset)` when the request failed because retention deleted the offset
+    /// asked for ([`ClientError::Trimmed`], or a `Trimmed` error answer that gave up a retry
+    /// loop).
+    #[must_use]
+    pub fn trimmed_first_offset(&self) -> Option<Offset> {
+        match self {
+            ClientError::Trimmed { first_offset, .. } => Some(*first_offset),
+            ClientError::Remote(e) => match e.detail {
+                ErrorDetail::Trimmed { first_offset } => Some(first_offset),
+                _ => None,
+            },
+            ClientError::RetriesExhausted { last, .. } => last.trimmed_first_offset(),
+            _ => None,
+        }
+    }
+
+    /// A broker's or store's error answer to a read from `requested`, typed: a `Trimmed`
+    /// answer becomes [`ClientError::Trimmed`], anything else [`ClientError::Remote`].
+    #[must_use]
+    pub fn from_read_error(requested: Offset, e: ErrorResponse) -> ClientError {
+        match e.detail {
+            ErrorDetail::Trimmed { first_offset } if e.code == ErrorCode::Trimmed => {
+                ClientError::Trimmed {
+                    requested,
+                    first_offset,
+                }
+            }
+            _ => ClientError::Remote(Box::new(e)),
         }
     }
 }

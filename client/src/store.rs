@@ -208,7 +208,9 @@ impl StoreClient {
     /// applies its own maxima too.
     ///
     /// # Errors
-    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`].
+    /// [`ClientError::Trimmed`] when retention deleted `from` on this store (the answer held
+    /// no event and a first offset above `from`); a lost connection,
+    /// [`ClientError::Timeout`], [`ClientError::Remote`].
     pub async fn read(
         &self,
         from: Offset,
@@ -226,7 +228,14 @@ impl StoreClient {
             )
             .await?;
         match frame.body {
+            Body::ReadResponse(r) if r.events.is_empty() && r.first_offset > from => {
+                Err(ClientError::Trimmed {
+                    requested: from,
+                    first_offset: r.first_offset,
+                })
+            }
             Body::ReadResponse(r) => Ok(r),
+            Body::ErrorResponse(e) => Err(ClientError::from_read_error(from, e)),
             other => Err(remote_or_unexpected(FrameType::ReadRequest, other)),
         }
     }

@@ -18,9 +18,25 @@
 //! EpochStart (kind 4)        Trim (kind 5)
 //! 1    version  u8           1    version  u8
 //! 8    epoch    u64          8    before   u64: offsets below may be discarded
-//! 2    broker   u16
-//! 4    voter count u32 (≤ MEMBERS_MAX), then per voter:
+//! 2    broker   u16          1    checkpoint u8: 0 none, 1 a BrokerSnapshot follows
+//! 4    voter count u32       n    BrokerSnapshot (below), if checkpoint = 1
+//!      (≤ MEMBERS_MAX), then
+//!      per voter:
 //!      2 store_index u16, 8 store_id u64, 8 incarnation u64
+//!
+//! BrokerSnapshot: the broker state through the offset before the Trim event's own,
+//! without the topics' message offsets (every one of them is below the next trim point)
+//! 8    trim_point  u64
+//! 8    epoch       u64            (of the last epoch-start event; 0 none)
+//! 2    master      u16            (0 none)
+//! 4    voter count u32 (≤ MEMBERS_MAX), voters as in EpochStart
+//! 4    topic count u32 (≤ SNAPSHOT_TOPICS_MAX), then per topic: topic string
+//! 4    cursor count u32 (≤ SNAPSHOT_CURSORS_MAX), then per cursor:
+//!      topic string, cursor string, 8 offset u64
+//! 4    producer count u32 (≤ SNAPSHOT_PRODUCERS_MAX), then per producer:
+//!      8 producer_id, 8 last_sequence, 8 last_offset,
+//!      4 run count u32 (≤ SNAPSHOT_RUNS_MAX), then per run:
+//!        topic string, 8 first_sequence, 8 first_offset, 8 count
 //! ```
 
 use bytes::{Bytes, BytesMut};
@@ -113,11 +129,210 @@ pub struct EpochStartEvent {
     pub voters: Vec<Voter>,
 }
 
-/// A retention trim point (kind [`EventKind::Trim`]).
+/// A retention trim point (kind [`EventKind::Trim`]), and optionally a checkpoint of the
+/// broker state: the state through the offset right before this event's own, so a broker
+/// whose log starts at this event can rebuild its state from here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrimEvent {
     /// Events below this offset may be discarded.
     pub before: Offset,
+    /// The broker state before this event (`None`: a plain trim point).
+    pub checkpoint: Option<Box<BrokerSnapshot>>,
+}
+
+/// Most topics a [`BrokerSnapshot`] holds.
+pub const SNAPSHOT_TOPICS_MAX: usize = 65_536;
+/// Most cursors a [`BrokerSnapshot`] holds.
+pub const SNAPSHOT_CURSORS_MAX: usize = 1 << 20;
+/// Most producers a [`BrokerSnapshot`] holds.
+pub const SNAPSHOT_PRODUCERS_MAX: usize = 65_536;
+/// Most runs per producer a [`BrokerSnapshot`] holds.
+pub const SNAPSHOT_RUNS_MAX: usize = 64;
+
+/// The broker state a checkpoint carries (see the module docs for the layout): everything
+/// the broker state holds except each topic's message offsets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BrokerSnapshot {
+    /// The highest trim point applied.
+    pub trim_point: Offset,
+    /// Epoch of the last epoch-start event (0: none).
+    pub epoch: Epoch,
+    /// Master of the last epoch-start event.
+    pub master: Option<BrokerId>,
+    /// Voters of the last epoch-start event.
+    pub voters: Vec<Voter>,
+    /// Every topic, by name.
+    pub topics: Vec<String>,
+    /// Every durable cursor.
+    pub cursors: Vec<SnapshotCursor>,
+    /// The idempotent-producer table.
+    pub producers: Vec<SnapshotProducer>,
+}
+
+/// One cursor of a [`BrokerSnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotCursor {
+    /// Topic name.
+    pub topic: String,
+    /// Cursor name.
+    pub cursor: String,
+    /// The committed offset.
+    pub offset: Offset,
+}
+
+/// One producer of a [`BrokerSnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotProducer {
+    /// The producer id.
+    pub producer_id: u64,
+    /// Highest sequence applied.
+    pub last_sequence: u64,
+    /// Offset of that message.
+    pub last_offset: Offset,
+    /// Recent runs, oldest first.
+    pub runs: Vec<SnapshotRun>,
+}
+
+/// One run of consecutive sequences at consecutive offsets of a [`SnapshotProducer`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRun {
+    /// Topic of the run's messages.
+    pub topic: String,
+    /// Sequence of the first message.
+    pub first_sequence: u64,
+    /// Offset of the first message.
+    pub first_offset: Offset,
+    /// Messages in the run.
+    pub count: u64,
+}
+
+/// Least bytes one snapshot cursor, producer or run takes in a body.
+const SNAPSHOT_CURSOR_BYTES_MIN: usize = 2 + 1 + 2 + 1 + 8;
+const SNAPSHOT_PRODUCER_BYTES_MIN: usize = 8 + 8 + 8 + 4;
+const SNAPSHOT_RUN_BYTES_MIN: usize = 2 + 1 + 8 + 8 + 8;
+
+fn read_voters(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<Voter>, WireError> {
+    let count = r.count(field, MEMBERS_MAX, VOTER_BYTES)?;
+    let mut voters = Vec::with_capacity(count);
+    for _ in 0..count {
+        voters.push(Voter {
+            store_index: r.u16(field)?,
+            store_id: StoreId(r.u64(field)?),
+            incarnation: Incarnation(r.u64(field)?),
+        });
+    }
+    Ok(voters)
+}
+
+fn write_voters<W: BodyWriter>(
+    w: &mut W,
+    field: &'static str,
+    voters: &[Voter],
+) -> Result<(), WireError> {
+    w.count(field, voters.len(), MEMBERS_MAX)?;
+    for v in voters {
+        w.u16(v.store_index);
+        w.u64(v.store_id.0);
+        w.u64(v.incarnation.0);
+    }
+    Ok(())
+}
+
+impl BrokerSnapshot {
+    fn read(r: &mut Reader<'_>) -> Result<BrokerSnapshot, WireError> {
+        let trim_point = r.offset("snapshot trim point")?;
+        let epoch = r.epoch("snapshot epoch")?;
+        let master = match r.u16("snapshot master")? {
+            0 => None,
+            b => Some(BrokerId(b)),
+        };
+        let voters = read_voters(r, "snapshot voters")?;
+        let field = "snapshot topics";
+        let count = r.count(field, SNAPSHOT_TOPICS_MAX, 3)?;
+        let mut topics = Vec::with_capacity(count);
+        for _ in 0..count {
+            topics.push(r.name("topic", TOPIC_BYTES_MAX)?);
+        }
+        let field = "snapshot cursors";
+        let count = r.count(field, SNAPSHOT_CURSORS_MAX, SNAPSHOT_CURSOR_BYTES_MIN)?;
+        let mut cursors = Vec::with_capacity(count);
+        for _ in 0..count {
+            cursors.push(SnapshotCursor {
+                topic: r.name("topic", TOPIC_BYTES_MAX)?,
+                cursor: r.name("cursor", CURSOR_BYTES_MAX)?,
+                offset: r.offset(field)?,
+            });
+        }
+        let field = "snapshot producers";
+        let count = r.count(field, SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_PRODUCER_BYTES_MIN)?;
+        let mut producers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let producer_id = r.u64(field)?;
+            let last_sequence = r.u64(field)?;
+            let last_offset = r.offset(field)?;
+            let runs_field = "snapshot producer runs";
+            let n = r.count(runs_field, SNAPSHOT_RUNS_MAX, SNAPSHOT_RUN_BYTES_MIN)?;
+            let mut runs = Vec::with_capacity(n);
+            for _ in 0..n {
+                runs.push(SnapshotRun {
+                    topic: r.name("topic", TOPIC_BYTES_MAX)?,
+                    first_sequence: r.u64(runs_field)?,
+                    first_offset: r.offset(runs_field)?,
+                    count: r.u64(runs_field)?,
+                });
+            }
+            producers.push(SnapshotProducer {
+                producer_id,
+                last_sequence,
+                last_offset,
+                runs,
+            });
+        }
+        Ok(BrokerSnapshot {
+            trim_point,
+            epoch,
+            master,
+            voters,
+            topics,
+            cursors,
+            producers,
+        })
+    }
+
+    fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.trim_point.0);
+        w.u64(self.epoch.0);
+        w.u16(self.master.map_or(0, |b| b.0));
+        write_voters(w, "snapshot voters", &self.voters)?;
+        w.count("snapshot topics", self.topics.len(), SNAPSHOT_TOPICS_MAX)?;
+        for t in &self.topics {
+            w.name("topic", t, TOPIC_BYTES_MAX)?;
+        }
+        w.count("snapshot cursors", self.cursors.len(), SNAPSHOT_CURSORS_MAX)?;
+        for c in &self.cursors {
+            w.name("topic", &c.topic, TOPIC_BYTES_MAX)?;
+            w.name("cursor", &c.cursor, CURSOR_BYTES_MAX)?;
+            w.u64(c.offset.0);
+        }
+        w.count(
+            "snapshot producers",
+            self.producers.len(),
+            SNAPSHOT_PRODUCERS_MAX,
+        )?;
+        for p in &self.producers {
+            w.u64(p.producer_id);
+            w.u64(p.last_sequence);
+            w.u64(p.last_offset.0);
+            w.count("snapshot producer runs", p.runs.len(), SNAPSHOT_RUNS_MAX)?;
+            for run in &p.runs {
+                w.name("topic", &run.topic, TOPIC_BYTES_MAX)?;
+                w.u64(run.first_sequence);
+                w.u64(run.first_offset.0);
+                w.u64(run.count);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Any event body, by kind.
@@ -225,25 +440,23 @@ impl EventBody {
             EventKind::EpochStart => {
                 let epoch = r.epoch("epoch start epoch")?;
                 let broker = BrokerId(r.u16("epoch start broker")?);
-                let field = "epoch start voters";
-                let count = r.count(field, MEMBERS_MAX, VOTER_BYTES)?;
-                let mut voters = Vec::with_capacity(count);
-                for _ in 0..count {
-                    voters.push(Voter {
-                        store_index: r.u16(field)?,
-                        store_id: StoreId(r.u64(field)?),
-                        incarnation: Incarnation(r.u64(field)?),
-                    });
-                }
+                let voters = read_voters(&mut r, "epoch start voters")?;
                 EventBody::EpochStart(EpochStartEvent {
                     epoch,
                     broker,
                     voters,
                 })
             }
-            EventKind::Trim => EventBody::Trim(TrimEvent {
-                before: r.offset("trim before")?,
-            }),
+            EventKind::Trim => {
+                let before = r.offset("trim before")?;
+                let field = "trim checkpoint tag";
+                let checkpoint = match r.u8(field)? {
+                    0 => None,
+                    1 => Some(Box::new(BrokerSnapshot::read(&mut r)?)),
+                    byte => return Err(WireError::InvalidTag { field, byte }),
+                };
+                EventBody::Trim(TrimEvent { before, checkpoint })
+            }
         };
         r.finish()?;
         Ok(body)
@@ -270,14 +483,18 @@ impl EventBody {
             EventBody::EpochStart(e) => {
                 w.u64(e.epoch.0);
                 w.u16(e.broker.0);
-                w.count("epoch start voters", e.voters.len(), MEMBERS_MAX)?;
-                for v in &e.voters {
-                    w.u16(v.store_index);
-                    w.u64(v.store_id.0);
-                    w.u64(v.incarnation.0);
+                write_voters(w, "epoch start voters", &e.voters)?;
+            }
+            EventBody::Trim(t) => {
+                w.u64(t.before.0);
+                match &t.checkpoint {
+                    None => w.u8(0),
+                    Some(snapshot) => {
+                        w.u8(1);
+                        snapshot.write(w)?;
+                    }
                 }
             }
-            EventBody::Trim(t) => w.u64(t.before.0),
         }
         Ok(())
     }

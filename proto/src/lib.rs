@@ -48,8 +48,10 @@ pub use client::{
 pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
-    encode_message_event, message_event_bytes, CursorCommitEvent, EpochStartEvent, EventBody,
-    MessageEvent, TopicAction, TopicAdminEvent, TrimEvent, Voter, EVENT_BODY_VERSION,
+    encode_message_event, message_event_bytes, BrokerSnapshot, CursorCommitEvent, EpochStartEvent,
+    EventBody, MessageEvent, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction,
+    TopicAdminEvent, TrimEvent, Voter, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX,
+    SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
     decode, decode_frame_body, decode_slice, encode, encode_body, Body, EncodedBody, Flags, Frame,

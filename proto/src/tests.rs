@@ -1077,6 +1077,41 @@ fn event_bodies_round_trip() {
         }),
         EventBody::Trim(TrimEvent {
             before: Offset(1000),
+            checkpoint: None,
+        }),
+        EventBody::Trim(TrimEvent {
+            before: Offset(1000),
+            checkpoint: Some(Box::new(BrokerSnapshot {
+                trim_point: Offset(900),
+                epoch: Epoch(0x2_0001),
+                master: Some(BrokerId(1)),
+                voters: vec![Voter {
+                    store_index: 0,
+                    store_id: StoreId(7),
+                    incarnation: Incarnation(8),
+                }],
+                topics: vec!["orders".into(), "empty".into()],
+                cursors: vec![SnapshotCursor {
+                    topic: "orders".into(),
+                    cursor: "billing".into(),
+                    offset: Offset(950),
+                }],
+                producers: vec![SnapshotProducer {
+                    producer_id: 42,
+                    last_sequence: 9,
+                    last_offset: Offset(999),
+                    runs: vec![SnapshotRun {
+                        topic: "orders".into(),
+                        first_sequence: 5,
+                        first_offset: Offset(995),
+                        count: 5,
+                    }],
+                }],
+            })),
+        }),
+        EventBody::Trim(TrimEvent {
+            before: Offset(0),
+            checkpoint: Some(Box::default()),
         }),
     ];
     for body in bodies {
@@ -1101,9 +1136,12 @@ fn event_bodies_round_trip() {
 
 #[test]
 fn event_body_errors_are_typed() {
-    let trim = EventBody::Trim(TrimEvent { before: Offset(1) })
-        .to_payload()
-        .expect("encodes");
+    let trim = EventBody::Trim(TrimEvent {
+        before: Offset(1),
+        checkpoint: None,
+    })
+    .to_payload()
+    .expect("encodes");
     let mut v2 = trim.to_vec();
     v2[0] = 2;
     assert_eq!(
@@ -1111,6 +1149,15 @@ fn event_body_errors_are_typed() {
         Err(WireError::UnsupportedEventBodyVersion {
             version: 2,
             supported: EVENT_BODY_VERSION
+        })
+    );
+    let mut tag = trim.to_vec();
+    *tag.last_mut().expect("non-empty") = 7;
+    assert_eq!(
+        EventBody::decode(EventKind::Trim, &Bytes::from(tag)),
+        Err(WireError::InvalidTag {
+            field: "trim checkpoint tag",
+            byte: 7
         })
     );
     let mut extra = trim.to_vec();

@@ -106,18 +106,21 @@ impl Client {
         }
     }
 
-    /// Whether this broker serves clients (a zero-wait fetch is not refused).
+    /// Whether this broker serves clients (a zero-wait fetch is answered, or refused only
+    /// because retention trimmed offset 0).
     pub fn is_serving(&mut self) -> bool {
-        matches!(
-            self.request(FetchRequest {
-                topic: "__probe".into(),
-                from_offset: Offset(0),
-                max_messages: 1,
-                max_bytes: 1,
-                wait_ms: 0,
-            }),
-            Ok(Body::FetchResponse(_))
-        )
+        match self.request(FetchRequest {
+            topic: "__probe".into(),
+            from_offset: Offset(0),
+            max_messages: 1,
+            max_bytes: 1,
+            wait_ms: 0,
+        }) {
+            Ok(Body::FetchResponse(_)) => true,
+            // Retention trimmed offset 0: the broker serves, the range is gone.
+            Ok(Body::ErrorResponse(e)) => e.code == ErrorCode::Trimmed,
+            _ => false,
+        }
     }
 }
 

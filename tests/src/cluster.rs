@@ -262,6 +262,20 @@ impl Cluster {
         }
     }
 
+    /// Replaces the stores' config file (TOML, e.g. a smaller `[wal] segment_bytes_max`);
+    /// call before starting the stores.
+    pub fn set_store_config(&mut self, toml: &str) {
+        let path = self.root.path().join("store.toml");
+        std::fs::write(&path, toml).expect("store config");
+    }
+
+    /// Adds flags to every broker's command line; call before starting them.
+    pub fn add_broker_args(&mut self, args: &[&str]) {
+        for b in &mut self.brokers {
+            b.args.extend(args.iter().map(|a| (*a).to_owned()));
+        }
+    }
+
     pub fn start_all(&mut self) {
         for s in &mut self.stores {
             s.start();

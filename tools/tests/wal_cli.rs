@@ -257,6 +257,64 @@ fn dump_prints_every_record_in_text_jsonl_and_json() {
     assert_eq!(json["end"]["end"]["result"], "clean");
 }
 
+/// Retention as a store applies it: a Trim event appended to the log, then every whole
+/// segment below its point deleted. `quire wal stat` shows the log's first offset as the
+/// trim point and the point the Trim event asked for.
+#[test]
+fn stat_shows_the_trim_point() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_log(tmp.path());
+    let (wal, _) = Wal::open(WalConfig {
+        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+        ..WalConfig::new(tmp.path())
+    })
+    .expect("open the WAL");
+    let trim = quire_proto::EventBody::Trim(quire_proto::TrimEvent {
+        before: Offset(60),
+        checkpoint: None,
+    })
+    .to_payload()
+    .expect("encodes");
+    wal.append(
+        Epoch(2),
+        vec![Record {
+            epoch: Epoch(2),
+            offset: Offset(EVENTS),
+            kind: quire_proto::EventKind::Trim.as_u8(),
+            payload: trim,
+        }],
+    )
+    .wait()
+    .expect("append the Trim event");
+    wal.trim_before(Offset(60)).expect("trim");
+    wal.close().expect("close");
+
+    let out = quire(&["wal", "stat", path_str(tmp.path()), "--format", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    let first = json["segments"][0]["base_offset"]
+        .as_u64()
+        .expect("a segment");
+    assert!(
+        first > 0 && first <= 60,
+        "whole segments below 60 go: {json}"
+    );
+    assert_eq!(json["trim_point"], first, "{json}");
+    assert_eq!(json["totals"]["first_offset"], first);
+    assert_eq!(json["last_trim_before"], 60, "{json}");
+    assert_eq!(json["end"]["result"], "clean", "{json}");
+
+    let out = quire(&["wal", "stat", path_str(tmp.path())]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "offset {first} (offsets below were deleted by retention); the last Trim event asks for 60"
+        )),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn stat_summarizes_segments_and_totals() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -305,6 +363,8 @@ fn stat_summarizes_segments_and_totals() {
     assert_eq!(t["last_epoch"], 2);
     assert_eq!(t["max_epoch"], 2);
     assert_eq!(json["promised_epoch"], 0);
+    assert_eq!(json["trim_point"], 0);
+    assert_eq!(json["last_trim_before"], Value::Null);
     assert_eq!(json["end"]["result"], "clean");
     assert!(
         json["dir"].as_str().expect("dir").ends_with("/wal"),

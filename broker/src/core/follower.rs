@@ -13,13 +13,21 @@
 //! an older master and may not be in this master's log. Every event up to the learned HWM
 //! is applied in order ([`FollowerCommand::Apply`]) and is never truncated afterwards.
 //!
+//! Retention: a follower whose log ends before an append's `prev` accepts it anyway — its
+//! log then starts after `prev` ([`Log::starting_after`]) and everything up to `prev`
+//! counts as applied — when `prev` is at or below the master's HWM (stabilized, hence the
+//! same on every log), above what it applied, and the append starts with a Trim event
+//! (a checkpoint of the broker state, docs/protocol.md "Retention"). The master sends such
+//! an append to a slave that needs events the stores deleted; the driver rebuilds its broker
+//! state from that checkpoint, the first event it is given to apply.
+//!
 //! Election timer: the driver feeds [`FollowerInput::Tick`] with the time it read; the core
 //! never reads a clock. Each time a valid append arrives the deadline is re-armed to
 //! `now + election_timeout_ms_min + rank * rank_step_ms + jitter`, `jitter` drawn from a
 //! generator seeded by the driver (so a simulation run replays exactly). When a tick finds
 //! the deadline passed, the core emits [`FollowerCommand::StartTakeover`] and re-arms.
 
-use quire_proto::{BrokerId, Epoch, LogPosition, Offset};
+use quire_proto::{BrokerId, Epoch, EventKind, LogPosition, Offset};
 
 use super::event::Event;
 use super::log::Log;
@@ -159,6 +167,8 @@ pub struct FollowerStats {
     pub refused_truncate_applied: u64,
     /// Takeovers started by the timer.
     pub takeovers_started: u64,
+    /// Appends that started the log after their `prev`, at a retention checkpoint.
+    pub started_at_checkpoint: u64,
 }
 
 /// SplitMix64: a tiny, well-mixed deterministic generator for the election jitter.
@@ -353,10 +363,24 @@ impl FollowerCore {
         );
         self.master_epoch = epoch;
         self.rearm();
-        if prev.is_some_and(|p| !self.log.contains(p)) {
-            self.stats.refused_mismatch += 1;
-            self.refuse(append, RejectReason::LogMismatch, out);
-            return;
+        if let Some(p) = prev.filter(|&p| !self.log.contains(p)) {
+            let at_checkpoint = self.log.end() <= p.offset
+                && hwm >= Some(p.offset)
+                && self.applied < Some(p.offset)
+                && events
+                    .first()
+                    .is_some_and(|e| e.kind == EventKind::Trim.as_u8());
+            if !at_checkpoint {
+                self.stats.refused_mismatch += 1;
+                self.refuse(append, RejectReason::LogMismatch, out);
+                return;
+            }
+            // Everything up to `p` is stabilized: start the log after it (module docs).
+            self.stats.started_at_checkpoint += 1;
+            self.log = Log::starting_after(p);
+            self.unapplied_bytes = 0;
+            self.applied = Some(p.offset);
+            self.hwm = self.hwm.max(Some(p.offset));
         }
         let first = prev.map_or(Offset::ZERO, |p| p.offset.next());
         let mut floor = prev.map_or(Epoch::ZERO, |p| p.epoch);

@@ -394,3 +394,66 @@ fn a_slave_follows_a_master_core() {
     );
     assert_eq!(f.log().last(), Some(pos(8, 5)));
 }
+
+/// A slave restarted after retention deleted the start of the log: the master sends it
+/// the log from a checkpoint (a Trim event) whose `prev` the slave does not hold. The
+/// slave starts its log there only if `prev` is stabilized (at or below the HWM), above
+/// what it applied, beyond its log's end, and the first event is a Trim event.
+#[test]
+fn a_follower_starts_its_log_at_a_checkpoint_only_when_it_may() {
+    let at = |id: u64, prev: LogPosition, kind: u8, hwm: Option<u64>| {
+        let mut e = event(2, prev.offset.0 + 1, 4);
+        e.kind = kind;
+        FollowerInput::Append {
+            append: AppendId(id),
+            epoch: Epoch(2),
+            prev: Some(prev),
+            events: vec![e, event(2, prev.offset.0 + 2, 4)],
+            hwm: hwm.map(Offset),
+        }
+    };
+    let trim = EventKind::Trim.as_u8();
+    let refused = |out: &[FollowerCommand]| {
+        matches!(
+            out,
+            [FollowerCommand::Refuse {
+                reason: RejectReason::LogMismatch,
+                ..
+            }]
+        )
+    };
+    let mut f = follower();
+    let mut out = Vec::new();
+    // Not a Trim event first, or prev above the HWM: refused as a mismatch.
+    f.handle(at(1, pos(2, 99), 1, Some(150)), &mut out);
+    assert!(refused(&out), "{out:?}");
+    out.clear();
+    f.handle(at(2, pos(2, 99), trim, Some(98)), &mut out);
+    assert!(refused(&out), "{out:?}");
+    out.clear();
+    // A checkpoint at 100 after a stabilized prev: the log starts there; both events are
+    // applied (HWM 150, vouched through 101), the checkpoint first.
+    f.handle(at(3, pos(2, 99), trim, Some(150)), &mut out);
+    assert!(
+        matches!(
+            out[0],
+            FollowerCommand::Has {
+                through: Some(Offset(101)),
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    assert_eq!(applied_offsets(&out), vec![100, 101]);
+    assert_eq!(f.applied(), Some(Offset(101)));
+    assert_eq!(f.log().mem_start(), Offset(100));
+    assert_eq!(f.stats().started_at_checkpoint, 1);
+    assert!(f.local_log().validate().is_ok());
+    // Once it has applied past it, a checkpoint behind it is an ordinary mismatch.
+    out.clear();
+    f.handle(at(4, pos(2, 49), trim, Some(150)), &mut out);
+    assert!(
+        matches!(out[..], [FollowerCommand::Has { .. }, ..]),
+        "prev 49 is held (below the start): accepted as equal entries: {out:?}"
+    );
+}

@@ -14,6 +14,12 @@
 //!
 //! Invariants (asserted): offsets are contiguous from 0; epochs never go down along the
 //! log; `mem_start <= end`; the in-memory events are exactly `mem_start..end`.
+//!
+//! A log can also start after a known entry ([`Log::starting_after`]): a slave that
+//! rebuilds its state from a retention checkpoint holds nothing below it. Its entries up to
+//! that one are stabilized (the same on every log), so their exact epochs do not matter;
+//! the log reports the known entry's epoch for all of them (an upper bound: epochs never go
+//! down), and they are never in memory.
 
 use std::collections::VecDeque;
 
@@ -41,6 +47,21 @@ impl Log {
     #[must_use]
     pub fn new() -> Log {
         Log::default()
+    }
+
+    /// A log whose entries `0..=prev.offset` are stabilized and not held: its next event
+    /// takes `prev.offset + 1`, and it reports `prev.epoch` for every entry up to `prev`
+    /// (see the module docs).
+    #[must_use]
+    pub fn starting_after(prev: LogPosition) -> Log {
+        let end = prev.offset.next();
+        Log {
+            runs: vec![(prev.epoch, Offset::ZERO)],
+            end,
+            mem_start: end,
+            mem: VecDeque::new(),
+            mem_bytes: 0,
+        }
     }
 
     /// A log holding `events` in memory.
@@ -326,6 +347,26 @@ pub(crate) mod tests {
             Some(Offset(5))
         );
         assert_eq!(Log::new().last(), None);
+    }
+
+    #[test]
+    fn a_log_starting_after_an_entry_matches_it_and_appends_after_it() {
+        let mut log = Log::starting_after(pos(3, 9));
+        assert_eq!(log.end(), Offset(10));
+        assert_eq!(log.mem_start(), Offset(10));
+        assert_eq!(log.last(), Some(pos(3, 9)));
+        assert!(log.contains(pos(3, 9)));
+        assert_eq!(log.prev_of(Offset(10)), Some(pos(3, 9)));
+        assert!(
+            log.get(Offset(9)).is_none(),
+            "nothing below the start is held"
+        );
+        log.append(ev(3, 10));
+        log.append(ev(4, 11));
+        assert_eq!(log.last(), Some(pos(4, 11)));
+        assert_eq!(log.iter_from(Offset::ZERO).count(), 2);
+        log.truncate_from(Offset(11));
+        assert_eq!(log.last(), Some(pos(3, 10)));
     }
 
     #[test]

@@ -301,6 +301,17 @@ pub enum MasterInput {
         /// The epoch seen.
         epoch: Epoch,
     },
+    /// Slave `slot` needs events the stores deleted (retention): send it the log from
+    /// `checkpoint` on instead — the offset of a Trim event carrying a checkpoint, at or below
+    /// the HWM, from which the slave rebuilds its state (docs/protocol.md "Retention").
+    /// Ignored for a store slot, a point above the HWM or at 0, a slot that holds it or is
+    /// already being sent from it or later, a slot that is not up.
+    SlaveToCheckpoint {
+        /// The slave's slot.
+        slot: SlotId,
+        /// Offset of the checkpoint Trim event.
+        checkpoint: Offset,
+    },
     /// The durable cluster configuration now names the voter identity of store `slot`
     /// (see [`ClusterConfig::learn_identity`]; an identity already known is never replaced).
     StoreIdentityKnown {
@@ -692,6 +703,25 @@ impl MasterCore {
                 self.slots[i].link = SlotLink::Down;
             }
             MasterInput::HeartbeatTick => self.on_heartbeat(out),
+            MasterInput::SlaveToCheckpoint { slot, checkpoint } => {
+                let Some(i) = self.slot_index(slot) else {
+                    return;
+                };
+                let is_slave = matches!(self.cluster.kind(slot), Some(SlotKind::Slave { .. }));
+                let s = &self.slots[i];
+                let past = s.matched >= Some(checkpoint)
+                    || s.inflight.front().is_some_and(|a| a.first >= checkpoint);
+                if !is_slave
+                    || checkpoint == Offset::ZERO
+                    || self.hwm < Some(checkpoint)
+                    || past
+                    || s.link != SlotLink::Up
+                {
+                    return;
+                }
+                self.reset_slot(i, checkpoint);
+                self.fill(i, out);
+            }
             MasterInput::RivalSeen { epoch } => {
                 if epoch > self.epoch {
                     self.step_down(epoch, out);

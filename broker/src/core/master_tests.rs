@@ -1146,3 +1146,61 @@ fn a_fenced_master_never_reports_a_lost_quorum_too() {
     assert!(!h.m.is_quorum_lost());
     drop(probes);
 }
+
+/// Retention: a restarted slave needs the log from offset 0, which the stores deleted. The
+/// driver asks the core to send it the log from the checkpoint at the trim point instead;
+/// the core does so only for a slave, at or below the HWM, and not twice.
+#[test]
+fn a_slave_behind_the_trim_point_is_sent_the_log_from_the_checkpoint() {
+    let mut cluster = stores(3);
+    cluster.slots.push(SlotKind::Slave {
+        broker: BrokerId(2),
+    });
+    let mut h = H::with(
+        cluster,
+        ReplicationLimits::default(),
+        log_of(&[1; 10]),
+        Some(Offset(9)),
+    );
+    // The epoch-start event (offset 10) is stabilized by two stores; the restarted slave
+    // holds nothing: the core backs up to offset 0 for it.
+    let slave = SlotId(3);
+    for a in h.appends() {
+        if a.slot.0 < 2 {
+            h.ack_append(&a);
+        }
+        if a.slot == slave {
+            h.handle(MasterInput::Rejected {
+                slot: slave,
+                append: a.append,
+                promised: Epoch::ZERO,
+                last: None,
+                reason: RejectReason::LogMismatch,
+            });
+        }
+    }
+    assert_eq!(h.m.hwm(), Some(Offset(10)));
+    let from_zero = for_slot(&h.appends(), 3);
+    assert_eq!(from_zero[0].first, Offset(0));
+    let to = |h: &mut H, slot: SlotId, checkpoint: u64| {
+        h.handle(MasterInput::SlaveToCheckpoint {
+            slot,
+            checkpoint: Offset(checkpoint),
+        });
+    };
+    // Above the HWM, at 0, or for a store: ignored.
+    to(&mut h, slave, 11);
+    to(&mut h, slave, 0);
+    to(&mut h, SlotId(2), 5);
+    assert!(h.appends().is_empty());
+    to(&mut h, slave, 5);
+    let sent = for_slot(&h.appends(), 3);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].prev, sent[0].first, sent[0].count),
+        (Some(pos(1, 4)), Offset(5), 6)
+    );
+    // Already being sent from there: nothing more.
+    to(&mut h, slave, 5);
+    assert!(h.appends().is_empty());
+}

@@ -49,9 +49,11 @@ use crate::core::{
 };
 use crate::durable::{self, ClusterFile};
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
+use crate::retention::TrimPlanner;
 use crate::state::{Applied, BrokerState, Dedup};
 
 mod handoff;
+mod retention;
 
 /// Longest long-poll a fetch may ask for, in milliseconds.
 pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
@@ -178,6 +180,15 @@ pub(crate) struct Actor {
     identities_dirty: bool,
     /// A graceful handoff this broker runs as the handing master.
     handoff: Option<handoff::Handoff>,
+    /// Retention: where the master may trim the log (fed by every applied event).
+    planner: TrimPlanner,
+    /// Retention: the master holds writes until nothing is in flight, to take a checkpoint.
+    trim_barrier: Option<retention::TrimBarrier>,
+    /// Retention: offset of the last checkpoint this master proposed.
+    trim_proposed: Option<Offset>,
+    /// The broker state missed events it could not rebuild (no checkpoint yet): it must not
+    /// take over until a checkpoint repairs it.
+    state_gap: bool,
 }
 
 impl std::fmt::Debug for Actor {
@@ -291,6 +302,10 @@ impl Actor {
             probe_started: Instant::now(),
             identities_dirty: false,
             handoff: None,
+            planner: TrimPlanner::new(cfg.retention, Offset::ZERO),
+            trim_barrier: None,
+            trim_proposed: None,
+            state_gap: false,
             cfg,
         };
         actor.role = Role::Follower(Box::new(actor.new_follower(LocalLog::empty(), Epoch::ZERO)));
@@ -673,13 +688,23 @@ impl Actor {
     fn apply_events(&mut self, events: &[Event]) {
         let mut touched: BTreeSet<String> = BTreeSet::new();
         for e in events {
-            match self.state.apply(e) {
+            let expected = self.state.applied().map_or(Offset::ZERO, Offset::next);
+            let applied = if e.offset == expected {
+                self.state.apply(e)
+            } else {
+                match self.rebuild_at(e) {
+                    Some(a) => a,
+                    None => continue,
+                }
+            };
+            match applied {
                 Applied::Message { topic } if !self.fetch_waiters.is_empty() => {
                     touched.insert(topic);
                 }
                 Applied::EpochStart { voters, .. } => self.learn_voters(&voters),
                 _ => {}
             }
+            self.retention_applied(e);
             self.recent.push(e.clone());
         }
         if !touched.is_empty() {
@@ -826,6 +851,9 @@ impl Actor {
                 t.core.handle(input, &mut out);
                 self.dispatch_takeover(out);
             }
+            Internal::ReadTrimmed { cmd, first_offset } => {
+                self.on_read_trimmed(&cmd, first_offset);
+            }
             Internal::ReadForAppend { cmd, outcome } => match outcome {
                 Ok(events) => {
                     if matches!(&self.role, Role::Master(m) if m.core.epoch() == cmd.epoch) {
@@ -912,6 +940,7 @@ impl Actor {
             }
             Role::Switching => {}
         }
+        self.retention_tick(now_ms);
         self.advance_handoff();
         self.expire_fetches(now);
         self.publish_status();
@@ -1034,6 +1063,12 @@ impl Actor {
     }
 
     fn start_takeover(&mut self) {
+        if self.state_gap {
+            tracing::warn!(
+                "not taking over: the broker state has a gap (waiting for a retention checkpoint)"
+            );
+            return;
+        }
         let Role::Follower(f) = std::mem::replace(&mut self.role, Role::Switching) else {
             return;
         };
@@ -1477,6 +1512,7 @@ impl Actor {
                 }
             }
         }
+        self.retention_barrier_check();
     }
 
     /// Encodes an append (once for every slot it goes to unchanged) and queues it.
@@ -1554,6 +1590,10 @@ impl Actor {
                         events.extend(r.events);
                     }
                     Ok(_) => break Err(format!("the store does not hold offset {next}")),
+                    Err(ClientError::Trimmed { first_offset, .. }) => {
+                        let _ = tx.send(Internal::ReadTrimmed { cmd, first_offset }).await;
+                        return;
+                    }
                     Err(e) => break Err(e.to_string()),
                 }
             };
@@ -1705,7 +1745,7 @@ impl Actor {
     // ------------------------------------------------------------------ produce
 
     fn on_write_request(&mut self, r: Request) {
-        let handing_off = self.is_handing_off();
+        let handing_off = self.is_handing_off() || self.trim_barrier.is_some();
         let Role::Master(m) = &mut self.role else {
             if matches!(r.body, Body::ProduceRequest(_)) {
                 self.metrics.produce_error("not_master");
@@ -1734,7 +1774,7 @@ impl Actor {
 
     /// Retries blocked requests in order while they fit.
     fn retry_blocked(&mut self) {
-        if self.is_handing_off() {
+        if self.is_handing_off() || self.trim_barrier.is_some() {
             return;
         }
         loop {
@@ -2005,6 +2045,10 @@ impl Actor {
 
     /// Answers a fetch from memory, from a store, or parks it until messages arrive.
     fn serve_fetch(&mut self, req: FetchRequest, waiter: Waiter, expired: bool) {
+        if let Some(trimmed) = self.trimmed_answer(req.from_offset) {
+            waiter.reply.error(waiter.request_id, trimmed);
+            return;
+        }
         let hwm = match &self.role {
             Role::Master(m) => m.core.hwm(),
             _ => self.state.applied(),
@@ -2104,12 +2148,20 @@ impl Actor {
             );
             return;
         };
+        let trim_point = self.state.trim_point();
         tokio::spawn(async move {
             let span = u32::try_from(last.0 - first.0 + 1)
                 .unwrap_or(u32::MAX)
                 .min(TAKEOVER_FETCH_EVENTS_MAX);
             let wanted: BTreeSet<Offset> = offsets.into_iter().collect();
             match client.read(first, span, READ_BYTES_MAX).await {
+                Ok(read) if read.events.is_empty() && read.first_offset > first => {
+                    // Retention deleted the range on this store since the state was read.
+                    waiter.reply.error(
+                        waiter.request_id,
+                        ErrorResponse::trimmed(req.from_offset, read.first_offset.max(trim_point)),
+                    );
+                }
                 Ok(read) => {
                     let mut messages = Vec::new();
                     let mut bytes = 0usize;

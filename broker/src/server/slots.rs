@@ -74,6 +74,11 @@ pub(crate) enum Internal {
         epoch: Epoch,
         outcome: Result<ReadResponse, ClientError>,
     },
+    /// The store asked for an append's events no longer holds them (retention).
+    ReadTrimmed {
+        cmd: AppendCommand,
+        first_offset: quire_proto::Offset,
+    },
     /// Events read from a store for an append whose events the master trimmed.
     ReadForAppend {
         cmd: AppendCommand,

@@ -6,6 +6,8 @@
 //! | `dir` | the WAL directory read |
 //! | `segments[]` | one object per segment file, in base order (below) |
 //! | `totals` | `segments`, `records`, `markers`, `entries` (log entries after truncations), `used_bytes`, `file_bytes`, `first_offset`, `next_offset`, `last_offset`, `last_epoch`, `max_epoch` |
+//! | `trim_point` | the log's first offset: every offset below it was deleted by retention (0: nothing trimmed) |
+//! | `last_trim_before` | `before` of the newest Trim event in the log (the point the master asked for; whole segments only are deleted, so `trim_point <= last_trim_before` once the store acted on it), `null` if none |
 //! | `promised_epoch` | from the `promised_epoch` file (0 if absent), `null` if damaged |
 //! | `end` | how the log ends (see [`super::EndSummary`]) |
 //! | `live_holder` | `{pid, name}` of a running process holding the WAL's lock, or `null` |
@@ -24,6 +26,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
+use quire_proto::{EventBody, EventKind};
 use quire_wal::{PromisedEpoch, RecordStatus};
 use serde::Serialize;
 
@@ -101,6 +104,10 @@ pub struct StatReport {
     pub segments: Vec<SegmentStat>,
     /// For the log.
     pub totals: Totals,
+    /// The log's first offset: offsets below were deleted by retention.
+    pub trim_point: u64,
+    /// `before` of the newest Trim event in the log.
+    pub last_trim_before: Option<u64>,
     /// The promised epoch, `None` if its file is damaged.
     pub promised_epoch: Option<u64>,
     /// How the log ends.
@@ -167,6 +174,7 @@ impl Report for StatReport {
                 ),
             )
             .row("last entry", last)
+            .row("trim point", self.describe_trim())
             .row("max epoch", t.max_epoch.to_string())
             .row(
                 "promised",
@@ -178,6 +186,22 @@ impl Report for StatReport {
             table.row("note", format!("open by a running process, {h}"));
         }
         table.write(out)
+    }
+}
+
+impl StatReport {
+    fn describe_trim(&self) -> String {
+        let asked = self.last_trim_before.map_or_else(String::new, |b| {
+            format!("; the last Trim event asks for {b}")
+        });
+        if self.trim_point == 0 {
+            format!("none (nothing trimmed){asked}")
+        } else {
+            format!(
+                "offset {} (offsets below were deleted by retention){asked}",
+                self.trim_point
+            )
+        }
     }
 }
 
@@ -203,10 +227,18 @@ pub fn stat(config: &StatConfig) -> anyhow::Result<StatReport> {
     }
     // Filled by segment index as the scan goes; the scan's own summaries complete them.
     let mut per_segment: Vec<SegmentStat> = Vec::new();
+    let mut last_trim_before: Option<u64> = None;
     let report = quire_wal::inspect(&wal_dir, |r| {
         let Some(h) = r.header else { return };
         if matches!(r.status, RecordStatus::Bad(_)) {
             return;
+        }
+        if matches!(r.status, RecordStatus::Entry) && h.kind == EventKind::Trim.as_u8() {
+            if let Ok(EventBody::Trim(t)) =
+                EventBody::decode(EventKind::Trim, &bytes::Bytes::copy_from_slice(r.payload))
+            {
+                last_trim_before = last_trim_before.max(Some(t.before.0));
+            }
         }
         if per_segment.len() <= r.segment_index {
             per_segment.resize_with(r.segment_index + 1, SegmentStat::default);
@@ -262,6 +294,8 @@ pub fn stat(config: &StatConfig) -> anyhow::Result<StatReport> {
     Ok(StatReport {
         dir: wal_dir.display().to_string(),
         segments: per_segment,
+        trim_point: totals.first_offset,
+        last_trim_before,
         totals,
         promised_epoch,
         end: EndSummary::of(&report.end),

@@ -1,0 +1,230 @@
+//! Retention on the broker (docs/protocol.md "Retention"): the master proposes trim points
+//! as Trim events through the ordinary quorum path, each carrying a **checkpoint** of the
+//! broker state; reads below the applied trim point are answered `Trimmed`; a broker whose
+//! log starts at a checkpoint rebuilds its state there.
+//!
+//! ```text
+//!   apply_events ──> planner.stabilized (every broker, every applied event)
+//!   heartbeat tick ─> master serving: planner.plan(now) = p
+//!                       c = the highest checkpoint <= p above the trim point
+//!                       c found, or no checkpoint above the trim point yet:
+//!                         barrier: writes wait until nothing is in flight (HWM = log end)
+//!                         then propose Trim{before: c (or the trim point), checkpoint:
+//!                         the state through the offset before this event}
+//!                     otherwise: planner.mark(now)
+//!   Trim stabilized ─> BrokerState::trim_point rises ─> Fetch below it: Trimmed{first}
+//!                   ─> stores delete whole segments below min(before, their HWM)
+//!   a slave needs events a store deleted ─> the master sends it the log from the trim
+//!                     point (a checkpoint) ─> the slave rebuilds its state from it
+//! ```
+//!
+//! Why trim points are checkpoints: a store deletes only whole segments below the point, so
+//! the event at the point is always still held; a broker that starts there loads the
+//! state before it and applies the rest, and the topics' message offsets it lacks are all
+//! below the point, where no broker serves them. Why the barrier: a checkpoint must be the
+//! state through exactly the offset before its own event, so nothing may be in flight when
+//! it is taken; the pause lasts one quorum round trip, once per trim.
+
+use std::time::{Duration, Instant};
+
+use quire_proto::{
+    ErrorResponse, EventBody, EventKind, Offset, TrimEvent, EVENT_PAYLOAD_BYTES_MAX,
+};
+
+use super::{Actor, Role};
+use crate::core::event::EVENT_OVERHEAD_BYTES;
+use crate::core::{AppendCommand, Event, MasterInput};
+use crate::retention::TrimPlanner;
+use crate::state::{Applied, BrokerState};
+
+/// Shortest time a checkpoint barrier may hold writes before it is given up (it is retried
+/// at a later tick); the bound is ten heartbeats, at least this.
+pub const TRIM_BARRIER_MIN: Duration = Duration::from_secs(1);
+
+/// A checkpoint the master is waiting to take: writes wait until nothing is in flight.
+#[derive(Debug)]
+pub(super) struct TrimBarrier {
+    /// The trim point the Trim event will carry.
+    before: Offset,
+    /// When the barrier started.
+    since: Instant,
+}
+
+impl Actor {
+    /// Feeds one applied event to the trim planner (call right after applying it).
+    pub(super) fn retention_applied(&mut self, event: &Event) {
+        self.planner
+            .stabilized(event.offset, event.payload.len() as u64);
+        if self.state.trim_point() > self.planner.trim_point() {
+            self.planner.trimmed(self.state.trim_point());
+        }
+    }
+
+    /// The next event to apply is not the one after the state's last: the log now starts
+    /// at a checkpoint (a slave sent the log from the trim point). Rebuilds the state from
+    /// `event` if it is a checkpoint and returns what applying it did; otherwise the state
+    /// has a gap until a later checkpoint, and `None`.
+    pub(super) fn rebuild_at(&mut self, event: &Event) -> Option<Applied> {
+        let expected = self.state.applied().map_or(Offset::ZERO, Offset::next);
+        if event.offset < expected {
+            tracing::error!(offset = %event.offset, %expected, "an event below the applied offset was given to apply again; ignored");
+            return None;
+        }
+        let Some(state) = BrokerState::from_checkpoint(event) else {
+            if !self.state_gap {
+                tracing::error!(offset = %event.offset, %expected, "the log skips events and this one is not a checkpoint: the broker state waits for the next checkpoint");
+            }
+            self.state_gap = true;
+            return None;
+        };
+        tracing::info!(checkpoint = %event.offset, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint");
+        self.state = state;
+        self.state_gap = false;
+        self.recent.clear();
+        let mut planner = TrimPlanner::new(self.cfg.retention, event.offset);
+        planner.trimmed(self.state.trim_point());
+        self.planner = planner;
+        Some(Applied::Other)
+    }
+
+    /// On a heartbeat tick: a serving master starts a checkpoint barrier when the policy
+    /// allows a higher trim point; every other broker only takes the planner's mark.
+    pub(super) fn retention_tick(&mut self, now_ms: u64) {
+        let handing_off = self.is_handing_off();
+        let Role::Master(m) = &self.role else {
+            self.trim_barrier = None;
+            self.planner.mark(now_ms);
+            return;
+        };
+        if !m.serving || handing_off {
+            self.planner.mark(now_ms);
+            return;
+        }
+        if let Some(b) = &self.trim_barrier {
+            let bound = (self.cfg.heartbeat * 10).max(TRIM_BARRIER_MIN);
+            if b.since.elapsed() >= bound {
+                tracing::warn!(before = %b.before, "retention: writes stayed in flight too long for a checkpoint; retried later");
+                self.trim_barrier = None;
+                self.retry_blocked();
+            }
+            self.planner.mark(now_ms);
+            return;
+        }
+        if self.trim_proposed > self.state.applied() {
+            // The last checkpoint is not applied yet.
+            self.planner.mark(now_ms);
+            return;
+        }
+        let Some(point) = self.planner.plan(now_ms) else {
+            return;
+        };
+        let trim_point = self.state.trim_point();
+        let to = self
+            .state
+            .checkpoint_at_or_below(point)
+            .filter(|&c| c > trim_point);
+        let before = match (to, self.state.last_checkpoint()) {
+            (Some(c), _) => c,
+            // No checkpoint above the trim point: take one, trimming nothing more yet.
+            (None, None) => trim_point,
+            // A checkpoint waits for the planner's point to pass it.
+            (None, Some(_)) => return,
+        };
+        self.trim_barrier = Some(TrimBarrier {
+            before,
+            since: Instant::now(),
+        });
+        self.retention_barrier_check();
+    }
+
+    /// Takes the checkpoint a barrier waits for once nothing is in flight: proposes the Trim
+    /// event with the state through the offset right before it, then lets writes go.
+    pub(super) fn retention_barrier_check(&mut self) {
+        let Some(barrier) = &self.trim_barrier else {
+            return;
+        };
+        let before = barrier.before;
+        let Role::Master(m) = &mut self.role else {
+            self.trim_barrier = None;
+            return;
+        };
+        let next = m.core.next_offset();
+        let applied_next = self.state.applied().map_or(Offset::ZERO, Offset::next);
+        if m.core.hwm().map_or(Offset::ZERO, Offset::next) != next || applied_next != next {
+            return;
+        }
+        self.trim_barrier = None;
+        let body = EventBody::Trim(TrimEvent {
+            before,
+            checkpoint: Some(Box::new(self.state.snapshot())),
+        });
+        let payload = match body.to_payload() {
+            Ok(p) if p.len() <= EVENT_PAYLOAD_BYTES_MAX => Some(p),
+            Ok(p) => {
+                tracing::error!(
+                    bytes = p.len(),
+                    max = EVENT_PAYLOAD_BYTES_MAX,
+                    "retention: the broker state is too large for a checkpoint; nothing is trimmed"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "retention: cannot encode a checkpoint; nothing is trimmed");
+                None
+            }
+        };
+        if let Some(payload) = payload {
+            let bytes = EVENT_OVERHEAD_BYTES + payload.len() as u64;
+            let mut out = Vec::new();
+            match m.core.propose(EventKind::Trim.as_u8(), payload, &mut out) {
+                Ok(offset) => {
+                    self.trim_proposed = Some(offset);
+                    self.planner.trimmed(before);
+                    tracing::info!(%before, checkpoint = %offset, bytes, "retention: proposed a trim point with a checkpoint");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, %before, "retention: checkpoint not proposed; planned again later");
+                }
+            }
+            self.dispatch_master(out);
+        }
+        self.retry_blocked();
+    }
+
+    /// A read for an append found the store no longer holds the events (retention). A
+    /// slave is sent the log from the trim point instead, a checkpoint it rebuilds its state
+    /// from; a store that lags below what the stores still hold cannot catch up.
+    pub(super) fn on_read_trimmed(&mut self, cmd: &AppendCommand, first_offset: Offset) {
+        let slot = cmd.slot;
+        let is_store = self.is_store(slot);
+        let checkpoint = self.state.trim_point();
+        let Role::Master(m) = &mut self.role else {
+            return;
+        };
+        if m.core.epoch() != cmd.epoch {
+            return;
+        }
+        if is_store {
+            tracing::error!(%slot, from = %cmd.first, %first_offset, "a store lags below the first offset the other stores hold (retention deleted it): it cannot catch up; replace its data as for a lost disk (docs/operations.md)");
+            return;
+        }
+        if checkpoint == Offset::ZERO || checkpoint < first_offset {
+            tracing::warn!(%slot, from = %cmd.first, %first_offset, %checkpoint, "a slave needs trimmed events and no checkpoint covers them yet");
+            return;
+        }
+        tracing::info!(%slot, from = %cmd.first, %checkpoint, "a slave needs trimmed events: sending it the log from the checkpoint at the trim point");
+        let mut out = Vec::new();
+        m.core.handle(
+            MasterInput::SlaveToCheckpoint { slot, checkpoint },
+            &mut out,
+        );
+        self.dispatch_master(out);
+    }
+
+    /// The `Trimmed` answer for a read from `from`, if `from` is below the applied trim point
+    /// (the first offset a reader may ask for).
+    pub(super) fn trimmed_answer(&self, from: Offset) -> Option<ErrorResponse> {
+        let first = self.state.trim_point();
+        (from < first).then(|| ErrorResponse::trimmed(from, first))
+    }
+}

@@ -1,0 +1,362 @@
+//! Retention through the real binaries: 3 stores with 64 KiB segments, 2 brokers with
+//! `--retention-bytes 262144`. The cluster trims while a producer writes; a fetch below the
+//! trim point is answered `Trimmed` with the first offset; the stores delete their segments
+//! below it and answer reads there with their first offset; a slave restarted after the trim
+//! rebuilds its state from a checkpoint, takes over when the master is killed, and serves
+//! every acknowledged message above the trim point, the committed cursor and the
+//! idempotent-producer table.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use quire_client::{ClientError, Consumer, ConsumerConfig, StartFrom};
+use quire_proto::{
+    Body, CommitCursorRequest, CursorRequest, ErrorCode, ErrorDetail, FetchRequest, Offset,
+    ProduceRequest, ReadRequest,
+};
+use quire_tests::{produce_answer, Client, Cluster, Timing, WAIT};
+
+const TOPIC: &str = "t";
+const PRODUCER: u64 = 11;
+const BATCH: u64 = 25;
+const RETENTION_BYTES: u64 = 256 * 1024;
+
+fn payload(seq: u64) -> Bytes {
+    let mut s = format!("m{seq:08}-");
+    while s.len() < 1000 {
+        s.push('x');
+    }
+    Bytes::from(s)
+}
+
+/// The producer's state: every acknowledged sequence with its offset.
+struct Producer {
+    next_seq: u64,
+    acked: BTreeMap<u64, Offset>,
+    last_batch: Option<(u64, Offset)>,
+}
+
+impl Producer {
+    fn request(seq: u64) -> ProduceRequest {
+        ProduceRequest {
+            topic: TOPIC.into(),
+            producer_id: PRODUCER,
+            sequence: seq,
+            messages: (seq..seq + BATCH).map(payload).collect(),
+        }
+    }
+
+    /// Produces one batch at the master, retried (same sequence) until acknowledged.
+    fn batch(&mut self, cluster: &Cluster) {
+        let seq = self.next_seq;
+        let r = cluster.produce_acked(&Producer::request(seq));
+        assert_eq!(u64::from(r.count), BATCH);
+        for i in 0..BATCH {
+            self.acked.insert(seq + i, Offset(r.base_offset.0 + i));
+        }
+        self.last_batch = Some((seq, r.base_offset));
+        self.next_seq += BATCH;
+    }
+}
+
+fn master_client(cluster: &Cluster) -> Client {
+    let m = cluster.wait_for_master();
+    let addr = &cluster
+        .brokers
+        .iter()
+        .find(|b| b.id == m)
+        .expect("the master")
+        .addr;
+    Client::connect(addr).expect("connect to the master")
+}
+
+fn fetch(c: &mut Client, from: Offset) -> Body {
+    c.request(FetchRequest {
+        topic: TOPIC.into(),
+        from_offset: from,
+        max_messages: 1000,
+        max_bytes: 1 << 20,
+        wait_ms: 0,
+    })
+    .expect("fetch answered")
+}
+
+/// The first offset a `Trimmed` answer names, `None` for any other answer.
+fn trimmed_first(body: &Body) -> Option<Offset> {
+    match body {
+        Body::ErrorResponse(e) if e.code == ErrorCode::Trimmed => match e.detail {
+            ErrorDetail::Trimmed { first_offset } => Some(first_offset),
+            _ => panic!("a Trimmed answer without its detail: {e:?}"),
+        },
+        _ => None,
+    }
+}
+
+/// Every message of the topic from `from` on, as `(offset, payload)`.
+fn read_from(c: &mut Client, from: Offset, want_last: Offset) -> Vec<(Offset, Bytes)> {
+    let mut out = Vec::new();
+    let mut next = from;
+    let deadline = Instant::now() + WAIT;
+    while next <= want_last {
+        assert!(
+            Instant::now() < deadline,
+            "could not read up to {want_last}"
+        );
+        match fetch(c, next) {
+            Body::FetchResponse(r) => {
+                assert!(r.next_offset >= next);
+                next = r.next_offset;
+                out.extend(r.messages);
+            }
+            other => panic!("fetch from {next} answered {other:?}"),
+        }
+    }
+    out
+}
+
+/// Every acknowledged message at or above `first` is served once, at its offset, with its
+/// payload; nothing below `first` is.
+fn check_served(c: &mut Client, producer: &Producer, first: Offset) {
+    let last = *producer.acked.values().last().expect("acked messages");
+    let served = read_from(c, first, last);
+    let by_offset: BTreeMap<Offset, Bytes> = served.iter().cloned().collect();
+    assert_eq!(by_offset.len(), served.len(), "an offset served twice");
+    assert!(served.iter().all(|(o, _)| *o >= first));
+    let mut expected = 0;
+    for (&seq, &offset) in producer.acked.range(..) {
+        if offset < first {
+            continue;
+        }
+        expected += 1;
+        assert_eq!(
+            by_offset.get(&offset),
+            Some(&payload(seq)),
+            "acked message {seq} at {offset} is not served (first offset {first})"
+        );
+    }
+    assert!(expected > 0, "some acked messages lie above the trim point");
+    assert_eq!(served.len(), expected, "only acked messages are served");
+}
+
+/// Base offsets of the store's segment files, increasing.
+fn segment_bases(store_dir: &Path) -> Vec<u64> {
+    let mut bases: Vec<u64> = std::fs::read_dir(store_dir.join("wal"))
+        .expect("the store's wal directory")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".log")?.parse().ok()
+        })
+        .collect();
+    bases.sort_unstable();
+    bases
+}
+
+fn metric(text: &str, name: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// quire-client: a consumer at a trimmed offset gets the typed error; one subscribed from
+/// the beginning starts at the first offset held.
+fn check_consumers(cluster: &Cluster, producer: &Producer, first: Offset) {
+    let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut at_zero = Consumer::subscribe(
+            brokers.clone(),
+            TOPIC,
+            StartFrom::Offset(Offset::ZERO),
+            ConsumerConfig::default(),
+        )
+        .await
+        .expect("subscribe");
+        match at_zero.poll().await {
+            Err(ClientError::Trimmed {
+                requested,
+                first_offset,
+            }) => {
+                assert_eq!(requested, Offset::ZERO);
+                assert!(first_offset >= first, "{first_offset} < {first}");
+            }
+            other => panic!("a fetch from 0 after a trim gave {other:?}"),
+        }
+        let mut beginning = Consumer::subscribe(
+            brokers,
+            TOPIC,
+            StartFrom::Beginning,
+            ConsumerConfig::default(),
+        )
+        .await
+        .expect("subscribe");
+        let m = tokio::time::timeout(WAIT, beginning.recv())
+            .await
+            .expect("a message in time")
+            .expect("the beginning starts at the first offset held");
+        assert!(m.offset >= first);
+        let seq = producer
+            .acked
+            .iter()
+            .find_map(|(&s, &o)| (o == m.offset).then_some(s))
+            .expect("an acked message");
+        assert_eq!(m.payload, payload(seq));
+    });
+}
+
+#[test]
+fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.set_store_config("[wal]\nsegment_bytes_max = 65536\n");
+    cluster.add_broker_args(&["--retention-bytes", &RETENTION_BYTES.to_string()]);
+    cluster.start_all();
+    let master = cluster.settle();
+    let slave = if master == 1 { 2 } else { 1 };
+    let mut producer = Producer {
+        next_seq: 0,
+        acked: BTreeMap::new(),
+        last_batch: None,
+    };
+
+    // Produce until the master answers a fetch from 0 with Trimmed (bounded).
+    for _ in 0..20 {
+        producer.batch(&cluster);
+    }
+    let cursor_at = *producer.acked.values().last().expect("acked");
+    let mut c = master_client(&cluster);
+    match c
+        .request(CommitCursorRequest {
+            topic: TOPIC.into(),
+            cursor: "c1".into(),
+            offset: cursor_at,
+        })
+        .expect("commit answered")
+    {
+        Body::CommitCursorResponse(_) => {}
+        other => panic!("commit answered {other:?}"),
+    }
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        assert!(Instant::now() < deadline, "the cluster never trimmed");
+        producer.batch(&cluster);
+        if let Some(f) = trimmed_first(&fetch(&mut c, Offset::ZERO)) {
+            break f;
+        }
+    };
+    assert!(first > Offset::ZERO);
+    let produced_bytes = producer.acked.len() as u64 * 1000;
+    assert!(
+        produced_bytes > RETENTION_BYTES,
+        "trimmed before {RETENTION_BYTES} bytes were written"
+    );
+    // Every acked message from the trim point on is served; below it, Trimmed again.
+    check_served(&mut c, &producer, first);
+    assert_eq!(
+        trimmed_first(&fetch(&mut c, Offset(first.0 - 1))),
+        Some(first)
+    );
+    check_consumers(&cluster, &producer, first);
+
+    // The stores delete their whole segments below the trim point, and answer a read
+    // below their first offset with that offset.
+    for store in &cluster.stores {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let bases = segment_bases(&store.dir);
+            if bases.first().is_some_and(|&b| b > 0) {
+                assert!(
+                    bases[0] <= first.0,
+                    "a store trimmed above the trim point: {bases:?}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} kept {bases:?}", store.addr);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut s = Client::connect(&store.addr).expect("connect to a store");
+        match s
+            .request(ReadRequest {
+                from: Offset::ZERO,
+                max_events: 10,
+                max_bytes: 1 << 20,
+            })
+            .expect("read answered")
+        {
+            Body::ReadResponse(r) => {
+                assert!(r.events.is_empty(), "events below the store's first offset");
+                assert!(r.first_offset > Offset::ZERO && r.first_offset <= first);
+            }
+            other => panic!("read answered {other:?}"),
+        }
+    }
+
+    // A slave restarted after the trim: its log starts at a checkpoint.
+    cluster.broker(slave).kill9();
+    for _ in 0..20 {
+        producer.batch(&cluster);
+    }
+    cluster.broker(slave).start();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let hwm = metric(&cluster.broker(master).scrape(), "quire_hwm");
+        let applied = metric(&cluster.broker(slave).scrape(), "quire_applied_offset");
+        if hwm.is_some() && applied >= hwm {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted slave did not catch up: applied {applied:?}, hwm {hwm:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = cluster
+        .broker(slave)
+        .proc
+        .as_ref()
+        .expect("runs")
+        .log_tail(10_000);
+    assert!(
+        log.contains("broker state rebuilt from a retention checkpoint"),
+        "the slave did not rebuild from a checkpoint:\n{}",
+        cluster
+            .broker(slave)
+            .proc
+            .as_ref()
+            .expect("runs")
+            .log_tail(40)
+    );
+
+    // The master dies: the rebuilt slave takes over with nothing acknowledged above the trim
+    // point lost, the cursor and the producer table intact.
+    cluster.broker(master).kill9();
+    let new_master = cluster.wait_for_master();
+    assert_eq!(new_master, slave);
+    let mut c = master_client(&cluster);
+    let first_now = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("still trimmed");
+    assert!(first_now >= first);
+    check_served(&mut c, &producer, first_now);
+    match c
+        .request(CursorRequest {
+            topic: TOPIC.into(),
+            cursor: "c1".into(),
+        })
+        .expect("cursor answered")
+    {
+        Body::CursorResponse(r) => assert_eq!(r.offset, Some(cursor_at)),
+        other => panic!("cursor lookup answered {other:?}"),
+    }
+    let (seq, base) = producer.last_batch.expect("a batch");
+    let retry = produce_answer(c.request(Producer::request(seq)).expect("retry answered"))
+        .expect("a retried batch is acked");
+    assert_eq!(retry.base_offset, base, "a retry gets its original offsets");
+    // The new master keeps producing and trimming.
+    for _ in 0..20 {
+        producer.batch(&cluster);
+    }
+    let first_end = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("still trimmed");
+    assert!(first_end >= first_now);
+    check_served(&mut c, &producer, first_end);
+}
