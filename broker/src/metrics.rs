@@ -60,6 +60,10 @@ pub struct StatusSnapshot {
     pub hwm: Option<u64>,
     /// Highest offset applied to broker state.
     pub applied: Option<u64>,
+    /// The retention trim point applied (0: nothing trimmed): reads below it are `Trimmed`.
+    pub trim_point: u64,
+    /// Offset of the newest retention checkpoint above the trim point (`None`: none).
+    pub last_checkpoint: Option<u64>,
     /// Per store, in slot order.
     pub stores: Vec<StoreProgress>,
 }
@@ -272,6 +276,18 @@ impl Collector for SnapshotCollector {
             "Highest offset applied to broker state (-1: none)",
             signed(s.applied),
         )?;
+        gauge(
+            &mut enc,
+            "trim_point",
+            "Retention trim point applied: reads below it are answered Trimmed (0: none)",
+            signed(Some(s.trim_point)),
+        )?;
+        gauge(
+            &mut enc,
+            "last_checkpoint",
+            "Offset of the newest retention checkpoint above the trim point (-1: none)",
+            signed(s.last_checkpoint),
+        )?;
         let lag = Family::<[(&'static str, String); 1], Gauge>::default();
         for st in &s.stores {
             lag.get_or_create(&[("store", st.addr.clone())])
@@ -397,6 +413,8 @@ mod tests {
             epoch: 65_537,
             hwm: Some(41),
             applied: Some(41),
+            trim_point: 30,
+            last_checkpoint: Some(35),
             stores: vec![StoreProgress {
                 addr: "127.0.0.1:7001".into(),
                 lag: Some(3),
@@ -412,6 +430,8 @@ mod tests {
             "quire_is_master 1",
             "quire_epoch 65537",
             "quire_hwm 41",
+            "quire_trim_point 30",
+            "quire_last_checkpoint 35",
             "quire_store_lag{store=\"127.0.0.1:7001\"} 3",
             "quire_produce_errors_total{code=\"no_quorum\"} 1",
             "quire_quorum_wait_seconds_bucket",

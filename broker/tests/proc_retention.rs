@@ -360,3 +360,47 @@ fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
     assert!(first_end >= first_now);
     check_served(&mut c, &producer, first_end);
 }
+
+/// Retention by age: with `--retention-ms 300` and a producer that keeps writing, the
+/// cluster trims events older than that; the trim point shows in `quire_trim_point`, a
+/// fetch below it is `Trimmed`, and the newest acknowledged messages are all served.
+#[test]
+fn proc_retention_by_age_trims_old_events() {
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.set_store_config("[wal]\nsegment_bytes_max = 65536\n");
+    cluster.add_broker_args(&["--retention-ms", "300"]);
+    cluster.start_all();
+    let master = cluster.settle();
+    let mut producer = Producer {
+        next_seq: 0,
+        acked: BTreeMap::new(),
+        last_batch: None,
+    };
+    let mut c = master_client(&cluster);
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never trimmed by age"
+        );
+        producer.batch(&cluster);
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some(f) = trimmed_first(&fetch(&mut c, Offset::ZERO)) {
+            break f;
+        }
+    };
+    assert!(first > Offset::ZERO);
+    // The metric is refreshed on the broker's heartbeat tick.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let metrics = cluster.broker(master).scrape();
+        let trim_point = metric(&metrics, "quire_trim_point").expect("quire_trim_point");
+        if trim_point >= i64::try_from(first.0).expect("small") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first_now = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("trimmed");
+    check_served(&mut c, &producer, first_now);
+}

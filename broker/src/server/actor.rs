@@ -971,6 +971,8 @@ impl Actor {
             epoch: epoch.0,
             hwm: hwm.map(|h| h.0),
             applied: self.state.applied().map(|a| a.0),
+            trim_point: self.state.trim_point().0,
+            last_checkpoint: self.state.last_checkpoint().map(|c| c.0),
             stores: self
                 .cfg
                 .stores

@@ -144,6 +144,11 @@ impl Actor {
             return;
         };
         let before = barrier.before;
+        if self.is_handing_off() {
+            // A handing master proposes nothing more; the new master trims later.
+            self.trim_barrier = None;
+            return;
+        }
         let Role::Master(m) = &mut self.role else {
             self.trim_barrier = None;
             return;
