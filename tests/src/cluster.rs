@@ -97,6 +97,30 @@ impl BrokerNode {
         self.proc.is_some()
     }
 
+    /// The store addresses this broker is started with (`--stores`), in slot order.
+    pub fn stores(&self) -> Vec<String> {
+        self.args
+            .iter()
+            .skip_while(|a| *a != "--stores")
+            .nth(1)
+            .map(|list| list.split(',').map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    /// Starts this broker with other store addresses (`--stores`), in the same slot order:
+    /// each broker may reach a store at its own address (a proxy, see
+    /// [`crate::netfault::StoreLinks`]). Its data directory pins the list, so set it before
+    /// the broker's first start.
+    pub fn set_stores(&mut self, addrs: &[String]) {
+        assert!(self.proc.is_none(), "broker {} runs", self.id);
+        let at = self
+            .args
+            .iter()
+            .position(|a| a == "--stores")
+            .expect("invariant: brokers are started with --stores");
+        self.args[at + 1] = addrs.join(",");
+    }
+
     /// The broker's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.proc.as_ref().and_then(Proc::pid)

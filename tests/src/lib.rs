@@ -12,7 +12,10 @@
 //! - [`load`]: continuous producers ([`LoadDriver`]) and [`check_exactly_once`];
 //! - [`disk`]: disk faults done to a store from outside — a size-limited tmpfs, a
 //!   ballast file, truncation and bit flips of segment files, `quire wal verify`, a
-//!   store's tail, SIGTERM and wait.
+//!   store's tail, SIGTERM and wait;
+//! - [`proxy`]: a fault-injecting TCP [`Proxy`] (pass, delay, drop, black-hole, per
+//!   direction), and [`netfault`]: [`StoreLinks`], one proxy between each broker and each
+//!   store, to cut one broker off from chosen stores.
 //!
 //! Other packages' multi-process tests (broker/tests/proc_*.rs, ...) use it as a
 //! dev-dependency. It does not own the servers' logic and reaches into no crate's internals:
@@ -24,14 +27,18 @@ pub mod client;
 pub mod cluster;
 pub mod disk;
 pub mod load;
+pub mod netfault;
 pub mod process;
+pub mod proxy;
 
 use std::time::Duration;
 
 pub use client::{fetch_all, payload, produce_answer, produce_request, Client, ProduceResult};
 pub use cluster::{BrokerNode, Cluster, StoreNode, Timing};
 pub use load::{check_exactly_once, LoadDriver, ProducerOutcome, LOAD_BATCH};
+pub use netfault::StoreLinks;
 pub use process::{broker_bin, free_port, node_bin, quire_bin, signal, stop, Proc};
+pub use proxy::{Direction, Fault, Proxy, ProxyStats};
 
 /// How long any single wait of the harness may take.
 pub const WAIT: Duration = Duration::from_secs(30);
