@@ -144,6 +144,7 @@ impl Actor {
             return;
         };
         let before = barrier.before;
+        let since = barrier.since;
         if self.is_handing_off() {
             // A handing master proposes nothing more; the new master trims later.
             self.trim_barrier = None;
@@ -185,7 +186,8 @@ impl Actor {
                 Ok(offset) => {
                     self.trim_proposed = Some(offset);
                     self.planner.trimmed(before);
-                    tracing::info!(%before, checkpoint = %offset, bytes, "retention: proposed a trim point with a checkpoint");
+                    let paused_us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    tracing::info!(%before, checkpoint = %offset, bytes, paused_us, "retention: proposed a trim point with a checkpoint");
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, %before, "retention: checkpoint not proposed; planned again later");
