@@ -62,6 +62,15 @@ pub struct WalBenchArgs {
     #[arg(long, value_name = "US", default_value_t = 200)]
     pub batch_window_us: u64,
 
+    /// Alternate the WAL run with raw-disk runs (`bench disk`, the event size as block size,
+    /// qd 1, an fdatasync per write, same duration) and report the ratio of their MB/s.
+    #[arg(long)]
+    pub vs_disk: bool,
+
+    /// With --vs-disk: how many WAL + disk rounds (the report gives the median ratio).
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "vs_disk")]
+    pub rounds: u32,
+
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -84,6 +93,7 @@ impl WalBenchArgs {
             segment_bytes: self.segment_size,
             batch_bytes_max: self.batch_bytes_max,
             batch_window_us: self.batch_window_us,
+            vs_disk: self.vs_disk.then_some(self.rounds),
         }
     }
 }
@@ -191,6 +201,14 @@ mod tests {
         assert_eq!(bench_wal(&["--no-baseline"]).baseline, None);
         let c = bench_wal(&["--event-size", "64KiB", "--appenders", "1", "--io", "sync"]);
         assert_eq!((c.event_size, c.appenders, c.io), (65536, 1, WalIo::Sync));
+    }
+
+    #[test]
+    fn bench_wal_vs_disk_takes_rounds() {
+        assert_eq!(bench_wal(&[]).vs_disk, None);
+        assert_eq!(bench_wal(&["--vs-disk"]).vs_disk, Some(3));
+        assert_eq!(bench_wal(&["--vs-disk", "--rounds", "5"]).vs_disk, Some(5));
+        assert!(Cli::try_parse_from(["quire", "bench", "wal", "--rounds", "5"]).is_err());
     }
 
     #[test]

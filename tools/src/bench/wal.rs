@@ -17,6 +17,14 @@
 //! fresh WAL then runs **one** appender for `--baseline-duration`: one event per fdatasync,
 //! the rate a log without group commit gets. The report gives the ratio.
 //!
+//! With `--vs-disk`, the run is repeated `--rounds` times, and each WAL run is followed at
+//! once by a raw-disk run (`quire bench disk` with the event size rounded up to the
+//! alignment as block size, queue depth 1, an fdatasync behind every write, the same
+//! duration, on the same file system): the physical limit for one event per fdatasync.
+//! Each round gives the ratio of the WAL's payload MB/s to the disk's MB/s; the report
+//! gives the median ratio, and its main figures are those of the median round. Alternating
+//! short runs keeps both sides under the same background load on a shared machine.
+//!
 //! # What is measured
 //! - **Latency** per append, from just before `Wal::append` to the resolution of its
 //!   future (durable: covered by a successful fdatasync), microseconds, HDR histogram.
@@ -52,6 +60,8 @@
 //! | `cpu_by_thread` | `[{name, threads, user_s, sys_s}]`, busiest first |
 //! | `baseline` | the same fields (without `bench`, `dir`, `filesystem`, WAL settings) for the one-appender run, or `null` |
 //! | `ratio_vs_baseline` | `ops_per_s / baseline.ops_per_s`, or `null` |
+//! | `vs_disk` | with `--vs-disk`: `{block_size, rounds: [{wal_mb_per_s, wal_ops_per_s, wal_cpu_us_per_event, wal_p50_us, disk_mb_per_s, disk_ops_per_s, disk_p50_us, ratio}]}`, else `null` |
+//! | `ratio_vs_disk` | median over the rounds of `wal_mb_per_s / disk_mb_per_s`, or `null` |
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -67,6 +77,7 @@ use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError};
 use serde::Serialize;
 
 use super::cpu::{ProcessCpu, ThreadCpu, ThreadSnapshot};
+use super::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
 use crate::dio;
 use crate::interrupt::{self, Interrupted};
 use crate::output::{Report, Table};
@@ -87,6 +98,10 @@ pub const EVENT_BYTES_MAX: u64 = PAYLOAD_BYTES_MAX as u64;
 pub const DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
 /// Largest latency the histogram holds, microseconds (one hour); longer ones saturate.
 pub const LATENCY_US_MAX: u64 = 3_600_000_000;
+/// Most `--rounds` of `--vs-disk`.
+pub const ROUNDS_MAX: u32 = 100;
+/// Size of the raw-disk run's bench file with `--vs-disk`, bytes (its writes wrap around).
+pub const VS_DISK_FILE_BYTES: u64 = 256 << 20;
 /// Longest wait for the WAL's preallocator to prepare the spare segment before timing.
 pub const SPARE_WAIT_MAX: Duration = Duration::from_secs(120);
 
@@ -133,6 +148,9 @@ pub struct WalBenchConfig {
     pub batch_bytes_max: u64,
     /// The WAL's `batch_window_us`, microseconds.
     pub batch_window_us: u64,
+    /// `Some(rounds)`: alternate `rounds` WAL runs with raw-disk runs and report the ratio
+    /// (see the module docs); 1..=[`ROUNDS_MAX`].
+    pub vs_disk: Option<u32>,
 }
 
 impl Default for WalBenchConfig {
@@ -148,6 +166,7 @@ impl Default for WalBenchConfig {
             segment_bytes: wal.segment_bytes_max,
             batch_bytes_max: wal.batch_bytes_max,
             batch_window_us: wal.batch_window_us,
+            vs_disk: None,
         }
     }
 }
@@ -235,6 +254,40 @@ pub struct WalBenchReport {
     pub baseline: Option<WalRun>,
     /// `run.ops_per_s / baseline.ops_per_s`.
     pub ratio_vs_baseline: Option<f64>,
+    /// The rounds against the raw disk (`--vs-disk`).
+    pub vs_disk: Option<VsDisk>,
+    /// Median of the rounds' `ratio`.
+    pub ratio_vs_disk: Option<f64>,
+}
+
+/// The WAL against the raw disk, round by round (`--vs-disk`).
+#[derive(Debug, Clone, Serialize)]
+pub struct VsDisk {
+    /// The disk run's bytes per write: the event size rounded up to the alignment.
+    pub block_size: u64,
+    /// Each round: a WAL run, then a disk run.
+    pub rounds: Vec<VsDiskRound>,
+}
+
+/// One WAL run and the raw-disk run right after it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VsDiskRound {
+    /// WAL payload MB/s (10^6).
+    pub wal_mb_per_s: f64,
+    /// WAL events per second.
+    pub wal_ops_per_s: f64,
+    /// WAL process CPU per event, microseconds.
+    pub wal_cpu_us_per_event: f64,
+    /// WAL median append latency, microseconds.
+    pub wal_p50_us: u64,
+    /// Disk MB/s (10^6).
+    pub disk_mb_per_s: f64,
+    /// Disk writes (each with its fdatasync) per second.
+    pub disk_ops_per_s: f64,
+    /// Disk median op latency, microseconds.
+    pub disk_p50_us: u64,
+    /// `wal_mb_per_s / disk_mb_per_s`.
+    pub ratio: f64,
 }
 
 impl Report for WalBenchReport {
@@ -277,6 +330,32 @@ impl Report for WalBenchReport {
                          same event size, same run)",
                         r.appenders
                     ),
+                );
+        }
+        if let (Some(v), Some(ratio)) = (&self.vs_disk, self.ratio_vs_disk) {
+            let rounds: Vec<String> = v
+                .rounds
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{:.1}/{:.1} MB/s = {:.2} (p50 {}/{} us)",
+                        x.wal_mb_per_s, x.disk_mb_per_s, x.ratio, x.wal_p50_us, x.disk_p50_us
+                    )
+                })
+                .collect();
+            table
+                .row(
+                    "vs disk",
+                    format!(
+                        "{} rounds of wal then `bench disk --block-size {} --qd 1 --fsync every`: {}",
+                        v.rounds.len(),
+                        v.block_size,
+                        rounds.join("; ")
+                    ),
+                )
+                .row(
+                    "ratio",
+                    format!("{ratio:.2} of the raw disk's MB/s (median of the rounds)"),
                 );
         }
         table.write(out)
@@ -361,6 +440,11 @@ fn validate(config: &WalBenchConfig) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(rounds) = config.vs_disk {
+        if rounds == 0 || rounds > ROUNDS_MAX {
+            bail!("--rounds {rounds} is out of range: 1 to {ROUNDS_MAX}");
+        }
+    }
     if config.segment_bytes < 4 * (config.event_size + 4096) {
         bail!(
             "--segment-size {} is too small for events of {} bytes (at least four per segment)",
@@ -410,12 +494,21 @@ pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
         .tempdir_in(&parent)
         .with_context(|| format!("cannot create a directory in {}", parent.display()))?;
 
-    let run = measure(
-        &root.path().join("main"),
-        config,
-        config.appenders,
-        config.duration,
-    )?;
+    let (run, vs_disk) = match config.vs_disk {
+        None => (
+            measure(
+                &root.path().join("main"),
+                config,
+                config.appenders,
+                config.duration,
+            )?,
+            None,
+        ),
+        Some(rounds) => {
+            let (run, v) = against_disk(root.path(), config, rounds)?;
+            (run, Some(v))
+        }
+    };
     let baseline = match config.baseline {
         Some(d) => {
             tracing::info!("baseline: 1 appender for {d:?}");
@@ -429,6 +522,7 @@ pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
         .as_ref()
         .filter(|b| b.ops_per_s > 0.0)
         .map(|b| run.ops_per_s / b.ops_per_s);
+    let ratio_vs_disk = vs_disk.as_ref().map(|v| median_round(&v.rounds).ratio);
     Ok(WalBenchReport {
         bench: "wal",
         dir: parent.display().to_string(),
@@ -439,7 +533,82 @@ pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
         run,
         baseline,
         ratio_vs_baseline,
+        vs_disk,
+        ratio_vs_disk,
     })
+}
+
+/// `--vs-disk`: `rounds` times a WAL run then a raw-disk run. Returns the WAL run of the
+/// median round and every round.
+fn against_disk(
+    root: &Path,
+    config: &WalBenchConfig,
+    rounds: u32,
+) -> anyhow::Result<(WalRun, VsDisk)> {
+    let block_size = config.event_size.div_ceil(4096) * 4096;
+    let mut runs = Vec::new();
+    let mut out = Vec::new();
+    for i in 0..rounds {
+        tracing::info!("round {} of {rounds}: wal", i + 1);
+        let run = measure(
+            &root.join(format!("round-{i}")),
+            config,
+            config.appenders,
+            config.duration,
+        )?;
+        tracing::info!(
+            "round {} of {rounds}: disk, {block_size}-byte writes",
+            i + 1
+        );
+        let disk = super::disk::run(&DiskBenchConfig {
+            dir: root.to_path_buf(),
+            block_size,
+            qd: 1,
+            fsync: FsyncPolicy::Every,
+            duration: config.duration,
+            file_size: VS_DISK_FILE_BYTES.max(4 * block_size),
+            backend: BackendChoice::Auto,
+        })
+        .context("bench disk (--vs-disk)")?;
+        out.push(VsDiskRound {
+            wal_mb_per_s: run.mb_per_s,
+            wal_ops_per_s: run.ops_per_s,
+            wal_cpu_us_per_event: run.cpu_us_per_event,
+            wal_p50_us: run.p50_us,
+            disk_mb_per_s: disk.mb_per_s,
+            disk_ops_per_s: disk.ops_per_s,
+            disk_p50_us: disk.p50_us,
+            ratio: if disk.mb_per_s > 0.0 {
+                run.mb_per_s / disk.mb_per_s
+            } else {
+                0.0
+            },
+        });
+        runs.push(run);
+    }
+    let median = median_round(&out);
+    let at = out
+        .iter()
+        .position(|r| std::ptr::eq(r, median))
+        .expect("invariant: the median is one of the rounds");
+    let run = runs.swap_remove(at);
+    Ok((
+        run,
+        VsDisk {
+            block_size,
+            rounds: out,
+        },
+    ))
+}
+
+/// The round with the median ratio (the lower middle one for an even count).
+///
+/// # Panics
+/// If `rounds` is empty.
+fn median_round(rounds: &[VsDiskRound]) -> &VsDiskRound {
+    let mut sorted: Vec<&VsDiskRound> = rounds.iter().collect();
+    sorted.sort_by(|a, b| a.ratio.total_cmp(&b.ratio));
+    sorted[(sorted.len() - 1) / 2]
 }
 
 /// A payload of `len` bytes that does not compress (an xorshift stream).
