@@ -43,7 +43,9 @@ use std::time::{Duration, Instant};
 use quire_proto::{Epoch, Offset};
 
 use crate::append::{AckSlot, Record};
-use crate::disk::{open_for_append, AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker};
+use crate::disk::{
+    open_for_append, AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker, HUGE_PAGE_BYTES,
+};
 use crate::error::WalError;
 use crate::format::{self, align_up, KIND_TRUNCATE};
 use crate::index::{EpochRuns, Index, IndexedSegment};
@@ -499,16 +501,20 @@ impl Committer {
     fn take_buf(&mut self, bytes: u64) -> AlignedBuf {
         let need = usize::try_from(align_up(bytes, self.shared.align))
             .expect("invariant: a batch fits memory");
-        if let Some(i) = self.free.iter().position(|b| b.capacity() >= need) {
-            let mut b = self.free.swap_remove(i);
+        // The most recently freed buffer that fits: its lines are the likeliest to be cached.
+        if let Some(i) = self.free.iter().rposition(|b| b.capacity() >= need) {
+            let mut b = self.free.remove(i);
             b.clear();
             return b;
         }
         let cap = need.max(usize::try_from(self.shared.batch_bytes_max).unwrap_or(usize::MAX));
-        AlignedBuf::zeroed(
-            cap,
-            usize::try_from(self.shared.align).expect("invariant: alignment fits usize"),
-        )
+        let align = usize::try_from(self.shared.align).expect("invariant: alignment fits usize");
+        if cap >= HUGE_PAGE_BYTES / 2 {
+            // Long-lived and large: huge pages make each write's page pinning and bio cheap.
+            AlignedBuf::zeroed_huge(cap, align)
+        } else {
+            AlignedBuf::zeroed(cap, align)
+        }
     }
 
     fn submit_batch(&mut self, requests: Vec<Request>, bytes: u64) {

@@ -36,8 +36,10 @@ pub const SPARE_TMP_NAME: &str = "spare.prealloc.tmp";
 /// Name of the directory lock file.
 pub const LOCK_NAME: &str = "LOCK";
 
-/// The bytes of zeros written per call when preparing a spare, in bytes.
-const ZERO_FILL_CHUNK_BYTES: usize = 1 << 20;
+/// The bytes of zeros written per call when preparing a spare, in bytes: few, large
+/// requests (each costs the device a request and the kernel a bio), from a buffer of huge
+/// pages (see [`AlignedBuf::zeroed_huge`]).
+const ZERO_FILL_CHUNK_BYTES: usize = 4 << 20;
 
 /// The file name of the segment with base offset `base`.
 #[must_use]
@@ -371,7 +373,7 @@ impl SpareShared {
             // EOPNOTSUPP and friends: the zero fill below allocates the blocks anyway.
         }
         if is_direct {
-            let mut zeros = AlignedBuf::zeroed(ZERO_FILL_CHUNK_BYTES, self.align);
+            let mut zeros = AlignedBuf::zeroed_huge(ZERO_FILL_CHUNK_BYTES, self.align);
             zeros.advance(zeros.capacity());
             // Zero-filling competes with the appends for the disk: do it at idle I/O
             // priority (honoured by mq-deadline and bfq), unless a roll is waiting for it.

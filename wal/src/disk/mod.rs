@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::{fmt, fs};
 
-pub use buf::AlignedBuf;
+pub use buf::{AlignedBuf, HUGE_PAGE_BYTES};
 pub use fault::{FaultDisk, FaultPlan, FaultSpecError, FAULT_AFTER_MAX};
 pub use sync::SyncDisk;
 pub use uring::UringDisk;
