@@ -18,8 +18,7 @@ fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
     cluster.start_all();
     let old = cluster.settle();
     let target = (1..=3u16).find(|&b| b != old).expect("three brokers");
-    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
-    let load = LoadDriver::start(addrs, 1, 4);
+    let load = LoadDriver::start(&cluster, 1, 4);
     std::thread::sleep(Duration::from_millis(500));
 
     // A handoff to a broker that is not in the cluster, or asked of a slave, is refused.

@@ -43,8 +43,7 @@ fn proc_new_master_killed_during_takeover_loses_nothing_and_never_reuses_an_epoc
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     let first = cluster.settle();
-    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
-    let load = LoadDriver::start(addrs, 1, 2);
+    let load = LoadDriver::start(&cluster, 1, 2);
     std::thread::sleep(Duration::from_millis(400));
     let mut epochs = vec![master_epoch(&mut cluster, first)];
 

@@ -19,6 +19,12 @@
 //! - **no future loss**: for every fence quorum of the voting stores (identity still bound,
 //!   disk readable), the most up-to-date durable log among them — the log any next master
 //!   would adopt — holds the whole stabilized log.
+//!
+//! The checker is public so that the multi-process fault tests (quire-tests) judge the real
+//! binaries by literally the same rules: they record every produce attempt and its outcome,
+//! read the final log back from the stores and what consumers were served, and feed the same
+//! [`Checker`] ([`Checker::observed`], [`Checker::acked_in_epoch`],
+//! [`Checker::consumed_messages`], [`Checker::check_history`], [`Checker::check_quorums`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,7 +34,23 @@ use quire_broker::core::Event;
 use quire_broker::state::BrokerState;
 use quire_proto::{Epoch, EventBody, EventKind, LogPosition, Offset};
 
-use crate::client::Batch;
+/// One produce batch and what became of it, as the end-of-run checks see it: the
+/// `(producer_id, sequence..sequence + messages.len())` sent to `topic`, and the base offset
+/// of every ok answer to any attempt of it (empty: failed or unknown, which may or may not
+/// be in the log).
+#[derive(Clone, Copy, Debug)]
+pub struct ProducedBatch<'a> {
+    /// Producer id.
+    pub producer_id: u64,
+    /// Sequence of the first message.
+    pub sequence: u64,
+    /// Topic.
+    pub topic: &'a str,
+    /// The message bytes, in sequence order.
+    pub messages: &'a [Bytes],
+    /// Base offsets of every ok answer.
+    pub oks: &'a [Offset],
+}
 
 /// One rule broken in a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -268,7 +290,7 @@ pub(crate) fn describe(e: &Event) -> String {
 
 /// The checker's state. See the module docs.
 #[derive(Debug, Default)]
-pub(crate) struct Checker {
+pub struct Checker {
     /// The stabilized log, by offset.
     log: Vec<Event>,
     ackers: BTreeMap<Epoch, (u8, u32)>,
@@ -276,7 +298,13 @@ pub(crate) struct Checker {
     pub(crate) violations: Vec<Violation>,
     /// Messages verified at the end.
     pub(crate) messages_checked: u64,
+    /// What consumers of a topic were served: `(consumer, topic, [(offset, message)])`,
+    /// checked at the end against the broker state's index of the stabilized log.
+    topic_reads: Vec<TopicReads>,
 }
+
+/// What one consumer read of one topic: `(consumer, topic, [(offset, message)])`.
+type TopicReads = (u8, String, Vec<(Offset, Bytes)>);
 
 impl Checker {
     /// Keeps at most this many violations (the first ones tell the story).
@@ -288,9 +316,57 @@ impl Checker {
         }
     }
 
+    /// A checker that has seen nothing.
+    pub fn new() -> Checker {
+        Checker::default()
+    }
+
     /// Length of the stabilized log.
-    pub(crate) fn stabilized_len(&self) -> u64 {
+    pub fn stabilized_len(&self) -> u64 {
         self.log.len() as u64
+    }
+
+    /// The rules broken so far (at most `VIOLATIONS_MAX`, the first ones).
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
+
+    /// Messages verified by the end-of-run checks (each logged message and each acknowledged
+    /// one counts once per check).
+    pub fn messages_checked(&self) -> u64 {
+        self.messages_checked
+    }
+
+    /// `events` are stabilized (reported by `by`, for messages): each must be the one
+    /// event ever seen at its offset, and they extend the stabilized log contiguously.
+    pub fn observed(&mut self, events: &[Event], by: &str) {
+        for e in events {
+            self.record(e, by);
+        }
+    }
+
+    /// Broker `broker` (0-based), incarnation `boot`, acknowledged something as master of
+    /// `epoch`: at most one broker process may do so per epoch.
+    pub fn acked_in_epoch(&mut self, broker: u8, boot: u32, epoch: Epoch) {
+        match self.ackers.get(&epoch) {
+            Some(&first) if first != (broker, boot) => self.violate(Violation::TwoMastersInEpoch {
+                epoch: epoch.0,
+                first,
+                second: (broker, boot),
+            }),
+            Some(_) => {}
+            None => {
+                self.ackers.insert(epoch, (broker, boot));
+            }
+        }
+    }
+
+    /// Consumer `consumer` was served `reads` — `(offset, message bytes)` in the order it
+    /// read them — from `topic`, starting at the topic's first message. Checked by
+    /// [`Checker::check_history`]: they must be the first messages the broker state indexes
+    /// for `topic` after applying the stabilized log (a prefix of one total order).
+    pub fn consumed_messages(&mut self, consumer: u8, topic: &str, reads: Vec<(Offset, Bytes)>) {
+        self.topic_reads.push((consumer, topic.to_owned(), reads));
     }
 
     fn record(&mut self, e: &Event, by: &str) {
@@ -319,17 +395,7 @@ impl Checker {
 
     /// A master (broker `broker`, incarnation `boot`) of `epoch` stabilized `events`.
     pub(crate) fn stabilized(&mut self, broker: u8, boot: u32, epoch: Epoch, events: &[Event]) {
-        match self.ackers.get(&epoch) {
-            Some(&first) if first != (broker, boot) => self.violate(Violation::TwoMastersInEpoch {
-                epoch: epoch.0,
-                first,
-                second: (broker, boot),
-            }),
-            Some(_) => {}
-            None => {
-                self.ackers.insert(epoch, (broker, boot));
-            }
-        }
+        self.acked_in_epoch(broker, boot, epoch);
         let by = format!("master B{} of epoch {:#x}", broker + 1, epoch.0);
         for e in events {
             self.record(e, &by);
@@ -416,12 +482,12 @@ impl Checker {
     /// The end-of-run checks over the produce history. What consumers are served is what
     /// the broker state indexes after applying the whole stabilized log (its dedup and
     /// supersede rules decide which copy of a retried message is served).
-    pub(crate) fn check_history(&mut self, batches: &[Batch]) {
+    pub fn check_history(&mut self, batches: &[ProducedBatch<'_>]) {
         // What was sent: (producer, sequence) -> (topic, bytes).
         let mut sent: BTreeMap<(u64, u64), (&str, &Bytes)> = BTreeMap::new();
         for b in batches {
             for (i, m) in b.messages.iter().enumerate() {
-                sent.insert((b.producer_id, b.sequence + i as u64), (&b.topic, m));
+                sent.insert((b.producer_id, b.sequence + i as u64), (b.topic, m));
             }
         }
         let mut problems = Vec::new();
@@ -457,11 +523,12 @@ impl Checker {
         }
         let mut by_producer: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new();
         for b in batches.iter().filter(|b| !b.oks.is_empty()) {
+            let oks: &[Offset] = b.oks;
             for i in 0..b.messages.len() as u64 {
                 let key = (b.producer_id, b.sequence + i);
                 self.messages_checked += 1;
                 let offsets = served.get(&key).map_or(&[][..], Vec::as_slice);
-                for base in &b.oks {
+                for base in oks {
                     let offset = base.0 + i;
                     if !offsets.contains(&offset) {
                         problems.push(Violation::AckedLost {
@@ -490,6 +557,43 @@ impl Checker {
                 }
             }
         }
+        // Consumers of a topic read a prefix of what the state indexes for it.
+        for (consumer, topic, reads) in std::mem::take(&mut self.topic_reads) {
+            let index = state.topic_offsets(&topic, Offset::ZERO, reads.len());
+            for (i, (offset, message)) in reads.iter().enumerate() {
+                let why = match index.get(i) {
+                    None => Some(format!(
+                        "read message {i} of {topic:?} but the state indexes only {}",
+                        index.len()
+                    )),
+                    Some(o) if o != offset => Some(format!(
+                        "message {i} of {topic:?} was served at offset {} instead",
+                        o.0
+                    )),
+                    Some(_) => match self.log.get(offset.0 as usize).map(|e| {
+                        let body =
+                            EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload));
+                        (e, body)
+                    }) {
+                        Some((_, Some(Ok(EventBody::Message(m)))))
+                            if m.topic == topic && m.message == *message =>
+                        {
+                            None
+                        }
+                        Some((e, _)) => Some(format!("served other bytes than {}", describe(e))),
+                        None => Some("never stabilized".to_owned()),
+                    },
+                };
+                if let Some(why) = why {
+                    problems.push(Violation::ConsumerNotPrefix {
+                        consumer,
+                        offset: offset.0,
+                        why,
+                    });
+                    break;
+                }
+            }
+        }
         // Per-producer order of acknowledged messages.
         for (producer_id, mut seqs) in by_producer {
             seqs.sort_unstable();
@@ -512,11 +616,7 @@ impl Checker {
     /// The end-of-run durability check: `voters` are `(store index, durable log)` of the
     /// stores that may still vote; every fence quorum of `fence_quorum` of them must adopt a
     /// log holding the stabilized log.
-    pub(crate) fn check_quorums(
-        &mut self,
-        voters: &[(u8, &[quire_proto::Event])],
-        fence_quorum: usize,
-    ) {
+    pub fn check_quorums(&mut self, voters: &[(u8, &[quire_proto::Event])], fence_quorum: usize) {
         if voters.len() < fence_quorum || fence_quorum == 0 {
             return;
         }

@@ -14,6 +14,7 @@
 use bytes::Bytes;
 use quire_proto::Offset;
 
+use crate::checker::ProducedBatch;
 use crate::msg::{Msg, NodeId, ProduceError};
 use crate::rng::SimRng;
 
@@ -37,6 +38,19 @@ pub(crate) struct Batch {
     pub(crate) ok_ms: Option<u64>,
     /// The master refused the sequences for good.
     pub(crate) failed: bool,
+}
+
+impl Batch {
+    /// What the checker needs of it.
+    pub(crate) fn as_produced(&self) -> ProducedBatch<'_> {
+        ProducedBatch {
+            producer_id: self.producer_id,
+            sequence: self.sequence,
+            topic: &self.topic,
+            messages: &self.messages,
+            oks: &self.oks,
+        }
+    }
 }
 
 /// A producer.

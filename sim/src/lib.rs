@@ -37,7 +37,7 @@ mod world;
 use std::fmt;
 use std::str::FromStr;
 
-pub use checker::Violation;
+pub use checker::{Checker, ProducedBatch, Violation};
 
 /// How faults are scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

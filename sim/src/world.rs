@@ -39,7 +39,7 @@ use quire_node::Role;
 use quire_proto::{Incarnation, Offset, StoreId};
 
 use crate::broker::{BrokerParams, SimBroker};
-use crate::checker::{Checker, Violation};
+use crate::checker::{Checker, ProducedBatch, Violation};
 use crate::client::{Attempt, Batch, Consumer, Producer};
 use crate::msg::{Envelope, Msg, NodeId, ProduceError};
 use crate::out::{Later, Out, Seen};
@@ -466,7 +466,9 @@ impl World {
                 self.stats.batches_unknown += 1;
             }
         }
-        self.checker.check_history(&self.batches);
+        let produced: Vec<ProducedBatch<'_>> =
+            self.batches.iter().map(Batch::as_produced).collect();
+        self.checker.check_history(&produced);
         let voters: Vec<(u8, &[quire_proto::Event])> = self
             .stores
             .iter()

@@ -6,12 +6,18 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use quire_proto::{BrokerId, ErrorCode, ProduceRequest, ProduceResponse};
+use quire_proto::{
+    Body, BrokerId, ErrorCode, Event, MetadataResponse, Offset, ProduceRequest, ProduceResponse,
+    ReadRequest, TailRequest, TailResponse,
+};
 
 use crate::client::{produce_answer, Client};
+use crate::history::{check, Attempt, CheckReport, ConsumerReads, FinalLog, History};
 use crate::process::{broker_bin, free_port, node_bin, Proc};
 use crate::{PROBE_WAIT, WAIT};
 
@@ -68,11 +74,17 @@ pub struct BrokerNode {
     pub dir: PathBuf,
     args: Vec<String>,
     pub proc: Option<Proc>,
+    /// How many times the test started this broker (its process's incarnation), shared with
+    /// the producers that record it in the [`History`].
+    incarnation: Arc<AtomicU32>,
 }
 
 impl BrokerNode {
     pub fn start(&mut self) {
         assert!(self.proc.is_none(), "broker {} already runs", self.id);
+        // Counted before the process exists: a producer connected to it reads at least
+        // this incarnation.
+        self.incarnation.fetch_add(1, Ordering::SeqCst);
         let mut cmd = Command::new(broker_bin());
         cmd.arg("run").args(&self.args).env(
             "RUST_LOG",
@@ -121,6 +133,20 @@ impl BrokerNode {
         self.args[at + 1] = addrs.join(",");
     }
 
+    /// How many times the test has started this broker (1: its first process).
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+
+    /// Where producers find this broker: `(id, address, incarnation counter)`.
+    pub fn handle(&self) -> BrokerHandle {
+        BrokerHandle {
+            id: self.id,
+            addr: self.addr.clone(),
+            incarnation: self.incarnation.clone(),
+        }
+    }
+
     /// The broker's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.proc.as_ref().and_then(Proc::pid)
@@ -143,12 +169,43 @@ impl BrokerNode {
     }
 }
 
+/// A broker as producer threads see it: its id, address and incarnation counter.
+#[derive(Clone, Debug)]
+pub struct BrokerHandle {
+    /// Broker id (from 1).
+    pub id: u16,
+    /// Its client address.
+    pub addr: String,
+    incarnation: Arc<AtomicU32>,
+}
+
+impl BrokerHandle {
+    /// A handle of broker `id` with no process behind it (for tests of the checker).
+    #[cfg(test)]
+    pub(crate) fn for_tests(id: u16) -> BrokerHandle {
+        BrokerHandle {
+            id,
+            addr: String::new(),
+            incarnation: Arc::new(AtomicU32::new(1)),
+        }
+    }
+
+    /// How many times the test has started this broker so far.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+}
+
 /// A cluster of stores and brokers in one temporary directory (removed on drop, after the
 /// processes are killed).
 #[derive(Debug)]
 pub struct Cluster {
     pub stores: Vec<StoreNode>,
     pub brokers: Vec<BrokerNode>,
+    /// Every produce attempt sent through the harness, with its outcome.
+    pub history: History,
+    /// Next sequence of the harness's own idempotent producer ([`SETTLE_PRODUCER_ID`]).
+    settle_sequence: AtomicU64,
     // Declared last: dropped after the processes.
     pub root: tempfile::TempDir,
 }
@@ -276,12 +333,15 @@ impl Cluster {
                     dir,
                     args,
                     proc: None,
+                    incarnation: Arc::new(AtomicU32::new(0)),
                 }
             })
             .collect();
         Cluster {
             stores: nodes,
             brokers,
+            history: History::new(),
+            settle_sequence: AtomicU64::new(0),
             root,
         }
     }
@@ -337,32 +397,46 @@ impl Cluster {
 }
 
 impl Cluster {
-    /// Waits until a master acked a first message (to topic `__warmup`, not idempotent):
-    /// after it the election is settled. Returns the master's id.
+    /// Waits until a master acked a message of the harness's own producer (topic
+    /// `__warmup`): after it the election is settled. Returns the master's id.
     pub fn settle(&self) -> u16 {
-        self.produce_acked(&ProduceRequest {
-            topic: "__warmup".into(),
-            producer_id: 0,
-            sequence: 0,
-            messages: vec![Bytes::from_static(b"warmup")],
-        });
+        self.produce_marker();
         self.wait_for_master()
     }
 
+    /// Produces (until acknowledged) the next message of the harness's own idempotent
+    /// producer [`SETTLE_PRODUCER_ID`] to topic `__warmup`; returns its offset.
+    pub fn produce_marker(&self) -> Offset {
+        let sequence = self.settle_sequence.fetch_add(1, Ordering::SeqCst);
+        let r = self.produce_acked(&ProduceRequest {
+            topic: "__warmup".into(),
+            producer_id: SETTLE_PRODUCER_ID,
+            sequence,
+            messages: vec![Bytes::from(format!("marker {sequence}"))],
+        });
+        r.base_offset
+    }
+
     /// Sends `req` to the master until it is acked (a master elected a moment ago may still
-    /// be deposed by a racing election: `NotMaster` is retried), within [`WAIT`].
+    /// be deposed by a racing election: `NotMaster` is retried), within [`WAIT`]. Every
+    /// attempt is recorded in [`Cluster::history`].
     pub fn produce_acked(&self, req: &ProduceRequest) -> ProduceResponse {
         let deadline = Instant::now() + WAIT;
         loop {
             let master = self.wait_for_master();
-            let addr = &self
+            let b = self
                 .brokers
                 .iter()
                 .find(|b| b.id == master)
                 .expect("the master is a broker")
-                .addr;
-            if let Ok(mut c) = Client::connect(addr) {
-                match c.request(req.clone()).map(produce_answer) {
+                .handle();
+            if let Ok(mut c) = Client::connect(&b.addr) {
+                let incarnation = b.incarnation();
+                let epoch = c.metadata().ok().map(|m| m.epoch);
+                let answer = c.request(req.clone()).map(produce_answer);
+                self.history
+                    .record(Attempt::of(req, &b, incarnation, epoch, &answer));
+                match answer {
                     Ok(Ok(r)) => return r,
                     Ok(Err(e)) if e.code == ErrorCode::NotMaster => {}
                     Ok(Err(e)) => panic!("produce failed: {e:?}"),
@@ -373,4 +447,138 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+
+    /// Every broker as producer threads see it.
+    pub fn broker_handles(&self) -> Vec<BrokerHandle> {
+        self.brokers.iter().map(BrokerNode::handle).collect()
+    }
+
+    /// Store `index`'s state (`TailRequest`): its last entry, promised epoch, the HWM it
+    /// heard, identity.
+    ///
+    /// # Errors
+    /// A connection or read error (within [`WAIT`]), or an unexpected answer.
+    pub fn store_tail(&self, index: usize) -> std::io::Result<TailResponse> {
+        let mut c = Client::connect(&self.stores[index].addr)?;
+        match c.request(TailRequest)? {
+            Body::TailResponse(t) => Ok(t),
+            other => Err(std::io::Error::other(format!("tail answered {other:?}"))),
+        }
+    }
+
+    /// The master's Metadata (waits for a master, bounded by [`WAIT`]).
+    pub fn master_metadata(&self) -> MetadataResponse {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let master = self.wait_for_master();
+            let addr = &self
+                .brokers
+                .iter()
+                .find(|b| b.id == master)
+                .expect("the master is a broker")
+                .addr;
+            if let Ok(m) = Client::connect(addr).and_then(|mut c| c.metadata()) {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no master answered within {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (bounded by [`WAIT`]) until store `index` holds the log through `offset`.
+    pub fn wait_store_holds(&self, index: usize, offset: Offset) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let last = self.store_tail(index).ok().and_then(|t| t.last);
+            if last.is_some_and(|l| l.offset >= offset) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "store {index} did not catch up to {offset:?} within {WAIT:?} (last {last:?})"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Reads store `index`'s whole log over the wire (`ReadRequest`s from offset 0 to its
+    /// last entry), bounded by [`WAIT`].
+    ///
+    /// # Errors
+    /// A connection or read error, an unexpected answer, or a trimmed log (the check needs
+    /// every offset from 0).
+    pub fn read_store_log(&self, index: usize) -> std::io::Result<Vec<Event>> {
+        let deadline = Instant::now() + WAIT;
+        let mut c = Client::connect(&self.stores[index].addr)?;
+        let mut events: Vec<Event> = Vec::new();
+        loop {
+            let from = Offset(events.len() as u64);
+            let answer = c.request(ReadRequest {
+                from,
+                max_events: READ_EVENTS_MAX,
+                max_bytes: READ_BYTES_MAX,
+            })?;
+            let Body::ReadResponse(r) = answer else {
+                return Err(std::io::Error::other(format!("read answered {answer:?}")));
+            };
+            if r.first_offset != Offset::ZERO {
+                return Err(std::io::Error::other(format!(
+                    "store {index} trimmed its log below {:?}",
+                    r.first_offset
+                )));
+            }
+            if r.events.is_empty() {
+                return Ok(events);
+            }
+            for (i, e) in r.events.into_iter().enumerate() {
+                if e.offset != Offset(from.0 + i as u64) {
+                    return Err(std::io::Error::other(format!(
+                        "store {index} answered offset {:?} for {}",
+                        e.offset,
+                        from.0 + i as u64
+                    )));
+                }
+                events.push(e);
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other(format!(
+                    "reading store {index}'s log took longer than {WAIT:?}"
+                )));
+            }
+        }
+    }
+
+    /// Judges the run with the simulation's checker (see [`crate::history`]): produces a
+    /// marker (everything at and below its offset is then stabilized), reads every running
+    /// store's log and checks [`Cluster::history`] and `consumers` against them. Call it
+    /// after the workload stopped.
+    pub fn check(&self, consumers: &ConsumerReads) -> CheckReport {
+        let marker = self.produce_marker();
+        let stores = (0..self.stores.len())
+            .filter(|&i| self.stores[i].proc.is_some())
+            .map(|i| {
+                let log = self
+                    .read_store_log(i)
+                    .unwrap_or_else(|e| panic!("reading store {i}'s log: {e}"));
+                (u8::try_from(i).expect("few stores"), log)
+            })
+            .collect();
+        let log = FinalLog {
+            stabilized_through: marker,
+            stores,
+            fence_quorum: self.stores.len() / 2 + 1,
+        };
+        check(&self.history, &log, consumers)
+    }
 }
+
+/// The producer id of the harness's own messages ([`Cluster::settle`], the marker of
+/// [`Cluster::check`]); test producers use small ids.
+pub const SETTLE_PRODUCER_ID: u64 = 1 << 62;
+/// Events per `ReadRequest` of [`Cluster::read_store_log`].
+const READ_EVENTS_MAX: u32 = 4096;
+/// Payload bytes per `ReadRequest` of [`Cluster::read_store_log`].
+const READ_BYTES_MAX: u32 = 1 << 20;

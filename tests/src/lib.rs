@@ -16,6 +16,8 @@
 //! - [`proxy`]: a fault-injecting TCP [`Proxy`] (pass, delay, drop, black-hole, per
 //!   direction), and [`netfault`]: [`StoreLinks`], one proxy between each broker and each
 //!   store, to cut one broker off from chosen stores.
+//! - [`history`]: every produce attempt with its outcome ([`History`]) and the one checker
+//!   of a run — the simulation's own (`quire_sim::Checker`) — via [`Cluster::check`].
 //!
 //! Other packages' multi-process tests (broker/tests/proc_*.rs, ...) use it as a
 //! dev-dependency. It does not own the servers' logic and reaches into no crate's internals:
@@ -26,6 +28,7 @@
 pub mod client;
 pub mod cluster;
 pub mod disk;
+pub mod history;
 pub mod load;
 pub mod netfault;
 pub mod process;
@@ -34,8 +37,9 @@ pub mod proxy;
 use std::time::Duration;
 
 pub use client::{fetch_all, payload, produce_answer, produce_request, Client, ProduceResult};
-pub use cluster::{BrokerNode, Cluster, StoreNode, Timing};
-pub use load::{check_exactly_once, LoadDriver, ProducerOutcome, LOAD_BATCH};
+pub use cluster::{BrokerHandle, BrokerNode, Cluster, StoreNode, Timing, SETTLE_PRODUCER_ID};
+pub use history::{Attempt, CheckReport, ConsumerReads, History, Outcome, OutcomeCounts};
+pub use load::{check_exactly_once, ConsumerDriver, LoadDriver, ProducerOutcome, LOAD_BATCH};
 pub use netfault::StoreLinks;
 pub use process::{broker_bin, free_port, node_bin, quire_bin, signal, stop, Proc};
 pub use proxy::{Direction, Fault, Proxy, ProxyStats};

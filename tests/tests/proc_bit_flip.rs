@@ -36,10 +36,9 @@ fn a_bit_flip_in_a_sealed_segment_is_reported_as_corruption_and_never_served() {
     c.stores[victim].config = config.clone();
     c.start_all();
     c.settle();
-    let addrs: Vec<String> = c.brokers.iter().map(|b| b.addr.clone()).collect();
     let dir = c.stores[victim].dir.clone();
 
-    let load = LoadDriver::start(addrs, 1, 3);
+    let load = LoadDriver::start(&c, 1, 3);
     wait_until("the store fills three segments", WAIT * 2, || {
         (segments(&dir).len() >= 4).then_some(())
     });

@@ -28,7 +28,6 @@ fn an_fsync_or_write_eio_fails_one_stores_log_and_the_cluster_continues() {
     let log = c.stores[victim].dir.with_extension("log");
     c.start_all();
     c.settle();
-    let addrs: Vec<String> = c.brokers.iter().map(|b| b.addr.clone()).collect();
     let mut rounds = Vec::new();
 
     for (round, spec) in ["wal_fdatasync=eio,after=30", "wal_write=eio,after=30"]
@@ -44,7 +43,7 @@ fn an_fsync_or_write_eio_fails_one_stores_log_and_the_cluster_continues() {
         c.stores[victim].start();
 
         let first = 1 + round as u64 * PRODUCERS;
-        let load = LoadDriver::start(addrs.clone(), first, PRODUCERS);
+        let load = LoadDriver::start(&c, first, PRODUCERS);
         wait_until(&format!("{spec}: the store's WAL fails"), WAIT, || {
             (log_count(&log, "the WAL failed") > round).then_some(())
         });

@@ -69,9 +69,8 @@ fn a_full_disk_stops_one_store_and_after_space_is_freed_it_catches_up() {
     let log = c.stores[victim].dir.with_extension("log");
     c.start_all();
     c.settle();
-    let addrs: Vec<String> = c.brokers.iter().map(|b| b.addr.clone()).collect();
 
-    let load = LoadDriver::start(addrs.clone(), 1, 3);
+    let load = LoadDriver::start(&c, 1, 3);
     wait_until(
         "the store runs out of space and its log fails",
         WAIT * 2,
@@ -118,7 +117,7 @@ fn a_full_disk_stops_one_store_and_after_space_is_freed_it_catches_up() {
     }
     c.stores[victim].env.clear();
     c.stores[victim].start();
-    let load = LoadDriver::start(addrs, 4, 3);
+    let load = LoadDriver::start(&c, 4, 3);
     let target = wait_hwm_above(&c, Some(hwm + 200), WAIT);
     wait_store_through(&c.stores[victim].addr, target, WAIT);
     let second_round = load.stop();

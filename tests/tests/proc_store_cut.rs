@@ -122,7 +122,6 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
     cluster.start_all();
     let master = cluster.settle();
     let addr = cluster.broker(master).addr.clone();
-    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let rounds = [
         ("black-hole both ways", Cut::Both(Fault::BlackHole)),
         (
@@ -143,7 +142,7 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
     for (round, (name, cut)) in rounds.into_iter().enumerate() {
         let store = round % 3;
         let first = 100 * (round as u64 + 1);
-        let load = LoadDriver::start(addrs.clone(), first, 2);
+        let load = LoadDriver::start(&cluster, first, 2);
         cut.apply(&links, master, &[store]);
 
         // Acks keep coming from the same master, with no error, while the store is cut.
@@ -210,7 +209,6 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
     let links = StoreLinks::install(&mut cluster);
     cluster.start_all();
     cluster.settle();
-    let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let rounds = [
         ("black-hole both ways", Cut::Both(Fault::BlackHole)),
         ("connections reset", Cut::Both(Fault::Drop)),
@@ -230,7 +228,7 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
         let old_addr = cluster.broker(old).addr.clone();
         let first = 100 * (round as u64 + 1);
         let start_hwm = master_hwm(&old_addr);
-        let load = LoadDriver::start(addrs.clone(), first, 2);
+        let load = LoadDriver::start(&cluster, first, 2);
         // Let the load reach the master before the cut.
         wait_metadata(&format!("{name}: load flows"), &old_addr, |m| {
             m.hwm > Some(start_hwm)

@@ -42,13 +42,12 @@ fn a_store_with_a_torn_tail_recovers_catches_up_and_verifies_clean() {
     let log = c.stores[victim].dir.with_extension("log");
     c.start_all();
     c.settle();
-    let addrs: Vec<String> = c.brokers.iter().map(|b| b.addr.clone()).collect();
     let mut rounds = Vec::new();
     let (mut torn, mut clean_cuts) = (0, 0);
 
     for round in 0..KILLS + TRUNCATIONS {
         let first = 1 + round as u64 * PRODUCERS;
-        let load = LoadDriver::start(addrs.clone(), first, PRODUCERS);
+        let load = LoadDriver::start(&c, first, PRODUCERS);
         // Mid-append: the cluster is acknowledging when the store dies.
         let hwm = wait_hwm_above(&c, None, WAIT);
         wait_hwm_above(&c, Some(hwm + 100), WAIT);
