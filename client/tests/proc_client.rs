@@ -4,20 +4,15 @@
 //! be acknowledged, and every acknowledged message read back exactly once, in each
 //! producer's order, at the offset its acknowledgement named.
 //!
-//! Binaries: found next to the test executable's directory (`target/<profile>/`), where
-//! `cargo nextest run --workspace` (or `cargo test --workspace`) puts them; run
-//! `cargo build -p quire-node -p quire-broker` (same profile and target directory) if one
-//! is missing. Children are killed and the temporary directory removed on drop, also when
-//! the test panics; every wait is bounded.
+//! The processes run through the workspace's one harness (quire-tests): binaries from
+//! `target/<profile>/`, children killed and the temporary directory removed on drop, also
+//! when the test panics; every wait is bounded.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,10 +20,8 @@ use quire_client::{
     Consumer, ConsumerConfig, Discovery, DiscoveryConfig, Producer, ProducerConfig, StartFrom,
 };
 use quire_proto::Offset;
+use quire_tests::{Cluster, Timing, WAIT};
 use tokio::sync::watch;
-
-/// Longest single wait of the harness (a process printing its address, a master elected).
-const WAIT: Duration = Duration::from_secs(30);
 /// Bound of the whole scenario.
 const TEST_BOUND: Duration = Duration::from_secs(240);
 
@@ -36,217 +29,19 @@ const PRODUCERS: usize = 4;
 const TOPICS: [&str; 3] = ["orders", "payments", "audit"];
 const MESSAGES_PER_PRODUCER: usize = 1_500;
 
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    // target/<profile>/deps/<test> -> target/<profile>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test executable lives in target/<profile>/deps");
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p {name}` with the same profile and target directory \
-         (`cargo nextest run --workspace` builds it)",
-        bin.display()
+/// 3 stores and 2 brokers of the workspace's harness (quire-tests), all started.
+fn start_cluster() -> Cluster {
+    let mut cluster = Cluster::new(
+        3,
+        2,
+        Timing {
+            heartbeat_ms: 50,
+            election_timeout_ms: 600,
+            produce_timeout_ms: 5_000,
+        },
     );
-    bin
-}
-
-/// A child process, SIGKILLed and reaped on drop; its stderr goes to a log file.
-struct Proc {
-    name: String,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    /// Starts `cmd` and waits (bounded) for `listening on ADDR` on its stdout.
-    fn start(name: &str, mut cmd: Command, log: PathBuf) -> (Proc, String) {
-        let err = std::fs::File::create(&log).expect("log file");
-        cmd.stdout(Stdio::piped()).stderr(err).stdin(Stdio::null());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let p = Proc {
-            name: name.to_owned(),
-            child: Some(child),
-            log,
-        };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(a) = line.strip_prefix("listening on ") {
-                        return (p, a.trim().to_owned());
-                    }
-                }
-                Err(_) => panic!(
-                    "{name} printed no address within {WAIT:?}; log:\n{}",
-                    p.log_tail(30)
-                ),
-            }
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log_tail(&self, n: usize) -> String {
-        let mut s = String::new();
-        if let Ok(mut f) = std::fs::File::open(&self.log) {
-            let _ = f.read_to_string(&mut s);
-        }
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if std::thread::panicking() && self.child.is_some() {
-            eprintln!(
-                "---- {} ({}) ----\n{}",
-                self.name,
-                self.log.display(),
-                self.log_tail(25)
-            );
-        }
-        self.kill9();
-    }
-}
-
-/// 3 stores and 2 brokers in a temporary directory. Field order: processes are dropped
-/// (killed) before the directory is removed.
-struct Cluster {
-    stores: Vec<Proc>,
-    brokers: Vec<(u16, String, Option<Proc>)>,
-    _root: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let root = tempfile::Builder::new()
-            .prefix("quire-client-test-")
-            .tempdir()
-            .expect("temp dir");
-        let node = binary("quire-node");
-        let broker = binary("quire-broker");
-        // Small segments: each one is zero-filled before it takes appends.
-        let store_config = root.path().join("store.toml");
-        std::fs::write(&store_config, "[wal]\nsegment_bytes_max = 16777216\n").unwrap();
-        let mut stores = Vec::new();
-        let mut store_addrs = Vec::new();
-        for i in 0..3 {
-            let dir = root.path().join(format!("store{i}"));
-            let out = Command::new(&node)
-                .args(["init", "--data-dir"])
-                .arg(&dir)
-                .output()
-                .expect("quire-node init");
-            assert!(
-                out.status.success(),
-                "quire-node init: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let mut cmd = Command::new(&node);
-            cmd.args(["run", "--data-dir"])
-                .arg(&dir)
-                .args(["--listen", "127.0.0.1:0", "--config"])
-                .arg(&store_config)
-                .env("RUST_LOG", "info");
-            let (p, addr) = Proc::start(
-                &format!("store{i}"),
-                cmd,
-                root.path().join(format!("store{i}.log")),
-            );
-            stores.push(p);
-            store_addrs.push(addr);
-        }
-        // Brokers must know each other's addresses before they start: free ports, bound
-        // and released (another process could take one meanwhile; accepted here).
-        let broker_addrs: Vec<(u16, String)> = (1..=2)
-            .map(|id| {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("a free port")
-                    .port();
-                (id, format!("127.0.0.1:{port}"))
-            })
-            .collect();
-        let broker_list = broker_addrs
-            .iter()
-            .map(|(id, a)| format!("{id}={a}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut brokers = Vec::new();
-        for (id, addr) in broker_addrs {
-            let mut cmd = Command::new(&broker);
-            cmd.arg("run")
-                .args(["--id", &id.to_string(), "--data-dir"])
-                .arg(root.path().join(format!("broker{id}")))
-                .args(["--listen", &addr])
-                .args(["--stores", &store_addrs.join(",")])
-                .args(["--brokers", &broker_list])
-                .args(["--heartbeat-ms", "50", "--election-timeout-ms", "600"])
-                .args(["--produce-timeout-ms", "5000"])
-                .env("RUST_LOG", "info");
-            let (p, bound) = Proc::start(
-                &format!("broker{id}"),
-                cmd,
-                root.path().join(format!("broker{id}.log")),
-            );
-            assert_eq!(bound, addr);
-            brokers.push((id, addr, Some(p)));
-        }
-        Cluster {
-            stores,
-            brokers,
-            _root: root,
-        }
-    }
-
-    fn broker_addrs(&self) -> Vec<String> {
-        self.brokers.iter().map(|(_, a, _)| a.clone()).collect()
-    }
-
-    fn kill_broker(&mut self, id: u16) {
-        for (b, _, p) in &mut self.brokers {
-            if *b == id {
-                if let Some(mut p) = p.take() {
-                    p.kill9();
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for (_, _, p) in &mut self.brokers {
-            if let Some(p) = p.as_mut() {
-                p.kill9();
-            }
-        }
-        for s in &mut self.stores {
-            s.kill9();
-        }
-    }
+    cluster.start_all();
+    cluster
 }
 
 fn discovery_config() -> DiscoveryConfig {
@@ -370,8 +165,8 @@ async fn consume(
 
 #[test]
 fn proc_producers_and_consumers_survive_a_master_kill() {
-    let mut cluster = Cluster::start();
-    let brokers = cluster.broker_addrs();
+    let mut cluster = start_cluster();
+    let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -402,7 +197,7 @@ fn proc_producers_and_consumers_survive_a_master_kill() {
             let discovery = Discovery::new(brokers.clone(), discovery_config()).unwrap();
             let master = discovery.find_master(None).await.expect("a master").master;
             let before = acked.load(Ordering::Relaxed);
-            cluster.kill_broker(master.id.0);
+            cluster.broker(master.id.0).kill9();
             eprintln!(
                 "killed master {} at {before} of {total} acknowledged messages",
                 master.id.0
