@@ -9,16 +9,20 @@
 //!   keep hearing its heartbeats), a slave takes over, producers continue through it, and
 //!   after healing the old master follows the new one.
 //!
-//! Every acknowledged message of every round is then read back from the master: each is in
-//! the log exactly once, at the offset it was acknowledged at, in producer order.
+//! Every produce attempt (the load's, each round's own producer's, and the write sent to the
+//! old master after a majority cut) is recorded in the cluster's history, and a consumer
+//! reads the topic throughout. At the end the run is judged by the one checker
+//! ([`Cluster::check`]: the simulation's rules over every store's log) and, through the
+//! master, every acknowledged message is read back once at its offset in producer order.
 
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use quire_proto::{Body, BrokerId, ErrorCode, FetchRequest, MetadataResponse, Offset};
 use quire_tests::{
-    check_exactly_once, produce_answer, produce_request, Client, Cluster, Direction, Fault,
-    LoadDriver, ProducerOutcome, StoreLinks, Timing, LOAD_BATCH, PROBE_WAIT, WAIT,
+    check_exactly_once, produce_answer, produce_request, Attempt, Client, Cluster, ConsumerDriver,
+    Direction, Fault, LoadDriver, ProducerOutcome, StoreLinks, Timing, LOAD_BATCH, PROBE_WAIT,
+    WAIT,
 };
 
 /// How one round cuts the links between the master and its chosen stores.
@@ -88,18 +92,57 @@ fn fetch_through(addr: &str, topic: &str, hwm: Offset) -> Vec<(Offset, Bytes)> {
     out
 }
 
-/// Sends producer `p`'s batches `0..batches` (of [`LOAD_BATCH`]) one at a time to the
-/// broker at `addr`; each must be acknowledged by it, at once, with no error.
-fn produce_each_acked(what: &str, addr: &str, p: u64, batches: u64) -> ProducerOutcome {
+/// Sends producer `p`'s batch at `seq` to broker `broker` on `c` and records the attempt
+/// in the cluster's history (with the epoch the broker's Metadata names now).
+fn produce_recorded(
+    cluster: &Cluster,
+    broker: u16,
+    c: &mut Client,
+    p: u64,
+    seq: u64,
+) -> std::io::Result<quire_tests::ProduceResult> {
+    let handle = cluster
+        .brokers
+        .iter()
+        .find(|b| b.id == broker)
+        .expect("a broker")
+        .handle();
+    let epoch = c.metadata().ok().map(|m| m.epoch);
+    let req = produce_request("t", p, seq, LOAD_BATCH);
+    let answer = c.request(req.clone()).map(produce_answer);
+    cluster.history.record(Attempt::of(
+        &req,
+        &handle,
+        handle.incarnation(),
+        epoch,
+        &answer,
+    ));
+    answer
+}
+
+/// Sends producer `p`'s batches `0..batches` (of [`LOAD_BATCH`]) one at a time to broker
+/// `broker`; each must be acknowledged by it, at once, with no error.
+fn produce_each_acked(
+    what: &str,
+    cluster: &Cluster,
+    broker: u16,
+    p: u64,
+    batches: u64,
+) -> ProducerOutcome {
     let mut out = ProducerOutcome::default();
-    let mut c = Client::connect(addr).expect("connect");
+    let addr = cluster
+        .brokers
+        .iter()
+        .find(|b| b.id == broker)
+        .expect("a broker")
+        .addr
+        .clone();
+    let mut c = Client::connect(&addr).expect("connect");
     for b in 0..batches {
         let seq = b * LOAD_BATCH;
-        let r = produce_answer(
-            c.request(produce_request("t", p, seq, LOAD_BATCH))
-                .unwrap_or_else(|e| panic!("{what}: batch {b}: no answer: {e}")),
-        )
-        .unwrap_or_else(|e| panic!("{what}: batch {b} was not acknowledged: {e:?}"));
+        let r = produce_recorded(cluster, broker, &mut c, p, seq)
+            .unwrap_or_else(|e| panic!("{what}: batch {b}: no answer: {e}"))
+            .unwrap_or_else(|e| panic!("{what}: batch {b} was not acknowledged: {e:?}"));
         assert_eq!(u64::from(r.count), LOAD_BATCH);
         for i in 0..LOAD_BATCH {
             out.acked.insert(seq + i, Offset(r.base_offset.0 + i));
@@ -122,6 +165,7 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
     cluster.start_all();
     let master = cluster.settle();
     let addr = cluster.broker(master).addr.clone();
+    let consumer = ConsumerDriver::start(&cluster, "t");
     let rounds = [
         ("black-hole both ways", Cut::Both(Fault::BlackHole)),
         (
@@ -148,7 +192,8 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
         // Acks keep coming from the same master, with no error, while the store is cut.
         let mine = produce_each_acked(
             &format!("{name}, store {store} cut"),
-            &addr,
+            &cluster,
+            master,
             first + 2,
             BATCHES_DURING_CUT,
         );
@@ -188,18 +233,15 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
         checked.push((first, outcomes));
     }
 
+    let reads = consumer.stop();
+    let report = cluster.check(&vec![("t".to_owned(), reads)]);
+    eprintln!("minority cut: {} rounds; {report}", checked.len());
+    report.assert_clean();
     let hwm = master_hwm(&addr);
     let fetched = fetch_through(&addr, "t", hwm);
-    let mut acked = 0;
     for (first, outcomes) in &checked {
         check_exactly_once(outcomes, *first, &fetched);
-        acked += outcomes.iter().map(|o| o.acked.len()).sum::<usize>();
     }
-    eprintln!(
-        "minority cut: {} rounds, {acked} acknowledged messages checked, {} read back",
-        checked.len(),
-        fetched.len()
-    );
     drop(links);
 }
 
@@ -209,6 +251,7 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
     let links = StoreLinks::install(&mut cluster);
     cluster.start_all();
     cluster.settle();
+    let consumer = ConsumerDriver::start(&cluster, "t");
     let rounds = [
         ("black-hole both ways", Cut::Both(Fault::BlackHole)),
         ("connections reset", Cut::Both(Fault::Drop)),
@@ -241,11 +284,8 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
         // reach a quorum of stores. It gets NoQuorum (the check-quorum step-down, or the
         // produce timeout) or NotMaster (already stepped down).
         let mut c_old = Client::connect(&old_addr).expect("connect to the old master");
-        let probe = produce_answer(
-            c_old
-                .request(produce_request("t", first + 2, 0, LOAD_BATCH))
-                .expect("the old master answers"),
-        );
+        let probe = produce_recorded(&cluster, old, &mut c_old, first + 2, 0)
+            .expect("the old master answers");
         match &probe {
             Err(e) if e.code == ErrorCode::NoQuorum || e.code == ErrorCode::NotMaster => {}
             other => {
@@ -267,12 +307,12 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
             std::thread::sleep(Duration::from_millis(20));
         };
         takeover_ms.push(cut_at.elapsed().as_millis());
-        let new_addr = cluster.broker(new).addr.clone();
         // The round's own producer retries its unacknowledged batch 0 (same sequence: it is
         // written once whether the old master's copy survived or not) and goes on.
         let mine = produce_each_acked(
             &format!("{name}: at the new master {new}"),
-            &new_addr,
+            &cluster,
+            new,
             first + 2,
             BATCHES_DURING_CUT,
         );
@@ -316,19 +356,19 @@ fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
 
     // Every acknowledged message — including any the old masters acked around their cuts —
     // is in the final log once, at its offset.
+    let reads = consumer.stop();
+    let report = cluster.check(&vec![("t".to_owned(), reads)]);
+    eprintln!(
+        "majority cut: {} rounds, cut to a new master serving (ms): {takeover_ms:?}; {report}",
+        checked.len()
+    );
+    report.assert_clean();
     let master = cluster.wait_for_master();
     let addr = cluster.broker(master).addr.clone();
     let hwm = master_hwm(&addr);
     let fetched = fetch_through(&addr, "t", hwm);
-    let mut acked = 0;
     for (first, outcomes) in &checked {
         check_exactly_once(outcomes, *first, &fetched);
-        acked += outcomes.iter().map(|o| o.acked.len()).sum::<usize>();
     }
-    eprintln!(
-        "majority cut: {} rounds, cut-to-new-master ms {takeover_ms:?}, {acked} acknowledged messages checked, {} read back",
-        checked.len(),
-        fetched.len()
-    );
     drop(links);
 }
