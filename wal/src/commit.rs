@@ -4,7 +4,8 @@
 //! Appenders validate and queue their records under one mutex (so queue order is log
 //! order) and wake the commit thread. The commit thread takes queued appends into a
 //! **batch** of at most `batch_bytes_max` bytes, encodes them into one aligned buffer (the
-//! one copy of each payload), pads the batch with zeros to the alignment, and writes it
+//! one copy of each payload; the checksums were computed by the appenders before they
+//! queued, off this thread), pads the batch with zeros to the alignment, and writes it
 //! with one write at the next aligned position of the current segment. One fdatasync then
 //! covers every batch written before it; only when it succeeds are the batch's appends
 //! acknowledged and its entries added to the durable index.
@@ -66,6 +67,9 @@ const FREE_BUFFERS_MAX: usize = 3;
 pub(crate) struct Request {
     pub writer_epoch: Epoch,
     pub records: Vec<Record>,
+    /// Each record's CRC-32C ([`format::record_crc`]), computed by the appender before the
+    /// handoff so the commit thread only copies.
+    pub crcs: Vec<u32>,
     /// Set when the append replaces the suffix from this offset: a marker precedes it.
     pub truncate_at: Option<Offset>,
     /// Encoded bytes (records, plus the marker if any), before padding.
@@ -536,14 +540,16 @@ impl Committer {
                 truncations += 1;
             }
             let mut payload_bytes = 0u64;
-            for rec in &r.records {
+            debug_assert_eq!(r.crcs.len(), r.records.len());
+            for (rec, &crc) in r.records.iter().zip(&r.crcs) {
                 let position = start + buf.len() as u64;
-                let n = format::encode(
+                let n = format::encode_with_crc(
                     buf.spare_mut(),
                     rec.epoch,
                     rec.offset,
                     rec.kind,
                     &rec.payload,
+                    crc,
                 );
                 buf.advance(n);
                 payload_bytes += rec.payload.len() as u64;

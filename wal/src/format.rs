@@ -118,6 +118,56 @@ pub const fn record_bytes(payload_len: usize) -> usize {
 /// If `dst` is shorter than the record or `payload` exceeds [`PAYLOAD_BYTES_MAX`]; callers
 /// size their buffers from [`record_bytes`] and validate payloads first.
 pub fn encode(dst: &mut [u8], epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> usize {
+    let crc = record_crc(epoch, offset, kind, payload);
+    encode_with_crc(dst, epoch, offset, kind, payload, crc)
+}
+
+/// The header fields after the checksum (bytes `4..32`) of a record.
+fn header_tail(epoch: Epoch, offset: Offset, kind: u8, length: u32) -> [u8; HEADER_BYTES - 4] {
+    let mut t = [0u8; HEADER_BYTES - 4];
+    t[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+    t[2] = VERSION;
+    t[3] = kind;
+    t[4..8].copy_from_slice(&length.to_le_bytes());
+    // t[8..12]: reserved, zero.
+    t[12..20].copy_from_slice(&epoch.0.to_le_bytes());
+    t[20..28].copy_from_slice(&offset.0.to_le_bytes());
+    t
+}
+
+/// The CRC-32C a record with these fields carries (over header bytes `4..32`, then the
+/// payload). Pure, so an appender can compute it on its own thread before it hands the
+/// record to the commit thread, which then only copies ([`encode_with_crc`]).
+///
+/// # Panics
+/// If `payload` exceeds [`PAYLOAD_BYTES_MAX`].
+#[must_use]
+pub fn record_crc(epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> u32 {
+    assert!(
+        payload.len() <= PAYLOAD_BYTES_MAX,
+        "payload of {} bytes exceeds the maximum",
+        payload.len()
+    );
+    let length = u32::try_from(payload.len()).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
+    let tail = header_tail(epoch, offset, kind, length);
+    crc32c::crc32c_append(crc32c::crc32c(&tail), payload)
+}
+
+/// [`encode`] with the checksum already computed by [`record_crc`] for the same fields:
+/// writes the record at the start of `dst` and returns its size. The payload is copied
+/// once and not read again.
+///
+/// # Panics
+/// As [`encode`]. A `crc` that does not match the fields is not detected here: the record
+/// would read back as corrupt, so callers pass exactly what `record_crc` returned.
+pub fn encode_with_crc(
+    dst: &mut [u8],
+    epoch: Epoch,
+    offset: Offset,
+    kind: u8,
+    payload: &[u8],
+    crc: u32,
+) -> usize {
     assert!(
         payload.len() <= PAYLOAD_BYTES_MAX,
         "payload of {} bytes exceeds the maximum",
@@ -131,15 +181,8 @@ pub fn encode(dst: &mut [u8], epoch: Epoch, offset: Offset, kind: u8, payload: &
     );
     let length = u32::try_from(payload.len()).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
     let (head, rest) = dst.split_at_mut(HEADER_BYTES);
-    head[4..6].copy_from_slice(&MAGIC.to_le_bytes());
-    head[6] = VERSION;
-    head[7] = kind;
-    head[8..12].copy_from_slice(&length.to_le_bytes());
-    head[12..16].copy_from_slice(&0u32.to_le_bytes());
-    head[16..24].copy_from_slice(&epoch.0.to_le_bytes());
-    head[24..32].copy_from_slice(&offset.0.to_le_bytes());
+    head[4..].copy_from_slice(&header_tail(epoch, offset, kind, length));
     rest[..payload.len()].copy_from_slice(payload);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&head[4..]), payload);
     head[0..4].copy_from_slice(&crc.to_le_bytes());
     total
 }
@@ -242,6 +285,20 @@ mod tests {
         assert_eq!(&buf[32..], b"hello");
         let crc = crc32c::crc32c(&buf[4..]);
         assert_eq!(&buf[0..4], &crc.to_le_bytes());
+    }
+
+    #[test]
+    fn a_checksum_computed_ahead_matches_the_one_encode_computes() {
+        let payload: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let (e, o) = (Epoch(9), Offset(1234));
+        let crc = record_crc(e, o, 5, &payload);
+        let mut a = vec![0u8; record_bytes(payload.len())];
+        let mut b = a.clone();
+        encode(&mut a, e, o, 5, &payload);
+        encode_with_crc(&mut b, e, o, 5, &payload, crc);
+        assert_eq!(a, b);
+        assert!(checksum_ok(&a));
+        assert_ne!(crc, record_crc(e, Offset(1235), 5, &payload));
     }
 
     #[test]

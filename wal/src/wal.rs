@@ -18,7 +18,7 @@ use crate::commit::{CommitState, Committer, Request, Shared};
 use crate::disk::{self, Disk};
 use crate::error::WalError;
 use crate::format::{
-    align_down, align_up, record_bytes, HEADER_BYTES, KIND_TRUNCATE, PAYLOAD_BYTES_MAX,
+    self, align_down, align_up, record_bytes, HEADER_BYTES, KIND_TRUNCATE, PAYLOAD_BYTES_MAX,
 };
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::{DirLock, Preallocator};
@@ -240,6 +240,19 @@ impl Wal {
     /// [`WalError::TruncateBelowStart`], [`WalError::Failed`], [`WalError::Closed`].
     pub fn append(&self, writer_epoch: Epoch, records: Vec<Record>) -> Append {
         let shared = self.shared();
+        // The checksums are computed here, on the appender's thread and outside the lock,
+        // so the commit thread (one per log) only copies. Oversized payloads are refused by
+        // `validate` below; they get no checksum.
+        let crcs: Vec<u32> = records
+            .iter()
+            .map(|r| {
+                if r.payload.len() <= PAYLOAD_BYTES_MAX {
+                    format::record_crc(r.epoch, r.offset, r.kind, &r.payload)
+                } else {
+                    0
+                }
+            })
+            .collect();
         let mut st = shared.lock_state();
         if let Some(reason) = &st.failed {
             return Append::ready(Err(WalError::Failed {
@@ -286,6 +299,7 @@ impl Wal {
         st.queue.push_back(Request {
             writer_epoch,
             records,
+            crcs,
             truncate_at: plan.truncate_at,
             bytes: plan.bytes,
             ack: slot.clone(),
