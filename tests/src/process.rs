@@ -98,6 +98,50 @@ pub fn quire_bin() -> PathBuf {
     BIN.get_or_init(|| binary("quire-tools", "quire")).clone()
 }
 
+/// Runs `cmd` to completion with stdin closed and stdout and stderr captured, killing it
+/// (and panicking with its stderr) if it runs longer than `bound`.
+///
+/// # Panics
+/// If it cannot start, or does not finish within `bound`.
+pub fn run_bounded(cmd: &mut Command, bound: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for a child") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} did not finish within {bound:?}; stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
 /// A free loopback port for a server that must keep its address across restarts. Picked
 /// at random below the kernel's ephemeral range (32768 and up on Linux), so the test's own
 /// outgoing connections never take it between this check and the server's bind.

@@ -6,9 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is a clear failure
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use quire_tests::run_bounded;
 use serde_json::Value;
 
 const RUN_WAIT: Duration = Duration::from_secs(240);
@@ -21,44 +22,25 @@ fn the_report_runs_every_benchmark_and_gives_ratios_to_the_disk() {
         .unwrap();
     let out = dir.path().join("report.md");
     let data = dir.path().join("data");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
-        .args([
-            "bench",
-            "report",
-            "--duration",
-            "500ms",
-            "--format",
-            "json",
-            "--dir",
-        ])
-        .arg(&data)
-        .arg("--out")
-        .arg(&out)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
-        s
-    });
-    let deadline = Instant::now() + RUN_WAIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("quire bench report did not finish within {RUN_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let text = reader.join().unwrap();
+    let run = run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_quire"))
+            .args([
+                "bench",
+                "report",
+                "--duration",
+                "500ms",
+                "--format",
+                "json",
+                "--dir",
+            ])
+            .arg(&data)
+            .arg("--out")
+            .arg(&out)
+            .env("RUST_LOG", "warn"),
+        RUN_WAIT,
+    );
+    let status = run.status;
+    let text = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(status.success(), "exit {status}: {text}");
     let report: Value = serde_json::from_str(text.trim()).unwrap();
     let rows = report["rows"].as_array().unwrap();

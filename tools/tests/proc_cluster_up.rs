@@ -7,54 +7,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is a clear failure
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
+use quire_tests::run_bounded;
 use serde_json::Value;
 
 /// Longest any one command may take.
 const STEP_WAIT: Duration = Duration::from_secs(90);
 
 fn quire(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let o = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let e = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + STEP_WAIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("quire {args:?} did not finish within {STEP_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: o.join().unwrap(),
-        stderr: e.join().unwrap(),
-    }
+    run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_quire"))
+            .args(args)
+            .env("RUST_LOG", "warn"),
+        STEP_WAIT,
+    )
 }
 
 fn text(b: &[u8]) -> String {

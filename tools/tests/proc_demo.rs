@@ -8,10 +8,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a panic is a clear failure
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use quire_tests::run_bounded;
 use serde_json::Value;
 
 /// Longest the whole demo may take (10 s of load, start-up, drain, stop, on a loaded machine).
@@ -19,51 +19,23 @@ const RUN_WAIT: Duration = Duration::from_secs(180);
 
 #[test]
 fn the_demo_loses_and_duplicates_nothing_across_a_master_kill() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
-        .args([
-            "demo",
-            "--duration",
-            "10s",
-            "--size",
-            "512B",
-            "--format",
-            "json",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + RUN_WAIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "quire demo did not finish within {RUN_WAIT:?}; stderr:\n{}",
-                err_reader.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let stdout = out_reader.join().unwrap();
-    let stderr = err_reader.join().unwrap();
+    let out = run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_quire"))
+            .args([
+                "demo",
+                "--duration",
+                "10s",
+                "--size",
+                "512B",
+                "--format",
+                "json",
+            ])
+            .env("RUST_LOG", "warn"),
+        RUN_WAIT,
+    );
+    let status = out.status;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let last = stdout.lines().last().unwrap_or_default();
     let summary: Value = serde_json::from_str(last).unwrap_or_else(|e| {
         panic!("last stdout line is not JSON ({e}): {stdout}\nstderr:\n{stderr}")
