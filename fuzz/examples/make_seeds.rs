@@ -70,6 +70,18 @@ fn main() -> std::io::Result<()> {
             last,
             store_id: StoreId(1),
             incarnation: Incarnation(1),
+            tail_cut: None,
+        }
+        .into(),
+        FenceGranted {
+            epoch: Epoch(3),
+            last,
+            store_id: StoreId(1),
+            incarnation: Incarnation(1),
+            tail_cut: Some(TailCut {
+                offset: Offset(2),
+                promised: Epoch(2),
+            }),
         }
         .into(),
         TailResponse {

@@ -8,6 +8,8 @@
 //!   order and owns the order of WAL submissions, answering after the covering fsync;
 //! - connections ([`conn`], internal): frame decoding, bounded in-flight work per
 //!   connection, a writer per connection with a bounded queue;
+//! - the tail-cut mark ([`tail_cut`]): a store whose WAL recovery cut a torn tail reports
+//!   it in its fence grants until it has caught up with a later master;
 //! - the data directory's identity file ([`identity`]), the settings ([`config`]), the
 //!   command line ([`cli`]) and the metrics endpoint ([`metrics`]);
 //! - with the `failpoints` feature, fault injection into its WAL from the environment
@@ -20,6 +22,7 @@
 //!
 //! ```text
 //! DIR/identity        store_id, incarnation, role (see [`identity`])
+//! DIR/tail_cut        present while the store carries a tail-cut mark (see [`tail_cut`])
 //! DIR/wal/            the WAL: segments, promised_epoch, lock (see docs/format.md)
 //! ```
 //!
@@ -38,6 +41,7 @@ pub mod metrics;
 mod node;
 pub mod replica;
 mod store;
+pub mod tail_cut;
 
 use std::io::Write;
 use std::path::Path;

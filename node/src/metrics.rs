@@ -74,6 +74,9 @@ pub struct Metrics {
     pub promised_epoch: Gauge<u64, AtomicU64>,
     /// 1 for a voter, 0 for a learner.
     pub voter: Gauge,
+    /// 1 while the store carries a tail-cut mark (its recovery cut a torn tail and it has
+    /// not caught up with a later master since), else 0.
+    pub tail_cut: Gauge,
     /// Highest HWM heard from a current master (-1: none).
     pub hwm: Gauge<i64, AtomicI64>,
 }
@@ -100,6 +103,7 @@ impl Metrics {
             ]),
             promised_epoch: Gauge::default(),
             voter: Gauge::default(),
+            tail_cut: Gauge::default(),
             hwm: Gauge::default(),
             registry: Registry::default(),
         };
@@ -170,6 +174,11 @@ impl Metrics {
             "voter",
             "1 if the store is a voter, 0 for a learner",
             m.voter.clone(),
+        );
+        r.register(
+            "tail_cut",
+            "1 while the store carries a tail-cut mark (its grants count only when every store grants)",
+            m.tail_cut.clone(),
         );
         r.register(
             "hwm",

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use quire_wal::{PromisedEpoch, Wal};
+use quire_wal::{PromisedEpoch, TornTail, Wal, WalError};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -15,6 +15,7 @@ use crate::conn::{self, ConnContext};
 use crate::identity::Identity;
 use crate::metrics::{self, Metrics};
 use crate::store::Store;
+use crate::tail_cut;
 
 /// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -61,21 +62,31 @@ impl Node {
     ) -> anyhow::Result<Node> {
         let data_dir = config.data_dir.clone();
         let wal_config = config.wal_config();
-        let (identity, wal, report, promised) = tokio::task::spawn_blocking(move || {
+        let (identity, wal, report, promised, mark) = tokio::task::spawn_blocking(move || {
             let identity = Identity::load(&data_dir)?;
             let disk = match disk {
                 Some(d) => Some(d),
                 None => crate::failpoints::disk_from_env(wal_config.io)?,
             };
-            let opened = match disk {
-                Some(disk) => Wal::open_with_disk(wal_config.clone(), disk),
-                None => Wal::open(wal_config.clone()),
-            };
-            let (wal, report) = opened
-                .with_context(|| format!("opening the WAL in {}", wal_config.dir.display()))?;
             let promised = PromisedEpoch::load(&wal_config.dir).with_context(|| {
                 format!("loading the promised epoch in {}", wal_config.dir.display())
             })?;
+            let mut mark = tail_cut::load(&data_dir)?;
+            // docs/protocol.md "Tail-cut marks": the cut may have removed an acked record
+            // with a flipped bit; the mark is durable before the WAL changes anything.
+            let mut before_cut = |t: &TornTail| -> Result<(), WalError> {
+                let cut = tail_cut::merge(mark, t.offset, promised.epoch());
+                tail_cut::store(&data_dir, cut).map_err(|e| WalError::Io {
+                    op: "write the tail-cut mark",
+                    path: data_dir.join(tail_cut::TAIL_CUT_FILE_NAME),
+                    source: Arc::new(std::io::Error::other(e.to_string())),
+                })?;
+                tracing::warn!(cut_offset = %cut.offset, cut_promised = %cut.promised, "recovery cuts a torn tail: the store is marked and its fence grants count only when every store grants, until it catches up with a later master");
+                mark = Some(cut);
+                Ok(())
+            };
+            let (wal, report) = Wal::open_with_hook(wal_config.clone(), disk, &mut before_cut)
+                .with_context(|| format!("opening the WAL in {}", wal_config.dir.display()))?;
             // A store raises its promise durably before it writes an entry of a new epoch,
             // so an entry above the promise means the promised-epoch file was lost or
             // replaced: the store has forgotten fences it granted and must not serve.
@@ -92,7 +103,14 @@ impl Node {
                     );
                 }
             }
-            anyhow::Ok((identity, wal, report, promised))
+            if let Some(cut) = mark {
+                // Caught up before a crash that came before the clearing.
+                if tail_cut::clears(cut, wal.last_durable().map(|l| l.epoch)) {
+                    tail_cut::clear(&data_dir)?;
+                    mark = None;
+                }
+            }
+            anyhow::Ok((identity, wal, report, promised, mark))
         })
         .await
         .context("start-up task failed")??;
@@ -102,6 +120,7 @@ impl Node {
             incarnation = format_args!("{:016x}", identity.incarnation.0),
             role = %identity.role,
             promised = %promised.epoch(),
+            tail_cut = ?mark,
             last = ?wal.last(),
             backend = wal.backend(),
             recovery = ?report,
@@ -128,6 +147,7 @@ impl Node {
             config.data_dir.clone(),
             identity,
             promised,
+            mark,
             metrics.clone(),
         );
         let actor = tokio::spawn(store.run(rx));

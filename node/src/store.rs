@@ -28,7 +28,7 @@ use std::task::Poll;
 use quire_proto::{
     AppendRejected, AppendRequest, Body, BrokerId, Epoch, ErrorCode, ErrorResponse, EventBody,
     EventKind, FenceGranted, FenceRefused, FenceRequest, Heartbeat, HeartbeatAck, LogPosition,
-    Offset, PersistedAck, RejectReason, TailResponse,
+    Offset, PersistedAck, RejectReason, TailCut, TailResponse,
 };
 use quire_wal::{Append, PromisedEpoch, Record, Wal, WalError};
 use tokio::sync::mpsc;
@@ -111,6 +111,7 @@ enum Waiter {
         reply: Reply,
         epoch: Epoch,
         last: Option<LogPosition>,
+        tail_cut: Option<TailCut>,
     },
 }
 
@@ -138,6 +139,8 @@ pub(crate) struct Store {
     metrics: Arc<Metrics>,
     /// Retention bookkeeping; see [`Retention`].
     retention: Retention,
+    /// The tail-cut mark (`crate::tail_cut`), reported in every grant until it is cleared.
+    tail_cut: Option<TailCut>,
 }
 
 /// Retention on a store: Trim events seen in accepted appends wait here until they are
@@ -226,6 +229,7 @@ impl Store {
         data_dir: PathBuf,
         identity: Identity,
         promised_file: PromisedEpoch,
+        tail_cut: Option<TailCut>,
         metrics: Arc<Metrics>,
     ) -> (Store, StoreHandle, mpsc::Receiver<Command>) {
         let replica = Replica::new(
@@ -236,6 +240,7 @@ impl Store {
         );
         metrics.promised_epoch.set(replica.promised().0);
         metrics.voter.set(i64::from(replica.role().is_voter()));
+        metrics.tail_cut.set(i64::from(tail_cut.is_some()));
         let (tx, rx) = mpsc::channel(STORE_QUEUE_MAX);
         let store = Store {
             wal,
@@ -248,6 +253,7 @@ impl Store {
             last_seq: 0,
             metrics,
             retention: Retention::default(),
+            tail_cut,
         };
         (store, StoreHandle { tx }, rx)
     }
@@ -260,6 +266,7 @@ impl Store {
                 biased;
                 (seq, result) = next_completion(&mut self.submissions), if !self.submissions.is_empty() => {
                     self.on_completions(seq, result);
+                    self.clear_tail_cut().await;
                 }
                 command = rx.recv() => match command {
                     Some(c) => self.handle(c).await,
@@ -507,7 +514,11 @@ impl Store {
                 }
             }
             Waiter::Fence {
-                reply, epoch, last, ..
+                reply,
+                epoch,
+                last,
+                tail_cut,
+                ..
             } => {
                 let last = if durable {
                     last
@@ -520,6 +531,7 @@ impl Store {
                     last,
                     store_id: self.replica.store_id(),
                     incarnation: self.replica.incarnation(),
+                    tail_cut,
                 });
             }
         }
@@ -579,6 +591,7 @@ impl Store {
                     reply,
                     epoch: req.epoch,
                     last: self.wal.last(),
+                    tail_cut: self.tail_cut,
                 });
             }
         }
@@ -618,6 +631,31 @@ impl Store {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, before = %before, "retention trim failed"),
         });
+    }
+
+    /// Clears the tail-cut mark once the durable log holds an entry of an epoch above the
+    /// promised epoch at the cut (`crate::tail_cut::clears`): the file is removed durably on
+    /// the blocking pool first, then the grants stop carrying it. A failure keeps the mark
+    /// (the safe side) and the next completion retries.
+    async fn clear_tail_cut(&mut self) {
+        let Some(cut) = self.tail_cut else {
+            return;
+        };
+        let last = self.wal.last_durable();
+        if !crate::tail_cut::clears(cut, last.map(|l| l.epoch)) {
+            return;
+        }
+        let dir = self.data_dir.clone();
+        let cleared = tokio::task::spawn_blocking(move || crate::tail_cut::clear(&dir)).await;
+        match cleared {
+            Ok(Ok(())) => {
+                tracing::info!(cut_offset = %cut.offset, cut_promised = %cut.promised, last = ?last, "caught up with a later master: tail-cut mark cleared");
+                self.tail_cut = None;
+                self.metrics.tail_cut.set(0);
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot clear the tail-cut mark"),
+            Err(e) => tracing::warn!(error = %e, "the tail-cut clearing task failed"),
+        }
     }
 
     /// Raises the promised epoch durably (on the blocking pool), then in memory.

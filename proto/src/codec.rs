@@ -259,7 +259,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn tag(&mut self, field: &'static str) -> Result<bool, WireError> {
+    pub(crate) fn tag(&mut self, field: &'static str) -> Result<bool, WireError> {
         self.bool(field)
     }
 

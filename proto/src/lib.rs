@@ -60,8 +60,8 @@ pub use frame::{
 pub use limits::*;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
-    HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, RejectReason, TailRequest, TailResponse,
-    TakeOverNowRequest, TakeOverNowResponse, EVENT_OVERHEAD_BYTES,
+    HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, RejectReason, TailCut, TailRequest,
+    TailResponse, TakeOverNowRequest, TakeOverNowResponse, EVENT_OVERHEAD_BYTES,
 };
 pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
 

@@ -289,6 +289,8 @@ pub struct FenceRequest {
 /// 8     1|17   last                  Option<LogPosition>: the store's last entry
 /// ..    8      store_id              u64
 /// ..    8      incarnation           u64
+/// ..    1|17   tail_cut              Option<TailCut>: tag u8 (0 none, 1 some), then
+///                                    offset u64, promised u64
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FenceGranted {
@@ -300,6 +302,24 @@ pub struct FenceGranted {
     pub store_id: StoreId,
     /// The store's incarnation.
     pub incarnation: Incarnation,
+    /// `Some` while the store carries a *tail-cut mark*: its recovery cut a torn tail that
+    /// may have been an acknowledged record with a flipped bit, and it has not caught up
+    /// with a later master since. A new master counts such a grant toward its fence quorum
+    /// only when every store granted (docs/protocol.md, "Tail-cut marks").
+    pub tail_cut: Option<TailCut>,
+}
+
+/// A store's tail-cut mark (see [`FenceGranted::tail_cut`]): what its recovery cut, and
+/// what clears the mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TailCut {
+    /// The first offset the cut may have removed (the offset the recovery scan expected
+    /// at the cut point).
+    pub offset: Offset,
+    /// The store's promised epoch when it cut: every ack the lost records got was sent
+    /// under this epoch or a lower one. The mark clears once the store durably holds an
+    /// entry of a higher epoch.
+    pub promised: Epoch,
 }
 
 /// Store → new master: `epoch <= promised`, refused.
@@ -558,15 +578,37 @@ impl FenceGranted {
         w.opt_position(self.last);
         w.u64(self.store_id.0);
         w.u64(self.incarnation.0);
+        match self.tail_cut {
+            None => w.u8(0),
+            Some(cut) => {
+                w.u8(1);
+                w.u64(cut.offset.0);
+                w.u64(cut.promised.0);
+            }
+        }
         Ok(())
     }
 
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let epoch = r.epoch("granted epoch")?;
+        let last = r.opt_position("granted last")?;
+        let store_id = StoreId(r.u64("granted store_id")?);
+        let incarnation = Incarnation(r.u64("granted incarnation")?);
+        let field = "granted tail_cut";
+        let tail_cut = if r.tag(field)? {
+            Some(TailCut {
+                offset: r.offset(field)?,
+                promised: r.epoch(field)?,
+            })
+        } else {
+            None
+        };
         Ok(FenceGranted {
-            epoch: r.epoch("granted epoch")?,
-            last: r.opt_position("granted last")?,
-            store_id: StoreId(r.u64("granted store_id")?),
-            incarnation: Incarnation(r.u64("granted incarnation")?),
+            epoch,
+            last,
+            store_id,
+            incarnation,
+            tail_cut,
         })
     }
 }

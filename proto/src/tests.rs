@@ -121,6 +121,18 @@ pub(crate) fn samples() -> Vec<Body> {
             last: Some(pos(0x3_0002, 99)),
             store_id: StoreId(1),
             incarnation: Incarnation(1),
+            tail_cut: None,
+        }
+        .into(),
+        FenceGranted {
+            epoch: Epoch(0x4_0003),
+            last: Some(pos(0x3_0002, 98)),
+            store_id: StoreId(1),
+            incarnation: Incarnation(1),
+            tail_cut: Some(crate::TailCut {
+                offset: Offset(99),
+                promised: Epoch(0x3_0002),
+            }),
         }
         .into(),
         FenceRefused {
@@ -702,6 +714,19 @@ fn bad_tags_kinds_and_codes_are_refused() {
         WireError::InvalidTag {
             field: "granted last",
             byte: 7
+        }
+    );
+    // A tail-cut tag of 2 (FenceGranted.tail_cut).
+    let mut body = 1u64.to_le_bytes().to_vec();
+    body.push(0);
+    body.extend_from_slice(&[0; 16]);
+    body.push(2);
+    let raw = raw_frame(FrameType::FenceGranted.as_u16(), 0, 1, &body);
+    assert_eq!(
+        bad_frame_cause(decode_one(&raw)),
+        WireError::InvalidTag {
+            field: "granted tail_cut",
+            byte: 2
         }
     );
     // A reject reason nobody defined.

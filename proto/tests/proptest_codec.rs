@@ -136,15 +136,23 @@ fn body() -> impl Strategy<Value = Body> {
                 .into()
             }
         ),
-        (epoch(), opt_pos(), any::<u64>(), any::<u64>()).prop_map(|(epoch, last, s, i)| {
-            FenceGranted {
-                epoch,
-                last,
-                store_id: StoreId(s),
-                incarnation: Incarnation(i),
-            }
-            .into()
-        }),
+        (
+            epoch(),
+            opt_pos(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::option::of((offset(), epoch()))
+        )
+            .prop_map(|(epoch, last, s, i, cut)| {
+                FenceGranted {
+                    epoch,
+                    last,
+                    store_id: StoreId(s),
+                    incarnation: Incarnation(i),
+                    tail_cut: cut.map(|(offset, promised)| TailCut { offset, promised }),
+                }
+                .into()
+            }),
         epoch().prop_map(|promised| FenceRefused { promised }.into()),
         (offset(), any::<u32>(), any::<u32>()).prop_map(|(from, max_events, max_bytes)| {
             ReadRequest {

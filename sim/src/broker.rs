@@ -777,6 +777,7 @@ impl SimBroker {
                     incarnation: g.incarnation,
                 },
                 last: g.last,
+                tail_cut: g.tail_cut,
             },
             Msg::FenceRefused { epoch, promised } if epoch == current => {
                 self.highest_seen = self.highest_seen.max(promised);

@@ -613,19 +613,35 @@ impl Checker {
         }
     }
 
-    /// The end-of-run durability check: `voters` are `(store index, durable log)` of the
-    /// stores that may still vote; every fence quorum of `fence_quorum` of them must adopt a
-    /// log holding the stabilized log.
-    pub fn check_quorums(&mut self, voters: &[(u8, &[quire_proto::Event])], fence_quorum: usize) {
-        if voters.len() < fence_quorum || fence_quorum == 0 {
+    /// The end-of-run durability check: `voters` are `(store index, durable log, marked)`
+    /// of the stores that may still vote (`marked`: carries a tail-cut mark, or will at its
+    /// next start), out of `stores` stores. Every set of voters a takeover may complete
+    /// with — at least `fence_quorum` unmarked ones, or every store — must adopt a log
+    /// holding the stabilized log.
+    ///
+    /// # Panics
+    /// If `voters` has more entries than `stores`.
+    pub fn check_quorums(
+        &mut self,
+        voters: &[(u8, &[quire_proto::Event], bool)],
+        fence_quorum: usize,
+        stores: usize,
+    ) {
+        if fence_quorum == 0 {
             return;
         }
         let n = voters.len();
-        for mask in 0u32..(1 << n) {
-            if mask.count_ones() as usize != fence_quorum {
+        for mask in 1u32..(1 << n) {
+            let members: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+            let unmarked = members.iter().filter(|&&i| !voters[i].2).count();
+            if !quire_broker::core::takeover::fence_quorum_reached(
+                unmarked,
+                members.len(),
+                stores,
+                fence_quorum,
+            ) {
                 continue;
             }
-            let members: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
             // Raft's order, the lowest store on ties (as the takeover core picks).
             let key = |i: usize| {
                 voters[i].1.last().map(|e| {
@@ -642,7 +658,7 @@ impl Checker {
                     best = i;
                 }
             }
-            let (store, entries) = voters[best];
+            let (store, entries, _) = voters[best];
             let lacks = self.log.iter().find(|s| {
                 entries.get(s.offset.0 as usize).is_none_or(|e| {
                     e.epoch != s.epoch || e.kind != s.kind.into_kind() || e.payload != s.payload

@@ -119,8 +119,8 @@ impl FromStr for Mutation {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultSet {
     /// Bit flips may hit a store's *last* durable record, which the WAL's recovery scan
-    /// cannot tell from a torn write and cuts silently (off by default: see
-    /// docs/testing.md, "What the simulation found").
+    /// cannot tell from a torn write and cuts; the store then carries a tail-cut mark
+    /// (off by default: see docs/testing.md, "What the simulation found").
     pub tail_flips: bool,
 }
 
@@ -209,6 +209,9 @@ pub struct RunStats {
     pub store_wipes: u64,
     /// Bit flips injected.
     pub bit_flips: u64,
+    /// Store starts whose recovery cut a torn tail (a torn write or a flip in the last
+    /// record) and marked the store.
+    pub tail_cuts: u64,
     /// fsync EIO failures.
     pub fsync_eio: u64,
     /// ENOSPC failures.
@@ -242,6 +245,7 @@ impl RunStats {
         self.store_pauses += o.store_pauses;
         self.store_wipes += o.store_wipes;
         self.bit_flips += o.bit_flips;
+        self.tail_cuts += o.tail_cuts;
         self.fsync_eio += o.fsync_eio;
         self.enospc += o.enospc;
         self.partitions += o.partitions;

@@ -151,7 +151,7 @@ fn main() -> ExitCode {
         stats.stabilized
     );
     println!(
-        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {}, bit flips {}, fsync EIO {}, ENOSPC {}, partitions {}",
+        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {}, bit flips {}, tail cuts {}, fsync EIO {}, ENOSPC {}, partitions {}",
         stats.masters,
         stats.broker_crashes,
         stats.broker_pauses,
@@ -159,6 +159,7 @@ fn main() -> ExitCode {
         stats.store_pauses,
         stats.store_wipes,
         stats.bit_flips,
+        stats.tail_cuts,
         stats.fsync_eio,
         stats.enospc,
         stats.partitions

@@ -25,7 +25,15 @@
 //! corruption to the WAL) and refuses to start, and the operator re-initialises it: a new
 //! identity, which never votes again. A flip in the *last* record cannot be told from a torn
 //! write by the WAL's scan; [`crate::FaultSet::tail_flips`] models that faithfully (the
-//! record is cut silently) and is off by default — see docs/testing.md.
+//! record is cut as a torn tail) and is off by default — see docs/testing.md.
+//!
+//! # Tail-cut marks
+//! As quire-node does, a store whose recovery cut a torn tail — a crash that tore a write
+//! in the middle of the unsynced records, or a flip in the last record — keeps a durable
+//! tail-cut mark (the first offset cut and its promised epoch then), reports it in every
+//! `FenceGranted`, and clears it once its durable log holds an entry of an epoch above that
+//! promised epoch. A crash that lost every unsynced record with nothing of them on the
+//! medium cuts nothing and leaves no mark.
 
 use std::collections::VecDeque;
 
@@ -33,7 +41,7 @@ use quire_node::replica::{AppendDecision, FenceDecision, LogView, Replica};
 use quire_node::Role;
 use quire_proto::{
     AppendRejected, AppendRequest, Epoch, Event, FenceGranted, FenceRequest, Incarnation,
-    LogPosition, Offset, PersistedAck, RejectReason, StoreId,
+    LogPosition, Offset, PersistedAck, RejectReason, StoreId, TailCut,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ReadPurpose};
@@ -118,6 +126,11 @@ struct Disk {
     durable_log: EntryLog,
     /// A bit flipped in the durable entry at this offset (injected while stopped).
     flipped: Option<Offset>,
+    /// A crash tore a write: the next start's recovery cuts a torn tail that begins at this
+    /// offset (and marks the store).
+    torn: Option<Offset>,
+    /// The durable tail-cut mark.
+    tail_cut: Option<TailCut>,
 }
 
 impl Disk {
@@ -129,6 +142,8 @@ impl Disk {
             durable: 0,
             durable_log: EntryLog::default(),
             flipped: None,
+            torn: None,
+            tail_cut: None,
         }
     }
 }
@@ -149,6 +164,7 @@ enum Waiter {
         to_boot: u32,
         epoch: Epoch,
         last: Option<LogPosition>,
+        tail_cut: Option<TailCut>,
     },
 }
 
@@ -163,8 +179,11 @@ impl Waiter {
 /// How a start after a stop went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StartOutcome {
-    /// Serving.
-    Started,
+    /// Serving; `cut`: the recovery cut a torn tail and marked the store with this.
+    Started {
+        /// The mark this start wrote, if its recovery cut a tail.
+        cut: Option<TailCut>,
+    },
     /// The recovery scan found a bad record before valid ones: the store refuses to start.
     Corrupt {
         /// The offset of the bad record.
@@ -257,13 +276,24 @@ impl SimStore {
     }
 
     /// The durable log (what survives a crash for sure).
+    #[cfg(test)]
     pub(crate) fn durable_log(&self) -> &EntryLog {
         &self.disk.durable_log
     }
 
-    /// Whether a flipped bit waits to be found at the next start.
-    pub(crate) fn has_flipped_bit(&self) -> bool {
-        self.disk.flipped.is_some()
+    /// The durable log this store will vote with after its next start, and whether it will
+    /// carry a tail-cut mark; `None` if the next start will refuse (a flip before the last
+    /// record is corruption).
+    pub(crate) fn voting_log(&self) -> Option<(&[Event], bool)> {
+        let entries = self.disk.durable_log.entries();
+        let marked = self.disk.tail_cut.is_some() || self.disk.torn.is_some();
+        match self.disk.flipped {
+            None => Some((entries, marked)),
+            Some(at) if at.0 + 1 == entries.len() as u64 => {
+                Some((&entries[..entries.len() - 1], true))
+            }
+            Some(_) => None,
+        }
     }
 
     /// Whether the log has failed (fail-stop).
@@ -423,6 +453,7 @@ impl SimStore {
                         to_boot: from_boot,
                         epoch: req.epoch,
                         last,
+                        tail_cut: self.disk.tail_cut,
                     },
                     out,
                 );
@@ -476,6 +507,7 @@ impl SimStore {
         }
         self.disk.durable = records;
         self.durable_seq = seq;
+        self.clear_tail_cut(out);
         while self
             .waiters
             .front()
@@ -492,18 +524,34 @@ impl SimStore {
     // ---------------------------------------------------------------- faults
 
     /// The process dies: volatile state is gone; of the unsynced records a random prefix
-    /// survives (a torn write cuts anywhere in it).
-    pub(crate) fn crash(&mut self, rng: &mut SimRng) {
+    /// survives (a torn write cuts anywhere in it, and the next start cuts the torn record
+    /// and marks the store). With `tear` false the write is not torn: a prefix the draw
+    /// would have torn is lost whole instead (nothing of it on the medium, no mark).
+    pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
         let unsynced = self.disk.records.len() - self.disk.durable;
-        let keep = match rng.range(0, 2) {
+        // 0: nothing of the unsynced writes reached the medium (the scan ends cleanly);
+        // 1: all of them did; 2: a torn write, some prefix survives and the scan cuts the
+        // partial record after it.
+        let draw = rng.range(0, 2);
+        let keep = match draw {
             0 => 0,
             1 => unsynced,
-            _ => rng.range(0, unsynced as u64) as usize,
+            _ => {
+                let k = rng.range(0, unsynced as u64) as usize;
+                if tear || k == unsynced {
+                    k
+                } else {
+                    0
+                }
+            }
         };
         self.disk.records.truncate(self.disk.durable + keep);
         let mut log = EntryLog::default();
         for r in &self.disk.records {
             log.apply(r);
+        }
+        if draw == 2 && tear && keep < unsynced {
+            self.disk.torn = Some(Offset(log.len()));
         }
         // What survived is on the medium: compact it to one record per entry.
         self.disk.records = log.entries().iter().cloned().map(Record::Entry).collect();
@@ -541,14 +589,27 @@ impl SimStore {
         if let Some(at) = self.disk.flipped {
             if at.0 + 1 == self.disk.durable_log.len() {
                 // The WAL's scan sees a bad last record with nothing valid after it: a torn
-                // tail, cut silently (only reachable with tail flips on).
+                // tail, cut (only reachable with tail flips on), and the store is marked.
                 self.disk.records.truncate(at.0 as usize);
                 self.disk.durable = self.disk.records.len();
                 self.disk.durable_log.entries.truncate(at.0 as usize);
                 self.disk.flipped = None;
+                self.disk.torn = Some(at);
             } else {
                 return StartOutcome::Corrupt { offset: at };
             }
+        }
+        let mut cut = None;
+        if let Some(at) = self.disk.torn.take() {
+            // The node writes the mark durably before the WAL's cut (the WAL's pre-cut hook):
+            // one atomic step here. A mark already there keeps its lower offset.
+            let offset = self.disk.tail_cut.map_or(at, |c| c.offset.min(at));
+            let mark = TailCut {
+                offset,
+                promised: self.disk.promised,
+            };
+            self.disk.tail_cut = Some(mark);
+            cut = Some(mark);
         }
         let id = self.disk.identity;
         self.replica = Replica::new(id.store_id, id.incarnation, id.role, self.disk.promised);
@@ -557,7 +618,7 @@ impl SimStore {
         self.up = true;
         self.submitted = 0;
         self.durable_seq = 0;
-        StartOutcome::Started
+        StartOutcome::Started { cut }
     }
 
     /// The operator replaces the disk and runs `quire-node init`: an empty store with a new
@@ -649,6 +710,7 @@ impl SimStore {
                 to_boot,
                 epoch,
                 last,
+                tail_cut,
                 ..
             } => {
                 let last = if durable {
@@ -664,9 +726,34 @@ impl SimStore {
                         last,
                         store_id: self.replica.store_id(),
                         incarnation: self.replica.incarnation(),
+                        tail_cut,
                     }),
                 );
             }
+        }
+    }
+
+    /// Clears the tail-cut mark once the durable log holds an entry of an epoch above the
+    /// promised epoch at the cut: a later master wrote it, and by log matching this store
+    /// then holds that master's adopted log, which has every event the lost records could
+    /// have helped stabilize.
+    fn clear_tail_cut(&mut self, out: &mut Out) {
+        let Some(cut) = self.disk.tail_cut else {
+            return;
+        };
+        if self
+            .disk
+            .durable_log
+            .last()
+            .is_some_and(|l| l.epoch > cut.promised)
+        {
+            self.disk.tail_cut = None;
+            out.seen.push(Seen::Note(format!(
+                "{}: tail-cut mark (offset {}, promised {:#x}) cleared",
+                self.node(),
+                cut.offset.0,
+                cut.promised.0
+            )));
         }
     }
 
@@ -835,8 +922,15 @@ mod tests {
             let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1), ev(2, 2)]);
             s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
             assert_eq!(s.accepted.len(), 3);
-            s.crash(&mut rng);
-            assert_eq!(s.start(), StartOutcome::Started);
+            s.crash(&mut rng, true);
+            let StartOutcome::Started { cut } = s.start() else {
+                panic!("the store starts")
+            };
+            if let Some(cut) = cut {
+                // A torn write: the mark names where the cut began and the promise then.
+                assert_eq!(cut.offset.0, s.durable_log().len());
+                assert_eq!(cut.promised, Epoch(2));
+            }
             let epochs: Vec<u64> = s
                 .durable_log()
                 .entries()
@@ -905,10 +999,55 @@ mod tests {
         s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
         let generation = s.generation;
         s.on_fsync_done(generation, &mut out);
-        s.crash(&mut rng);
+        s.crash(&mut rng, true);
         let at = s.flip_bit(false, &mut rng).expect("entries to flip");
         assert!(at.0 < 3, "sealed data only");
         assert_eq!(s.start(), StartOutcome::Corrupt { offset: at });
         assert!(!s.up);
+    }
+
+    #[test]
+    fn a_flip_in_the_last_record_is_cut_marked_reported_and_cleared_by_a_later_master() {
+        let mut rng = SimRng::new(5);
+        let mut s = store(false);
+        let mut out = Out::default();
+        let (meta, req) = append(1, None, (0..2).map(|o| ev(1, o)).collect());
+        s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
+        let generation = s.generation;
+        s.on_fsync_done(generation, &mut out);
+        s.crash(&mut rng, true);
+        // Only the last record is a candidate once the first is excluded: flip until it hits.
+        while s.flip_bit(true, &mut rng) != Some(Offset(1)) {}
+        assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((1, true)));
+        let StartOutcome::Started { cut } = s.start() else {
+            panic!("a flipped last record reads as a torn tail")
+        };
+        let cut = cut.expect("the cut marks the store");
+        assert_eq!(cut.offset, Offset(1));
+        assert_eq!(cut.promised, Epoch(1));
+        // Its grants carry the mark.
+        let mut out = Out::default();
+        let fence = FenceRequest {
+            epoch: Epoch(2),
+            expected: None,
+        };
+        s.on_fence(NodeId::Broker(1), 1, fence, &mut out);
+        let [crate::out::Send {
+            msg: Msg::FenceGranted(g),
+            ..
+        }] = &out.sends[..]
+        else {
+            panic!("{:?}", out.sends)
+        };
+        assert_eq!(g.tail_cut, Some(cut));
+        // An entry of epoch 2 (above the promise at the cut), once durable, clears it.
+        let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1)]);
+        let mut out = Out::default();
+        s.on_append(NodeId::Broker(1), 1, meta, req, &mut out);
+        assert!(s.disk.tail_cut.is_some(), "not before the entry is durable");
+        let generation = s.generation;
+        s.on_fsync_done(generation, &mut out);
+        assert_eq!(s.disk.tail_cut, None);
+        assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((2, false)));
     }
 }

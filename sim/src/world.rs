@@ -469,7 +469,7 @@ impl World {
         let produced: Vec<ProducedBatch<'_>> =
             self.batches.iter().map(Batch::as_produced).collect();
         self.checker.check_history(&produced);
-        let voters: Vec<(u8, &[quire_proto::Event])> = self
+        let voters: Vec<(u8, &[quire_proto::Event], bool)> = self
             .stores
             .iter()
             .filter(|s| {
@@ -478,11 +478,11 @@ impl World {
                 id.role == Role::Voter
                     && id.store_id == bound.store_id
                     && id.incarnation == bound.incarnation
-                    && !s.has_flipped_bit()
             })
-            .map(|s| (s.index, s.durable_log().entries()))
+            .filter_map(|s| s.voting_log().map(|(log, marked)| (s.index, log, marked)))
             .collect();
-        self.checker.check_quorums(&voters, self.fence_quorum);
+        self.checker
+            .check_quorums(&voters, self.fence_quorum, self.stores.len());
         self.stats.messages_checked = self.checker.messages_checked;
         self.stats.mutated += self.stores.iter().map(|s| s.mutated_acks).sum::<u64>();
         self.stats.mutated += self.brokers.iter().map(|b| b.mutated).sum::<u64>();
@@ -946,7 +946,16 @@ impl World {
             return;
         }
         match self.stores[i].start() {
-            StartOutcome::Started => {
+            StartOutcome::Started { cut } => {
+                if let Some(cut) = cut {
+                    self.stats.tail_cuts += 1;
+                    self.note(|| {
+                        format!(
+                            "S{s} cut a torn tail from offset {} and is marked (promised {:#x})",
+                            cut.offset.0, cut.promised.0
+                        )
+                    });
+                }
                 self.note(|| format!("S{s} started"));
                 self.refresh_links();
             }
@@ -966,7 +975,8 @@ impl World {
             return;
         }
         self.paused.remove(&NodeId::Store(s));
-        self.stores[i].crash(&mut self.rng);
+        let tear = self.mark_allowed(i);
+        self.stores[i].crash(&mut self.rng, tear);
         self.stats.store_crashes += 1;
         self.note(|| format!("S{s} crashed"));
         self.refresh_links();
@@ -1027,6 +1037,39 @@ impl World {
             && id.incarnation == bound.incarnation
     }
 
+    /// Voters that carry a tail-cut mark or will at their next start, other than `except`.
+    fn marked_voters(&self, except: usize) -> usize {
+        (0..self.stores.len())
+            .filter(|&s| s != except && self.is_voter(s))
+            .filter(|&s| self.stores[s].voting_log().is_some_and(|(_, m)| m))
+            .count()
+    }
+
+    /// Liveness mode keeps enough voters for a takeover to complete once the faults stop
+    /// (docs/testing.md): F unmarked voters, or no voter lost for good (then every store
+    /// grants). A crash may tear a write of store `s` (which marks it) only if that stays
+    /// true. Safety mode tears any crash.
+    fn mark_allowed(&self, s: usize) -> bool {
+        if self.config.mode != Mode::Liveness || !self.is_voter(s) {
+            return true;
+        }
+        if self.stores[s].voting_log().is_some_and(|(_, m)| m) {
+            return true;
+        }
+        let n = self.stores.len();
+        self.losses == 0 || n >= self.losses + self.marked_voters(s) + 1 + self.fence_quorum
+    }
+
+    /// Liveness mode: whether voter `s` may be lost for good (a wipe, a flipped bit) with
+    /// F unmarked voters left (see [`World::mark_allowed`]).
+    fn loss_allowed(&self, s: usize) -> bool {
+        if self.config.mode != Mode::Liveness {
+            return true;
+        }
+        let n = self.stores.len();
+        n >= self.losses + 1 + self.marked_voters(s) + self.fence_quorum
+    }
+
     fn inject_faults(&mut self) {
         let r = self.rates;
         let nb = self.brokers.len();
@@ -1055,7 +1098,7 @@ impl World {
         if self.rng.chance(r.store_wipe) {
             let s = self.rng.index(ns);
             let voter = self.is_voter(s);
-            if !voter || self.losses < self.losses_max {
+            if !voter || (self.losses < self.losses_max && self.loss_allowed(s)) {
                 if voter {
                     self.losses += 1;
                 }
@@ -1068,7 +1111,7 @@ impl World {
         if self.rng.chance(r.bit_flip) {
             let s = self.rng.index(ns);
             let voter = self.is_voter(s);
-            if !voter || self.losses < self.losses_max {
+            if !voter || (self.losses < self.losses_max && self.loss_allowed(s)) {
                 self.crash_store(s as u8);
                 if !self.stores[s].up {
                     let tail = self.config.faults.tail_flips;

@@ -219,15 +219,15 @@ fn mutation_through_end_is_caught() {
         .any(|v| matches!(v, Violation::AckClaimsUnheld { .. })));
 }
 
-/// Open finding (docs/testing.md, "What the simulation found"): quire-wal's recovery scan
-/// reads a bit flip in a store's *last* durable record as a torn write and cuts it
-/// silently; the store then votes with a log that lacks an event it acked, and the next
-/// master overwrites a stabilized event. Seed 805 (safety mode, `--tail-flips`): S2's only
-/// entry, the stabilized epoch-start of B1 at offset 0, is cut at restart; B2 fences S1 and
-/// S2 (both empty), adopts an empty log and writes its own epoch-start at offset 0.
-/// Un-ignore once a store that cut an acked record no longer votes (or no longer cuts it).
+/// Regression (docs/testing.md, "What the simulation found", 1): quire-wal's recovery scan
+/// reads a bit flip in a store's *last* durable record as a torn write and cuts it; the
+/// store then voted with a log that lacks an event it acked, and the next master overwrote
+/// a stabilized event. Seed 805 (safety mode, `--tail-flips`): S2's only entry, the
+/// stabilized epoch-start of B1 at offset 0, was cut at restart; B2 fenced S1 and S2 (both
+/// empty), adopted an empty log and wrote its own epoch-start at offset 0. Fixed by
+/// tail-cut marks: S2 now reports its cut in its grant, and B2 waits for F unmarked grants
+/// (or every store's) before it adopts a log.
 #[test]
-#[ignore = "open: a bit flip in the last durable record reads as a torn tail and loses a stabilized event"]
 fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
     let c = SimConfig {
         faults: quire_sim::FaultSet { tail_flips: true },
@@ -237,12 +237,13 @@ fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
     assert!(r.passed(), "{:?}", r.violations);
 }
 
-/// Open finding (docs/testing.md, "What the simulation found", 2): a takeover must fetch
-/// everything above its applied offset before its deadline (twice the election timeout),
-/// and a restarted broker has applied nothing. With one event per fetch, liveness seed 495
-/// never elects a master after the faults stop: both brokers restarted empty and each
-/// takeover is abandoned in the middle of fetching the ~96-event log. Un-ignore once the
-/// deadline grows with the fetch (or a takeover keeps what it fetched).
+/// Regression (docs/testing.md, "What the simulation found", 2): a takeover must fetch
+/// everything above its applied offset, and a restarted broker has applied nothing. The
+/// simulated driver abandoned a takeover after a fixed deadline (twice the election
+/// timeout), so with one event per fetch liveness seed 495 never elected a master after the
+/// faults stopped: both brokers restarted empty and each takeover was abandoned in the
+/// middle of fetching the ~96-event log. The broker's actor already extended the deadline
+/// per fetched batch; the simulated driver now does the same.
 #[test]
 fn a_takeover_that_must_fetch_a_long_log_one_event_at_a_time_never_finishes() {
     let c = SimConfig {

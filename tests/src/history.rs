@@ -341,12 +341,15 @@ pub fn check(history: &History, log: &FinalLog, consumers: &ConsumerReads) -> Ch
         })
         .collect();
     checker.check_history(&produced);
-    let voters: Vec<(u8, &[quire_proto::Event])> = log
+    // Every store counts as unmarked (no tail-cut mark): every set of F of them is a
+    // quorum, the strictest form of the check. (A store's mark is in its `DIR/tail_cut`.)
+    let voters: Vec<(u8, &[quire_proto::Event], bool)> = log
         .stores
         .iter()
-        .map(|(s, events)| (*s, events.as_slice()))
+        .map(|(s, events)| (*s, events.as_slice(), false))
         .collect();
-    checker.check_quorums(&voters, log.fence_quorum);
+    let stores = voters.len().max(log.fence_quorum);
+    checker.check_quorums(&voters, log.fence_quorum, stores);
     CheckReport {
         violations: checker.violations().to_vec(),
         messages_checked: checker.messages_checked(),

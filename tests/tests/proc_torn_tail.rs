@@ -11,8 +11,8 @@
 //! acknowledged message is in the log once, at its offset, in producer order.
 //!
 //! Cutting records a store acknowledged is a disk that lost acknowledged data: safe here
-//! because the master stays up and resends, but not across a failover (docs/testing.md,
-//! "What the simulation found", 1).
+//! because the master stays up and resends, and across a failover because the store then
+//! carries a tail-cut mark (docs/protocol.md, "Tail-cut marks").
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 

@@ -43,7 +43,7 @@ pub use append::{Append, Record, RecordIn};
 pub use error::{CorruptionKind, WalError};
 pub use index::EpochRuns;
 pub use promised::PromisedEpoch;
-pub use recovery::{inspect, repair_torn_tail, RecoveryReport, RepairReport};
+pub use recovery::{inspect, repair_torn_tail, BeforeCut, RecoveryReport, RepairReport};
 pub use scan::{
     BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
 };

@@ -71,9 +71,21 @@ pub(crate) fn open_for_read(path: &Path) -> Result<Arc<File>, WalError> {
     Ok(Arc::new(f))
 }
 
-/// Scans `dir`, cuts a torn tail, extends the last segment to `segment_bytes` with
-/// written zeros if it is shorter, and builds the index. The caller holds the lock.
-pub(crate) fn recover(dir: &Path, segment_bytes: u64, align: u64) -> Result<Recovered, WalError> {
+/// Called by recovery with the torn tail it is about to cut, before anything on disk
+/// changes; an error stops the open with nothing cut. A store uses it to record durably
+/// that it cut a tail (quire-node's tail-cut mark), so that a crash right after the cut
+/// cannot make it forget.
+pub type BeforeCut<'a> = &'a mut dyn FnMut(&TornTail) -> Result<(), WalError>;
+
+/// Scans `dir`, cuts a torn tail (after `before_cut` returned `Ok`), extends the last
+/// segment to `segment_bytes` with written zeros if it is shorter, and builds the index.
+/// The caller holds the lock.
+pub(crate) fn recover(
+    dir: &Path,
+    segment_bytes: u64,
+    align: u64,
+    before_cut: BeforeCut<'_>,
+) -> Result<Recovered, WalError> {
     let started = Instant::now();
     let segments = segment::list_segments(dir)?;
     let start = segments.first().map_or(Offset::ZERO, |s| s.base);
@@ -108,6 +120,7 @@ pub(crate) fn recover(dir: &Path, segment_bytes: u64, align: u64) -> Result<Reco
     };
     let mut deleted_from = None;
     if let Some(t) = &torn {
+        before_cut(t)?;
         let deleted = cut(dir, t)?;
         if deleted > 0 {
             let first_deleted = segments.len() - deleted;
@@ -230,7 +243,9 @@ pub struct RepairReport {
 }
 
 /// Offline repair: cuts a torn tail of the log in `dir` (the same cut [`crate::Wal::open`]
-/// makes) and nothing else. Takes the directory lock.
+/// makes) and nothing else. Takes the directory lock. It writes no tail-cut mark: on a
+/// quire-node store directory, let the node's start make the cut instead (it records the
+/// mark first, docs/protocol.md "Tail-cut marks").
 ///
 /// # Errors
 /// [`WalError::Corruption`] (and no change) if the log is corrupt rather than torn;

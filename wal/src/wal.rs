@@ -141,6 +141,24 @@ impl Wal {
         config: WalConfig,
         disk: Box<dyn Disk>,
     ) -> Result<(Wal, RecoveryReport), WalError> {
+        Wal::open_with_hook(config, Some(disk), &mut |_| Ok(()))
+    }
+
+    /// [`Wal::open`] (`disk: None`) or [`Wal::open_with_disk`], calling `before_cut` with
+    /// the torn tail recovery found before it cuts it (see [`crate::BeforeCut`]). When
+    /// `before_cut` fails, the open fails with its error and the log is unchanged.
+    ///
+    /// # Errors
+    /// As [`Wal::open`], and `before_cut`'s error.
+    pub fn open_with_hook(
+        config: WalConfig,
+        disk: Option<Box<dyn Disk>>,
+        before_cut: crate::BeforeCut<'_>,
+    ) -> Result<(Wal, RecoveryReport), WalError> {
+        let disk = match disk {
+            Some(d) => d,
+            None => disk::open_disk(config.io)?.0,
+        };
         if config.batch_bytes_max == 0 {
             return Err(WalError::Config("batch_bytes_max must be positive".into()));
         }
@@ -172,7 +190,7 @@ impl Wal {
             disk = disk.name(),
             "opening WAL"
         );
-        let rec = recovery::recover(&config.dir, segment_bytes, align)?;
+        let rec = recovery::recover(&config.dir, segment_bytes, align, before_cut)?;
         let report = rec.report.clone();
         let prealloc = Preallocator::start(
             &config.dir,

@@ -226,3 +226,62 @@ fn single_record_segment_torn_at_its_first_byte() {
     // the 17th starts a segment of its own.
     check_cuts((0..17).map(|_| vec![10]).collect(), 7);
 }
+
+/// The pre-cut hook (`Wal::open_with_hook`) sees the torn tail before anything changes:
+/// when it fails, the open fails and the tail is still there; when it succeeds, the tail is
+/// cut as by `Wal::open`, and a clean log never calls it. quire-node records its tail-cut
+/// mark in this hook, so a crash between its mark and the cut never loses the mark.
+#[test]
+fn the_pre_cut_hook_runs_before_the_cut_and_a_failing_hook_cuts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    build_log(dir.path(), &[vec![40, 50], vec![60]]);
+    let mut last = None;
+    inspect(dir.path(), |r| {
+        if r.status == RecordStatus::Entry {
+            last = Some((r.segment.to_path_buf(), r.position.0, r.bytes));
+        }
+    })
+    .unwrap();
+    let (segment, position, bytes) = last.unwrap();
+    // A bit flip in the last record reads as a torn tail.
+    let mut file = fs::read(&segment).unwrap();
+    file[usize::try_from(position + bytes - 1).unwrap()] ^= 1;
+    fs::write(&segment, &file).unwrap();
+    let before = segments_only(&snapshot(dir.path()));
+
+    let mut seen = Vec::new();
+    let failed = Wal::open_with_hook(config(dir.path(), IoBackend::Sync), None, &mut |t| {
+        seen.push(t.offset);
+        Err(quire_wal::WalError::Config(
+            "the mark cannot be written".into(),
+        ))
+    });
+    assert!(failed.is_err());
+    assert_eq!(
+        seen,
+        vec![Offset(2)],
+        "the hook saw where the cut would begin"
+    );
+    assert_eq!(
+        segments_only(&snapshot(dir.path())),
+        before,
+        "a failing hook cuts nothing"
+    );
+
+    let mut seen = Vec::new();
+    let (wal, rep) = Wal::open_with_hook(config(dir.path(), IoBackend::Sync), None, &mut |t| {
+        seen.push(t.offset);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, vec![Offset(2)]);
+    assert_eq!(rep.torn_tail.map(|t| t.offset), Some(Offset(2)));
+    assert_eq!(read_all(&wal).len(), 2);
+    drop(wal);
+
+    let (_wal, rep) = Wal::open_with_hook(config(dir.path(), IoBackend::Sync), None, &mut |_| {
+        panic!("a clean log calls no hook")
+    })
+    .unwrap();
+    assert!(rep.torn_tail.is_none());
+}

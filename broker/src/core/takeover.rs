@@ -24,6 +24,14 @@
 //! - **F + Qa > N**: the F granting stores include one of any Qa that stabilized an event,
 //!   and Raft's up-to-date order (§5.4.1: last epoch, then last offset — *not* the longest
 //!   log, found by model check) picks a log holding every stabilized event.
+//! - **Tail-cut marks.** A grant that carries a tail-cut mark (the store's recovery cut a
+//!   torn tail, which may have been an acked record with a flipped bit, and the store has
+//!   not caught up with a later master since) may lack an event the store acked. The fence
+//!   quorum is reached when F grants *without* a mark arrived, or when every store of the
+//!   cluster granted (then a stabilized event is lost only if all of the Qa stores that
+//!   acked it lost it: a torn write never hides an acked record). The log is adopted among
+//!   every grant counted so far, marked or not (a cut log is still a log some master
+//!   wrote). docs/protocol.md, "Tail-cut marks", gives the argument.
 //! - **What to fetch.** Events at or below this broker's applied offset are stabilized, so
 //!   the adopted log has them unchanged; the rest of the local log may diverge and is
 //!   replaced by the adopted store's events `applied + 1 ..= granted offset` — unless the
@@ -33,7 +41,7 @@
 //!   offset, have epochs that never go down and never exceed the granted epoch, and end
 //!   exactly at the granted `(epoch, offset)`; anything else aborts the attempt.
 
-use quire_proto::{BrokerId, Epoch, LogPosition, Offset};
+use quire_proto::{BrokerId, Epoch, LogPosition, Offset, TailCut};
 
 use super::event::Event;
 use super::log::Log;
@@ -144,6 +152,9 @@ pub enum TakeoverInput {
         identity: StoreIdentity,
         /// The store's last `(epoch, offset)`, `None` if its log is empty.
         last: Option<LogPosition>,
+        /// The store's tail-cut mark, if it carries one: the grant then counts toward F
+        /// only once every store granted.
+        tail_cut: Option<TailCut>,
     },
     /// A store refused the fence for `epoch`.
     FenceRefused {
@@ -307,6 +318,8 @@ pub enum TakeoverMutation {
 pub struct TakeoverStats {
     /// Grants counted toward F.
     pub grants_counted: u64,
+    /// Grants counted that carried a tail-cut mark (they reach F only with every store).
+    pub grants_tail_cut: u64,
     /// Grants for an epoch other than the current attempt's.
     pub grants_other_epoch: u64,
     /// Grants from a slot that is unknown, a slave, or answered with another identity.
@@ -336,6 +349,30 @@ enum Phase {
     Aborted,
 }
 
+/// One store's grant of the current attempt's fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    /// The store's last entry.
+    last: Option<LogPosition>,
+    /// Whether the grant carried a tail-cut mark.
+    tail_cut: bool,
+}
+
+/// The fence quorum rule with tail-cut marks: `unmarked` grants without a mark and
+/// `granted` grants in all from a cluster of `stores` stores, fence quorum `fence_quorum`.
+/// Reached when F grants carry no mark, or when every store granted.
+#[must_use]
+pub fn fence_quorum_reached(
+    unmarked: usize,
+    granted: usize,
+    stores: usize,
+    fence_quorum: usize,
+) -> bool {
+    assert!(unmarked <= granted, "unmarked grants are grants");
+    assert!(granted <= stores, "grants never exceed the store count");
+    unmarked >= fence_quorum || granted == stores
+}
+
 /// The takeover state machine. See the module docs for the rules.
 #[derive(Clone, Debug)]
 pub struct TakeoverCore {
@@ -347,8 +384,8 @@ pub struct TakeoverCore {
     epoch: Epoch,
     highest_seen: Epoch,
     phase: Phase,
-    /// Per slot: the granted last entry, once that store granted this attempt's fence.
-    grants: Vec<Option<Option<LogPosition>>>,
+    /// Per slot: the store's grant of this attempt's fence, once it granted.
+    grants: Vec<Option<Grant>>,
     stats: TakeoverStats,
     mutation: TakeoverMutation,
 }
@@ -419,11 +456,16 @@ impl TakeoverCore {
                 epoch,
                 identity,
                 last,
+                tail_cut,
             } => {
                 if let Some(l) = last {
                     self.see(l.epoch, out);
                 }
-                self.on_grant(slot, epoch, identity, last, out);
+                let grant = Grant {
+                    last,
+                    tail_cut: tail_cut.is_some(),
+                };
+                self.on_grant(slot, epoch, identity, grant, out);
             }
             TakeoverInput::FenceRefused {
                 slot: _,
@@ -507,6 +549,16 @@ impl TakeoverCore {
     #[must_use]
     pub fn grant_count(&self) -> usize {
         self.grants.iter().filter(|g| g.is_some()).count()
+    }
+
+    /// Number of distinct voting stores that granted this attempt's fence without a
+    /// tail-cut mark.
+    #[must_use]
+    pub fn unmarked_grant_count(&self) -> usize {
+        self.grants
+            .iter()
+            .filter(|g| g.is_some_and(|g| !g.tail_cut))
+            .count()
     }
 
     /// Whether the current attempt is waiting for something (not done, stepped back or
@@ -604,9 +656,10 @@ impl TakeoverCore {
         slot: SlotId,
         epoch: Epoch,
         identity: StoreIdentity,
-        last: Option<LogPosition>,
+        grant: Grant,
         out: &mut Vec<TakeoverCommand>,
     ) {
+        let last = grant.last;
         if self.phase != Phase::Fencing {
             // Late grants (after adopting, or for an attempt not yet fencing) change nothing.
             self.stats.grants_other_epoch += u64::from(epoch != self.epoch);
@@ -632,14 +685,15 @@ impl TakeoverCore {
             self.stats.grants_duplicate += 1;
             return;
         }
-        *g = Some(last);
+        *g = Some(grant);
         self.stats.grants_counted += 1;
-        let count = self.grant_count();
-        assert!(
-            count <= self.config.cluster.store_count(),
-            "grants never exceed the store count"
-        );
-        if count >= self.config.cluster.fence_quorum {
+        self.stats.grants_tail_cut += u64::from(grant.tail_cut);
+        if fence_quorum_reached(
+            self.unmarked_grant_count(),
+            self.grant_count(),
+            self.config.cluster.store_count(),
+            self.config.cluster.fence_quorum,
+        ) {
             self.adopt(out);
         }
     }
@@ -648,7 +702,9 @@ impl TakeoverCore {
     fn adopt(&mut self, out: &mut Vec<TakeoverCommand>) {
         let mut best: Option<(SlotId, Option<LogPosition>)> = None;
         for (i, g) in self.grants.iter().enumerate() {
-            let Some(last) = *g else { continue };
+            let Some(Grant { last, .. }) = *g else {
+                continue;
+            };
             let key = last.map(|l| self.adopt_key(l));
             if best.is_none_or(|(_, b)| key > b.map(|l| self.adopt_key(l))) {
                 best = Some((

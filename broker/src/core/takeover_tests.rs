@@ -58,6 +58,21 @@ fn grant(slot: u16, epoch: Epoch, last: Option<LogPosition>) -> TakeoverInput {
         epoch,
         identity: ident(u64::from(slot)),
         last,
+        tail_cut: None,
+    }
+}
+
+/// A grant carrying a tail-cut mark (the store cut a torn tail at its last start).
+fn marked_grant(slot: u16, epoch: Epoch, last: Option<LogPosition>) -> TakeoverInput {
+    TakeoverInput::FenceGranted {
+        slot: SlotId(slot),
+        epoch,
+        identity: ident(u64::from(slot)),
+        last,
+        tail_cut: Some(quire_proto::TailCut {
+            offset: last.map_or(Offset::ZERO, |l| l.offset.next()),
+            promised: Epoch(1),
+        }),
     }
 }
 
@@ -123,6 +138,7 @@ fn only_this_attempts_grants_from_voting_stores_count() {
             epoch: e,
             identity: reborn,
             last: None,
+            tail_cut: None,
         },
         &mut out,
     );
@@ -732,4 +748,113 @@ fn bootstrap_grants_count_only_after_the_identities_are_known() {
     };
     assert!(adopted.log.is_empty());
     assert_eq!(adopted.epoch, e);
+}
+
+#[test]
+fn the_fence_quorum_counts_marked_grants_only_when_every_store_granted() {
+    // (unmarked, granted, stores, F) -> reached
+    let table = [
+        ((0, 0, 3, 2), false),
+        ((1, 1, 3, 2), false),
+        ((2, 2, 3, 2), true),
+        ((1, 2, 3, 2), false), // one grant is marked: F unmarked not reached
+        ((2, 3, 3, 2), true),
+        ((0, 3, 3, 2), true), // every store granted, all marked (a whole-cluster power loss)
+        ((1, 3, 3, 2), true),
+        ((0, 2, 3, 2), false),
+        ((3, 4, 5, 3), true),
+        ((2, 4, 5, 3), false), // 5 stores, one down, two marked: no quorum
+        ((2, 5, 5, 3), true),
+        ((1, 1, 1, 1), true),
+        ((0, 1, 1, 1), true), // a one-store cluster: its grant is every grant
+    ];
+    for ((unmarked, granted, stores, f), reached) in table {
+        assert_eq!(
+            fence_quorum_reached(unmarked, granted, stores, f),
+            reached,
+            "unmarked {unmarked}, granted {granted}, stores {stores}, F {f}"
+        );
+    }
+}
+
+#[test]
+fn a_marked_grant_does_not_complete_the_fence_quorum() {
+    // quire-sim seed 805 (tail flips): B1 stabilized its epoch-start at offset 0 on S0 and
+    // S2; a bit flipped in S2's only record and S2 cut it at restart as a torn tail. S1 and
+    // S2 (both empty now) are a fence quorum of two: adopting their empty log would let the
+    // new master overwrite the stabilized offset 0. S2 reports its mark, so the takeover
+    // waits for S0 and adopts S0's log.
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(1, e, None), &mut out);
+    t.handle(marked_grant(2, e, None), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!((t.grant_count(), t.unmarked_grant_count()), (2, 1));
+    t.handle(grant(0, e, Some(pos(0x1_0001, 0))), &mut out);
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Fetch {
+            slot: SlotId(0),
+            epoch: e,
+            from: Offset(0),
+            through: Offset(0)
+        }]
+    );
+    assert_eq!(t.stats().grants_tail_cut, 1);
+    assert_eq!(t.stats().grants_counted, 3);
+}
+
+#[test]
+fn every_store_granting_completes_the_quorum_even_when_all_are_marked() {
+    // A whole-cluster power loss: every store may have cut a torn tail at start. With every
+    // store's grant in, a stabilized event survives unless all its Qa ackers lost it, and the
+    // most up-to-date log among them all is adopted.
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(marked_grant(0, e, Some(pos(1, 4))), &mut out);
+    t.handle(marked_grant(1, e, Some(pos(1, 6))), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    t.handle(marked_grant(2, e, Some(pos(1, 5))), &mut out);
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Fetch {
+            slot: SlotId(1),
+            epoch: e,
+            from: Offset(0),
+            through: Offset(6)
+        }]
+    );
+}
+
+#[test]
+fn the_adopted_log_may_come_from_a_marked_grant() {
+    // F unmarked grants complete the quorum; the log is the most up-to-date among every
+    // grant counted, a marked one too (a cut log is a prefix some master wrote).
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(marked_grant(0, e, Some(pos(3, 2))), &mut out);
+    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    t.handle(grant(2, e, None), &mut out);
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Fetch {
+            slot: SlotId(0),
+            epoch: e,
+            from: Offset(0),
+            through: Offset(2)
+        }]
+    );
+}
+
+#[test]
+fn a_repeated_marked_grant_is_a_duplicate_and_changes_nothing() {
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(marked_grant(0, e, None), &mut out);
+    t.handle(marked_grant(0, e, None), &mut out);
+    t.handle(grant(1, e, None), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(t.stats().grants_duplicate, 1);
+    assert_eq!((t.grant_count(), t.unmarked_grant_count()), (2, 1));
 }

@@ -1219,6 +1219,9 @@ impl Actor {
         let mut out = Vec::new();
         match outcome {
             Ok(FenceOutcome::Granted(g)) => {
+                if let Some(cut) = g.tail_cut {
+                    tracing::warn!(%slot, cut_offset = %cut.offset, cut_promised = %cut.promised, "the store grants with a tail-cut mark: it counts toward the fence quorum only if every store grants");
+                }
                 if let Some(grants) = &mut t.bootstrap {
                     if g.last.is_some() {
                         tracing::warn!(%slot, last = ?g.last, "a store holds events but this broker knows no store identity: it will not bootstrap a cluster; waiting to learn the voters from a master");
@@ -1255,6 +1258,7 @@ impl Actor {
                             incarnation: g.incarnation,
                         },
                         last: g.last,
+                        tail_cut: g.tail_cut,
                     },
                     &mut out,
                 );
@@ -1327,6 +1331,7 @@ impl Actor {
                     epoch: g.epoch,
                     identity,
                     last: g.last,
+                    tail_cut: g.tail_cut,
                 },
                 &mut out,
             );
