@@ -6,15 +6,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use bytes::Bytes;
 use quire_proto::{AppendRequest, Epoch, Event, EventKind, LogPosition, Offset};
+use quire_tests::Proc;
 
 /// How long the node may take to start and print its address.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -62,25 +62,7 @@ pub const SMALL_CONFIG: &str = "[wal]\nsegment_bytes_max = 4194304\n";
 
 /// Runs `quire-node ARGS` to completion (bounded) and returns its output.
 pub fn run_cli(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn quire-node");
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("quire-node {args:?} did not finish within {START_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    quire_tests::run_bounded(Command::new(BIN).args(args), START_TIMEOUT)
 }
 
 /// `quire-node init --data-dir DIR [--learner]`, which must succeed.
@@ -98,9 +80,10 @@ pub fn init(dir: &Path, learner: bool) {
     );
 }
 
-/// A running `quire-node run`, killed with SIGKILL on drop.
+/// A running `quire-node run` (a process of the workspace's harness, quire-tests), killed
+/// with SIGKILL on drop.
 pub struct NodeProc {
-    child: Option<Child>,
+    proc: Proc,
     pub addr: SocketAddr,
     pub metrics: SocketAddr,
     data: PathBuf,
@@ -132,43 +115,31 @@ impl NodeProc {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> NodeProc {
-        let log_file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("log file");
-        let mut child = Command::new(BIN)
-            .args([
-                "run",
-                "--data-dir",
-                data.to_str().expect("utf-8 path"),
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .expect("spawn quire-node run");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut node = NodeProc {
-            child: Some(child),
-            addr: "0.0.0.0:0".parse().expect("addr"),
-            metrics: "0.0.0.0:0".parse().expect("addr"),
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "run",
+            "--data-dir",
+            data.to_str().expect("utf-8 path"),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied());
+        // The node prints `listening on ADDR` and `metrics on ADDR` in one write.
+        let (proc, addr) = Proc::start("quire-node", cmd, log.to_path_buf());
+        let metrics = proc
+            .metrics
+            .as_deref()
+            .expect("the node printed its metrics address")
+            .parse()
+            .expect("metrics address");
+        NodeProc {
+            addr: addr.parse().expect("listen address"),
+            metrics,
+            proc,
             data: data.to_path_buf(),
             log: log.to_path_buf(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
@@ -176,59 +147,23 @@ impl NodeProc {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        let (mut addr, mut metrics) = (None, None);
-        while addr.is_none() || metrics.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(a) = line.strip_prefix("listening on ") {
-                        addr = Some(a.trim().parse().expect("listen address"));
-                    } else if let Some(a) = line.strip_prefix("metrics on ") {
-                        metrics = Some(a.trim().parse().expect("metrics address"));
-                    }
-                }
-                Err(_) => panic!(
-                    "the node did not print its addresses within {START_TIMEOUT:?}; log:\n{}",
-                    fs::read_to_string(log).unwrap_or_default()
-                ),
-            }
         }
-        node.addr = addr.expect("set");
-        node.metrics = metrics.expect("set");
-        node
     }
 
     /// SIGTERM, then waits (bounded by [`START_TIMEOUT`]) for the process to exit; returns
     /// whether it exited with success.
     pub fn terminate(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
+        if !self.proc.is_running() {
             return false;
-        };
-        let pid = libc::pid_t::try_from(c.id()).expect("a pid fits in pid_t");
-        // SAFETY: kill(2) on a child this harness started and has not reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = c.try_wait().expect("try_wait") {
-                return status.success();
-            }
-            if Instant::now() > deadline {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!("the node did not stop within {START_TIMEOUT:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
+        self.proc
+            .terminate(START_TIMEOUT)
+            .unwrap_or_else(|| panic!("the node did not stop within {START_TIMEOUT:?} of SIGTERM"))
     }
 
     /// SIGKILL, and wait for the process to be gone.
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.kill9();
     }
 
     /// Kills the node and starts it again on the same data directory.
