@@ -19,9 +19,10 @@
 //! - [`history`]: every produce attempt with its outcome ([`History`]) and the one checker
 //!   of a run — the simulation's own (`quire_sim::Checker`) — via [`Cluster::check`].
 //!
-//! Other packages' multi-process tests (broker/tests/proc_*.rs, ...) use it as a
-//! dev-dependency. It does not own the servers' logic and reaches into no crate's internals:
-//! it talks to the processes over the wire, the command line and their files.
+//! Other packages' multi-process tests (the `proc_*.rs` of broker, client, node and tools)
+//! use it as a dev-dependency. It does not own the servers' logic and reaches into no
+//! crate's internals: it talks to the processes over the wire, the command line and their
+//! files.
 
 #![allow(clippy::missing_panics_doc)] // test harness: a panic is a test failure
 
