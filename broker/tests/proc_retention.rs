@@ -16,7 +16,7 @@ use quire_proto::{
     Body, CommitCursorRequest, CursorRequest, ErrorCode, ErrorDetail, FetchRequest, Offset,
     ProduceRequest, ReadRequest,
 };
-use quire_tests::{produce_answer, Client, Cluster, Timing, WAIT};
+use quire_tests::{produce_answer, quire_bin, Client, Cluster, Timing, WAIT};
 
 const TOPIC: &str = "t";
 const PRODUCER: u64 = 11;
@@ -403,4 +403,119 @@ fn proc_retention_by_age_trims_old_events() {
     }
     let first_now = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("trimmed");
     check_served(&mut c, &producer, first_now);
+    check_cli(&cluster, &producer, first_now);
+}
+
+/// Runs `quire ARGS` to completion (killed past [`WAIT`]): `(success, stdout, stderr)`.
+fn run_quire(args: &[&str]) -> (bool, String, String) {
+    let mut child = std::process::Command::new(quire_bin())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("quire starts");
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("quire {args:?} did not finish within {WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The CLI after a trim: `quire consume --from beginning` starts at the first offset held,
+/// `--from 0` fails naming the trim, `quire wal stat` shows each store's trim point (not
+/// compared with `first`: by age, the cluster keeps trimming while idle, one checkpoint per
+/// retention period).
+fn check_cli(cluster: &Cluster, producer: &Producer, first: Offset) {
+    let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let brokers = brokers.join(",");
+    let (ok, stdout, stderr) = run_quire(&[
+        "consume",
+        "--brokers",
+        &brokers,
+        "--topic",
+        TOPIC,
+        "--from",
+        "beginning",
+        "-n",
+        "3",
+        "--format",
+        "jsonl",
+    ]);
+    assert!(ok, "quire consume --from beginning failed: {stderr}");
+    let offsets: Vec<u64> = stdout
+        .lines()
+        .map(|l| {
+            let at = l.find("\"offset\":").expect("an offset field") + "\"offset\":".len();
+            let digits: String = l[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().expect("an offset")
+        })
+        .collect();
+    assert_eq!(offsets.len(), 3, "{stdout}");
+    assert!(offsets[0] >= first.0, "{stdout}");
+    let seq = producer
+        .acked
+        .iter()
+        .find_map(|(&s, &o)| (o.0 == offsets[0]).then_some(s))
+        .expect("the first message consumed was acked");
+    let text = String::from_utf8_lossy(&payload(seq)).into_owned();
+    assert!(
+        stdout.lines().next().is_some_and(|l| l.contains(&text)),
+        "{stdout}"
+    );
+
+    let (ok, _, stderr) = run_quire(&[
+        "consume",
+        "--brokers",
+        &brokers,
+        "--topic",
+        TOPIC,
+        "--from",
+        "0",
+        "-n",
+        "1",
+    ]);
+    assert!(!ok, "a consume from a trimmed offset must fail");
+    assert!(stderr.contains("trimmed"), "{stderr}");
+
+    // Each store trims once it learns the Trim event is stabilized: wait for it (bounded).
+    for store in &cluster.stores {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (ok, stdout, stderr) = run_quire(&[
+                "wal",
+                "stat",
+                store.dir.to_str().expect("utf-8 path"),
+                "--format",
+                "json",
+            ]);
+            assert!(ok, "quire wal stat failed: {stderr}");
+            let at = stdout.find("\"trim_point\":").expect("trim_point") + "\"trim_point\":".len();
+            let digits: String = stdout[at..]
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let trim_point: u64 = digits.parse().expect("a number");
+            if trim_point > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} never trimmed: {stdout}",
+                store.addr
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
