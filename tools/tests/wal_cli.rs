@@ -622,3 +622,45 @@ fn a_missing_directory_is_an_error() {
         text(&out.stderr)
     );
 }
+
+/// On a store's data directory, `repair --yes` writes the store's tail-cut mark before it
+/// cuts (docs/protocol.md, "Tail-cut marks"): the cut may have removed an acked record with
+/// a flipped bit, so the store's grants must count only when every store grants.
+#[test]
+fn repair_of_a_store_directory_marks_the_store_before_it_cuts() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("store");
+    quire_node::init(&quire_node::InitArgs {
+        data_dir: data.clone(),
+        learner: false,
+    })
+    .expect("init");
+    let wal_dir = data.join("wal");
+    write_log(&wal_dir);
+    let (records, _) = dump_jsonl(&wal_dir, &[]);
+    let last = records.last().expect("records");
+    let seg = wal_dir.join(last["segment"].as_str().expect("segment"));
+    let position = last["position"].as_u64().expect("position");
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open segment")
+        .set_len(position + 3)
+        .expect("truncate");
+    assert_eq!(quire_node::tail_cut::load(&data).expect("load"), None);
+
+    let out = quire(&[
+        "wal",
+        "repair",
+        path_str(&data),
+        "--truncate-torn-tail",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mark = quire_node::tail_cut::load(&data)
+        .expect("load")
+        .expect("the store is marked");
+    assert_eq!(mark.offset, Offset(EVENTS - 1));
+    let out = quire(&["wal", "verify", path_str(&data)]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

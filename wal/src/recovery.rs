@@ -243,9 +243,9 @@ pub struct RepairReport {
 }
 
 /// Offline repair: cuts a torn tail of the log in `dir` (the same cut [`crate::Wal::open`]
-/// makes) and nothing else. Takes the directory lock. It writes no tail-cut mark: on a
-/// quire-node store directory, let the node's start make the cut instead (it records the
-/// mark first, docs/protocol.md "Tail-cut marks").
+/// makes) and nothing else. Takes the directory lock. It calls no pre-cut hook: a caller
+/// repairing a quire-node store's WAL records the store's tail-cut mark first (`quire wal
+/// repair` does, docs/protocol.md "Tail-cut marks").
 ///
 /// # Errors
 /// [`WalError::Corruption`] (and no change) if the log is corrupt rather than torn;

@@ -3,6 +3,11 @@
 //! written over the torn bytes and fdatasynced; a segment whose first record is torn, and
 //! later segments with no valid record, deleted and the directory fsynced).
 //!
+//! On a store's WAL (`DIR/wal` next to a store `identity` file) it first writes the store's
+//! tail-cut mark (`DIR/tail_cut`, `quire_node::tail_cut`), as the node does before its own
+//! cut: the cut may remove an acked record with a flipped bit, so the store must not vote
+//! as if it held everything it acked (docs/protocol.md, "Tail-cut marks").
+//!
 //! Without `--yes` it is a dry run: it scans read-only and prints what would be cut.
 //! Corruption (a bad record with valid records after it) is never cut: the command prints
 //! where it is and exits 1, changing nothing. With `--yes` the WAL's lock is taken (without
@@ -168,6 +173,7 @@ pub fn repair(config: &RepairConfig) -> anyhow::Result<RepairOutcome> {
             last_epoch,
         });
     }
+    mark_store_before_cut(&wal_dir)?;
     match quire_wal::repair_torn_tail(&wal_dir) {
         Ok(r) => {
             let cut = r
@@ -203,4 +209,34 @@ pub fn repair(config: &RepairConfig) -> anyhow::Result<RepairOutcome> {
         Err(e) => Err(anyhow::Error::new(e)
             .context(format!("cannot repair the WAL in {}", wal_dir.display()))),
     }
+}
+
+/// If `wal_dir` is a store's WAL (`DIR/wal` with `DIR/identity`) and its log ends in a torn
+/// tail, writes the store's tail-cut mark durably before anything is cut (a mark without
+/// a cut, should the cut then fail, only makes the store wait for a later master).
+fn mark_store_before_cut(wal_dir: &std::path::Path) -> anyhow::Result<()> {
+    let Some(data_dir) = wal_dir
+        .parent()
+        .filter(|_| wal_dir.file_name().is_some_and(|n| n == "wal"))
+        .filter(|d| d.join(quire_node::identity::IDENTITY_FILE_NAME).is_file())
+    else {
+        return Ok(());
+    };
+    let report = quire_wal::inspect(wal_dir, |_| {})
+        .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
+    let ScanEnd::TornTail(t) = &report.end else {
+        return Ok(());
+    };
+    let promised = quire_wal::PromisedEpoch::load(wal_dir)
+        .with_context(|| format!("cannot read the promised epoch in {}", wal_dir.display()))?;
+    let old = quire_node::tail_cut::load(data_dir)?;
+    let cut = quire_node::tail_cut::merge(old, t.offset, promised.epoch());
+    quire_node::tail_cut::store(data_dir, cut)?;
+    tracing::warn!(
+        data_dir = %data_dir.display(),
+        cut_offset = %cut.offset,
+        cut_promised = %cut.promised,
+        "the store is marked: its fence grants count only when every store grants, until it catches up with a later master"
+    );
+    Ok(())
 }
