@@ -30,6 +30,7 @@ use quire_proto::{
     EventKind, FenceGranted, FenceRefused, FenceRequest, Heartbeat, HeartbeatAck, LogPosition,
     Offset, PersistedAck, RejectReason, TailCut, TailResponse,
 };
+use quire_wal::format::{record_bytes, HEADER_BYTES};
 use quire_wal::{Append, PromisedEpoch, Record, Wal, WalError};
 use tokio::sync::mpsc;
 
@@ -360,6 +361,29 @@ impl Store {
         self.retain(epoch, hwm);
     }
 
+    /// The answer to an append the WAL refused at once with `e`.
+    fn refusal(&self, e: &WalError) -> Body {
+        match e {
+            WalError::Failed { .. } => self.rejected(RejectReason::LogFailed).into(),
+            WalError::TooLarge { what: "queue", .. } => {
+                self.rejected(RejectReason::Overloaded).into()
+            }
+            WalError::Closed => {
+                self.metrics.reject_append("internal");
+                ErrorResponse::new(ErrorCode::ShuttingDown, "the store is shutting down").into()
+            }
+            WalError::TooLarge { .. } => {
+                self.metrics.reject_append("invalid");
+                ErrorResponse::new(ErrorCode::Malformed, e.to_string()).into()
+            }
+            _ => {
+                tracing::error!(error = %e, "the WAL refused an accepted append");
+                self.metrics.reject_append("internal");
+                ErrorResponse::new(ErrorCode::Internal, e.to_string()).into()
+            }
+        }
+    }
+
     fn submit(&mut self, req: AppendRequest, plan: AcceptPlan, reply: Reply) {
         let events = req.events.len() as u64;
         let payload_bytes: u64 = req.events.iter().map(|e| e.payload.len() as u64).sum();
@@ -394,41 +418,33 @@ impl Store {
                 payload: e.payload,
             })
             .collect();
-        let mut append = self.wal.append(epoch, records);
-        // Validation errors resolve at once and change nothing.
-        let state = match append.try_result() {
-            None => SubmissionState::Pending(append),
-            Some(Ok(last)) => SubmissionState::Done(Some(Ok(last))),
-            Some(Err(e)) => {
-                let body: Body = match &e {
-                    WalError::Failed { .. } => self.rejected(RejectReason::LogFailed).into(),
-                    WalError::TooLarge { what: "queue", .. } => {
-                        self.rejected(RejectReason::Overloaded).into()
-                    }
-                    WalError::Closed => {
-                        self.metrics.reject_append("internal");
-                        ErrorResponse::new(ErrorCode::ShuttingDown, "the store is shutting down")
-                            .into()
-                    }
-                    WalError::TooLarge { .. } => {
-                        self.metrics.reject_append("invalid");
-                        ErrorResponse::new(ErrorCode::Malformed, e.to_string()).into()
-                    }
-                    _ => {
-                        tracing::error!(error = %e, "the WAL refused an accepted append");
-                        self.metrics.reject_append("internal");
-                        ErrorResponse::new(ErrorCode::Internal, e.to_string()).into()
-                    }
-                };
-                reply.send(body);
-                return;
-            }
-        };
-        self.last_seq += 1;
-        self.submissions.push_back(Submission {
-            seq: self.last_seq,
-            state,
-        });
+        // One WAL append must fit in one segment; a catch-up append may be larger than a
+        // small segment, so it is written as several consecutive WAL appends, answered
+        // together once the last is durable.
+        let chunks = split_for_segments(
+            records,
+            self.wal.segment_bytes(),
+            self.wal.alignment_bytes(),
+        );
+        for chunk in chunks {
+            let mut append = self.wal.append(epoch, chunk);
+            // Validation errors resolve at once and change nothing (chunks before this one
+            // are written; the master resends what it has no ack for).
+            let state = match append.try_result() {
+                None => SubmissionState::Pending(append),
+                Some(Ok(last)) => SubmissionState::Done(Some(Ok(last))),
+                Some(Err(e)) => {
+                    let body = self.refusal(&e);
+                    reply.send(body);
+                    return;
+                }
+            };
+            self.last_seq += 1;
+            self.submissions.push_back(Submission {
+                seq: self.last_seq,
+                state,
+            });
+        }
         self.wait(Waiter::Persisted {
             needed: self.last_seq,
             reply,
@@ -734,4 +750,89 @@ async fn next_completion(
         }
     })
     .await
+}
+
+/// Splits `records` into runs that each fit one WAL append: a run's records plus a possible
+/// truncation marker (one header), padded to `align_bytes`, stay within `segment_bytes`. A
+/// record too large for any segment is a run of its own (the WAL refuses it as too large).
+fn split_for_segments(
+    records: Vec<Record>,
+    segment_bytes: u64,
+    align_bytes: u64,
+) -> Vec<Vec<Record>> {
+    // Padding to the alignment adds less than `align_bytes`.
+    let budget = segment_bytes
+        .saturating_sub(align_bytes)
+        .saturating_sub(HEADER_BYTES as u64);
+    let mut runs: Vec<Vec<Record>> = Vec::new();
+    let mut run: Vec<Record> = Vec::new();
+    let mut run_bytes = 0u64;
+    for r in records {
+        let bytes = record_bytes(r.payload.len()) as u64;
+        if !run.is_empty() && run_bytes + bytes > budget {
+            runs.push(std::mem::take(&mut run));
+            run_bytes = 0;
+        }
+        run_bytes += bytes;
+        run.push(r);
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(sizes: &[usize]) -> Vec<Record> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Record {
+                epoch: quire_proto::Epoch(1),
+                offset: quire_proto::Offset(i as u64),
+                kind: 1,
+                payload: bytes::Bytes::from(vec![0u8; n]),
+            })
+            .collect()
+    }
+
+    fn run_lengths(runs: &[Vec<Record>]) -> Vec<usize> {
+        runs.iter().map(Vec::len).collect()
+    }
+
+    #[test]
+    fn runs_fit_a_segment_with_room_for_a_marker_and_padding() {
+        // 64 KiB segments, 4 KiB alignment: a budget of 60 KiB - 32 bytes per run.
+        let seg = 64 * 1024;
+        let runs = split_for_segments(records(&[3_000; 50]), seg, 4096);
+        for run in &runs {
+            let bytes: usize = run.iter().map(|r| record_bytes(r.payload.len())).sum();
+            assert!((bytes + HEADER_BYTES) as u64 <= seg - 4096, "{bytes}");
+        }
+        assert_eq!(run_lengths(&runs).iter().sum::<usize>(), 50);
+        // Offsets stay in order across runs.
+        let offsets: Vec<u64> = runs.iter().flatten().map(|r| r.offset.0).collect();
+        assert_eq!(offsets, (0..50).collect::<Vec<_>>());
+        assert!(runs.len() > 1);
+    }
+
+    #[test]
+    fn a_small_append_is_one_run_and_an_oversize_record_is_alone() {
+        assert_eq!(
+            run_lengths(&split_for_segments(records(&[10, 10]), 1 << 20, 4096)),
+            vec![2]
+        );
+        assert_eq!(
+            run_lengths(&split_for_segments(
+                records(&[10, 200_000, 10]),
+                64 * 1024,
+                4096
+            )),
+            vec![1, 1, 1]
+        );
+        assert!(split_for_segments(Vec::new(), 1 << 20, 4096).is_empty());
+    }
 }
