@@ -142,6 +142,9 @@ pub(crate) struct Store {
     retention: Retention,
     /// The tail-cut mark (`crate::tail_cut`), reported in every grant until it is cleared.
     tail_cut: Option<TailCut>,
+    /// Retention trims running on the blocking pool: each holds a handle to the WAL (and
+    /// with it the data directory's lock), so the actor waits for them before it ends.
+    trims: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Retention on a store: Trim events seen in accepted appends wait here until they are
@@ -255,6 +258,7 @@ impl Store {
             metrics,
             retention: Retention::default(),
             tail_cut,
+            trims: Vec::new(),
         };
         (store, StoreHandle { tx }, rx)
     }
@@ -278,6 +282,11 @@ impl Store {
         while !self.submissions.is_empty() {
             let (seq, result) = next_completion(&mut self.submissions).await;
             self.on_completions(seq, result);
+        }
+        // A trim still running holds the WAL open: a restart in the same process (or a
+        // shutdown that returns) must not find the directory locked.
+        for t in std::mem::take(&mut self.trims) {
+            let _ = t.await;
         }
     }
 
@@ -634,9 +643,10 @@ impl Store {
     /// Deletes the whole segments below `before` on the blocking pool (unlinks and a
     /// directory fsync), without holding up the actor. A failure is logged: the segments
     /// stay and the next trim point retries.
-    fn trim(&self, before: Offset) {
+    fn trim(&mut self, before: Offset) {
+        self.trims.retain(|t| !t.is_finished());
         let wal = self.wal.clone();
-        tokio::task::spawn_blocking(move || match wal.trim_before(before) {
+        let task = tokio::task::spawn_blocking(move || match wal.trim_before(before) {
             Ok(r) if r.segments_deleted > 0 => tracing::info!(
                 before = %before,
                 first_offset = %r.first_offset,
@@ -647,6 +657,7 @@ impl Store {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, before = %before, "retention trim failed"),
         });
+        self.trims.push(task);
     }
 
     /// Clears the tail-cut mark once the durable log holds an entry of an epoch above the
