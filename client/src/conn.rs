@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use quire_proto::{
-    decode, encode, Body, EncodedBody, ErrorResponse, Flags, Frame, FrameType, RequestId, WireError,
+    decode, encode, frame_bytes_announced, Body, EncodedBody, ErrorResponse, Flags, Frame,
+    FrameType, RequestId, WireError,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -391,6 +392,13 @@ async fn read_loop(mut r: OwnedReadHalf, shared: Arc<Shared>) {
                     return;
                 }
             }
+        }
+        // The decoder reserves nothing; the client trusts the server it chose to connect to
+        // with the room a frame announces (bounded by FRAME_BYTES_MAX), so a large response
+        // is read without copying its growing buffer again and again. Servers do not extend
+        // this trust to their peers (quire-net's FrameReader).
+        if let Ok(Some(frame_bytes)) = frame_bytes_announced(&buf) {
+            buf.reserve(frame_bytes.saturating_sub(buf.len()));
         }
         if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 4 {
             buf.reserve(READ_CHUNK_BYTES);

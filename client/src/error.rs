@@ -194,6 +194,7 @@ impl ClientError {
                 | ErrorCode::NoQuorum
                 | ErrorCode::Overloaded
                 | ErrorCode::ShuttingDown
+                | ErrorCode::ConnectionTimeout
                 | ErrorCode::Internal => Disposition::Retry { hint: None },
                 _ => Disposition::Fatal,
             },
@@ -266,6 +267,7 @@ mod tests {
             ErrorCode::NoQuorum,
             ErrorCode::Overloaded,
             ErrorCode::ShuttingDown,
+            ErrorCode::ConnectionTimeout,
             ErrorCode::Internal,
         ] {
             assert_eq!(

@@ -268,6 +268,11 @@ pub enum ErrorCode {
     Overloaded = 8,
     /// The peer is shutting down.
     ShuttingDown = 9,
+    /// The connection is being closed because it held the server's resources too long: a
+    /// frame did not complete within the server's partial-frame timeout, or nothing
+    /// arrived within its idle timeout. Sent with request id 0 just before the close;
+    /// reconnect (and send whole frames promptly).
+    ConnectionTimeout = 10,
     /// Store: this store is on a new incarnation (its disk was wiped or replaced) and
     /// never grants a fence or counts toward a quorum; detail `ErrorDetail::NotVoter`.
     NotVoter = 100,
@@ -300,7 +305,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -310,6 +315,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::Overloaded,
         ErrorCode::ShuttingDown,
+        ErrorCode::ConnectionTimeout,
         ErrorCode::NotVoter,
         ErrorCode::LogFailed,
         ErrorCode::NotMaster,
@@ -349,7 +355,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 20] = [
+        let expected: [(ErrorCode, u16); 21] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -359,6 +365,7 @@ mod tests {
             (ErrorCode::Internal, 7),
             (ErrorCode::Overloaded, 8),
             (ErrorCode::ShuttingDown, 9),
+            (ErrorCode::ConnectionTimeout, 10),
             (ErrorCode::NotVoter, 100),
             (ErrorCode::LogFailed, 101),
             (ErrorCode::NotMaster, 200),
@@ -376,7 +383,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 10, 99, 102, 199, 209, 299, u16::MAX] {
+        for n in [0u16, 11, 99, 102, 199, 209, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -422,9 +422,11 @@ fn decode_checked_body(header: &FrameHeader, body: &Bytes) -> Result<Frame, Wire
 
 /// Decodes the first frame in `buf`, zero-copy.
 ///
-/// Returns `Ok(None)` when `buf` does not yet hold a whole frame (after a valid header it
-/// reserves room for the rest, never more than `FRAME_BYTES_MAX`); `Ok(Some(frame))`
-/// with the frame's bytes split off the front of `buf`.
+/// Returns `Ok(None)` when `buf` does not yet hold a whole frame; `Ok(Some(frame))` with
+/// the frame's bytes split off the front of `buf`. It never reserves memory: the length
+/// prefix is the peer's word, so a reader grows `buf` as bytes actually arrive (servers do
+/// so under a byte budget, see quire-net's `FrameReader`), and [`frame_bytes_announced`]
+/// tells a reader that trusts its peer how much room the frame at the front wants.
 ///
 /// # Errors
 /// A header error ([`WireError::is_connection_fatal`]): nothing is consumed and the
@@ -437,11 +439,25 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let header = FrameHeader::decode(header_bytes)?;
     let frame_bytes = header.frame_bytes as usize;
     if buf.len() < frame_bytes {
-        buf.reserve(frame_bytes - buf.len());
         return Ok(None);
     }
     let body = buf.split_to(frame_bytes).freeze().split_off(HEADER_BYTES);
     decode_frame_body(&header, body).map(Some)
+}
+
+/// The length, header included, of the frame at the front of `buf`, once its whole header
+/// is there: `Ok(None)` before that. The value is bounded by `FRAME_BYTES_MAX` but is
+/// still only what the peer announced.
+///
+/// # Errors
+/// As [`FrameHeader::decode`]: the header is bad and the connection must be closed.
+pub fn frame_bytes_announced(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    let Some(header_bytes) = buf.first_chunk::<HEADER_BYTES>() else {
+        return Ok(None);
+    };
+    Ok(Some(
+        FrameHeader::decode(header_bytes)?.frame_bytes as usize,
+    ))
 }
 
 /// Decodes the first frame in `buf`, returning it with the number of bytes it took.

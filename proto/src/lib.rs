@@ -54,8 +54,8 @@ pub use event_body::{
     SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
-    decode, decode_frame_body, decode_slice, encode, encode_body, Body, EncodedBody, Flags, Frame,
-    FrameHeader, FrameType, RequestId, HEADER_BYTES, PROTOCOL_VERSION,
+    decode, decode_frame_body, decode_slice, encode, encode_body, frame_bytes_announced, Body,
+    EncodedBody, Flags, Frame, FrameHeader, FrameType, RequestId, HEADER_BYTES, PROTOCOL_VERSION,
 };
 pub use limits::*;
 pub use replication::{
