@@ -1,0 +1,39 @@
+//! quire-net: the server side of a Quire TCP connection, shared by quire-node and
+//! quire-broker (both serve peers they cannot trust to behave).
+//!
+//! What it owns:
+//! - [`FrameReader`]: reads frames from one accepted connection under three bounds — a
+//!   **partial-frame timeout** (a frame whose first byte has arrived must be whole within
+//!   it), an **idle timeout** (a connection that sends nothing for that long is closed),
+//!   and a server-wide **read budget** ([`ReadBudget`]): the bytes buffered for incoming
+//!   frames across all connections. When the budget is used up, readers stop reading
+//!   (TCP pushes back on the peers) instead of allocating. A frame's buffer grows as its
+//!   bytes arrive, never to the length its header announces.
+//! - [`ReadSettings`]: those bounds as settings, with their defaults and limits.
+//! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`.
+//! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
+//!   following the read budget (large buffers mapped on their own, unmapped when freed).
+//!
+//! What it does not own: wire bytes (`quire-proto`, a pure codec), what a server does with
+//! a frame, how it answers (each server's writer), and which metrics it keeps.
+
+mod alloc;
+mod budget;
+mod metrics_http;
+mod reader;
+mod settings;
+
+pub use alloc::{return_large_buffers_to_the_os, MMAP_THRESHOLD_BYTES};
+pub use budget::{BudgetMetrics, ReadBudget};
+pub use metrics_http::{
+    serve_metrics, MetricsText, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX, HTTP_TIMEOUT,
+};
+pub use reader::{
+    wire_reject_reason, FrameReader, ReadError, Received, READ_CHUNK_BYTES, READ_ROOM_BYTES_MAX,
+    READ_ROOM_BYTES_MIN,
+};
+pub use settings::{
+    ReadSettings, SettingError, IDLE_TIMEOUT_MS_DEFAULT, IDLE_TIMEOUT_MS_MIN,
+    PARTIAL_FRAME_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_MAX, PARTIAL_FRAME_TIMEOUT_MS_MIN,
+    READ_BUFFER_BYTES_MAX_DEFAULT,
+};

@@ -1,0 +1,242 @@
+//! The frame reader on real loopback sockets: frames come through whole and give their
+//! budget back; an oversized or lying header costs nothing; a frame that never completes,
+//! and a connection that never speaks, are closed with a typed error; a used-up budget
+//! pauses other connections until the hoarder times out.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use quire_net::{BudgetMetrics, FrameReader, ReadBudget, ReadError, ReadSettings};
+use quire_proto::{
+    encode, Body, ErrorCode, Frame, FrameHeader, FrameType, ProduceRequest, RequestId, TailRequest,
+    WireError, FRAME_BYTES_MAX, HEADER_BYTES,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+/// Every wait of these tests is bounded by this.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn settings(partial_frame_timeout_ms: u64, idle_timeout_ms: u64) -> ReadSettings {
+    ReadSettings {
+        read_buffer_bytes_max: FRAME_BYTES_MAX,
+        partial_frame_timeout_ms,
+        idle_timeout_ms,
+    }
+}
+
+/// A connected pair: the client's stream and the server side's reader.
+async fn pair(budget: &ReadBudget, s: &ReadSettings) -> (TcpStream, FrameReader) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    let (r, w) = server.into_split();
+    // Keep the write half open for the test's life.
+    std::mem::forget(w);
+    (client, FrameReader::new(r, budget.clone(), s))
+}
+
+fn frame_bytes(request_id: u64, body: impl Into<Body>) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    encode(&Frame::new(RequestId(request_id), body), &mut buf).unwrap();
+    buf.to_vec()
+}
+
+/// A sound header (its CRC holds) announcing `frame_bytes`.
+fn header(frame_bytes: u32) -> Vec<u8> {
+    FrameHeader {
+        frame_bytes,
+        frame_type: FrameType::ProduceRequest.as_u16(),
+        flags: 0,
+        request_id: RequestId(9),
+        body_crc: 0,
+    }
+    .encode()
+    .to_vec()
+}
+
+async fn next(r: &mut FrameReader) -> Result<quire_net::Received, ReadError> {
+    tokio::time::timeout(WAIT, r.next()).await.expect("bounded")
+}
+
+#[tokio::test]
+async fn pipelined_frames_come_whole_and_give_their_budget_back() {
+    let metrics = BudgetMetrics::default();
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, metrics.clone());
+    let (mut c, mut r) = pair(&budget, &settings(5_000, 0)).await;
+    let big = ProduceRequest {
+        topic: "t".into(),
+        producer_id: 0,
+        sequence: 0,
+        messages: vec![Bytes::from(vec![7u8; 3 * 1024 * 1024])],
+    };
+    let mut out = Vec::new();
+    for id in 1..=100 {
+        out.extend(frame_bytes(id, TailRequest));
+    }
+    out.extend(frame_bytes(101, big.clone()));
+    out.extend(frame_bytes(102, TailRequest));
+    let writer = tokio::spawn(async move {
+        c.write_all(&out).await.unwrap();
+        c
+    });
+    for id in 1..=100 {
+        let got = next(&mut r).await.unwrap();
+        assert_eq!(got.frame.request_id, RequestId(id));
+        assert_eq!(got.frame_bytes, HEADER_BYTES);
+    }
+    let got = next(&mut r).await.unwrap();
+    assert_eq!(got.frame.body, Body::ProduceRequest(big));
+    assert_eq!(next(&mut r).await.unwrap().frame.request_id, RequestId(102));
+    assert_eq!(r.buffered_bytes(), 0);
+    assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+    assert_eq!(metrics.in_use_bytes.get(), 0);
+    drop(writer.await.unwrap());
+    assert!(matches!(next(&mut r).await, Err(ReadError::Closed)));
+}
+
+#[tokio::test]
+async fn a_lying_header_costs_only_the_bytes_sent_then_times_out() {
+    let metrics = BudgetMetrics::default();
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, metrics.clone());
+    let (mut c, mut r) = pair(&budget, &settings(300, 0)).await;
+    c.write_all(&header(FRAME_BYTES_MAX as u32)).await.unwrap();
+    c.write_all(&[0u8; 1000]).await.unwrap();
+    let err = next(&mut r).await.expect_err("never completes");
+    match &err {
+        ReadError::PartialFrameTimeout {
+            buffered,
+            frame_bytes,
+            timeout_ms,
+        } => {
+            assert_eq!(*buffered, HEADER_BYTES + 1000);
+            assert_eq!(*frame_bytes, Some(FRAME_BYTES_MAX));
+            assert_eq!(*timeout_ms, 300);
+        }
+        other => panic!("expected a partial-frame timeout, got {other:?}"),
+    }
+    assert_eq!(metrics.in_use_bytes.get(), (HEADER_BYTES + 1000) as i64);
+    let (id, answer) = err.answer().expect("the peer is told");
+    assert_eq!(id, RequestId::CONNECTION);
+    assert_eq!(answer.code, ErrorCode::ConnectionTimeout);
+    assert!(!err.is_recoverable());
+    assert_eq!(err.reason(), "partial_frame_timeout");
+    drop(r);
+    assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+    assert_eq!(metrics.in_use_bytes.get(), 0);
+}
+
+#[tokio::test]
+async fn oversized_and_truncated_frames_end_the_connection_with_their_reason() {
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, BudgetMetrics::default());
+    let s = settings(5_000, 0);
+    let (mut c, mut r) = pair(&budget, &s).await;
+    c.write_all(&header(FRAME_BYTES_MAX as u32 + 1))
+        .await
+        .unwrap();
+    let err = next(&mut r).await.expect_err("too large");
+    assert!(matches!(
+        err,
+        ReadError::Wire(WireError::FrameTooLarge { .. })
+    ));
+    assert_eq!(err.reason(), "frame_too_large");
+    assert_eq!(err.answer().expect("told").0, RequestId::CONNECTION);
+    drop(r);
+
+    let (mut c, mut r) = pair(&budget, &s).await;
+    let whole = frame_bytes(1, TailRequest);
+    c.write_all(&whole[..HEADER_BYTES - 4]).await.unwrap();
+    drop(c);
+    let err = next(&mut r).await.expect_err("truncated");
+    assert!(matches!(err, ReadError::ClosedMidFrame { buffered: 20 }));
+    assert_eq!(err.reason(), "truncated");
+    assert!(err.answer().is_none());
+    drop(r);
+    assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+}
+
+#[tokio::test]
+async fn a_bad_body_is_answered_and_the_stream_stays_in_sync() {
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, BudgetMetrics::default());
+    let (mut c, mut r) = pair(&budget, &settings(5_000, 0)).await;
+    // A produce whose message count is larger than its body can hold.
+    let mut body = Vec::new();
+    body.extend(1u16.to_le_bytes());
+    body.push(b't');
+    body.extend(0u64.to_le_bytes());
+    body.extend(0u64.to_le_bytes());
+    body.extend(1000u32.to_le_bytes());
+    let mut bad = FrameHeader {
+        frame_bytes: (HEADER_BYTES + body.len()) as u32,
+        frame_type: FrameType::ProduceRequest.as_u16(),
+        flags: 0,
+        request_id: RequestId(5),
+        body_crc: crc32c::crc32c(&body),
+    }
+    .encode()
+    .to_vec();
+    bad.extend(&body);
+    c.write_all(&bad).await.unwrap();
+    c.write_all(&frame_bytes(6, TailRequest)).await.unwrap();
+    let err = next(&mut r).await.expect_err("count exceeds body");
+    assert!(err.is_recoverable(), "{err}");
+    let (id, answer) = err.answer().expect("answered");
+    assert_eq!(id, RequestId(5));
+    assert_eq!(answer.code, ErrorCode::Malformed);
+    assert_eq!(next(&mut r).await.unwrap().frame.request_id, RequestId(6));
+    assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_when_idle() {
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, BudgetMetrics::default());
+    let (_c, mut r) = pair(&budget, &settings(5_000, 200)).await;
+    let err = next(&mut r).await.expect_err("idle");
+    assert!(matches!(err, ReadError::IdleTimeout { timeout_ms: 200 }));
+    assert_eq!(
+        err.answer().expect("told").1.code,
+        ErrorCode::ConnectionTimeout
+    );
+}
+
+/// One connection fills the whole budget with a frame it never finishes: another
+/// connection's whole frame waits (its reader does not read) until the hoarder's
+/// partial-frame timeout closes it and its budget comes back.
+#[tokio::test]
+async fn a_used_up_budget_pauses_reads_until_the_hoarder_times_out() {
+    const BUDGET: usize = 256 * 1024;
+    let metrics = BudgetMetrics::default();
+    let budget = ReadBudget::new(BUDGET, metrics.clone());
+    let (mut hoarder, mut hr) = pair(&budget, &settings(1_000, 0)).await;
+    let (mut good, mut gr) = pair(&budget, &settings(1_000, 0)).await;
+    let mut lie = header(FRAME_BYTES_MAX as u32);
+    lie.extend(vec![1u8; 2 * BUDGET]);
+    let hoarding = tokio::spawn(async move {
+        // Blocks once the server stops reading; ends when the server closes.
+        let _ = hoarder.write_all(&lie).await;
+        hoarder
+    });
+    // As a server does, the reader is dropped (its budget given back) when it fails.
+    let hoard = tokio::spawn(async move { next(&mut hr).await.expect_err("never completes") });
+    // Wait until the hoarder holds the whole budget.
+    let filled = tokio::time::timeout(WAIT, async {
+        while budget.available_bytes() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(filled.is_ok(), "the hoarder never filled the budget");
+    good.write_all(&frame_bytes(1, TailRequest)).await.unwrap();
+    let got = next(&mut gr).await.expect("read once the hoarder is gone");
+    assert_eq!(got.frame.request_id, RequestId(1));
+    let err = hoard.await.unwrap();
+    assert!(
+        matches!(err, ReadError::PartialFrameTimeout { frame_bytes: Some(f), .. } if f == FRAME_BYTES_MAX),
+        "{err}"
+    );
+    assert!(metrics.waits.get() > 0, "the good reader waited for budget");
+    drop(hoarding.await.unwrap());
+    assert_eq!(budget.available_bytes(), BUDGET);
+}
