@@ -16,6 +16,9 @@
 //! produce_timeout_ms = 10000
 //! retention_bytes = 10737418240   # keep at least the newest 10 GiB of payload; default: no limit
 //! retention_ms = 604800000        # keep events stabilized less than 7 days ago; default: no limit
+//! read_buffer_bytes_max = 67108864  # incoming frames buffered, all connections together
+//! partial_frame_timeout_ms = 10000  # a frame must be whole this long after its first byte
+//! idle_timeout_ms = 600000          # a connection silent this long is closed; 0: never
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -23,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use quire_net::ReadSettings;
 use quire_proto::{BrokerId, ADDR_BYTES_MAX};
 use serde::Deserialize;
 
@@ -101,6 +105,18 @@ pub struct RunArgs {
     /// long ago, in milliseconds. Default: no age limit.
     #[arg(long, value_name = "MS")]
     pub retention_ms: Option<u64>,
+    /// Bytes of incoming frames buffered across all connections at most; readers pause
+    /// beyond it (default 64 MiB; at least 16 MiB, one maximal frame).
+    #[arg(long, value_name = "BYTES")]
+    pub read_buffer_bytes_max: Option<usize>,
+    /// How long a frame may take from its first byte to its last before the connection is
+    /// closed, in milliseconds (default 10000).
+    #[arg(long, value_name = "MS")]
+    pub partial_frame_timeout_ms: Option<u64>,
+    /// How long a connection may send nothing before it is closed, in milliseconds
+    /// (default 600000; 0: never).
+    #[arg(long, value_name = "MS")]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// The config file: every key optional.
@@ -133,6 +149,12 @@ pub struct FileConfig {
     pub retention_bytes: Option<u64>,
     /// See [`RunArgs::retention_ms`].
     pub retention_ms: Option<u64>,
+    /// See [`RunArgs::read_buffer_bytes_max`].
+    pub read_buffer_bytes_max: Option<usize>,
+    /// See [`RunArgs::partial_frame_timeout_ms`].
+    pub partial_frame_timeout_ms: Option<u64>,
+    /// See [`RunArgs::idle_timeout_ms`].
+    pub idle_timeout_ms: Option<u64>,
 }
 
 /// Everything a broker runs with.
@@ -162,6 +184,8 @@ pub struct BrokerConfig {
     pub produce_timeout: Duration,
     /// Retention limits (both off: keep everything).
     pub retention: RetentionPolicy,
+    /// How connections are read: the read budget and the partial-frame and idle timeouts.
+    pub read: ReadSettings,
 }
 
 impl BrokerConfig {
@@ -265,6 +289,24 @@ impl BrokerConfig {
         if retention.age_ms_max == Some(0) {
             bail!("--retention-ms 0 would trim every event; leave it unset to keep everything");
         }
+        let defaults = ReadSettings::default();
+        let read = ReadSettings {
+            read_buffer_bytes_max: args
+                .read_buffer_bytes_max
+                .or(file.read_buffer_bytes_max)
+                .unwrap_or(defaults.read_buffer_bytes_max),
+            partial_frame_timeout_ms: args
+                .partial_frame_timeout_ms
+                .or(file.partial_frame_timeout_ms)
+                .unwrap_or(defaults.partial_frame_timeout_ms),
+            idle_timeout_ms: args
+                .idle_timeout_ms
+                .or(file.idle_timeout_ms)
+                .unwrap_or(defaults.idle_timeout_ms),
+        };
+        if let Err(e) = read.validate() {
+            bail!("--{}: {e}", e.setting.replace('_', "-"));
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -278,6 +320,7 @@ impl BrokerConfig {
             election_timeout: Duration::from_millis(election_ms),
             produce_timeout: Duration::from_millis(produce_ms),
             retention,
+            read,
         })
     }
 
@@ -370,6 +413,7 @@ mod tests {
         assert_eq!(c.advertised_addr(), "h:12");
         assert_eq!(c.broker_addr(BrokerId(1)), Some("h:11"));
         assert_eq!(c.heartbeat, Duration::from_millis(HEARTBEAT_MS_DEFAULT));
+        assert_eq!(c.read, ReadSettings::default());
         assert!(
             c.retention.is_off(),
             "retention keeps everything by default"
@@ -408,7 +452,7 @@ mod tests {
         let path = dir.path().join("broker.toml");
         std::fs::write(
             &path,
-            "id = 1\ndata_dir = \"/d\"\nstores = [\"a:1\", \"b:1\", \"c:1\"]\nbrokers = [\"1=a:9\"]\nack_quorum = 3\nheartbeat_ms = 50\n",
+            "id = 1\ndata_dir = \"/d\"\nstores = [\"a:1\", \"b:1\", \"c:1\"]\nbrokers = [\"1=a:9\"]\nack_quorum = 3\nheartbeat_ms = 50\npartial_frame_timeout_ms = 2500\n",
         )
         .expect("writes");
         let from_file = BrokerConfig::from_args(&RunArgs {
@@ -418,6 +462,7 @@ mod tests {
         .expect("valid");
         assert_eq!((from_file.id, from_file.ack_quorum), (BrokerId(1), 3));
         assert_eq!(from_file.heartbeat, Duration::from_millis(50));
+        assert_eq!(from_file.read.partial_frame_timeout_ms, 2500);
         let flags = BrokerConfig::from_args(&RunArgs {
             config: Some(path),
             ack_quorum: Some(2),
@@ -513,6 +558,27 @@ mod tests {
                     ..args()
                 },
                 "--election-timeout-ms",
+            ),
+            (
+                RunArgs {
+                    read_buffer_bytes_max: Some(1024),
+                    ..args()
+                },
+                "--read-buffer-bytes-max",
+            ),
+            (
+                RunArgs {
+                    partial_frame_timeout_ms: Some(0),
+                    ..args()
+                },
+                "--partial-frame-timeout-ms",
+            ),
+            (
+                RunArgs {
+                    idle_timeout_ms: Some(10),
+                    ..args()
+                },
+                "--idle-timeout-ms",
             ),
         ];
         for (a, want) in cases {

@@ -71,6 +71,9 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = BrokerConfig::from_args(&args)?;
     init_logging(config.log_format);
+    if !quire_net::return_large_buffers_to_the_os() {
+        tracing::debug!("could not pin malloc's mmap threshold");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("quire-broker")

@@ -1,6 +1,6 @@
-//! The broker's metrics (Prometheus text format, every name prefixed `quire_`) and a tiny
-//! HTTP/1.1 responder serving them on `GET /metrics` — the same approach as quire-node's
-//! (`prometheus-client` registry, one request per connection, bounded).
+//! The broker's metrics (Prometheus text format, every name prefixed `quire_`), served on
+//! `GET /metrics` by quire-net's [`quire_net::serve_metrics`] (the same responder as
+//! quire-node's).
 //!
 //! Counters and histograms are updated where things happen (atomics, no lock). The
 //! broker's role, epoch, HWM and per-store progress are read at scrape time from a
@@ -8,7 +8,6 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -17,16 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-
-/// Longest HTTP request head read, in bytes.
-pub const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
-/// How long one metrics request may take, end to end.
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Metrics connections served at once.
-pub const HTTP_CONNECTIONS_MAX: usize = 16;
+use quire_net::{BudgetMetrics, MetricsText};
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -90,6 +80,13 @@ pub struct Metrics {
     pub connections_open: Gauge,
     /// Connections accepted.
     pub connections_accepted: Counter,
+    /// Frames refused (bad header or body, unexpected type, truncated), by reason.
+    pub rejected_frames: Family<Label, Counter>,
+    /// Connections closed because a frame did not complete in time
+    /// (`partial_frame_timeout`) or nothing arrived (`idle_timeout`), by reason.
+    pub connections_timed_out: Family<Label, Counter>,
+    /// The read budget: bytes held, and reads that waited for it.
+    pub read_budget: BudgetMetrics,
     /// Takeovers that made this broker master (the first election included).
     pub failovers: Counter,
     /// From the last message of the previous master (or the takeover's start, for the
@@ -120,6 +117,9 @@ impl Metrics {
             fetches_from_store: Counter::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
+            rejected_frames: Family::default(),
+            connections_timed_out: Family::default(),
+            read_budget: BudgetMetrics::default(),
             failovers: Counter::default(),
             failover_duration: Histogram::new(FAILOVER_BUCKETS_S),
             step_downs: Counter::default(),
@@ -175,6 +175,26 @@ impl Metrics {
             m.connections_accepted.clone(),
         );
         r.register(
+            "rejected_frames",
+            "Frames refused (bad, truncated or unexpected), by reason",
+            m.rejected_frames.clone(),
+        );
+        r.register(
+            "connections_timed_out",
+            "Connections closed because a frame did not complete in time or nothing arrived, by reason",
+            m.connections_timed_out.clone(),
+        );
+        r.register(
+            "read_buffer_bytes",
+            "Bytes of the read budget held by incoming frames (read_buffer_bytes_max bounds it)",
+            m.read_budget.in_use_bytes.clone(),
+        );
+        r.register(
+            "read_budget_waits",
+            "Socket reads that waited because the read budget was used up",
+            m.read_budget.waits.clone(),
+        );
+        r.register(
             "failovers",
             "Takeovers that made this broker master (the first election included)",
             m.failovers.clone(),
@@ -208,6 +228,20 @@ impl Metrics {
         *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
+    /// Counts a refused frame.
+    pub fn reject_frame(&self, reason: &'static str) {
+        self.rejected_frames
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Counts a connection closed by a timeout.
+    pub fn time_out_connection(&self, reason: &'static str) {
+        self.connections_timed_out
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
     /// Counts a produce error.
     pub fn produce_error(&self, code: &'static str) {
         self.produce_errors.get_or_create(&[("code", code)]).inc();
@@ -227,6 +261,12 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+impl MetricsText for Metrics {
+    fn encode_text(&self) -> Result<String, fmt::Error> {
+        self.encode()
     }
 }
 
@@ -303,98 +343,6 @@ impl Collector for SnapshotCollector {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve_http(listener: TcpListener, metrics: Arc<Metrics>) {
-    let slots = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            if tokio::time::timeout(HTTP_TIMEOUT, answer(stream, &metrics))
-                .await
-                .is_err()
-            {
-                tracing::debug!("metrics request timed out");
-            }
-        });
-    }
-}
-
-async fn answer(mut stream: TcpStream, metrics: &Metrics) {
-    let mut head = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        if head.len() >= HTTP_REQUEST_BYTES_MAX {
-            respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "request head too large\n",
-            )
-            .await;
-            return;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    match (parts.next().unwrap_or(""), parts.next().unwrap_or("")) {
-        ("GET", "/metrics") => match metrics.encode() {
-            Ok(body) => respond(&mut stream, "200 OK", &body).await,
-            Err(_) => {
-                respond(
-                    &mut stream,
-                    "500 Internal Server Error",
-                    "encoding failed\n",
-                )
-                .await
-            }
-        },
-        ("GET", _) => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "only /metrics is served here\n",
-            )
-            .await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "only GET is served here\n",
-            )
-            .await
-        }
-    }
-}
-
-async fn respond(stream: &mut TcpStream, status: &str, body: &str) {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if stream.write_all(head.as_bytes()).await.is_ok()
-        && stream.write_all(body.as_bytes()).await.is_ok()
-    {
-        let _ = stream.shutdown().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,6 +356,8 @@ mod tests {
         m.handoffs.inc();
         m.handoff_duration.observe(0.05);
         m.produce_error("no_quorum");
+        m.reject_frame("frame_too_large");
+        m.time_out_connection("partial_frame_timeout");
         m.set_status(StatusSnapshot {
             is_master: true,
             epoch: 65_537,
@@ -435,6 +385,9 @@ mod tests {
             "quire_store_lag{store=\"127.0.0.1:7001\"} 3",
             "quire_produce_errors_total{code=\"no_quorum\"} 1",
             "quire_quorum_wait_seconds_bucket",
+            "quire_rejected_frames_total{reason=\"frame_too_large\"} 1",
+            "quire_connections_timed_out_total{reason=\"partial_frame_timeout\"} 1",
+            "quire_read_buffer_bytes 0",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

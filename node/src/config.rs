@@ -14,6 +14,9 @@
 //! write_queue_frames_max = 4160
 //! read_events_max = 65536
 //! read_bytes_max = 8388608
+//! read_buffer_bytes_max = 67108864          # incoming frames buffered, all connections
+//! partial_frame_timeout_ms = 10000          # a frame must be whole this long after its first byte
+//! idle_timeout_ms = 600000                  # a connection silent this long is closed; 0: never
 //!
 //! [wal]
 //! segment_bytes_max = 268435456
@@ -30,6 +33,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use quire_net::{
+    ReadSettings, IDLE_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
+    READ_BUFFER_BYTES_MAX_DEFAULT,
+};
 use quire_proto::{EVENTS_PER_FRAME_MAX, FRAME_BYTES_MAX};
 use quire_wal::{IoBackend, WalConfig};
 use serde::Deserialize;
@@ -68,6 +75,27 @@ pub struct Limits {
     pub read_events_max: usize,
     /// See [`READ_BYTES_MAX`].
     pub read_bytes_max: usize,
+    /// Bytes of incoming frames buffered across all connections at most
+    /// ([`quire_net::ReadSettings::read_buffer_bytes_max`]).
+    pub read_buffer_bytes_max: usize,
+    /// How long a frame may take from its first byte to its last, in milliseconds
+    /// ([`quire_net::ReadSettings::partial_frame_timeout_ms`]).
+    pub partial_frame_timeout_ms: u64,
+    /// How long a connection may send nothing before it is closed, in milliseconds; 0:
+    /// never ([`quire_net::ReadSettings::idle_timeout_ms`]).
+    pub idle_timeout_ms: u64,
+}
+
+impl Limits {
+    /// The settings the connection readers run with.
+    #[must_use]
+    pub fn read_settings(&self) -> ReadSettings {
+        ReadSettings {
+            read_buffer_bytes_max: self.read_buffer_bytes_max,
+            partial_frame_timeout_ms: self.partial_frame_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -79,6 +107,9 @@ impl Default for Limits {
             write_queue_frames_max: WRITE_QUEUE_FRAMES_MAX,
             read_events_max: READ_EVENTS_MAX,
             read_bytes_max: READ_BYTES_MAX,
+            read_buffer_bytes_max: READ_BUFFER_BYTES_MAX_DEFAULT,
+            partial_frame_timeout_ms: PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
+            idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -260,6 +291,9 @@ impl NodeConfig {
         if l.read_events_max > EVENTS_PER_FRAME_MAX {
             bail!("limits.read_events_max must be at most {EVENTS_PER_FRAME_MAX}");
         }
+        if let Err(e) = l.read_settings().validate() {
+            bail!("limits.{e}");
+        }
         Ok(())
     }
 
@@ -349,6 +383,15 @@ mod tests {
             listen: Some("127.0.0.1:0".into()),
             ..RunArgs::default()
         };
-        assert!(NodeConfig::merge(file, &args).is_err());
+        assert!(NodeConfig::merge(file, &args.clone()).is_err());
+        let file: FileConfig = toml::from_str("[limits]\npartial_frame_timeout_ms = 0").unwrap();
+        let err = NodeConfig::merge(file, &args).unwrap_err().to_string();
+        assert!(err.contains("limits.partial_frame_timeout_ms"), "{err}");
+        let file: FileConfig =
+            toml::from_str("[limits]\nidle_timeout_ms = 0\nread_buffer_bytes_max = 33554432")
+                .unwrap();
+        let c = NodeConfig::merge(file, &args).unwrap();
+        assert_eq!(c.limits.read_settings().idle_timeout(), None);
+        assert_eq!(c.limits.read_buffer_bytes_max, 32 << 20);
     }
 }

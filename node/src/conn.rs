@@ -1,13 +1,18 @@
 //! One client connection: a reader that decodes frames and hands requests on, and a writer
 //! that sends responses, both on the connection's own task.
 //!
-//! - **Reader.** Decodes frames from the socket into a buffer that grows to one frame at
-//!   most (`FRAME_BYTES_MAX`). Appends, fences, heartbeats and tail requests go to the
+//! - **Reader.** quire-net's [`FrameReader`] decodes frames from the socket: its buffer
+//!   grows as bytes arrive (never to a length a header merely announces), under the
+//!   node-wide read budget (`limits.read_buffer_bytes_max`: readers pause when it is used
+//!   up), a partial-frame timeout and an idle timeout (`limits.partial_frame_timeout_ms`,
+//!   `limits.idle_timeout_ms`; the connection gets an `ErrorResponse` `ConnectionTimeout`
+//!   with request id 0 and is closed, counted in `quire_connections_timed_out_total`).
+//!   Appends, fences, heartbeats and tail requests go to the
 //!   store actor ([`crate::store`]) in arrival order; reads are served on the blocking pool
 //!   (`pread` through the WAL's reader). A frame that fails to decode after a sound header
 //!   is answered with an `ErrorResponse` for its request id and the reader goes on; a bad
-//!   header (the stream is out of sync), or a peer that closes mid-frame, ends the
-//!   connection after an `ErrorResponse` with request id 0. Each is logged and counted in
+//!   header (the stream is out of sync) ends the connection after an `ErrorResponse` with
+//!   request id 0, and a peer that closes mid-frame ends it. Each is logged and counted in
 //!   `quire_rejected_frames_total{reason}`.
 //! - **Backpressure.** Every request holds an [`InFlight`] permit — its frame bytes (or a
 //!   read's byte bound) against `in_flight_bytes_per_connection_max`, and one of
@@ -27,12 +32,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use quire_net::{FrameReader, ReadBudget, ReadError};
 use quire_proto::{
-    decode, encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
-    ReadResponse, RequestId, WireError, FRAME_BYTES_MAX, HEADER_BYTES,
+    encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
+    ReadResponse, RequestId, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_wal::{Wal, WalError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TrySendError;
@@ -45,10 +51,6 @@ use crate::store::{Command, StoreHandle};
 /// How long one socket write may make no progress before the connection is closed.
 pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Bytes a connection's read buffer starts with (it grows to a frame when one needs it).
-const READ_BUFFER_BYTES_INITIAL: usize = 4 * 1024;
-/// Bytes asked of the socket at least, once the buffer is full.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Buffers handed to one vectored write at most (Linux's `IOV_MAX`).
 const IOV_MAX: usize = 1024;
 /// Bytes of a read response besides its events: first_offset, last, start, count.
@@ -61,6 +63,8 @@ pub(crate) struct ConnContext {
     pub wal: Wal,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    /// The node-wide budget of bytes buffered for incoming frames.
+    pub read_budget: ReadBudget,
 }
 
 /// The permits one request holds until its response is queued.
@@ -176,67 +180,61 @@ struct Reader {
 }
 
 impl Reader {
-    async fn run(mut self, mut socket: OwnedReadHalf) {
-        let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES_INITIAL);
+    async fn run(mut self, socket: OwnedReadHalf) {
+        let mut reader = FrameReader::new(
+            socket,
+            self.ctx.read_budget.clone(),
+            &self.ctx.limits.read_settings(),
+        );
         loop {
-            loop {
-                let before = buf.len();
-                match decode(&mut buf) {
-                    Ok(Some(frame)) => {
-                        let frame_bytes = before - buf.len();
-                        let Some(in_flight) = self.acquire(frame_bytes).await else {
-                            return;
-                        };
-                        self.dispatch(frame.request_id, frame.body, in_flight).await;
-                    }
-                    Ok(None) => break,
-                    Err(e) if e.is_connection_fatal() => {
-                        let reason = reject_reason(&e);
-                        tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame header: closing the connection");
-                        self.ctx.metrics.reject_frame(reason);
-                        self.responder.send(
-                            RequestId::CONNECTION,
-                            ErrorResponse::from_wire_error(&e).into(),
-                        );
-                        return;
-                    }
-                    Err(e) => {
-                        let reason = reject_reason(&e);
-                        tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame");
-                        self.ctx.metrics.reject_frame(reason);
-                        if let WireError::BadFrame { request_id, .. } = &e {
-                            self.responder
-                                .send(*request_id, ErrorResponse::from_wire_error(&e).into());
-                        }
-                    }
-                }
-            }
-            if buf.capacity() - buf.len() < READ_BUFFER_BYTES_INITIAL {
-                let wanted = READ_CHUNK_BYTES.min(
-                    FRAME_BYTES_MAX
-                        .saturating_sub(buf.len())
-                        .max(READ_BUFFER_BYTES_INITIAL),
-                );
-                buf.reserve(wanted);
-            }
-            let read = tokio::select! {
+            let next = tokio::select! {
                 biased;
                 _ = self.closed.wait_for(|c| *c) => return,
-                r = socket.read_buf(&mut buf) => r,
+                next = reader.next() => next,
             };
-            match read {
-                Ok(0) => {
-                    if !buf.is_empty() {
-                        tracing::warn!(peer = %self.peer, bytes = buf.len(), "the peer closed the connection in the middle of a frame");
-                        self.ctx.metrics.reject_frame("truncated");
-                    }
-                    return;
+            match next {
+                Ok(received) => {
+                    let Some(in_flight) = self.acquire(received.frame_bytes).await else {
+                        return;
+                    };
+                    let frame = received.frame;
+                    self.dispatch(frame.request_id, frame.body, in_flight).await;
                 }
-                Ok(_) => {}
                 Err(e) => {
-                    tracing::debug!(peer = %self.peer, error = %e, "read failed");
-                    return;
+                    self.note_read_error(&e);
+                    if let Some((request_id, answer)) = e.answer() {
+                        self.responder.send(request_id, answer.into());
+                    }
+                    if !e.is_recoverable() {
+                        return;
+                    }
                 }
+            }
+        }
+    }
+
+    /// Logs and counts why the reader gave no frame.
+    fn note_read_error(&self, e: &ReadError) {
+        let reason = e.reason();
+        let metrics = &self.ctx.metrics;
+        match e {
+            ReadError::Closed => {}
+            ReadError::Io(_) => tracing::debug!(peer = %self.peer, error = %e, "read failed"),
+            ReadError::PartialFrameTimeout { .. } | ReadError::IdleTimeout { .. } => {
+                tracing::warn!(peer = %self.peer, error = %e, reason, "closing the connection");
+                metrics.time_out_connection(reason);
+            }
+            ReadError::ClosedMidFrame { .. } => {
+                tracing::warn!(peer = %self.peer, error = %e, "the peer closed the connection in the middle of a frame");
+                metrics.reject_frame(reason);
+            }
+            ReadError::Wire(w) if w.is_connection_fatal() => {
+                tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame header: closing the connection");
+                metrics.reject_frame(reason);
+            }
+            ReadError::Wire(_) => {
+                tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame");
+                metrics.reject_frame(reason);
             }
         }
     }
@@ -338,20 +336,6 @@ impl Reader {
                 "the store is shutting down",
             ));
         }
-    }
-}
-
-/// Why a frame was rejected, as a metrics label.
-pub(crate) fn reject_reason(e: &WireError) -> &'static str {
-    match e.cause() {
-        WireError::HeaderChecksum { .. } => "header_checksum",
-        WireError::BodyChecksum { .. } => "body_checksum",
-        WireError::UnsupportedVersion { .. } => "unsupported_version",
-        WireError::FrameTooShort { .. } => "frame_too_short",
-        WireError::FrameTooLarge { .. } => "frame_too_large",
-        WireError::UnknownFrameType { .. } => "unknown_frame_type",
-        WireError::UnknownFlags { .. } => "unknown_flags",
-        _ => "malformed",
     }
 }
 

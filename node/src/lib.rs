@@ -126,6 +126,9 @@ pub fn init(args: &InitArgs) -> anyhow::Result<Identity> {
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = NodeConfig::from_args(&args)?;
     init_logging(config.log_format);
+    if !quire_net::return_large_buffers_to_the_os() {
+        tracing::debug!("could not pin malloc's mmap threshold");
+    }
     raise_open_files_limit();
     if !config.data_dir.join(identity::IDENTITY_FILE_NAME).exists() {
         // The same check `Node::start` makes, before any runtime or WAL file exists.

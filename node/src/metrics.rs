@@ -1,5 +1,4 @@
-//! The node's metrics (Prometheus text format, every name prefixed `quire_`) and the tiny
-//! HTTP/1.1 responder that serves them on `GET /metrics`.
+//! The node's metrics (Prometheus text format, every name prefixed `quire_`).
 //!
 //! Metrics kept by the node itself: connections, append requests accepted (persisted) and
 //! their events and payload bytes, appends rejected by reason, frames rejected by reason,
@@ -9,14 +8,11 @@
 //! bytes made durable, batches (each one group commit: one write), fsyncs and the fsync
 //! latency histogram, truncations, whether the log failed.
 //!
-//! The HTTP responder answers one request per connection (`Connection: close`), reads at
-//! most [`HTTP_REQUEST_BYTES_MAX`] bytes of request head within [`HTTP_TIMEOUT`], and serves
-//! at most [`HTTP_CONNECTIONS_MAX`] connections at once.
+//! `GET /metrics` is served by quire-net's [`quire_net::serve_metrics`] (one responder for
+//! node and broker).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -26,17 +22,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use quire_net::{BudgetMetrics, MetricsText};
 use quire_wal::{Wal, FSYNC_US_BUCKETS};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-
-/// Longest HTTP request head the metrics endpoint reads, in bytes.
-pub const HTTP_REQUEST_BYTES_MAX: usize = 8 * 1024;
-/// How long one metrics request may take, end to end.
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Metrics connections served at once; more wait in the listen backlog.
-pub const HTTP_CONNECTIONS_MAX: usize = 16;
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -53,6 +40,11 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// Connections closed by the node because the peer did not read its responses.
     pub connections_dropped_slow: Counter,
+    /// Connections closed because a frame did not complete in time
+    /// (`partial_frame_timeout`) or nothing arrived (`idle_timeout`), by reason.
+    pub connections_timed_out: Family<Label, Counter>,
+    /// The read budget: bytes held, and reads that waited for it.
+    pub read_budget: BudgetMetrics,
     /// Appends answered with a persisted ack.
     pub appends_persisted: Counter,
     /// Events in appends answered with a persisted ack.
@@ -91,6 +83,8 @@ impl Metrics {
             connections_accepted: Counter::default(),
             connections_refused: Counter::default(),
             connections_dropped_slow: Counter::default(),
+            connections_timed_out: Family::default(),
+            read_budget: BudgetMetrics::default(),
             appends_persisted: Counter::default(),
             append_events: Counter::default(),
             append_bytes: Counter::default(),
@@ -128,6 +122,21 @@ impl Metrics {
             "connections_dropped_slow",
             "Connections closed because the peer did not read its responses",
             m.connections_dropped_slow.clone(),
+        );
+        r.register(
+            "connections_timed_out",
+            "Connections closed because a frame did not complete in time or nothing arrived, by reason",
+            m.connections_timed_out.clone(),
+        );
+        r.register(
+            "read_buffer_bytes",
+            "Bytes of the read budget held by incoming frames (limits.read_buffer_bytes_max bounds it)",
+            m.read_budget.in_use_bytes.clone(),
+        );
+        r.register(
+            "read_budget_waits",
+            "Socket reads that waited because the read budget was used up",
+            m.read_budget.waits.clone(),
         );
         r.register(
             "appends_persisted",
@@ -201,6 +210,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a connection closed by a timeout.
+    pub fn time_out_connection(&self, reason: &'static str) {
+        self.connections_timed_out
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
     /// Counts a rejected append.
     pub fn reject_append(&self, reason: &'static str) {
         self.appends_rejected
@@ -232,6 +248,12 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+impl MetricsText for Metrics {
+    fn encode_text(&self) -> Result<String, fmt::Error> {
+        self.encode()
     }
 }
 
@@ -346,110 +368,5 @@ impl Collector for WalCollector {
             &buckets,
             None,
         )
-    }
-}
-
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve_http(listener: TcpListener, metrics: Arc<Metrics>) {
-    let slots = Arc::new(Semaphore::new(HTTP_CONNECTIONS_MAX));
-    loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            if tokio::time::timeout(HTTP_TIMEOUT, answer(stream, &metrics))
-                .await
-                .is_err()
-            {
-                tracing::debug!("metrics request timed out");
-            }
-        });
-    }
-}
-
-async fn answer(mut stream: TcpStream, metrics: &Metrics) {
-    let mut head = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        if head.len() >= HTTP_REQUEST_BYTES_MAX {
-            respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request head too large\n",
-            )
-            .await;
-            return;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    match (method, path) {
-        ("GET", "/metrics") => match metrics.encode() {
-            Ok(body) => {
-                respond(
-                    &mut stream,
-                    "200 OK",
-                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                    &body,
-                )
-                .await;
-            }
-            Err(_) => {
-                respond(
-                    &mut stream,
-                    "500 Internal Server Error",
-                    "text/plain",
-                    "encoding failed\n",
-                )
-                .await
-            }
-        },
-        ("GET", _) => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "only /metrics is served here\n",
-            )
-            .await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "text/plain",
-                "only GET is served here\n",
-            )
-            .await
-        }
-    }
-}
-
-async fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str) {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if stream.write_all(head.as_bytes()).await.is_ok()
-        && stream.write_all(body.as_bytes()).await.is_ok()
-    {
-        let _ = stream.shutdown().await;
     }
 }

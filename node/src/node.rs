@@ -13,9 +13,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::config::{NodeConfig, SocketSettings};
 use crate::conn::{self, ConnContext};
 use crate::identity::Identity;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::tail_cut;
+use quire_net::ReadBudget;
 
 /// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -156,10 +157,14 @@ impl Node {
             wal: wal.clone(),
             limits: config.limits.clone(),
             metrics: metrics.clone(),
+            read_budget: ReadBudget::new(
+                config.limits.read_buffer_bytes_max,
+                metrics.read_budget.clone(),
+            ),
         };
         let accept = tokio::spawn(accept_loop(listener, ctx, config.socket.clone()));
         let metrics_task =
-            metrics_listener.map(|l| tokio::spawn(metrics::serve_http(l, metrics.clone())));
+            metrics_listener.map(|l| tokio::spawn(quire_net::serve_metrics(l, metrics.clone())));
         tracing::info!(%local_addr, ?metrics_addr, "serving");
         Ok(Node {
             local_addr,

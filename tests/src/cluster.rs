@@ -105,6 +105,11 @@ impl BrokerNode {
         }
     }
 
+    /// Adds command-line arguments for the next start (flags given later win).
+    pub fn add_args(&mut self, args: &[&str]) {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
+    }
+
     pub fn is_running(&self) -> bool {
         self.proc.is_some()
     }

@@ -10,10 +10,18 @@
 //! stop reading producer sockets instead of buffering without limit. A peer that does not
 //! read its answers (its writer queue of [`WRITE_QUEUE_FRAMES_MAX`] fills) is disconnected.
 //!
+//! Reading goes through quire-net's [`FrameReader`]: bytes buffered for incoming frames
+//! count against the broker-wide read budget (`read_buffer_bytes_max`; readers pause
+//! when it is used up), a frame's buffer grows as its bytes arrive, a frame must be whole
+//! within `partial_frame_timeout_ms` of its first byte, and a connection that sends
+//! nothing for `idle_timeout_ms` is closed — both with an `ErrorResponse`
+//! `ConnectionTimeout` (request id 0), counted in `quire_connections_timed_out_total`.
+//!
 //! Bad input: a frame that fails to decode after a sound header is answered with an
 //! `ErrorResponse` for its request id and the connection reads on; a bad header (the
 //! stream is out of sync) gets an `ErrorResponse` with request id 0 and the connection is
-//! closed. Neither affects any other connection.
+//! closed. Each is counted in `quire_rejected_frames_total{reason}`. None affects any
+//! other connection.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,10 +29,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use quire_proto::{
-    decode, encode_body, Body, ErrorCode, ErrorResponse, Flags, RequestId, WireError,
-};
-use tokio::io::AsyncReadExt;
+use quire_net::{FrameReader, ReadBudget, ReadError, ReadSettings};
+use quire_proto::{encode_body, Body, ErrorCode, ErrorResponse, Flags, RequestId};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -34,8 +40,6 @@ use crate::metrics::Metrics;
 pub const CONN_REQUESTS_MAX: usize = 4096;
 /// Most answer frames queued for one connection's writer.
 pub const WRITE_QUEUE_FRAMES_MAX: usize = CONN_REQUESTS_MAX + 64;
-/// Bytes asked of the socket at a time.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The permits a request holds until it is answered.
 #[derive(Debug)]
@@ -115,6 +119,10 @@ pub(crate) struct ConnShared {
     pub(crate) produce_bytes: Arc<Semaphore>,
     pub(crate) produce_bytes_max: usize,
     pub(crate) metrics: Arc<Metrics>,
+    /// The broker-wide budget of bytes buffered for incoming frames.
+    pub(crate) read_budget: ReadBudget,
+    /// Timeouts of the readers.
+    pub(crate) read: ReadSettings,
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
@@ -127,7 +135,7 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
     tracing::debug!(conn = id, %peer, "connection accepted");
     shared.metrics.connections_accepted.inc();
     shared.metrics.connections_open.inc();
-    let (mut r, w) = stream.into_split();
+    let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
     let kill = Arc::new(Notify::new());
     let writer = tokio::spawn(write_loop(w, rx, kill.clone(), id));
@@ -137,83 +145,93 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
         kill: kill.clone(),
     };
     let requests = Arc::new(Semaphore::new(CONN_REQUESTS_MAX));
-    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-    'conn: loop {
-        loop {
-            match decode(&mut buf) {
-                Ok(Some(frame)) => {
-                    let received = Instant::now();
-                    if frame.frame_type().is_response() {
-                        reply.error(
-                            frame.request_id,
-                            ErrorResponse::new(
-                                ErrorCode::UnexpectedFrame,
-                                format!(
-                                    "a broker does not take a {:?} as a request",
-                                    frame.frame_type()
-                                ),
-                            ),
-                        );
-                        continue;
-                    }
-                    let Ok(request) = requests.clone().acquire_owned().await else {
-                        break 'conn;
-                    };
-                    let bytes = match &frame.body {
-                        Body::ProduceRequest(p) => {
-                            let want = produce_permit_bytes(p, shared.produce_bytes_max);
-                            tokio::select! {
-                                p = shared.produce_bytes.clone().acquire_many_owned(want) => match p {
-                                    Ok(p) => Some(p),
-                                    Err(_) => break 'conn,
-                                },
-                                () = kill.notified() => break 'conn,
-                            }
-                        }
-                        _ => None,
-                    };
-                    let req = Request {
-                        request_id: frame.request_id,
-                        body: frame.body,
-                        reply: reply.clone(),
-                        permits: Permits {
-                            _request: request,
-                            _bytes: bytes,
-                        },
-                        received,
-                    };
-                    if shared.actor.send(req).await.is_err() {
-                        break 'conn;
-                    }
+    let mut reader = FrameReader::new(r, shared.read_budget.clone(), &shared.read);
+    loop {
+        let next = tokio::select! {
+            next = reader.next() => next,
+            () = kill.notified() => break,
+        };
+        let frame = match next {
+            Ok(received) => received.frame,
+            Err(e) => {
+                note_read_error(id, &peer, &e, &shared.metrics);
+                if let Some((request_id, answer)) = e.answer() {
+                    reply.error(request_id, answer);
                 }
-                Ok(None) => break,
-                Err(e @ WireError::BadFrame { request_id, .. }) => {
-                    tracing::debug!(conn = id, error = %e, "bad frame");
-                    reply.error(request_id, ErrorResponse::from_wire_error(&e));
+                if e.is_recoverable() {
+                    continue;
                 }
-                Err(e) => {
-                    tracing::debug!(conn = id, error = %e, "unreadable stream: closing");
-                    reply.error(RequestId::CONNECTION, ErrorResponse::from_wire_error(&e));
-                    break 'conn;
+                break;
+            }
+        };
+        let received = Instant::now();
+        if frame.frame_type().is_response() {
+            shared.metrics.reject_frame("unexpected_frame");
+            reply.error(
+                frame.request_id,
+                ErrorResponse::new(
+                    ErrorCode::UnexpectedFrame,
+                    format!(
+                        "a broker does not take a {:?} as a request",
+                        frame.frame_type()
+                    ),
+                ),
+            );
+            continue;
+        }
+        let Ok(request) = requests.clone().acquire_owned().await else {
+            break;
+        };
+        let bytes = match &frame.body {
+            Body::ProduceRequest(p) => {
+                let want = produce_permit_bytes(p, shared.produce_bytes_max);
+                tokio::select! {
+                    p = shared.produce_bytes.clone().acquire_many_owned(want) => match p {
+                        Ok(p) => Some(p),
+                        Err(_) => break,
+                    },
+                    () = kill.notified() => break,
                 }
             }
-        }
-        if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 4 {
-            buf.reserve(READ_CHUNK_BYTES);
-        }
-        tokio::select! {
-            n = r.read_buf(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+            _ => None,
+        };
+        let req = Request {
+            request_id: frame.request_id,
+            body: frame.body,
+            reply: reply.clone(),
+            permits: Permits {
+                _request: request,
+                _bytes: bytes,
             },
-            () = kill.notified() => break,
+            received,
+        };
+        if shared.actor.send(req).await.is_err() {
+            break;
         }
     }
+    drop(reader);
     drop(reply);
     // Let the writer flush what is queued (an error frame before closing, say), bounded.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
     shared.metrics.connections_open.dec();
     tracing::debug!(conn = id, %peer, "connection closed");
+}
+
+/// Logs and counts why the reader gave no frame.
+fn note_read_error(id: u64, peer: &str, e: &ReadError, metrics: &Metrics) {
+    let reason = e.reason();
+    match e {
+        ReadError::Closed => {}
+        ReadError::Io(_) => tracing::debug!(conn = id, %peer, error = %e, "read failed"),
+        ReadError::PartialFrameTimeout { .. } | ReadError::IdleTimeout { .. } => {
+            tracing::info!(conn = id, %peer, error = %e, reason, "closing the connection");
+            metrics.time_out_connection(reason);
+        }
+        ReadError::ClosedMidFrame { .. } | ReadError::Wire(_) => {
+            tracing::debug!(conn = id, %peer, error = %e, reason, "bad frame");
+            metrics.reject_frame(reason);
+        }
+    }
 }
 
 /// The produce byte budget a request takes: its messages plus a fixed overhead per message

@@ -31,7 +31,8 @@ use tokio::task::JoinHandle;
 use crate::config::BrokerConfig;
 use crate::core::SlotId;
 use crate::durable::{self, ClusterFile, DirLock};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
+use quire_net::ReadBudget;
 
 pub use actor::{BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
 pub use conn::{CONN_REQUESTS_MAX, WRITE_QUEUE_FRAMES_MAX};
@@ -89,7 +90,7 @@ impl Broker {
                 .await
                 .with_context(|| format!("binding the metrics address {addr}"))?;
             metrics_addr = Some(l.local_addr().context("reading the metrics address")?);
-            tasks.push(tokio::spawn(metrics::serve_http(l, metrics.clone())));
+            tasks.push(tokio::spawn(quire_net::serve_metrics(l, metrics.clone())));
         }
         let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE_MAX);
         let (request_tx, request_rx) = mpsc::channel(ACTOR_QUEUE_MAX);
@@ -135,6 +136,11 @@ impl Broker {
             produce_bytes: Arc::new(Semaphore::new(PRODUCE_BYTES_MAX)),
             produce_bytes_max: PRODUCE_BYTES_MAX,
             metrics: metrics.clone(),
+            read_budget: ReadBudget::new(
+                cfg.read.read_buffer_bytes_max,
+                metrics.read_budget.clone(),
+            ),
+            read: cfg.read,
         };
         tasks.push(tokio::spawn(accept_loop(listener, shared)));
         Ok(Broker {

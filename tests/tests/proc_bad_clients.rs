@@ -1,0 +1,495 @@
+//! Bad clients against the real `quire-broker` binary (issue 7, part 2): oversized length
+//! prefixes, counts larger than the body, truncated frames, headers that announce 16 MiB
+//! and never finish, and 1,000 connections each sending one byte a second — while a real
+//! producer keeps producing and getting acks.
+//!
+//! The story: a connection could hold a partial frame of up to 16 MiB with no timeout,
+//! and the decoder reserved a frame's whole announced length from its header; 20 such
+//! connections pushed a broker to 488 MB RSS. The broker now reads under a broker-wide
+//! budget of buffered bytes (`--read-buffer-bytes-max`), grows a frame's buffer as bytes
+//! arrive, and closes a connection whose frame is not whole within
+//! `--partial-frame-timeout-ms`. This test asserts the broker stays up, every produce is
+//! acknowledged, and its RSS stays under a bound derived from the budget (it prints the
+//! RSS it saw).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+use std::io::{Read, Write};
+use std::net::TcpStream as StdStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use quire_proto::{
+    decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, MetadataRequest, RequestId,
+    FRAME_BYTES_MAX, HEADER_BYTES,
+};
+use quire_tests::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The broker's read budget in this test: two maximal frames.
+const READ_BUDGET_BYTES: usize = 2 * FRAME_BYTES_MAX;
+/// The broker's partial-frame timeout in this test.
+const PARTIAL_FRAME_TIMEOUT_MS: u64 = 3_000;
+/// Connections sending one byte a second.
+const TRICKLERS: usize = 1000;
+/// Connections pushing the body of a 16 MiB frame as fast as the broker reads it, never
+/// finishing it.
+const HOARDERS: usize = 8;
+/// How long the attack runs.
+const ATTACK: Duration = Duration::from_secs(24);
+/// Memory each open connection may cost the broker besides its buffered bytes (two tasks,
+/// a writer queue, a read buffer's unused room), for the RSS bound. Measured: about 18 KiB.
+const CONNECTION_OVERHEAD_BYTES: u64 = 32 * 1024;
+/// Memory the RSS bound allows besides the budget and the connections (allocator and
+/// runtime bookkeeping).
+const RSS_SLACK_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Raises the soft open-files limit (inherited by the broker this test starts).
+fn ensure_open_files(needed: u64) {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid rlimit for getrlimit to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    if l.rlim_cur >= needed {
+        return;
+    }
+    assert!(
+        l.rlim_max >= needed,
+        "this test needs {needed} open files; the hard limit is {} (raise it with ulimit -Hn)",
+        l.rlim_max
+    );
+    let raised = libc::rlimit {
+        rlim_cur: needed,
+        rlim_max: l.rlim_max,
+    };
+    // SAFETY: `raised` is a valid rlimit; setrlimit only reads it.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) }, 0);
+}
+
+/// The resident set of process `pid`, in bytes (VmRSS of /proc/<pid>/status).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// A header whose CRC holds, announcing `frame_bytes` of `frame_type`.
+fn header(frame_bytes: u32, frame_type: FrameType, request_id: u64, body_crc: u32) -> Vec<u8> {
+    FrameHeader {
+        frame_bytes,
+        frame_type: frame_type.as_u16(),
+        flags: 0,
+        request_id: RequestId(request_id),
+        body_crc,
+    }
+    .encode()
+    .to_vec()
+}
+
+fn sound_frame(request_id: u64, body: impl Into<Body>) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    encode(&Frame::new(RequestId(request_id), body), &mut out).expect("encodes");
+    out.to_vec()
+}
+
+/// Reads frames from `s` until one arrives or the broker closes the connection.
+fn read_frame(s: &mut StdStream, buf: &mut BytesMut) -> Option<Frame> {
+    loop {
+        if let Ok(Some(f)) = decode(buf) {
+            return Some(f);
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn connect(addr: &str) -> StdStream {
+    let s = StdStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s
+}
+
+/// The error frame a bad input gets, and whether the connection is closed after it.
+fn error_then(s: &mut StdStream) -> (RequestId, ErrorCode, bool) {
+    let mut buf = BytesMut::new();
+    let f = read_frame(s, &mut buf).expect("an error frame");
+    let Body::ErrorResponse(e) = f.body else {
+        panic!("expected an ErrorResponse, got {:?}", f.body)
+    };
+    let closed = read_frame(s, &mut buf).is_none();
+    (f.request_id, e.code, closed)
+}
+
+/// The value of a metric line `name value` in a scrape (0 if absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+}
+
+/// Each kind of broken frame, one connection each: a typed error, the connection closed
+/// when the stream is out of sync, kept when it is not.
+fn bad_frames(addr: &str) {
+    // An oversized length prefix (its header CRC holds): closed with FrameTooLarge.
+    let mut s = connect(addr);
+    s.write_all(&header(
+        FRAME_BYTES_MAX as u32 + 1,
+        FrameType::ProduceRequest,
+        1,
+        0,
+    ))
+    .unwrap();
+    assert_eq!(
+        error_then(&mut s),
+        (RequestId::CONNECTION, ErrorCode::FrameTooLarge, true)
+    );
+    // u32::MAX as the length.
+    let mut s = connect(addr);
+    s.write_all(&header(u32::MAX, FrameType::ProduceRequest, 1, 0))
+        .unwrap();
+    assert_eq!(
+        error_then(&mut s),
+        (RequestId::CONNECTION, ErrorCode::FrameTooLarge, true)
+    );
+
+    // A produce whose message count is far larger than its body: answered, and the
+    // connection goes on.
+    let mut body = Vec::new();
+    body.extend(1u16.to_le_bytes());
+    body.push(b't');
+    body.extend(0u64.to_le_bytes());
+    body.extend(0u64.to_le_bytes());
+    body.extend(60_000u32.to_le_bytes());
+    let mut frame = header(
+        (HEADER_BYTES + body.len()) as u32,
+        FrameType::ProduceRequest,
+        7,
+        crc32c::crc32c(&body),
+    );
+    frame.extend(&body);
+    let mut s = connect(addr);
+    s.write_all(&frame).unwrap();
+    s.write_all(&sound_frame(8, MetadataRequest)).unwrap();
+    let mut buf = BytesMut::new();
+    let f = read_frame(&mut s, &mut buf).expect("answered");
+    assert_eq!(f.request_id, RequestId(7));
+    assert!(
+        matches!(&f.body, Body::ErrorResponse(e) if e.code == ErrorCode::Malformed),
+        "{:?}",
+        f.body
+    );
+    let f = read_frame(&mut s, &mut buf).expect("the next request is served");
+    assert_eq!(f.request_id, RequestId(8));
+    assert!(matches!(f.body, Body::MetadataResponse(_)), "{:?}", f.body);
+
+    // A truncated frame: the header and half the body, then the peer closes.
+    let whole = sound_frame(9, produce_request("t", 0, 0, 3));
+    let mut s = connect(addr);
+    s.write_all(&whole[..HEADER_BYTES + (whole.len() - HEADER_BYTES) / 2])
+        .unwrap();
+    drop(s);
+
+    // A header announcing 16 MiB, then silence: closed with ConnectionTimeout.
+    let mut s = connect(addr);
+    s.write_all(&header(
+        FRAME_BYTES_MAX as u32,
+        FrameType::ProduceRequest,
+        3,
+        0,
+    ))
+    .unwrap();
+    s.write_all(&[0u8; 100]).unwrap();
+    assert_eq!(
+        error_then(&mut s),
+        (RequestId::CONNECTION, ErrorCode::ConnectionTimeout, true)
+    );
+}
+
+/// What the attackers saw.
+#[derive(Debug, Default)]
+struct AttackCounts {
+    connections: AtomicU64,
+    timed_out: AtomicU64,
+    bytes_sent: AtomicU64,
+}
+
+/// One connection sending one byte a second of a sound produce frame, reconnecting when
+/// the broker closes it, until `stop`.
+async fn trickle(addr: String, stop: Arc<AtomicBool>, counts: Arc<AttackCounts>) {
+    let frame = sound_frame(1, produce_request("t", 0, 0, 1));
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(s) = tokio::net::TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        counts.connections.fetch_add(1, Ordering::Relaxed);
+        let (mut r, mut w) = s.into_split();
+        let mut at = 0;
+        let mut answer = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let mut chunk = [0u8; 512];
+            tokio::select! {
+                _ = tick.tick() => {
+                    if w.write_all(&frame[at % frame.len()..at % frame.len() + 1]).await.is_err() {
+                        break;
+                    }
+                    at += 1;
+                    counts.bytes_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                n = r.read(&mut chunk) => match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&chunk[..n]),
+                },
+            }
+        }
+        let mut buf = BytesMut::from(&answer[..]);
+        if let Ok(Some(f)) = decode(&mut buf) {
+            if matches!(&f.body, Body::ErrorResponse(e) if e.code == ErrorCode::ConnectionTimeout) {
+                counts.timed_out.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// One connection announcing a 16 MiB frame and pushing its body as fast as the broker
+/// takes it, never finishing; reconnecting when closed, until `stop`.
+async fn hoard(addr: String, stop: Arc<AtomicBool>, counts: Arc<AttackCounts>) {
+    let chunk = vec![0x5a_u8; 64 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        counts.connections.fetch_add(1, Ordering::Relaxed);
+        if s.write_all(&header(
+            FRAME_BYTES_MAX as u32,
+            FrameType::ProduceRequest,
+            1,
+            0,
+        ))
+        .await
+        .is_err()
+        {
+            continue;
+        }
+        let mut sent = HEADER_BYTES;
+        while !stop.load(Ordering::Relaxed) && sent + chunk.len() < FRAME_BYTES_MAX {
+            let write = tokio::time::timeout(Duration::from_millis(500), s.write_all(&chunk));
+            match write.await {
+                Ok(Ok(())) => {
+                    sent += chunk.len();
+                    counts
+                        .bytes_sent
+                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+                Ok(Err(_)) => break,
+                // The broker stopped reading (the budget is used up): is it still open?
+                Err(_) => {
+                    let mut probe = [0u8; 64];
+                    match tokio::time::timeout(Duration::from_millis(1), s.read(&mut probe)).await {
+                        Ok(Ok(0) | Err(_)) => break,
+                        Ok(Ok(_)) => {
+                            counts.timed_out.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_clients_leave_the_broker_up_bounded_and_serving() {
+    ensure_open_files(4 * TRICKLERS as u64 + 1024);
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.broker(1).add_args(&[
+        "--read-buffer-bytes-max",
+        &READ_BUDGET_BYTES.to_string(),
+        "--partial-frame-timeout-ms",
+        &PARTIAL_FRAME_TIMEOUT_MS.to_string(),
+    ]);
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let pid = cluster.broker(1).pid().expect("the broker runs");
+
+    bad_frames(&addr);
+
+    // A producer that keeps producing for the whole attack.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let addr = addr.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&addr).expect("producer connects");
+            let mut seq = 0u64;
+            let mut acked_at: Vec<Instant> = Vec::new();
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match c
+                    .request(produce_request("acked", 1, seq, 10))
+                    .map(produce_answer)
+                {
+                    Ok(Ok(r)) => {
+                        assert_eq!(r.count, 10);
+                        seq += 10;
+                        acked_at.push(Instant::now());
+                    }
+                    Ok(Err(e)) => failures.push(format!("{e:?}")),
+                    Err(e) => {
+                        failures.push(e.to_string());
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (seq, acked_at, failures)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let baseline_rss = rss_bytes(pid);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let counts = Arc::new(AttackCounts::default());
+    let attack_stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..TRICKLERS {
+        tasks.push(rt.spawn(trickle(addr.clone(), attack_stop.clone(), counts.clone())));
+    }
+    for _ in 0..HOARDERS {
+        tasks.push(rt.spawn(hoard(addr.clone(), attack_stop.clone(), counts.clone())));
+    }
+    let started = Instant::now();
+    let mut rss_max = 0;
+    let mut open_max = 0.0f64;
+    while started.elapsed() < ATTACK {
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the broker died under the attack"
+        );
+        rss_max = rss_max.max(rss_bytes(pid));
+        let sc = cluster.broker(1).scrape();
+        open_max = open_max.max(metric(&sc, "quire_connections_open"));
+        // QUIRE_TEST_TRACE_RSS=1 prints the broker's memory as the attack goes.
+        if std::env::var_os("QUIRE_TEST_TRACE_RSS").is_some() {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let anon = st
+                .lines()
+                .find(|l| l.starts_with("RssAnon"))
+                .unwrap_or("")
+                .to_owned();
+            eprintln!(
+                "t={:?} rss={} MiB {anon} buffered={} open={}",
+                started.elapsed(),
+                rss_bytes(pid) >> 20,
+                metric(&sc, "quire_read_buffer_bytes"),
+                metric(&sc, "quire_connections_open")
+            );
+        }
+    }
+    let attack_ended = Instant::now();
+    attack_stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    // The producer goes on a moment after the attack, then stops.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (produced, acked_at, failures) = producer.join().expect("producer thread");
+
+    let scrape = cluster.broker(1).scrape();
+    let connections = counts.connections.load(Ordering::Relaxed);
+    let timed_out = counts.timed_out.load(Ordering::Relaxed);
+    // What the broker may hold: what it held before, the read budget (buffered bytes), each
+    // connection's own cost, and some slack. Before the read budget, 20 connections with
+    // partial 16 MiB frames took a broker to 488 MB.
+    let bound = baseline_rss
+        + READ_BUDGET_BYTES as u64
+        + (TRICKLERS + HOARDERS) as u64 * CONNECTION_OVERHEAD_BYTES
+        + RSS_SLACK_BYTES;
+    let during = acked_at
+        .iter()
+        .filter(|t| **t > started && **t <= attack_ended)
+        .count();
+    eprintln!(
+        "broker RSS: {} MiB before the attack, {} MiB at most during it (bound {} MiB, read budget {} MiB); \
+         {connections} attacking connections ({open_max} open at most), {timed_out} closed with ConnectionTimeout, \
+         {} bytes sent by attackers; producer: {produced} messages acked ({during} batches during the attack)",
+        baseline_rss >> 20,
+        rss_max >> 20,
+        bound >> 20,
+        READ_BUDGET_BYTES >> 20,
+        counts.bytes_sent.load(Ordering::Relaxed),
+    );
+
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "the broker is alive"
+    );
+    assert!(failures.is_empty(), "produces failed: {failures:?}");
+    assert!(during > 0, "no produce was acknowledged during the attack");
+    assert!(
+        open_max >= TRICKLERS as f64 / 2.0,
+        "the attack held {open_max} connections open at most"
+    );
+    assert!(
+        rss_max <= bound,
+        "broker RSS reached {rss_max} bytes, above the bound {bound}"
+    );
+    assert!(
+        timed_out > 0,
+        "no attacker was closed with ConnectionTimeout"
+    );
+    let timeouts = metric(
+        &scrape,
+        "quire_connections_timed_out_total{reason=\"partial_frame_timeout\"}",
+    );
+    assert!(timeouts >= timed_out as f64, "{scrape}");
+    for reason in ["frame_too_large", "malformed", "truncated"] {
+        assert!(
+            metric(
+                &scrape,
+                &format!("quire_rejected_frames_total{{reason=\"{reason}\"}}")
+            ) >= 1.0,
+            "{reason} not counted:\n{scrape}"
+        );
+    }
+    assert!(
+        metric(&scrape, "quire_read_budget_waits_total") >= 1.0,
+        "the hoarders never used the budget up:\n{scrape}"
+    );
+    assert!(metric(&scrape, "quire_read_buffer_bytes") <= READ_BUDGET_BYTES as f64);
+
+    // Every acknowledged message is there, in order.
+    let mut c = Client::connect(&addr).expect("connects");
+    let got = fetch_all(&mut c, "acked", produced as usize);
+    assert_eq!(got.len() as u64, produced);
+    for (i, (_, p)) in got.iter().enumerate() {
+        assert_eq!(*p, payload(1, i as u64));
+    }
+}
