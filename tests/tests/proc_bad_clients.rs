@@ -1,16 +1,17 @@
-//! Bad clients against the real `quire-broker` binary (issue 7, part 2): oversized length
-//! prefixes, counts larger than the body, truncated frames, headers that announce 16 MiB
-//! and never finish, and 1,000 connections each sending one byte a second — while a real
-//! producer keeps producing and getting acks.
+//! Bad clients against the real `quire-broker` and `quire-node` binaries (issue 7, part
+//! 2): oversized length prefixes, counts larger than the body, truncated frames, headers
+//! that announce 16 MiB and never finish, and 1,000 connections each sending one byte a
+//! second — while a real producer (on the broker) or appender (on the store) keeps going
+//! and getting acks.
 //!
 //! The story: a connection could hold a partial frame of up to 16 MiB with no timeout,
 //! and the decoder reserved a frame's whole announced length from its header; 20 such
 //! connections pushed a broker to 488 MB RSS. The broker now reads under a broker-wide
 //! budget of buffered bytes (`--read-buffer-bytes-max`), grows a frame's buffer as bytes
 //! arrive, and closes a connection whose frame is not whole within
-//! `--partial-frame-timeout-ms`. This test asserts the broker stays up, every produce is
-//! acknowledged, and its RSS stays under a bound derived from the budget (it prints the
-//! RSS it saw).
+//! `--partial-frame-timeout-ms`; a store does the same (`[limits]`). These tests assert
+//! the server stays up, every produce or append is acknowledged, and its RSS stays under
+//! a bound derived from the budget (they print the RSS they saw).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use quire_proto::{
-    decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, MetadataRequest, RequestId,
-    FRAME_BYTES_MAX, HEADER_BYTES,
+    decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, Frame, FrameHeader,
+    FrameType, LogPosition, MetadataRequest, Offset, RequestId, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -315,6 +316,150 @@ async fn hoard(addr: String, stop: Arc<AtomicBool>, counts: Arc<AttackCounts>) {
     }
 }
 
+/// What one attack did to the server under it.
+#[derive(Debug)]
+struct AttackReport {
+    baseline_rss: u64,
+    rss_max: u64,
+    open_max: f64,
+    connections: u64,
+    timed_out: u64,
+    bytes_sent: u64,
+    started: Instant,
+    ended: Instant,
+}
+
+impl AttackReport {
+    /// The RSS bound: what the server held before, the read budget (buffered bytes), each
+    /// connection's own cost, and some slack. Before the read budget, 20 connections with
+    /// partial 16 MiB frames took a broker to 488 MB.
+    fn rss_bound(&self) -> u64 {
+        self.baseline_rss
+            + READ_BUDGET_BYTES as u64
+            + (TRICKLERS + HOARDERS) as u64 * CONNECTION_OVERHEAD_BYTES
+            + RSS_SLACK_BYTES
+    }
+
+    /// Asserts what every server must show after the attack.
+    fn check(&self, who: &str, pid: u32, metrics: &str) {
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the {who} died"
+        );
+        assert!(
+            self.open_max >= TRICKLERS as f64 / 2.0,
+            "the attack held {} connections open at most",
+            self.open_max
+        );
+        assert!(
+            self.rss_max <= self.rss_bound(),
+            "{who} RSS reached {} bytes, above the bound {}",
+            self.rss_max,
+            self.rss_bound()
+        );
+        assert!(
+            self.timed_out > 0,
+            "no attacker was closed with ConnectionTimeout"
+        );
+        let timeouts = metric(
+            metrics,
+            "quire_connections_timed_out_total{reason=\"partial_frame_timeout\"}",
+        );
+        assert!(timeouts >= self.timed_out as f64, "{metrics}");
+        assert!(
+            metric(metrics, "quire_read_budget_waits_total") >= 1.0,
+            "the hoarders never used the budget up:\n{metrics}"
+        );
+        assert!(metric(metrics, "quire_read_buffer_bytes") <= READ_BUDGET_BYTES as f64);
+    }
+}
+
+/// Runs the tricklers and hoarders against `addr` for [`ATTACK`], sampling the RSS of
+/// `pid` and the open connections `scrape` reports; prints what it saw.
+fn attack(who: &str, addr: &str, pid: u32, scrape: &dyn Fn() -> String) -> AttackReport {
+    let baseline_rss = rss_bytes(pid);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let counts = Arc::new(AttackCounts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..TRICKLERS {
+        tasks.push(rt.spawn(trickle(addr.to_owned(), stop.clone(), counts.clone())));
+    }
+    for _ in 0..HOARDERS {
+        tasks.push(rt.spawn(hoard(addr.to_owned(), stop.clone(), counts.clone())));
+    }
+    let started = Instant::now();
+    let mut rss_max = 0;
+    let mut open_max = 0.0f64;
+    while started.elapsed() < ATTACK {
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the {who} died under the attack"
+        );
+        let rss = rss_bytes(pid);
+        rss_max = rss_max.max(rss);
+        let metrics = scrape();
+        open_max = open_max.max(metric(&metrics, "quire_connections_open"));
+        // QUIRE_TEST_TRACE_RSS=1 prints the server's memory as the attack goes.
+        if std::env::var_os("QUIRE_TEST_TRACE_RSS").is_some() {
+            eprintln!(
+                "{who} t={:?} rss={} MiB buffered={} open={}",
+                started.elapsed(),
+                rss >> 20,
+                metric(&metrics, "quire_read_buffer_bytes"),
+                metric(&metrics, "quire_connections_open")
+            );
+        }
+    }
+    let ended = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    let report = AttackReport {
+        baseline_rss,
+        rss_max,
+        open_max,
+        connections: counts.connections.load(Ordering::Relaxed),
+        timed_out: counts.timed_out.load(Ordering::Relaxed),
+        bytes_sent: counts.bytes_sent.load(Ordering::Relaxed),
+        started,
+        ended,
+    };
+    eprintln!(
+        "{who} RSS: {} MiB before the attack, {} MiB at most during it (bound {} MiB, read budget {} MiB); \
+         {} attacking connections ({} open at most), {} closed with ConnectionTimeout, {} bytes sent by attackers",
+        report.baseline_rss >> 20,
+        report.rss_max >> 20,
+        report.rss_bound() >> 20,
+        READ_BUDGET_BYTES >> 20,
+        report.connections,
+        report.open_max,
+        report.timed_out,
+        report.bytes_sent,
+    );
+    report
+}
+
+/// `GET /metrics` from `addr`, as text.
+fn scrape_metrics(addr: &str) -> String {
+    let mut s = StdStream::connect(addr).expect("metrics connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("metrics request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("metrics answer");
+    out
+}
+
 #[test]
 fn bad_clients_leave_the_broker_up_bounded_and_serving() {
     ensure_open_files(4 * TRICKLERS as u64 + 1024);
@@ -364,126 +509,31 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
         })
     };
     std::thread::sleep(Duration::from_secs(1));
-    let baseline_rss = rss_bytes(pid);
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let counts = Arc::new(AttackCounts::default());
-    let attack_stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..TRICKLERS {
-        tasks.push(rt.spawn(trickle(addr.clone(), attack_stop.clone(), counts.clone())));
-    }
-    for _ in 0..HOARDERS {
-        tasks.push(rt.spawn(hoard(addr.clone(), attack_stop.clone(), counts.clone())));
-    }
-    let started = Instant::now();
-    let mut rss_max = 0;
-    let mut open_max = 0.0f64;
-    while started.elapsed() < ATTACK {
-        std::thread::sleep(Duration::from_millis(250));
-        assert!(
-            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
-            "the broker died under the attack"
-        );
-        rss_max = rss_max.max(rss_bytes(pid));
-        let sc = cluster.broker(1).scrape();
-        open_max = open_max.max(metric(&sc, "quire_connections_open"));
-        // QUIRE_TEST_TRACE_RSS=1 prints the broker's memory as the attack goes.
-        if std::env::var_os("QUIRE_TEST_TRACE_RSS").is_some() {
-            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let anon = st
-                .lines()
-                .find(|l| l.starts_with("RssAnon"))
-                .unwrap_or("")
-                .to_owned();
-            eprintln!(
-                "t={:?} rss={} MiB {anon} buffered={} open={}",
-                started.elapsed(),
-                rss_bytes(pid) >> 20,
-                metric(&sc, "quire_read_buffer_bytes"),
-                metric(&sc, "quire_connections_open")
-            );
-        }
-    }
-    let attack_ended = Instant::now();
-    attack_stop.store(true, Ordering::Relaxed);
-    rt.block_on(async {
-        for t in tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
-        }
-    });
-    rt.shutdown_timeout(Duration::from_secs(2));
+    let broker = &cluster.brokers[0];
+    let report = attack("broker", &addr, pid, &|| broker.scrape());
     // The producer goes on a moment after the attack, then stops.
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let (produced, acked_at, failures) = producer.join().expect("producer thread");
-
-    let scrape = cluster.broker(1).scrape();
-    let connections = counts.connections.load(Ordering::Relaxed);
-    let timed_out = counts.timed_out.load(Ordering::Relaxed);
-    // What the broker may hold: what it held before, the read budget (buffered bytes), each
-    // connection's own cost, and some slack. Before the read budget, 20 connections with
-    // partial 16 MiB frames took a broker to 488 MB.
-    let bound = baseline_rss
-        + READ_BUDGET_BYTES as u64
-        + (TRICKLERS + HOARDERS) as u64 * CONNECTION_OVERHEAD_BYTES
-        + RSS_SLACK_BYTES;
     let during = acked_at
         .iter()
-        .filter(|t| **t > started && **t <= attack_ended)
+        .filter(|t| **t > report.started && **t <= report.ended)
         .count();
-    eprintln!(
-        "broker RSS: {} MiB before the attack, {} MiB at most during it (bound {} MiB, read budget {} MiB); \
-         {connections} attacking connections ({open_max} open at most), {timed_out} closed with ConnectionTimeout, \
-         {} bytes sent by attackers; producer: {produced} messages acked ({during} batches during the attack)",
-        baseline_rss >> 20,
-        rss_max >> 20,
-        bound >> 20,
-        READ_BUDGET_BYTES >> 20,
-        counts.bytes_sent.load(Ordering::Relaxed),
-    );
+    eprintln!("producer: {produced} messages acked ({during} batches during the attack)");
 
-    assert!(
-        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
-        "the broker is alive"
-    );
+    let metrics = cluster.broker(1).scrape();
     assert!(failures.is_empty(), "produces failed: {failures:?}");
     assert!(during > 0, "no produce was acknowledged during the attack");
-    assert!(
-        open_max >= TRICKLERS as f64 / 2.0,
-        "the attack held {open_max} connections open at most"
-    );
-    assert!(
-        rss_max <= bound,
-        "broker RSS reached {rss_max} bytes, above the bound {bound}"
-    );
-    assert!(
-        timed_out > 0,
-        "no attacker was closed with ConnectionTimeout"
-    );
-    let timeouts = metric(
-        &scrape,
-        "quire_connections_timed_out_total{reason=\"partial_frame_timeout\"}",
-    );
-    assert!(timeouts >= timed_out as f64, "{scrape}");
+    report.check("broker", pid, &metrics);
     for reason in ["frame_too_large", "malformed", "truncated"] {
         assert!(
             metric(
-                &scrape,
+                &metrics,
                 &format!("quire_rejected_frames_total{{reason=\"{reason}\"}}")
             ) >= 1.0,
-            "{reason} not counted:\n{scrape}"
+            "{reason} not counted:\n{metrics}"
         );
     }
-    assert!(
-        metric(&scrape, "quire_read_budget_waits_total") >= 1.0,
-        "the hoarders never used the budget up:\n{scrape}"
-    );
-    assert!(metric(&scrape, "quire_read_buffer_bytes") <= READ_BUDGET_BYTES as f64);
 
     // Every acknowledged message is there, in order.
     let mut c = Client::connect(&addr).expect("connects");
@@ -492,4 +542,80 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
     for (i, (_, p)) in got.iter().enumerate() {
         assert_eq!(*p, payload(1, i as u64));
     }
+}
+
+/// The same attack on a store (`quire-node`, `[limits]` read budget and partial-frame
+/// timeout), while a master-like client keeps appending and getting persisted acks.
+#[test]
+fn bad_clients_leave_a_store_up_bounded_and_appending() {
+    ensure_open_files(4 * TRICKLERS as u64 + 1024);
+    let mut cluster = Cluster::new(1, 1, Timing::default());
+    cluster.set_store_config(&format!(
+        "metrics_listen = \"127.0.0.1:0\"\n\
+         [limits]\nread_buffer_bytes_max = {READ_BUDGET_BYTES}\npartial_frame_timeout_ms = {PARTIAL_FRAME_TIMEOUT_MS}\n\
+         [wal]\nsegment_bytes_max = 16777216\n"
+    ));
+    cluster.stores[0].start();
+    let store = &cluster.stores[0];
+    let addr = store.addr.clone();
+    let proc = store.proc.as_ref().expect("the store runs");
+    let pid = proc.pid().expect("the store runs");
+    let metrics_addr = proc.metrics.clone().expect("the store serves metrics");
+
+    // An appender playing a master of epoch 3: one event per append, each acked before the
+    // next (log matching on `prev`).
+    let stop = Arc::new(AtomicBool::new(false));
+    let appender = {
+        let addr = addr.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&addr).expect("appender connects");
+            let mut next = 0u64;
+            let mut acked_at: Vec<Instant> = Vec::new();
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let req = AppendRequest {
+                    epoch: Epoch(3),
+                    prev: next.checked_sub(1).map(|o| LogPosition {
+                        epoch: Epoch(3),
+                        offset: Offset(o),
+                    }),
+                    events: vec![Event {
+                        epoch: Epoch(3),
+                        offset: Offset(next),
+                        kind: EventKind::Message,
+                        payload: payload(1, next),
+                    }],
+                    hwm: None,
+                };
+                match c.request(req) {
+                    Ok(Body::PersistedAck(a)) => {
+                        assert_eq!(a.through_offset, Some(Offset(next)));
+                        next += 1;
+                        acked_at.push(Instant::now());
+                    }
+                    Ok(other) => failures.push(format!("{other:?}")),
+                    Err(e) => {
+                        failures.push(e.to_string());
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (next, acked_at, failures)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let report = attack("store", &addr, pid, &|| scrape_metrics(&metrics_addr));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (appended, acked_at, failures) = appender.join().expect("appender thread");
+    let during = acked_at
+        .iter()
+        .filter(|t| **t > report.started && **t <= report.ended)
+        .count();
+    eprintln!("appender: {appended} events persisted ({during} during the attack)");
+    assert!(failures.is_empty(), "appends failed: {failures:?}");
+    assert!(during > 0, "no append was acknowledged during the attack");
+    report.check("store", pid, &scrape_metrics(&metrics_addr));
 }
