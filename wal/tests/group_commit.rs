@@ -75,13 +75,15 @@ fn run(io: IoBackend, fsync_delay: Option<Duration>) -> (u64, u64) {
 }
 
 #[test]
-fn sixty_four_appenders_share_fsyncs() {
+fn sixty_four_appenders_on_a_fast_disk_are_all_durable_with_at_most_one_fsync_each() {
     for io in backends() {
         // This disk's fdatasync takes ~0.1 ms, about what 64 threads on 2 cores need to
-        // come back, so how much they share depends on the machine's load: ask for 4x.
+        // come back, so how much they share here depends on the machine's load and speed
+        // (a full CI run once saw 3.4 appends per fsync, a quiet one 8): the sharing itself
+        // is asserted with a slow fdatasync below, where it does not depend on timing.
         let (appends, fsyncs) = run(io, None);
         assert!(
-            fsyncs * 4 <= appends,
+            fsyncs <= appends,
             "{io:?}: {fsyncs} fsyncs for {appends} appends"
         );
     }
