@@ -20,20 +20,19 @@
 //! atomically: written to `identity.tmp`, fsynced, renamed over `identity`, and the
 //! directory fsynced.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use quire_proto::{Incarnation, StoreId};
 
+use crate::small_file::{self, IoFailure};
+
 /// File name of the identity file inside a data directory.
 pub const IDENTITY_FILE_NAME: &str = "identity";
-const TMP_NAME: &str = "identity.tmp";
 const MAGIC: [u8; 4] = *b"QSID";
 const VERSION: u8 = 1;
 const FILE_BYTES: usize = 36;
-const CRC_AT: usize = 32;
 
 /// Whether a store may vote (grant fences, count toward Qa).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,11 +108,13 @@ pub enum IdentityError {
     },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> IdentityError + 'a {
-    move |source| IdentityError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+impl From<IoFailure> for IdentityError {
+    fn from(f: IoFailure) -> Self {
+        IdentityError::Io {
+            op: f.op,
+            path: f.path,
+            source: f.source,
+        }
     }
 }
 
@@ -152,14 +153,11 @@ impl Identity {
     #[must_use]
     pub fn to_bytes(&self) -> [u8; FILE_BYTES] {
         let mut b = [0u8; FILE_BYTES];
-        b[0..4].copy_from_slice(&MAGIC);
-        b[4] = VERSION;
         b[5] = self.role.as_u8();
         b[8..16].copy_from_slice(&self.store_id.0.to_le_bytes());
         b[16..24].copy_from_slice(&self.incarnation.0.to_le_bytes());
         b[24..32].copy_from_slice(&self.created_ms.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..CRC_AT]);
-        b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        small_file::seal(&mut b, MAGIC, VERSION);
         b
     }
 
@@ -168,22 +166,8 @@ impl Identity {
     /// # Errors
     /// The problem found, for [`IdentityError::Corrupt`].
     pub fn from_bytes(b: &[u8]) -> Result<Identity, &'static str> {
-        let b: &[u8; FILE_BYTES] = b.try_into().map_err(|_| "wrong size")?;
-        let u64_at = |at: usize| {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(&b[at..at + 8]);
-            u64::from_le_bytes(v)
-        };
-        if b[0..4] != MAGIC {
-            return Err("bad magic");
-        }
-        let stored = u32::from_le_bytes([b[CRC_AT], b[CRC_AT + 1], b[CRC_AT + 2], b[CRC_AT + 3]]);
-        if crc32c::crc32c(&b[..CRC_AT]) != stored {
-            return Err("checksum mismatch");
-        }
-        if b[4] != VERSION {
-            return Err("unsupported version");
-        }
+        let b = small_file::check::<FILE_BYTES>(b, MAGIC, VERSION)?;
+        let u64_at = |at| small_file::u64_at(b, at);
         let role = Role::from_u8(b[5]).ok_or("unknown role")?;
         Ok(Identity {
             store_id: StoreId(u64_at(8)),
@@ -199,17 +183,15 @@ impl Identity {
     /// [`IdentityError::NotInitialised`] if there is no identity file;
     /// [`IdentityError::Corrupt`]; I/O errors.
     pub fn load(dir: &Path) -> Result<Identity, IdentityError> {
-        let path = dir.join(IDENTITY_FILE_NAME);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(IdentityError::NotInitialised {
-                    dir: dir.to_path_buf(),
-                })
-            }
-            Err(e) => return Err(io_err("read", &path)(e)),
+        let Some(bytes) = small_file::read(dir, IDENTITY_FILE_NAME)? else {
+            return Err(IdentityError::NotInitialised {
+                dir: dir.to_path_buf(),
+            });
         };
-        Identity::from_bytes(&bytes).map_err(|problem| IdentityError::Corrupt { path, problem })
+        Identity::from_bytes(&bytes).map_err(|problem| IdentityError::Corrupt {
+            path: dir.join(IDENTITY_FILE_NAME),
+            problem,
+        })
     }
 
     /// Writes this identity as `dir`'s identity file, durably (temp file, fsync, rename,
@@ -218,20 +200,11 @@ impl Identity {
     /// # Errors
     /// I/O errors (the old file, if any, is then unchanged).
     pub fn store(&self, dir: &Path) -> Result<(), IdentityError> {
-        let tmp = dir.join(TMP_NAME);
-        let path = dir.join(IDENTITY_FILE_NAME);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_err("create", &tmp))?;
-        f.write_all(&self.to_bytes())
-            .map_err(io_err("write", &tmp))?;
-        f.sync_all().map_err(io_err("fsync", &tmp))?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(io_err("rename", &path))?;
-        fsync_dir(dir)
+        Ok(small_file::replace(
+            dir,
+            IDENTITY_FILE_NAME,
+            &self.to_bytes(),
+        )?)
     }
 }
 
@@ -240,9 +213,7 @@ impl Identity {
 /// # Errors
 /// I/O errors.
 pub fn fsync_dir(dir: &Path) -> Result<(), IdentityError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync dir", dir))
+    Ok(small_file::fsync_dir(dir)?)
 }
 
 fn random_nonzero_u64() -> io::Result<u64> {
@@ -272,6 +243,8 @@ fn random_nonzero_u64() -> io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]
@@ -288,7 +261,7 @@ mod tests {
         };
         learner.store(dir.path()).unwrap();
         assert_eq!(Identity::load(dir.path()).unwrap().role, Role::Learner);
-        assert!(!dir.path().join(TMP_NAME).exists());
+        assert!(!dir.path().join("identity.tmp").exists());
     }
 
     #[test]

@@ -27,18 +27,17 @@
 //! renamed over `tail_cut`, and the directory fsynced; clearing removes it and fsyncs the
 //! directory. No file: no mark.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use quire_proto::{Epoch, Offset, TailCut};
 
+use crate::small_file::{self, IoFailure};
+
 /// File name of the mark inside a data directory.
 pub const TAIL_CUT_FILE_NAME: &str = "tail_cut";
-const TMP_NAME: &str = "tail_cut.tmp";
 const MAGIC: [u8; 4] = *b"QTCM";
 const VERSION: u8 = 1;
-const CRC_AT: usize = 24;
 const FILE_BYTES: usize = 28;
 
 /// Why the mark could not be read or written.
@@ -65,31 +64,23 @@ pub enum TailCutError {
     },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> TailCutError + 'a {
-    move |source| TailCutError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+impl From<IoFailure> for TailCutError {
+    fn from(f: IoFailure) -> Self {
+        TailCutError::Io {
+            op: f.op,
+            path: f.path,
+            source: f.source,
+        }
     }
-}
-
-/// fsyncs `dir`, so that a rename or a removal in it is durable.
-fn fsync_dir(dir: &Path) -> Result<(), TailCutError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync dir", dir))
 }
 
 /// The file's bytes for `cut`.
 #[must_use]
 pub fn to_bytes(cut: TailCut) -> [u8; FILE_BYTES] {
     let mut b = [0u8; FILE_BYTES];
-    b[0..4].copy_from_slice(&MAGIC);
-    b[4] = VERSION;
     b[8..16].copy_from_slice(&cut.offset.0.to_le_bytes());
     b[16..24].copy_from_slice(&cut.promised.0.to_le_bytes());
-    let crc = crc32c::crc32c(&b[..CRC_AT]);
-    b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+    small_file::seal(&mut b, MAGIC, VERSION);
     b
 }
 
@@ -98,25 +89,10 @@ pub fn to_bytes(cut: TailCut) -> [u8; FILE_BYTES] {
 /// # Errors
 /// The problem found, for [`TailCutError::Corrupt`].
 pub fn from_bytes(b: &[u8]) -> Result<TailCut, &'static str> {
-    let b: &[u8; FILE_BYTES] = b.try_into().map_err(|_| "wrong size")?;
-    let u64_at = |at: usize| {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&b[at..at + 8]);
-        u64::from_le_bytes(v)
-    };
-    if b[0..4] != MAGIC {
-        return Err("bad magic");
-    }
-    let stored = u32::from_le_bytes([b[CRC_AT], b[CRC_AT + 1], b[CRC_AT + 2], b[CRC_AT + 3]]);
-    if crc32c::crc32c(&b[..CRC_AT]) != stored {
-        return Err("checksum mismatch");
-    }
-    if b[4] != VERSION {
-        return Err("unsupported version");
-    }
+    let b = small_file::check::<FILE_BYTES>(b, MAGIC, VERSION)?;
     Ok(TailCut {
-        offset: Offset(u64_at(8)),
-        promised: Epoch(u64_at(16)),
+        offset: Offset(small_file::u64_at(b, 8)),
+        promised: Epoch(small_file::u64_at(b, 16)),
     })
 }
 
@@ -126,14 +102,15 @@ pub fn from_bytes(b: &[u8]) -> Result<TailCut, &'static str> {
 /// [`TailCutError::Corrupt`] for a damaged file (the store must not start: it cannot know
 /// whether it lost acked events); I/O errors.
 pub fn load(dir: &Path) -> Result<Option<TailCut>, TailCutError> {
-    let path = dir.join(TAIL_CUT_FILE_NAME);
-    match fs::read(&path) {
-        Ok(b) => from_bytes(&b)
-            .map(Some)
-            .map_err(|problem| TailCutError::Corrupt { path, problem }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_err("read", &path)(e)),
-    }
+    let Some(b) = small_file::read(dir, TAIL_CUT_FILE_NAME)? else {
+        return Ok(None);
+    };
+    from_bytes(&b)
+        .map(Some)
+        .map_err(|problem| TailCutError::Corrupt {
+            path: dir.join(TAIL_CUT_FILE_NAME),
+            problem,
+        })
 }
 
 /// Writes `cut` as `dir`'s mark, durably (temp file, fsync, rename, fsync of the
@@ -142,19 +119,11 @@ pub fn load(dir: &Path) -> Result<Option<TailCut>, TailCutError> {
 /// # Errors
 /// I/O errors (the old file, if any, is then unchanged).
 pub fn store(dir: &Path, cut: TailCut) -> Result<(), TailCutError> {
-    let tmp = dir.join(TMP_NAME);
-    let path = dir.join(TAIL_CUT_FILE_NAME);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    f.write_all(&to_bytes(cut)).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(io_err("rename", &path))?;
-    fsync_dir(dir)
+    Ok(small_file::replace(
+        dir,
+        TAIL_CUT_FILE_NAME,
+        &to_bytes(cut),
+    )?)
 }
 
 /// Removes `dir`'s mark durably (remove, fsync of the directory). A missing file is fine.
@@ -162,13 +131,7 @@ pub fn store(dir: &Path, cut: TailCut) -> Result<(), TailCutError> {
 /// # Errors
 /// I/O errors (the mark may then still be there: the store stays marked, the safe side).
 pub fn clear(dir: &Path) -> Result<(), TailCutError> {
-    let path = dir.join(TAIL_CUT_FILE_NAME);
-    match fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_err("remove", &path)(e)),
-    }
-    fsync_dir(dir)
+    Ok(small_file::remove(dir, TAIL_CUT_FILE_NAME)?)
 }
 
 /// The mark after a cut at `offset` with promised epoch `promised`, given the mark already
@@ -195,6 +158,8 @@ pub fn clears(cut: TailCut, last_epoch: Option<Epoch>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]
@@ -207,7 +172,7 @@ mod tests {
         };
         store(dir.path(), cut).expect("store");
         assert_eq!(load(dir.path()).expect("load"), Some(cut));
-        assert!(!dir.path().join(TMP_NAME).exists());
+        assert!(!dir.path().join("tail_cut.tmp").exists());
         clear(dir.path()).expect("clear");
         assert_eq!(load(dir.path()).expect("load"), None);
         clear(dir.path()).expect("clearing twice is fine");
