@@ -130,6 +130,21 @@ fn a_detached_cluster_serves_then_goes_down_leaving_verifiable_logs() {
     );
     let list = brokers.join(",");
 
+    // A second `up` on the running cluster's directory is refused before it touches
+    // anything (it would fail on the stores' locks after rewriting the ports), and the
+    // cluster runs on.
+    let again = quire(&["cluster", "up", "--detach", "--dir", &dir, "--brokers", "3"]);
+    assert!(!again.status.success(), "{}", text(&again.stdout));
+    assert!(
+        text(&again.stderr).contains("already running"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "the running cluster is untouched"
+    );
+
     let produced = quire(&[
         "produce",
         "--brokers",

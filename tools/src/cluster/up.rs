@@ -266,6 +266,7 @@ impl LocalCluster {
     /// killed first.
     pub fn start(spec: &ClusterSpec) -> anyhow::Result<LocalCluster> {
         spec.validate()?;
+        refuse_if_running(&spec.dir)?;
         let exe = std::env::current_exe().context("finding the quire executable")?;
         let logs = spec.dir.join("logs");
         fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
@@ -438,7 +439,19 @@ impl LocalCluster {
         let mut last;
         loop {
             if let Some(gone) = self.exited() {
-                bail!("{gone} exited while the cluster was starting");
+                let log = self
+                    .procs
+                    .iter()
+                    .find(|p| gone.starts_with(&p.info.name))
+                    .map(|p| p.info.log.clone());
+                match log {
+                    Some(log) => bail!(
+                        "{gone} exited while the cluster was starting; last lines of {}:\n{}",
+                        log.display(),
+                        tail(&fs::read_to_string(&log).unwrap_or_default(), 20)
+                    ),
+                    None => bail!("{gone} exited while the cluster was starting"),
+                }
             }
             match status::run(&config) {
                 Ok(s) => {
@@ -747,11 +760,44 @@ fn ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>
         .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect());
     let ports = match (base, previous) {
         (None, Some(p)) if p.len() == n => p,
+        // The brokers' data directories pin the addresses of this many processes: new
+        // ports (or another count) would only make every broker refuse to start.
+        (None, Some(p)) if dir.join("broker1").exists() => bail!(
+            "{} holds a cluster of {} processes (ports in {}); start it with the same \
+             --stores and --brokers (or --base-port), or use a new directory",
+            dir.display(),
+            p.len(),
+            path.display()
+        ),
         (base, _) => pick_ports(base, n)?,
     };
     let text: String = ports.iter().map(|p| format!("{p}\n")).collect();
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(ports)
+}
+
+/// Refuses to start a cluster in `dir` while the one recorded in `DIR/cluster.json` still
+/// has a live process: starting over it would fail on the stores' locks after rewriting
+/// its files.
+fn refuse_if_running(dir: &Path) -> anyhow::Result<()> {
+    let Ok(file) = ClusterFile::read(dir) else {
+        return Ok(());
+    };
+    let live: Vec<String> = file
+        .processes
+        .iter()
+        .filter(|p| is_ours(p))
+        .map(|p| format!("{} (pid {})", p.name, p.pid))
+        .collect();
+    if !live.is_empty() {
+        bail!(
+            "a cluster is already running in {}: {}; stop it first with `quire cluster down --dir {}`",
+            dir.display(),
+            live.join(", "),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// `n` ports: `base..base+n`, or distinct free ones.
@@ -917,6 +963,23 @@ pub fn run_down(args: &DownArgs, out: &mut impl Write) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_process_count_on_a_used_directory_is_refused_and_keeps_its_ports() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ports_for(dir.path(), None, 6).unwrap();
+        fs::create_dir(dir.path().join("broker1")).unwrap();
+        let err = ports_for(dir.path(), None, 5).unwrap_err().to_string();
+        assert!(err.contains("holds a cluster of 6 processes"), "{err}");
+        // The file is untouched: the right counts still find the original ports.
+        assert_eq!(ports_for(dir.path(), None, 6).unwrap(), first);
+    }
+
+    #[test]
+    fn a_directory_without_a_live_cluster_may_be_started() {
+        let dir = tempfile::tempdir().unwrap();
+        refuse_if_running(dir.path()).unwrap();
+    }
 
     #[test]
     fn a_restart_in_the_same_directory_reuses_its_ports() {
