@@ -19,6 +19,7 @@
 //! read_buffer_bytes_max = 67108864  # incoming frames buffered, all connections together
 //! partial_frame_timeout_ms = 10000  # a frame must be whole this long after its first byte
 //! idle_timeout_ms = 600000          # a connection silent this long is closed; 0: never
+//! message_bytes_max = 1048576       # largest producer message; keep below the stores' segment size
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use quire_net::ReadSettings;
-use quire_proto::{BrokerId, ADDR_BYTES_MAX};
+use quire_proto::{BrokerId, ADDR_BYTES_MAX, MESSAGE_BYTES_MAX};
 use serde::Deserialize;
 
 use crate::core::{quorum, SLOTS_MAX};
@@ -41,6 +42,11 @@ pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
 pub const PRODUCE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest `produce_timeout_ms` accepted.
 pub const PRODUCE_TIMEOUT_MS_MAX: u64 = 600_000;
+/// Default `message_bytes_max`: 1 MiB, about Kafka's `message.max.bytes` default. A store
+/// cannot hold an event larger than its segment (`segment_bytes_max`), so this must stay
+/// below the stores' segment size; a larger message is refused at once (`MessageTooLarge`,
+/// never retried) instead of being refused by every store.
+pub const MESSAGE_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// Shortest `heartbeat_ms` accepted.
 pub const HEARTBEAT_MS_MIN: u64 = 5;
 
@@ -117,6 +123,11 @@ pub struct RunArgs {
     /// (default 600000; 0: never).
     #[arg(long, value_name = "MS")]
     pub idle_timeout_ms: Option<u64>,
+    /// Largest producer message accepted, in bytes (default 1 MiB; at most the protocol's
+    /// MESSAGE_BYTES_MAX). Keep it below the stores' segment_bytes_max: a store cannot hold
+    /// an event larger than a segment.
+    #[arg(long, value_name = "BYTES")]
+    pub message_bytes_max: Option<usize>,
 }
 
 /// The config file: every key optional.
@@ -155,6 +166,8 @@ pub struct FileConfig {
     pub partial_frame_timeout_ms: Option<u64>,
     /// See [`RunArgs::idle_timeout_ms`].
     pub idle_timeout_ms: Option<u64>,
+    /// See [`RunArgs::message_bytes_max`].
+    pub message_bytes_max: Option<usize>,
 }
 
 /// Everything a broker runs with.
@@ -186,6 +199,8 @@ pub struct BrokerConfig {
     pub retention: RetentionPolicy,
     /// How connections are read: the read budget and the partial-frame and idle timeouts.
     pub read: ReadSettings,
+    /// Largest producer message accepted, in bytes.
+    pub message_bytes_max: usize,
 }
 
 impl BrokerConfig {
@@ -307,6 +322,13 @@ impl BrokerConfig {
         if let Err(e) = read.validate() {
             bail!("--{}: {e}", e.setting.replace('_', "-"));
         }
+        let message_bytes_max = args
+            .message_bytes_max
+            .or(file.message_bytes_max)
+            .unwrap_or(MESSAGE_BYTES_MAX_DEFAULT);
+        if message_bytes_max == 0 || message_bytes_max > MESSAGE_BYTES_MAX {
+            bail!("--message-bytes-max {message_bytes_max} is outside 1..={MESSAGE_BYTES_MAX}");
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -321,6 +343,7 @@ impl BrokerConfig {
             produce_timeout: Duration::from_millis(produce_ms),
             retention,
             read,
+            message_bytes_max,
         })
     }
 

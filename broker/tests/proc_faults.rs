@@ -209,6 +209,16 @@ fn proc_cursors_metrics_and_bad_frames() {
     let addr = cluster.broker(master).addr.clone();
     let mut c = Client::connect(&addr).expect("connect");
 
+    // A message above message_bytes_max (default 1 MiB) is refused at once, for good, and
+    // the cluster goes on: it never reaches the stores (whose segments may be smaller).
+    let mut big = produce_request("big", 9, 0, 1);
+    big.messages = vec![bytes::Bytes::from(vec![7u8; (1 << 20) + 1])];
+    let err = produce_answer(c.request(big).expect("answer")).expect_err("too large");
+    assert_eq!(err.code, ErrorCode::MessageTooLarge, "{err:?}");
+    let mut fits = produce_request("big", 9, 0, 1);
+    fits.messages = vec![bytes::Bytes::from(vec![7u8; 1 << 20])];
+    produce_answer(c.request(fits).expect("answer")).expect("a 1 MiB message is acked");
+
     // A cursor commit goes through the quorum path and reads back.
     match c
         .request(CommitCursorRequest {

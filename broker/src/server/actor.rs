@@ -1812,8 +1812,28 @@ impl Actor {
             return None;
         };
         let inflight_max = self.limits.inflight_bytes_max;
+        let message_bytes_max = self.cfg.message_bytes_max;
         let (kind, payloads, batch) = match &r.body {
             Body::ProduceRequest(p) => {
+                if let Some((i, msg)) = p
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .find(|(_, msg)| msg.len() > message_bytes_max)
+                {
+                    self.metrics.produce_error("message_too_large");
+                    r.reply.error(
+                        r.request_id,
+                        ErrorResponse::new(
+                            ErrorCode::MessageTooLarge,
+                            format!(
+                                "message {i} of the batch has {} bytes, more than this broker's message_bytes_max ({message_bytes_max})",
+                                msg.len()
+                            ),
+                        ),
+                    );
+                    return None;
+                }
                 match plan_produce(&self.state, m, p) {
                     Plan::Reply(body) => {
                         if let Body::ErrorResponse(e) = &body {
