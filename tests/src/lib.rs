@@ -42,7 +42,9 @@ pub use cluster::{BrokerHandle, BrokerNode, Cluster, StoreNode, Timing, SETTLE_P
 pub use history::{Attempt, CheckReport, ConsumerReads, History, Outcome, OutcomeCounts};
 pub use load::{check_exactly_once, ConsumerDriver, LoadDriver, ProducerOutcome, LOAD_BATCH};
 pub use netfault::StoreLinks;
-pub use process::{broker_bin, free_port, node_bin, quire_bin, run_bounded, signal, stop, Proc};
+pub use process::{
+    broker_bin, free_port, node_bin, quire_bin, run_bounded, signal, stop, wait_bounded, Proc,
+};
 pub use proxy::{Direction, Fault, Proxy, ProxyStats};
 
 /// How long any single wait of the harness may take.

@@ -104,21 +104,43 @@ pub fn quire_bin() -> PathBuf {
 /// # Panics
 /// If it cannot start, or does not finish within `bound`.
 pub fn run_bounded(cmd: &mut Command, bound: Duration) -> std::process::Output {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
-    let drain = |mut r: Box<dyn Read + Send>| {
+    wait_bounded(child, bound)
+}
+
+/// Waits for a started `child`, reading its piped stdout and stderr while it runs (so a
+/// chatty child never blocks on a full pipe), and kills it (panicking with its stderr) if
+/// it runs longer than `bound`. Streams that were not piped come back empty.
+///
+/// # Panics
+/// If it does not finish within `bound`.
+pub fn wait_bounded(mut child: Child, bound: Duration) -> std::process::Output {
+    let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
             v
         })
     };
-    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
-    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + bound;
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for a child") {
@@ -129,7 +151,8 @@ pub fn run_bounded(cmd: &mut Command, bound: Duration) -> std::process::Output {
             let _ = child.wait();
             let stderr = err.join().unwrap_or_default();
             panic!(
-                "{cmd:?} did not finish within {bound:?}; stderr:\n{}",
+                "pid {} did not finish within {bound:?}; stderr:\n{}",
+                child.id(),
                 String::from_utf8_lossy(&stderr)
             );
         }

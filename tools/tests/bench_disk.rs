@@ -6,7 +6,6 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::thread;
 use std::time::{Duration, Instant};
 
 /// Upper bound for any one `quire` run in these tests; a run past it is killed and fails.
@@ -19,22 +18,8 @@ fn quire() -> Command {
 }
 
 /// Waits for `child` for at most [`RUN_TIME_MAX`], killing it (and failing) past that.
-fn wait_bounded(mut child: Child) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("wait_with_output");
-        }
-        if started.elapsed() > RUN_TIME_MAX {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("wait_with_output");
-            panic!(
-                "quire ran longer than {RUN_TIME_MAX:?}; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+fn wait_bounded(child: Child) -> Output {
+    quire_tests::wait_bounded(child, RUN_TIME_MAX)
 }
 
 fn run(args: &[&str]) -> Output {

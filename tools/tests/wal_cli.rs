@@ -25,22 +25,8 @@ const EVENTS: u64 = 120;
 /// Events written in epoch 1; the rest are in epoch 2.
 const EPOCH_1_EVENTS: u64 = 50;
 
-fn wait_bounded(mut child: Child) -> Output {
-    let started = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("wait_with_output");
-        }
-        if started.elapsed() > RUN_TIME_MAX {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("wait_with_output");
-            panic!(
-                "quire ran longer than {RUN_TIME_MAX:?}; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
+fn wait_bounded(child: Child) -> Output {
+    quire_tests::wait_bounded(child, RUN_TIME_MAX)
 }
 
 fn quire(args: &[&str]) -> Output {
