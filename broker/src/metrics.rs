@@ -184,16 +184,7 @@ impl Metrics {
             "Connections closed because a frame did not complete in time or nothing arrived, by reason",
             m.connections_timed_out.clone(),
         );
-        r.register(
-            "read_buffer_bytes",
-            "Bytes of the read budget held by incoming frames (read_buffer_bytes_max bounds it)",
-            m.read_budget.in_use_bytes.clone(),
-        );
-        r.register(
-            "read_budget_waits",
-            "Socket reads that waited because the read budget was used up",
-            m.read_budget.waits.clone(),
-        );
+        m.read_budget.register(r);
         r.register(
             "failovers",
             "Takeovers that made this broker master (the first election included)",

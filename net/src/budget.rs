@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::reader::READ_ROOM_BYTES_MIN;
@@ -25,6 +26,23 @@ pub struct BudgetMetrics {
     pub in_use_bytes: Gauge,
     /// Reads that had to wait for the budget (the budget was used up).
     pub waits: Counter,
+}
+
+impl BudgetMetrics {
+    /// Registers both in `r` (under the registry's prefix) as `read_buffer_bytes` and
+    /// `read_budget_waits`, the names node and broker both expose.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "read_buffer_bytes",
+            "Bytes of the read budget held by incoming frames (the read_buffer_bytes_max setting bounds it)",
+            self.in_use_bytes.clone(),
+        );
+        r.register(
+            "read_budget_waits",
+            "Socket reads that waited because the read budget was used up",
+            self.waits.clone(),
+        );
+    }
 }
 
 /// The server-wide read budget; cheap to clone (all clones share it).
