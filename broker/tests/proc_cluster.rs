@@ -236,19 +236,8 @@ fn proc_master_kill_the_slave_takes_over_with_every_acked_message() {
 
     // The old master restarts and rejoins as a slave that follows the new master.
     cluster.broker(first).start();
-    let deadline = Instant::now() + WAIT;
     let hwm = metadata(&addr).hwm;
-    loop {
-        let m = metadata(&cluster.broker(first).addr.clone());
-        if m.master.as_ref().map(|b| b.id) == Some(BrokerId(second)) && m.hwm >= hwm {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted broker did not rejoin: {m:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    cluster.wait_rejoined(first, hwm);
     // And answers clients with the master's address.
     let mut old = Client::connect(&cluster.broker(first).addr.clone()).expect("connect");
     match old

@@ -399,6 +399,38 @@ impl Cluster {
         }
         panic!("no master elected within {WAIT:?}");
     }
+
+    /// Waits until the restarted broker `id` follows the serving master: its Metadata
+    /// names a master other than itself, the one [`Cluster::wait_for_master`] finds, with
+    /// a high-water mark at or above `hwm` (if given). Returns that master's id. The master
+    /// need not be the one elected right after a kill: a racing election may depose it.
+    /// Panics with the last Metadata seen after [`WAIT`].
+    pub fn wait_rejoined(&self, id: u16, hwm: Option<Offset>) -> u16 {
+        let deadline = Instant::now() + WAIT;
+        let addr = self
+            .brokers
+            .iter()
+            .find(|b| b.id == id)
+            .expect("a broker with that id")
+            .addr
+            .clone();
+        loop {
+            let master = self.wait_for_master();
+            let m = Client::connect_with(&addr, PROBE_WAIT).and_then(|mut c| c.metadata());
+            if let Ok(m) = &m {
+                let follows =
+                    master != id && m.master.as_ref().map(|b| b.id) == Some(BrokerId(master));
+                if follows && m.hwm >= hwm {
+                    return master;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "broker {id} did not rejoin within {WAIT:?}; last seen: master {master}, its metadata {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Cluster {
