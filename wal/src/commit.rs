@@ -580,6 +580,7 @@ impl Committer {
             "a batch never crosses the segment's end"
         );
         cur.write_pos = start + total;
+        self.prealloc.wrote(total);
         if cur.write_pos > cur.capacity / 2 {
             // The next roll is near: make sure the spare's zero-fill is not starved.
             self.prealloc.hurry();

@@ -458,40 +458,12 @@ fn validate(config: &DiskBenchConfig) -> anyhow::Result<()> {
 /// Opens an io_uring with room for `qd` write+fsync pairs and checks that the kernel knows
 /// the write and fsync opcodes.
 ///
-/// Like fio's io_uring engine, asks for `COOP_TASKRUN` (no IPI per completion) and
-/// `SINGLE_ISSUER | DEFER_TASKRUN` (completions are processed when the one submitting thread
-/// waits for them), dropping the flags an older kernel refuses with EINVAL. The ring must
-/// be used only from the thread that created it.
+/// The ring has the flags fio's io_uring engine asks for (see
+/// [`quire_wal::disk::open_single_issuer_ring`], which the WAL's ring shares): it must be
+/// used only from the thread that created it.
 fn open_ring(qd: u32) -> io::Result<IoUring> {
     let entries = (2 * qd).next_power_of_two();
-    let attempts: [fn(&mut io_uring::Builder); 3] = [
-        |b| {
-            b.setup_coop_taskrun()
-                .setup_single_issuer()
-                .setup_defer_taskrun();
-        },
-        |b| {
-            b.setup_coop_taskrun();
-        },
-        |_| {},
-    ];
-    let mut last_error = None;
-    let mut opened = None;
-    for configure in attempts {
-        let mut builder = IoUring::builder();
-        configure(&mut builder);
-        match builder.build(entries) {
-            Ok(ring) => {
-                opened = Some(ring);
-                break;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last_error = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    let Some(ring) = opened else {
-        return Err(last_error.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)));
-    };
+    let (ring, _) = quire_wal::disk::open_single_issuer_ring(entries, false)?;
     let mut probe = Probe::new();
     ring.submitter().register_probe(&mut probe)?;
     for (name, code) in [

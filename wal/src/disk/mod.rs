@@ -37,7 +37,7 @@ use std::{fmt, fs};
 pub use buf::{AlignedBuf, HUGE_PAGE_BYTES};
 pub use fault::{FaultDisk, FaultPlan, FaultSpecError, FAULT_AFTER_MAX};
 pub use sync::SyncDisk;
-pub use uring::UringDisk;
+pub use uring::{open_single_issuer_ring, UringDisk};
 
 use crate::Position;
 

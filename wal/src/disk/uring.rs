@@ -28,6 +28,8 @@ const WAKE_TOKEN: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct UringDisk {
     ring: IoUringDebug,
+    /// Created with R_DISABLED: the first call on the commit thread enables it.
+    disabled: bool,
     waker: Arc<EventFdWaker>,
     /// Target of the armed eventfd read; boxed so its address is stable.
     wake_buf: Box<u64>,
@@ -66,6 +68,45 @@ impl DiskWaker for EventFdWaker {
     }
 }
 
+/// Opens an io_uring of `entries` entries for one issuing thread, like fio's io_uring
+/// engine: COOP_TASKRUN (no IPI per completion) and SINGLE_ISSUER | DEFER_TASKRUN
+/// (completion work runs when the one issuing thread waits for it). Kernels older than 6.1
+/// refuse unknown flags with EINVAL; fewer flags are tried then (COOP_TASKRUN alone, then
+/// none). Returns the ring and whether it got SINGLE_ISSUER.
+///
+/// With `disabled`, a SINGLE_ISSUER ring is created with R_DISABLED: the thread that later
+/// enables it (`register_enable_rings`) becomes its issuer, so another thread may set it
+/// up. Without it, the calling thread is the issuer.
+///
+/// # Errors
+/// io_uring_setup's error (ENOSYS, EPERM, ENOMEM ...).
+pub fn open_single_issuer_ring(entries: u32, disabled: bool) -> io::Result<(IoUring, bool)> {
+    let mut last = None;
+    for attempt in 0..3 {
+        let mut b = IoUring::builder();
+        match attempt {
+            0 => {
+                b.setup_coop_taskrun()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun();
+                if disabled {
+                    b.setup_r_disabled();
+                }
+            }
+            1 => {
+                b.setup_coop_taskrun();
+            }
+            _ => {}
+        }
+        match b.build(entries) {
+            Ok(ring) => return Ok((ring, attempt == 0)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)))
+}
+
 impl UringDisk {
     /// Sets up a ring with room for `ops_in_flight_max` operations plus the wake-up read,
     /// and checks that the kernel supports what the WAL needs (WRITE, FSYNC, READ opcodes
@@ -76,13 +117,16 @@ impl UringDisk {
     /// features).
     pub fn new(ops_in_flight_max: usize) -> Result<UringDisk, String> {
         let entries = u32::try_from((ops_in_flight_max + 2).next_power_of_two()).unwrap_or(64);
-        let ring = IoUring::new(entries).map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOSYS) => format!("io_uring_setup: ENOSYS (kernel without io_uring): {e}"),
-            Some(libc::EPERM) => {
-                format!("io_uring_setup: EPERM (disabled by sysctl or seccomp): {e}")
-            }
-            _ => format!("io_uring_setup failed: {e}"),
-        })?;
+        let (ring, disabled) =
+            open_single_issuer_ring(entries, true).map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOSYS) => {
+                    format!("io_uring_setup: ENOSYS (kernel without io_uring): {e}")
+                }
+                Some(libc::EPERM) => {
+                    format!("io_uring_setup: EPERM (disabled by sysctl or seccomp): {e}")
+                }
+                _ => format!("io_uring_setup failed: {e}"),
+            })?;
         if !ring.params().is_feature_ext_arg() {
             return Err("kernel lacks IORING_FEAT_EXT_ARG (timed waits); need Linux 5.11+".into());
         }
@@ -110,6 +154,7 @@ impl UringDisk {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         Ok(UringDisk {
             ring: IoUringDebug(ring),
+            disabled,
             waker: Arc::new(EventFdWaker { fd }),
             wake_buf: Box::new(0),
             wake_armed: false,
@@ -117,7 +162,19 @@ impl UringDisk {
         })
     }
 
+    /// Enables a ring created disabled, on the calling (commit) thread, which becomes its
+    /// single issuer. A failure is left to the next ring call to report.
+    fn enable(&mut self) {
+        if self.disabled {
+            if let Err(e) = self.ring.0.submitter().register_enable_rings() {
+                tracing::error!(error = %e, "enabling the io_uring failed");
+            }
+            self.disabled = false;
+        }
+    }
+
     fn push_entry(&mut self, entry: squeue::Entry) {
+        self.enable();
         loop {
             // SAFETY: every pointer in `entry` (buffer, eventfd target) is owned by `self`
             // (in `held` or `wake_buf`) until its completion is reaped, and Drop waits for
@@ -248,10 +305,12 @@ impl Disk for UringDisk {
     }
 
     fn submit(&mut self) -> io::Result<()> {
+        self.enable();
         self.ring.0.submit().map(|_| ())
     }
 
     fn wait(&mut self, out: &mut Vec<DiskCompletion>, timeout: Option<Duration>) -> io::Result<()> {
+        self.enable();
         self.arm_wake();
         let before = out.len();
         let woken = self.reap(out);
@@ -293,6 +352,9 @@ impl Drop for UringDisk {
     fn drop(&mut self) {
         // The kernel may still read our buffers or write `wake_buf`: complete the wake read
         // and wait for every held operation before the memory goes away.
+        if self.disabled {
+            return; // never used: the kernel holds nothing
+        }
         if self.wake_armed {
             self.waker.wake();
         }
