@@ -66,12 +66,7 @@ impl Producer {
 
 fn master_client(cluster: &Cluster) -> Client {
     let m = cluster.wait_for_master();
-    let addr = &cluster
-        .brokers
-        .iter()
-        .find(|b| b.id == m)
-        .expect("the master")
-        .addr;
+    let addr = &cluster.broker_node(m).addr;
     Client::connect(addr).expect("connect to the master")
 }
 

@@ -381,6 +381,17 @@ impl Cluster {
             .expect("a broker with that id")
     }
 
+    /// Broker `id`, read-only (addresses, handles, metrics).
+    ///
+    /// # Panics
+    /// If the cluster has no broker `id`.
+    pub fn broker_node(&self, id: u16) -> &BrokerNode {
+        self.brokers
+            .iter()
+            .find(|b| b.id == id)
+            .expect("a broker with that id")
+    }
+
     /// Waits until a running broker says it is the master and serves (a produce-free
     /// check: its Metadata names itself and a Fetch is not refused with NotMaster).
     pub fn wait_for_master(&self) -> u16 {
@@ -407,13 +418,7 @@ impl Cluster {
     /// Panics with the last Metadata seen after [`WAIT`].
     pub fn wait_rejoined(&self, id: u16, hwm: Option<Offset>) -> u16 {
         let deadline = Instant::now() + WAIT;
-        let addr = self
-            .brokers
-            .iter()
-            .find(|b| b.id == id)
-            .expect("a broker with that id")
-            .addr
-            .clone();
+        let addr = self.broker_node(id).addr.clone();
         loop {
             let master = self.wait_for_master();
             let m = Client::connect_with(&addr, PROBE_WAIT).and_then(|mut c| c.metadata());
@@ -461,12 +466,7 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         loop {
             let master = self.wait_for_master();
-            let b = self
-                .brokers
-                .iter()
-                .find(|b| b.id == master)
-                .expect("the master is a broker")
-                .handle();
+            let b = self.broker_node(master).handle();
             if let Ok(mut c) = Client::connect(&b.addr) {
                 let incarnation = b.incarnation();
                 let epoch = c.metadata().ok().map(|m| m.epoch);
@@ -508,12 +508,7 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         loop {
             let master = self.wait_for_master();
-            let addr = &self
-                .brokers
-                .iter()
-                .find(|b| b.id == master)
-                .expect("the master is a broker")
-                .addr;
+            let addr = &self.broker_node(master).addr;
             if let Ok(m) = Client::connect(addr).and_then(|mut c| c.metadata()) {
                 return m;
             }

@@ -481,12 +481,7 @@ pub fn acked_count(outcomes: &[ProducerOutcome]) -> usize {
 #[must_use]
 pub fn fetch_through(cluster: &Cluster, topic: &str, last: u64) -> Vec<(Offset, Bytes)> {
     let id = cluster.wait_for_master();
-    let addr = &cluster
-        .brokers
-        .iter()
-        .find(|b| b.id == id)
-        .expect("the master is a broker")
-        .addr;
+    let addr = &cluster.broker_node(id).addr;
     let mut c = Client::connect(addr).expect("connect to the master");
     let mut out = Vec::new();
     let mut next = Offset(0);

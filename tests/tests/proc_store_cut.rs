@@ -101,12 +101,7 @@ fn produce_recorded(
     p: u64,
     seq: u64,
 ) -> std::io::Result<quire_tests::ProduceResult> {
-    let handle = cluster
-        .brokers
-        .iter()
-        .find(|b| b.id == broker)
-        .expect("a broker")
-        .handle();
+    let handle = cluster.broker_node(broker).handle();
     let epoch = c.metadata().ok().map(|m| m.epoch);
     let req = produce_request("t", p, seq, LOAD_BATCH);
     let answer = c.request(req.clone()).map(produce_answer);
@@ -130,13 +125,7 @@ fn produce_each_acked(
     batches: u64,
 ) -> ProducerOutcome {
     let mut out = ProducerOutcome::default();
-    let addr = cluster
-        .brokers
-        .iter()
-        .find(|b| b.id == broker)
-        .expect("a broker")
-        .addr
-        .clone();
+    let addr = cluster.broker_node(broker).addr.clone();
     let mut c = Client::connect(&addr).expect("connect");
     for b in 0..batches {
         let seq = b * LOAD_BATCH;
