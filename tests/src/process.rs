@@ -6,8 +6,10 @@
 //! them there (every package with integration tests gets its binaries built). A test run
 //! of one package alone (`cargo nextest run -p quire-tests`) may not have built them: then
 //! [`binary`] runs `cargo build -p PACKAGE --bin NAME` (same profile and target directory)
-//! once, if the file is missing. It does not rebuild a stale binary: after changing a
-//! server, build the workspace (or that package) before running one package's tests.
+//! once, if the file is missing. It does not rebuild a stale binary (a rebuild from inside
+//! a running suite could race the tests that run it); it warns on stderr when the binary
+//! is much older than the test executable. After changing a server, build the workspace
+//! (or that package) before running one package's tests.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
@@ -47,6 +49,7 @@ pub fn binary_with_features(package: &str, name: &str, features: &[&str]) -> Pat
     let dir = target_dir();
     let bin = dir.join(name);
     if bin.exists() {
+        warn_if_stale(&bin);
         return bin;
     }
     let _guard = BUILD
@@ -75,6 +78,30 @@ pub fn binary_with_features(package: &str, name: &str, features: &[&str]) -> Pat
         bin.display()
     );
     bin
+}
+
+/// A binary older than the test executable by more than this was probably built from
+/// other code.
+const STALE_BINARY_AGE: Duration = Duration::from_secs(600);
+
+/// Warns on stderr (shown with a failing test's output) when `bin` is more than
+/// [`STALE_BINARY_AGE`] older than the running test executable.
+fn warn_if_stale(bin: &Path) {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(test) = std::env::current_exe().ok().and_then(|e| modified(&e)) else {
+        return;
+    };
+    let Some(age) = modified(bin).and_then(|b| test.duration_since(b).ok()) else {
+        return;
+    };
+    if age > STALE_BINARY_AGE {
+        eprintln!(
+            "warning: {} is {} s older than this test executable: it may be built from \
+             older code; `cargo build --workspace` rebuilds it",
+            bin.display(),
+            age.as_secs()
+        );
+    }
 }
 
 /// The `quire-node` binary (the event store), with its `failpoints` feature when this
