@@ -19,7 +19,8 @@
 //!
 //! Conventions for every command: results on stdout in the chosen format; logs (tracing)
 //! and errors on stderr; an error is a non-zero exit (1, or 130 after Ctrl-C; clap usage
-//! errors exit 2).
+//! errors exit 2). `quire wal ...` differs (see [`failure_exit_code`]): its 1 and 2 are
+//! findings, and it exits 3 when it could not read a log.
 
 pub mod bench;
 pub mod cli;
@@ -94,6 +95,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The exit status after `command` failed with an error that is neither a finding it
+/// printed ([`wal::FindingsExit`]) nor an interruption (130): 1, except for `quire wal ...`,
+/// where 1 and 2 report what was found in the log (corruption, a torn tail), so failing to
+/// read a log at all (a wrong directory, an I/O error) is [`wal::EXIT_FAILED`] (3).
+#[must_use]
+pub fn failure_exit_code(command: &Command) -> u8 {
+    match command {
+        Command::Wal(_) => wal::EXIT_FAILED,
+        _ => 1,
+    }
 }
 
 /// Sends `tracing` output to stderr: `info` by default, `debug` with `-v`, `trace` with

@@ -12,6 +12,7 @@ use quire_tools::wal::FindingsExit;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     quire_tools::init_logging(&cli);
+    let failure = quire_tools::failure_exit_code(&cli.command);
     match quire_tools::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
             } else if let Some(findings) = err.downcast_ref::<FindingsExit>() {
                 ExitCode::from(findings.exit_code)
             } else {
-                ExitCode::FAILURE
+                ExitCode::from(failure)
             }
         }
     }

@@ -222,6 +222,67 @@ fn a_detached_cluster_serves_then_goes_down_leaving_verifiable_logs() {
         );
     }
 
+    // The stores' logs hold the messages as the broker's events: `wal dump --payload
+    // utf8` shows each one's topic and text (not the event header's bytes before it).
+    // Every acknowledged message is on a quorum (2) of the 3 stores; a third may lag.
+    let expected: Vec<String> = (0..500).map(|i| format!("{i:064}")).collect();
+    let mut complete = Vec::new();
+    for i in 0..3 {
+        let store: PathBuf = guard.path().join(format!("store{i}"));
+        let dump = quire(&[
+            "wal",
+            "dump",
+            store.to_str().unwrap(),
+            "--payload",
+            "utf8",
+            "--format",
+            "jsonl",
+        ]);
+        assert!(dump.status.success(), "wal dump: {}", text(&dump.stderr));
+        let messages: Vec<String> = text(&dump.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["event"]["kind_name"] == "message" && r["event"]["topic"] == "t")
+            .map(|r| r["event"]["message"].as_str().unwrap().to_owned())
+            .collect();
+        assert!(
+            expected.starts_with(&messages),
+            "store{i}: the messages of topic t, in log order: {messages:?}"
+        );
+        if messages.len() == expected.len() {
+            complete.push(store);
+        }
+    }
+    assert!(complete.len() >= 2, "{complete:?}");
+    let dump = quire(&[
+        "wal",
+        "dump",
+        complete[0].to_str().unwrap(),
+        "--payload",
+        "utf8",
+    ]);
+    assert!(dump.status.success(), "wal dump: {}", text(&dump.stderr));
+    assert!(
+        text(&dump.stdout).contains("topic=\"t\" producer_id="),
+        "{}",
+        text(&dump.stdout)
+    );
+    assert!(
+        text(&dump.stdout).contains(&format!("message=\"{:064}\"", 499)),
+        "{}",
+        text(&dump.stdout)
+    );
+
+    // The cluster's directory (the parent of the stores' data directories) is no WAL:
+    // an error with exit status 3, never "clean".
+    let verify = quire(&["wal", "verify", &dir]);
+    assert_eq!(verify.status.code(), Some(3), "{verify:?}");
+    assert!(
+        text(&verify.stderr).contains("holds no WAL"),
+        "{}",
+        text(&verify.stderr)
+    );
+
     // A second `down` finds no cluster file: an error that says so.
     let again = quire(&["cluster", "down", "--dir", &dir]);
     assert!(!again.status.success());

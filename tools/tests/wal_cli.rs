@@ -3,7 +3,9 @@
 //! ways a disk can: a torn last write (the last segment cut mid-record) and a flipped bit
 //! in a sealed segment. Checks the output shapes, the exit statuses (0 clean, 1 corruption,
 //! 2 torn tail), that a dry run changes nothing, that `repair --yes` cuts only the torn
-//! tail, and that corruption is never "repaired".
+//! tail, and that corruption is never "repaired". A path that holds no WAL is an error
+//! with exit status 3 (never a verdict), a WAL with no record yet an empty log, and a
+//! store's message events dump as their topic, producer, sequence and text.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -586,7 +588,7 @@ fn a_wal_held_open_is_read_but_not_repaired() {
         "--truncate-torn-tail",
         "--yes",
     ]);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(EXIT_NO_LOG), "{out:?}");
     assert!(
         text(&out.stderr).contains("is locked by"),
         "{}",
@@ -595,17 +597,217 @@ fn a_wal_held_open_is_read_but_not_repaired() {
     wal.close().expect("close");
 }
 
+/// Exit status of every `quire wal` command that read no log (tools/README.md).
+const EXIT_NO_LOG: i32 = 3;
+
+/// Runs every `quire wal` command on `dir` and checks each refuses it: exit 3 (never 0,
+/// 1 or 2, which are verdicts on a log), nothing on stdout, and an error on stderr that
+/// names `dir` and contains `says`.
+fn assert_refused(dir: &Path, says: &str) {
+    let d = path_str(dir);
+    for args in [
+        vec!["wal", "verify", d],
+        vec!["wal", "verify", d, "--format", "json"],
+        vec!["wal", "dump", d, "--payload", "utf8"],
+        vec!["wal", "dump", d, "--format", "jsonl"],
+        vec!["wal", "stat", d, "--format", "json"],
+        vec!["wal", "repair", d, "--truncate-torn-tail"],
+    ] {
+        let out = quire(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_NO_LOG), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+        assert!(stderr.contains("quire: error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(d), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn a_missing_directory_is_an_error() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let missing = tmp.path().join("nope");
-    let out = quire(&["wal", "verify", path_str(&missing)]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(out.stdout.is_empty());
+    assert_refused(&tmp.path().join("nope"), "does not exist");
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").expect("write");
+    assert_refused(&file, "is not a directory");
+}
+
+/// A newcomer pointed `quire wal verify` at directories that hold no WAL — an empty one,
+/// `/etc`, the parent of a store's data directory — and was told "clean", exit 0: the tool
+/// found no segment and took that for an empty log. Each is now an error that says what
+/// was expected, with a status that is no verdict.
+#[test]
+fn a_directory_without_a_wal_is_an_error_not_a_clean_log() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    assert_refused(
+        &empty,
+        "holds no WAL: expected segment files named <20 digits>.log",
+    );
+    assert_refused(&empty, "it is empty");
+
+    // The parent of a real store's data directory (and of a log file).
+    let parent = tmp.path().join("cluster");
+    let data = parent.join("store0");
+    std::fs::create_dir(&parent).expect("mkdir");
+    quire_node::init(&quire_node::InitArgs {
+        data_dir: data.clone(),
+        learner: false,
+    })
+    .expect("init");
+    write_log(&data.join("wal"));
+    std::fs::write(parent.join("store0.log"), b"a log file, not a segment").expect("write");
+    assert_refused(&parent, "it holds: store0, store0.log");
+
+    // A directory of some other program's files.
+    if Path::new("/etc/hostname").exists() {
+        assert_refused(Path::new("/etc"), "holds no WAL");
+    }
+
+    // The store's data directory and its WAL directory themselves are fine.
+    for dir in [&data, &data.join("wal")] {
+        let out = quire(&["wal", "verify", path_str(dir)]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}
+
+/// What a store's WAL directory holds before its first record (a node that started and
+/// was fenced, no event yet): the lock, the promised epoch and the zero-filled spare
+/// segment. That is an empty log — clean, exit 0 — not a wrong directory. A store that was
+/// initialised and never run has no WAL yet: an error that says so.
+#[test]
+fn a_store_with_no_record_yet_is_an_empty_log() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("store");
+    quire_node::init(&quire_node::InitArgs {
+        data_dir: data.clone(),
+        learner: false,
+    })
+    .expect("init");
+    assert_refused(&data, "never created");
+
+    let wal_dir = data.join("wal");
+    let (wal, _) = Wal::open(WalConfig {
+        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+        ..WalConfig::new(&wal_dir)
+    })
+    .expect("open the WAL");
+    wal.close().expect("close");
+    let mut promised = quire_wal::PromisedEpoch::load(&wal_dir).expect("load");
+    promised.store(Epoch(7)).expect("promise");
+    let names: Vec<String> = std::fs::read_dir(&wal_dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
     assert!(
-        text(&out.stderr).contains("cannot open"),
+        names.iter().all(|n| !n.ends_with(".log")),
+        "no segment before the first record: {names:?}"
+    );
+
+    for dir in [&data, &wal_dir] {
+        let out = quire(&["wal", "verify", path_str(dir), "--format", "json"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+        assert_eq!(json["result"], "clean", "{json}");
+        assert_eq!(json["segments"], 0, "{json}");
+        assert_eq!(json["promised_epoch"], 7, "{json}");
+        let (records, end) = dump_jsonl(dir, &["--payload", "utf8"]);
+        assert!(records.is_empty(), "{records:?}");
+        assert_eq!(end["entries"], 0, "{end}");
+        let out = quire(&["wal", "stat", path_str(dir), "--format", "json"]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}
+
+/// The payload of a store's record is the broker's event body, binary header first; a
+/// newcomer's `quire wal dump --payload utf8` showed that header as garbage before each
+/// message. A store directory holding message events (written with the broker's own
+/// encoding) now dumps each message's topic, producer, sequence and text apart.
+#[test]
+fn dump_of_a_store_shows_the_message_text() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("store");
+    quire_node::init(&quire_node::InitArgs {
+        data_dir: data.clone(),
+        learner: false,
+    })
+    .expect("init");
+    let messages: Vec<Vec<u8>> = vec![
+        b"hello".to_vec(),
+        "wörld".as_bytes().to_vec(),
+        b"tab\there\n".to_vec(),
+        vec![b'a', 0xff, b'b'],
+    ];
+    {
+        let (wal, _) = Wal::open(WalConfig {
+            segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+            ..WalConfig::new(data.join("wal"))
+        })
+        .expect("open the WAL");
+        let records: Vec<Record> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut body = bytes::BytesMut::new();
+                quire_proto::encode_message_event("greetings", 0x1234, i as u64, m, &mut body)
+                    .expect("encode");
+                Record {
+                    epoch: Epoch(1),
+                    offset: Offset(i as u64),
+                    kind: quire_proto::EventKind::Message.as_u8(),
+                    payload: body.freeze(),
+                }
+            })
+            .collect();
+        wal.append(Epoch(1), records).wait().expect("append");
+        wal.close().expect("close");
+    }
+
+    let (records, end) = dump_jsonl(&data, &["--payload", "utf8"]);
+    assert_eq!(records.len(), messages.len(), "{end}");
+    for (i, r) in records.iter().enumerate() {
+        let event = &r["event"];
+        assert_eq!(event["kind_name"], "message", "{r}");
+        assert_eq!(event["topic"], "greetings", "{r}");
+        assert_eq!(event["producer_id"], "0000000000001234", "{r}");
+        assert_eq!(event["sequence"], i, "{r}");
+        assert_eq!(event["message_bytes"], messages[i].len(), "{r}");
+        assert_eq!(
+            event["message"],
+            String::from_utf8_lossy(&messages[i]).as_ref(),
+            "{r}"
+        );
+        // The record's own fields are unchanged; `payload` is still the whole body.
+        assert_eq!(r["offset"], i, "{r}");
+        assert_eq!(r["kind_name"], "message", "{r}");
+        assert!(r["payload"].as_str().expect("payload").len() > messages[i].len());
+    }
+    assert!(records[0]["event"].get("message_hex").is_none());
+    assert_eq!(records[3]["event"]["message_hex"], "61ff62");
+
+    let (hex, _) = dump_jsonl(&data, &["--payload", "hex", "--count", "1"]);
+    assert_eq!(hex[0]["event"]["message"], "68656c6c6f");
+
+    // Text: the message alone, quoted, control characters escaped; no header bytes.
+    let out = quire(&["wal", "dump", path_str(&data), "--payload", "utf8"]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().collect();
+    assert_eq!(rows.len(), 1 + messages.len() + 1, "{stdout}");
+    assert!(
+        rows[1].ends_with(
+            r#"entry topic="greetings" producer_id=0000000000001234 sequence=0 message_bytes=5 message="hello""#
+        ),
         "{}",
-        text(&out.stderr)
+        rows[1]
+    );
+    assert!(rows[2].ends_with(r#"message="wörld""#), "{}", rows[2]);
+    assert!(rows[3].ends_with(r#"message="tab\there\n""#), "{}", rows[3]);
+    assert!(
+        rows[4].ends_with("message=\"a\u{fffd}b\" message_hex=61ff62"),
+        "{}",
+        rows[4]
     );
 }
 

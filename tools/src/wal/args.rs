@@ -26,7 +26,9 @@ pub enum WalCommand {
 
     /// Check every record. Exit status 0: clean; 1: corruption (prints segment, position,
     /// offset); 2: only a torn tail (what a crash mid-write leaves; a node cuts it at
-    /// start-up, `quire wal repair` cuts it offline).
+    /// start-up, `quire wal repair` cuts it offline); 3: nothing checked, because DIR is
+    /// missing, holds no WAL (no <20 digits>.log segment, LOCK, promised_epoch or
+    /// spare.prealloc, and no wal/ subdirectory) or cannot be read.
     Verify(WalVerifyArgs),
 
     /// Per segment: base and last offset, records, bytes used and on disk, epochs seen;
@@ -53,7 +55,9 @@ pub struct WalDumpArgs {
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
 
-    /// How to print each record's payload: none, hex, or utf8 (invalid bytes replaced).
+    /// How to print each record's payload: none, hex, or utf8 (invalid bytes replaced). A
+    /// payload that decodes as a broker event is shown decoded: its fields (topic,
+    /// producer, sequence, ...) and the message in hex or as UTF-8.
     #[arg(long, value_enum, default_value_t)]
     pub payload: PayloadMode,
 

@@ -5,7 +5,11 @@
 //! printed, the scan itself always reads the whole log (its end is part of the output).
 //!
 //! # Output
-//! Text: a header row, one row per record, then a `--` line with how the log ends.
+//! Text: a header row, one row per record, then a `--` line with how the log ends. With
+//! `--payload hex|utf8` the PAYLOAD column of an event shows its decoded fields
+//! (`topic="t" producer_id=… sequence=3 message_bytes=5 message="hello"`, the message in
+//! hex or as quoted UTF-8 with control characters escaped); a payload that does not decode
+//! is shown raw (quoted and escaped in `utf8`).
 //!
 //! `--format jsonl`: one object per record, then one end object; `type` tells them apart.
 //!
@@ -18,7 +22,9 @@
 //! | `segment`, `position` | segment file name and byte position of the record in it |
 //! | `checksum_ok` | whether the CRC-32C holds |
 //! | `status` | `"entry"`, `"marker"` (a truncation marker; `dropped` entries) or `"bad"` (the record that ends the log; `problem` says why) |
-//! | `payload` | with `--payload hex` or `utf8` only |
+//! | `payload` | with `--payload hex` or `utf8` only: the record's whole payload (for an event, its body with the binary header) |
+//! | `event` | with `--payload hex` or `utf8`, for an entry whose payload decodes as the body of its event kind: the decoded event (see [`super::event`]: `kind_name`, `topic`, `producer_id`, `sequence`, `message`, ...) |
+//! | `event_error` | with `--payload hex` or `utf8`, for an entry of an event kind whose payload does not decode: why (the payload is then only shown raw) |
 //!
 //! | field (`"type": "end"`) | meaning |
 //! | --- | --- |
@@ -37,6 +43,7 @@ use anyhow::Context;
 use quire_wal::{RecordStatus, ScannedRecord};
 use serde::Serialize;
 
+use super::event::{self, DecodedEvent};
 use super::{file_name, kind_name, live_holder, warn_live, EndSummary, LiveHolder};
 use crate::output::{write_json_line, OutputFormat};
 
@@ -47,9 +54,11 @@ pub enum PayloadMode {
     /// Not at all.
     #[default]
     None,
-    /// Lowercase hex, two digits per byte.
+    /// Lowercase hex, two digits per byte; an event's message in hex beside its decoded
+    /// fields.
     Hex,
-    /// As UTF-8, invalid sequences replaced by U+FFFD (quoted and escaped in text output).
+    /// As UTF-8, invalid sequences replaced by U+FFFD (quoted and escaped in text output);
+    /// an event's message as UTF-8 beside its decoded fields.
     Utf8,
 }
 
@@ -104,6 +113,12 @@ pub struct DumpRecord {
     /// The payload in the chosen mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payload: Option<String>,
+    /// The payload decoded as the broker's event body (hex or utf8 mode, entries only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<DecodedEvent>,
+    /// Why an entry of an event kind did not decode (hex or utf8 mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_error: Option<String>,
 }
 
 /// The last line; see the module docs.
@@ -147,6 +162,13 @@ impl DumpRecord {
             RecordStatus::Marker { dropped } => ("marker", Some(dropped), None),
             RecordStatus::Bad(why) => ("bad", None, Some(why.to_string())),
         };
+        let (event, event_error) = match (r.status, r.header) {
+            (RecordStatus::Entry, Some(h)) => match event::decode(h.kind, r.payload, payload) {
+                Ok(event) => (event, None),
+                Err(why) => (None, Some(why)),
+            },
+            _ => (None, None),
+        };
         DumpRecord {
             line_type: "record",
             offset: r.header.map(|h| h.offset.0),
@@ -166,6 +188,8 @@ impl DumpRecord {
                 PayloadMode::Hex => Some(hex(r.payload)),
                 PayloadMode::Utf8 => Some(String::from_utf8_lossy(r.payload).into_owned()),
             },
+            event,
+            event_error,
         }
     }
 
@@ -192,9 +216,13 @@ impl DumpRecord {
             if self.checksum_ok { "ok" } else { "BAD" },
             status
         )?;
-        match (&self.payload, payload) {
-            (Some(p), PayloadMode::Utf8) => write!(out, " {p:?}")?,
-            (Some(p), _) => write!(out, " {p}")?,
+        match (&self.event, &self.payload, payload) {
+            (Some(event), _, _) => {
+                write!(out, " ")?;
+                event.write_text(out, payload)?;
+            }
+            (None, Some(p), PayloadMode::Utf8) => write!(out, " {p:?}")?,
+            (None, Some(p), _) => write!(out, " {p}")?,
             _ => {}
         }
         writeln!(out)
@@ -213,7 +241,8 @@ fn text_header(out: &mut dyn Write, payload: PayloadMode) -> io::Result<()> {
     writeln!(out)
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes` in lowercase hex, two digits per byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for &b in bytes {
@@ -269,7 +298,6 @@ pub fn run(config: &DumpConfig, out: &mut dyn Write) -> anyhow::Result<()> {
         }
     })
     .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
-    super::warn_if_empty(&wal_dir, &report);
     let end = DumpEnd {
         line_type: "end",
         records_printed: printed,
@@ -320,5 +348,111 @@ mod tests {
     fn hex_is_lowercase_pairs() {
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
         assert_eq!(hex(&[]), "");
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use std::path::Path;
+
+    use bytes::BytesMut;
+    use quire_proto::{encode_message_event, Epoch, Offset};
+    use quire_wal::format::Header;
+    use quire_wal::Position;
+
+    use super::*;
+
+    fn scanned<'a>(payload: &'a [u8], status: RecordStatus) -> ScannedRecord<'a> {
+        ScannedRecord {
+            segment_index: 0,
+            segment: Path::new("/d/00000000000000000000.log"),
+            position: Position(4096),
+            header: Some(Header {
+                crc: 0,
+                kind: 1,
+                length: u32::try_from(payload.len()).unwrap(),
+                epoch: Epoch(3),
+                offset: Offset(9),
+            }),
+            bytes: 32 + payload.len() as u64,
+            checksum_ok: true,
+            status,
+            payload,
+        }
+    }
+
+    fn text(record: &DumpRecord, mode: PayloadMode) -> String {
+        let mut out = Vec::new();
+        record.write_text(&mut out, mode).unwrap();
+        let line = String::from_utf8(out).unwrap();
+        assert!(line.ends_with('\n'), "{line}");
+        line.trim_end_matches('\n').to_owned()
+    }
+
+    /// A newcomer dumped a store with `--payload utf8` and saw the event header's bytes
+    /// (version, topic length, producer id, sequence, length) as garbage before each
+    /// message: the payload of a store's record is an event body, not the message.
+    #[test]
+    fn utf8_shows_a_message_event_decoded() {
+        let mut payload = BytesMut::new();
+        encode_message_event("numbers", 5, 1, b"hello", &mut payload).unwrap();
+        let r = scanned(&payload, RecordStatus::Entry);
+        let record = DumpRecord::of(&r, PayloadMode::Utf8);
+        let line = text(&record, PayloadMode::Utf8);
+        assert!(
+            line.ends_with(
+                r#"entry topic="numbers" producer_id=0000000000000005 sequence=1 message_bytes=5 message="hello""#
+            ),
+            "{line}"
+        );
+        let json = serde_json::to_value(&record).unwrap();
+        // The fields that were there keep their names and meaning: `payload` is the
+        // record's whole payload.
+        assert_eq!(json["offset"], 9);
+        assert_eq!(json["kind_name"], "message");
+        assert_eq!(json["status"], "entry");
+        assert_eq!(json["payload"], String::from_utf8_lossy(&payload).as_ref());
+        assert_eq!(json["event"]["kind_name"], "message");
+        assert_eq!(json["event"]["topic"], "numbers");
+        assert_eq!(json["event"]["sequence"], 1);
+        assert_eq!(json["event"]["message"], "hello");
+        assert!(json.get("event_error").is_none(), "{json}");
+
+        let json = serde_json::to_value(DumpRecord::of(&r, PayloadMode::None)).unwrap();
+        assert!(
+            json.get("payload").is_none() && json.get("event").is_none(),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn a_payload_that_is_no_event_body_is_shown_raw() {
+        let r = scanned(b"plain\ttext", RecordStatus::Entry);
+        let record = DumpRecord::of(&r, PayloadMode::Utf8);
+        assert!(
+            text(&record, PayloadMode::Utf8).ends_with(r#"entry "plain\ttext""#),
+            "{}",
+            text(&record, PayloadMode::Utf8)
+        );
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["payload"], "plain\ttext");
+        assert!(json.get("event").is_none(), "{json}");
+        assert!(
+            json["event_error"]
+                .as_str()
+                .unwrap()
+                .starts_with("not a message event body"),
+            "{json}"
+        );
+
+        // The record that ends the log is never decoded: its bytes are not data.
+        let mut payload = BytesMut::new();
+        encode_message_event("t", 0, 0, b"x", &mut payload).unwrap();
+        let r = scanned(&payload, RecordStatus::Bad(quire_wal::BadRecord::Checksum));
+        let json = serde_json::to_value(DumpRecord::of(&r, PayloadMode::Utf8)).unwrap();
+        assert!(
+            json.get("event").is_none() && json.get("event_error").is_none(),
+            "{json}"
+        );
     }
 }

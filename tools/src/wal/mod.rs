@@ -3,9 +3,13 @@
 //! | command | module | what it does |
 //! | --- | --- | --- |
 //! | `quire wal dump DIR` | [`dump`] | one line per record (offset, epoch, kind, length, segment, position, checksum) |
-//! | `quire wal verify DIR` | [`verify`] | checks every record; exit 0 clean, 1 corruption, 2 torn tail only |
+//! | `quire wal verify DIR` | [`verify`] | checks every record; exit 0 clean, 1 corruption, 2 torn tail only, 3 no log read |
 //! | `quire wal stat DIR` | [`stat`] | per segment: base and last offset, records, bytes, epochs; totals |
 //! | `quire wal repair DIR --truncate-torn-tail` | [`repair`] | cuts a torn tail (dry run unless `--yes`), never corruption |
+//!
+//! Every one of them exits [`EXIT_FAILED`] (3) when it could not do its job — DIR missing,
+//! not a directory, holding no WAL ([`WalDirError`]), unreadable, or locked by a running
+//! node (`repair --yes`) — so that a wrong path is never taken for a verdict.
 //!
 //! This module owns how the tools find a WAL directory ([`resolve_dir`]), how they tell that
 //! a running process has it open ([`live_holder`]) and the shape of a log's end
@@ -20,6 +24,7 @@
 
 pub mod args;
 pub mod dump;
+pub mod event;
 pub mod repair;
 pub mod stat;
 pub mod verify;
@@ -28,11 +33,12 @@ use std::fmt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use quire_node::identity::IDENTITY_FILE_NAME;
 use quire_proto::EventKind;
 use quire_wal::format::KIND_TRUNCATE;
-use quire_wal::segment::{parse_segment_name, LOCK_NAME};
-use quire_wal::{ScanEnd, ScanReport};
+use quire_wal::promised::PROMISED_EPOCH_NAME;
+use quire_wal::segment::{parse_segment_name, LOCK_NAME, SPARE_NAME, SPARE_TMP_NAME};
+use quire_wal::ScanEnd;
 use serde::Serialize;
 
 use self::args::WalCommand;
@@ -43,9 +49,9 @@ pub const PROC_LOCKS_BYTES_MAX: u64 = 4 << 20;
 /// Runs one `quire wal` command, printing to stdout.
 ///
 /// # Errors
-/// Bad directories and I/O errors; [`FindingsExit`] when the command printed its findings
-/// and they call for a non-zero exit status (verify: corruption or a torn tail; repair:
-/// corruption).
+/// Bad directories ([`WalDirError`]) and I/O errors (the binary exits [`EXIT_FAILED`]
+/// after those); [`FindingsExit`] when the command printed its findings and they call for
+/// a non-zero exit status (verify: corruption or a torn tail; repair: corruption).
 pub fn run(command: &WalCommand) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -76,19 +82,115 @@ pub const EXIT_CORRUPTION: u8 = 1;
 /// Exit status of `quire wal verify` for a log whose only problem is a torn tail.
 pub const EXIT_TORN_TAIL: u8 = 2;
 
-/// The directory holding the segments for `dir` as given on the command line: `dir`
-/// itself, or `dir/wal` when `dir` is a store's data directory (it has no segments and a
-/// `wal/` subdirectory).
+/// Exit status of every `quire wal` command that could not do its job, with no findings to
+/// report: DIR missing, not a directory, holding no WAL, unreadable, or (`repair --yes`)
+/// locked by a running node. Distinct from verify's 0, 1 and 2 (and from the usual 1 of a
+/// failed `quire` command), so that a script never takes a wrong path for a verdict.
+pub const EXIT_FAILED: u8 = 3;
+
+/// The files a WAL directory holds besides its segments, one of which is there as soon as
+/// the WAL was opened once, before it has a record: the directory lock (created by every
+/// open), the promised epoch (after the first fence) and the preallocated spare segment
+/// (prepared in the background after the open).
+pub const WAL_FILE_NAMES: [&str; 4] = [LOCK_NAME, PROMISED_EPOCH_NAME, SPARE_NAME, SPARE_TMP_NAME];
+
+/// Most entry names a [`WalDirError::NotAWal`] quotes.
+const NAMES_QUOTED_MAX: usize = 5;
+
+/// Why DIR on a `quire wal` command line is not a WAL the tools can read. The binary exits
+/// with [`EXIT_FAILED`] after any of these.
+#[derive(Debug, thiserror::Error)]
+pub enum WalDirError {
+    /// DIR does not exist.
+    #[error(
+        "{} does not exist: expected a WAL directory (segment files named <20 digits>.log) \
+         or a store's data directory (its WAL is DIR/wal)",
+        dir.display()
+    )]
+    Missing {
+        /// The directory given.
+        dir: PathBuf,
+    },
+    /// DIR exists but is not a directory.
+    #[error(
+        "{} is not a directory: expected a WAL directory (segment files named <20 \
+         digits>.log) or a store's data directory (its WAL is DIR/wal)",
+        dir.display()
+    )]
+    NotADirectory {
+        /// The path given.
+        dir: PathBuf,
+    },
+    /// DIR holds neither a WAL nor a store's `wal/` directory.
+    #[error(
+        "{} holds no WAL: expected segment files named <20 digits>.log (or a WAL's LOCK, \
+         promised_epoch or spare.prealloc file), or a store's data directory with a wal/ \
+         subdirectory; {found}",
+        dir.display()
+    )]
+    NotAWal {
+        /// The directory given.
+        dir: PathBuf,
+        /// What it holds instead, for the message (`it is empty`, `it holds: a, b, …`).
+        found: String,
+    },
+    /// DIR is an initialised store whose node never ran: its WAL does not exist yet.
+    #[error(
+        "{} is a store's data directory whose WAL was never created (it has no wal/: the \
+         node has not run on it yet), so there is no log to read",
+        dir.display()
+    )]
+    NoWalYet {
+        /// The store's data directory.
+        dir: PathBuf,
+    },
+    /// DIR (or its listing) cannot be read.
+    #[error("cannot read {}", dir.display())]
+    Unreadable {
+        /// The directory.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The directory holding the segments for `dir` as given on the command line: `dir` itself
+/// when it holds a WAL (a segment, or one of [`WAL_FILE_NAMES`]: a WAL that was opened but
+/// has no record yet is an empty log, not an error), else `dir/wal` when `dir` is a store's
+/// data directory (`dir/wal` holds a WAL, or `dir` has a store `identity` file).
 ///
 /// # Errors
-/// `dir` missing or not a directory, or unreadable.
-pub fn resolve_dir(dir: &Path) -> anyhow::Result<PathBuf> {
-    let meta = std::fs::metadata(dir).with_context(|| format!("cannot open {}", dir.display()))?;
-    if !meta.is_dir() {
-        bail!("{} is not a directory", dir.display());
+/// [`WalDirError`]: `dir` missing, not a directory, unreadable, holding no WAL (a wrong
+/// path: an empty directory, `/etc`, the parent of the data directories), or an
+/// initialised store that never ran.
+pub fn resolve_dir(dir: &Path) -> Result<PathBuf, WalDirError> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(WalDirError::NotADirectory {
+                dir: dir.to_path_buf(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(WalDirError::Missing {
+                dir: dir.to_path_buf(),
+            })
+        }
+        Err(source) => {
+            return Err(WalDirError::Unreadable {
+                dir: dir.to_path_buf(),
+                source,
+            })
+        }
+    }
+    let listing = list(dir)?;
+    if listing.holds_wal {
+        return Ok(dir.to_path_buf());
     }
     let nested = dir.join("wal");
-    if !has_segments(dir)? && nested.is_dir() {
+    let is_store = dir.join(IDENTITY_FILE_NAME).is_file();
+    if nested.is_dir() && (is_store || list(&nested)?.holds_wal) {
         tracing::debug!(
             "{} is a data directory: using {}",
             dir.display(),
@@ -96,34 +198,59 @@ pub fn resolve_dir(dir: &Path) -> anyhow::Result<PathBuf> {
         );
         return Ok(nested);
     }
-    Ok(dir.to_path_buf())
+    if is_store {
+        return Err(WalDirError::NoWalYet {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Err(WalDirError::NotAWal {
+        dir: dir.to_path_buf(),
+        found: describe_entries(listing.names),
+    })
 }
 
-/// Whether `dir` holds at least one file named like a segment.
-fn has_segments(dir: &Path) -> anyhow::Result<bool> {
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
-    for entry in entries {
-        let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
-        if entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| parse_segment_name(n).is_some())
-        {
-            return Ok(true);
+/// What [`resolve_dir`] learns from one directory listing.
+struct Listing {
+    /// It holds a segment or one of [`WAL_FILE_NAMES`].
+    holds_wal: bool,
+    /// Its entries' names (lossy UTF-8), for the error message.
+    names: Vec<String>,
+}
+
+fn list(dir: &Path) -> Result<Listing, WalDirError> {
+    let unreadable = |source| WalDirError::Unreadable {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut listing = Listing {
+        holds_wal: false,
+        names: Vec::new(),
+    };
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let name = entry.map_err(unreadable)?.file_name();
+        let name = name.to_string_lossy();
+        if parse_segment_name(&name).is_some() || WAL_FILE_NAMES.contains(&name.as_ref()) {
+            listing.holds_wal = true;
         }
+        listing.names.push(name.into_owned());
     }
-    Ok(false)
+    Ok(listing)
 }
 
-/// Warns (on stderr) when `wal_dir` holds no segment: usually a wrong path.
-pub(crate) fn warn_if_empty(wal_dir: &Path, report: &ScanReport) {
-    if report.segments.is_empty() {
-        tracing::warn!(
-            "{} holds no segment files (<20 digits>.log): an empty log, or not a WAL directory",
-            wal_dir.display()
-        );
+/// `it is empty`, or `it holds: a, b, c` (sorted, at most [`NAMES_QUOTED_MAX`] names, then
+/// `and N more`).
+fn describe_entries(mut names: Vec<String>) -> String {
+    if names.is_empty() {
+        return "it is empty".to_owned();
     }
+    names.sort();
+    let more = names.len().saturating_sub(NAMES_QUOTED_MAX);
+    names.truncate(NAMES_QUOTED_MAX);
+    let mut s = format!("it holds: {}", names.join(", "));
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
 }
 
 /// A process that holds the WAL directory's lock (a running node).
@@ -394,11 +521,63 @@ mod tests {
     #[test]
     fn a_data_dir_resolves_to_its_wal() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(resolve_dir(dir.path()).unwrap(), dir.path());
         std::fs::create_dir(dir.path().join("wal")).unwrap();
+        std::fs::write(dir.path().join("wal").join(LOCK_NAME), b"").unwrap();
         assert_eq!(resolve_dir(dir.path()).unwrap(), dir.path().join("wal"));
         std::fs::write(dir.path().join("00000000000000000000.log"), b"").unwrap();
         assert_eq!(resolve_dir(dir.path()).unwrap(), dir.path());
-        assert!(resolve_dir(&dir.path().join("missing")).is_err());
+    }
+
+    /// A newcomer pointed `quire wal verify` at an empty directory, `/etc` and the parent
+    /// of a cluster's data directories: each was reported as a clean, empty log (exit 0).
+    /// A directory holding no WAL is an error that says what was expected.
+    #[test]
+    fn a_directory_without_a_wal_is_refused_with_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = resolve_dir(dir.path()).unwrap_err();
+        assert!(matches!(err, WalDirError::NotAWal { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("holds no WAL"), "{message}");
+        assert!(message.contains("<20 digits>.log"), "{message}");
+        assert!(message.contains("it is empty"), "{message}");
+
+        // The parent of data directories: subdirectories and files, no WAL, and a `wal`
+        // subdirectory that is not a store's and holds nothing of a WAL.
+        for name in ["store0", "store1", "broker1", "logs", "wal"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        for name in ["cluster.json", "ports", "store.toml", "syslog.log"] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        let message = resolve_dir(dir.path()).unwrap_err().to_string();
+        assert!(
+            message.contains("it holds: broker1, cluster.json, logs, ports, store.toml and 4 more"),
+            "{message}"
+        );
+
+        let missing = dir.path().join("nope");
+        let err = resolve_dir(&missing).unwrap_err();
+        assert!(matches!(err, WalDirError::Missing { .. }), "{err:?}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        let err = resolve_dir(&dir.path().join("ports")).unwrap_err();
+        assert!(matches!(err, WalDirError::NotADirectory { .. }), "{err:?}");
+    }
+
+    /// What a WAL directory holds before its first record (wal/src/segment.rs,
+    /// promised.rs): each of these alone makes it an empty log, not an error.
+    #[test]
+    fn a_wal_without_records_is_an_empty_log() {
+        for name in WAL_FILE_NAMES {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join(name), b"").unwrap();
+            assert_eq!(resolve_dir(dir.path()).unwrap(), dir.path(), "{name}");
+        }
+        // A store's data directory whose wal/ the node created and locked.
+        let data = tempfile::tempdir().unwrap();
+        std::fs::write(data.path().join(IDENTITY_FILE_NAME), b"id").unwrap();
+        let err = resolve_dir(data.path()).unwrap_err();
+        assert!(matches!(err, WalDirError::NoWalYet { .. }), "{err:?}");
+        std::fs::create_dir(data.path().join("wal")).unwrap();
+        assert_eq!(resolve_dir(data.path()).unwrap(), data.path().join("wal"));
     }
 }

@@ -152,7 +152,6 @@ pub fn repair(config: &RepairConfig) -> anyhow::Result<RepairOutcome> {
         }
         let report = quire_wal::inspect(&wal_dir, |_| {})
             .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
-        super::warn_if_empty(&wal_dir, &report);
         let summary = EndSummary::of(&report.end);
         // The last entry after the cut is the last entry the scan accepted: a torn tail
         // holds no entry.

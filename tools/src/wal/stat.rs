@@ -255,7 +255,6 @@ pub fn stat(config: &StatConfig) -> anyhow::Result<StatReport> {
         }
     })
     .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
-    super::warn_if_empty(&wal_dir, &report);
     per_segment.resize_with(report.segments.len(), SegmentStat::default);
     for (s, seg) in per_segment.iter_mut().zip(&report.segments) {
         s.name = file_name(&seg.path);

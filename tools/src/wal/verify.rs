@@ -5,7 +5,10 @@
 //! Exit status: 0 clean; 1 corruption (a bad record with valid records after it, a missing
 //! segment, a damaged promised-epoch file) — printed with segment, position and offset;
 //! 2 a torn tail only (the end of the last write was lost: a node cuts it when it starts,
-//! `quire wal repair --truncate-torn-tail` cuts it offline).
+//! `quire wal repair --truncate-torn-tail` cuts it offline); 3 nothing was verified: DIR
+//! missing, not a directory, holding no WAL (see [`super::resolve_dir`]: a wrong path is
+//! never reported clean), or unreadable — with an error on stderr and nothing on stdout.
+//! A WAL that was opened but holds no record yet is an empty log: clean.
 //!
 //! # JSON output (`--format json`)
 //! | field | meaning |
@@ -166,7 +169,6 @@ pub fn verify(config: &VerifyConfig) -> anyhow::Result<VerifyReport> {
         }
     })
     .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
-    super::warn_if_empty(&wal_dir, &report);
     let (promised_epoch, promised_epoch_error) = match PromisedEpoch::load(&wal_dir) {
         Ok(p) => (Some(p.epoch().0), None),
         Err(e) if e.is_corruption() => (None, Some(e.to_string())),
