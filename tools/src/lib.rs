@@ -20,7 +20,7 @@
 //! Conventions for every command: results on stdout in the chosen format; logs (tracing)
 //! and errors on stderr; an error is a non-zero exit (1, or 130 after Ctrl-C; clap usage
 //! errors exit 2). `quire wal ...` differs (see [`failure_exit_code`]): its 1 and 2 are
-//! findings, and it exits 3 when it could not read a log.
+//! findings, and it exits 3 when it could not read a log or its command line is wrong.
 
 pub mod bench;
 pub mod cli;
@@ -100,13 +100,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// The exit status after `command` failed with an error that is neither a finding it
 /// printed ([`wal::FindingsExit`]) nor an interruption (130): 1, except for `quire wal ...`,
 /// where 1 and 2 report what was found in the log (corruption, a torn tail), so failing to
-/// read a log at all (a wrong directory, an I/O error) is [`wal::EXIT_FAILED`] (3).
+/// read a log at all (a wrong directory, an I/O error) is [`wal::EXIT_FAILED`] (3), as is
+/// a usage error of a `wal` command (see [`is_wal_command_line`]).
 #[must_use]
 pub fn failure_exit_code(command: &Command) -> u8 {
     match command {
         Command::Wal(_) => wal::EXIT_FAILED,
         _ => 1,
     }
+}
+
+/// Whether `args` (the program name first, as `std::env::args_os` gives them) run a
+/// `quire wal ...` command: the first argument that is not an option is `wal`. Used only
+/// when the command line does not parse, to give a `wal` command's usage error the status
+/// [`wal::EXIT_FAILED`] instead of clap's 2 (verify's "torn tail"). `quire`'s options
+/// before the command (`-v`, `-q`) take no value, so no value is taken for the command.
+pub fn is_wal_command_line(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    args.into_iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .is_some_and(|a| a == "wal")
 }
 
 /// Sends `tracing` output to stderr: `info` by default, `debug` with `-v`, `trace` with
@@ -129,4 +142,26 @@ pub fn init_logging(cli: &Cli) {
         .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use super::*;
+
+    fn args(line: &str) -> Vec<OsString> {
+        line.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_wal_command_line_is_told_by_its_first_word() {
+        assert!(is_wal_command_line(args("quire wal verify d --format jsn")));
+        assert!(is_wal_command_line(args("quire -v wal verify")));
+        assert!(is_wal_command_line(args("quire -q wal")));
+        assert!(!is_wal_command_line(args("quire bench wal --bogus")));
+        assert!(!is_wal_command_line(args("quire produce --topic wal")));
+        assert!(!is_wal_command_line(args("quire --bogus")));
+        assert!(!is_wal_command_line(args("quire")));
+    }
 }

@@ -10,7 +10,21 @@ use quire_tools::interrupt::Interrupted;
 use quire_tools::wal::FindingsExit;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // `--help` and `--version` print to stdout and exit 0; a usage error exits
+            // 2, except for `quire wal ...`, whose 2 means "torn tail".
+            let code = if err.use_stderr() && quire_tools::is_wal_command_line(std::env::args_os())
+            {
+                i32::from(quire_tools::wal::EXIT_FAILED)
+            } else {
+                err.exit_code()
+            };
+            let _ = err.print();
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+    };
     quire_tools::init_logging(&cli);
     let failure = quire_tools::failure_exit_code(&cli.command);
     match quire_tools::run(cli) {

@@ -421,9 +421,10 @@ fn verify_is_0_clean_2_torn_and_repair_cuts_only_the_torn_tail() {
     assert!(stdout.contains("--yes"), "{stdout}");
     assert_eq!(snapshot(dir), before, "a dry run changed the directory");
 
-    // Without --truncate-torn-tail there is nothing to do: a usage error.
+    // Without --truncate-torn-tail there is nothing to do: a usage error (a `wal`
+    // command's is 3).
     let out = quire(&["wal", "repair", path_str(dir), "--yes"]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(EXIT_NO_LOG), "{out:?}");
     assert_eq!(snapshot(dir), before);
 
     // --yes cuts it; the log then verifies clean and ends one entry earlier.
@@ -621,6 +622,32 @@ fn assert_refused(dir: &Path, says: &str) {
         assert!(stderr.contains(d), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+}
+
+/// A usage error of a `wal` command is no verdict either: 3, not clap's usual 2 (which is
+/// verify's "torn tail"); help still exits 0, and other commands keep clap's 2.
+#[test]
+fn a_wal_usage_error_exits_3() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_log(tmp.path());
+    let d = path_str(tmp.path());
+    for args in [
+        vec!["wal", "verify", d, "--format", "jsn"],
+        vec!["wal", "verify", d, "--bogus"],
+        vec!["-q", "wal", "dump", d, "--payload", "latin1"],
+        vec!["wal", "repair", d],
+        vec!["wal"],
+    ] {
+        let out = quire(&args);
+        assert_eq!(out.status.code(), Some(EXIT_NO_LOG), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(text(&out.stderr).contains("error"), "{args:?}: {out:?}");
+    }
+    let out = quire(&["wal", "verify", "--help"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text(&out.stdout).contains("torn tail"), "{out:?}");
+    let out = quire(&["bench", "wal", "--bogus"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
 #[test]
