@@ -12,8 +12,9 @@
 //!
 //! The handoff owns no safety rule of its own: the target's takeover is an ordinary takeover,
 //! and the handing master proposes nothing from the moment it asks. A handoff that has not
-//! finished by its deadline is answered `Timeout`; a master that had not stepped down yet
-//! serves again. The role changes (fenced, rival) that can happen meanwhile are handled by
+//! finished by its deadline is answered `Timeout` with a message naming what held it up
+//! (writes not stabilized; the target, by id and address, not connected to the master or
+//! not answering); a master that had not stepped down yet serves again. The role changes (fenced, rival) that can happen meanwhile are handled by
 //! the actor as always; this module only notices them.
 
 use std::time::{Duration, Instant};
@@ -168,29 +169,39 @@ impl Actor {
                     )));
                     return;
                 }
-                if now >= h.deadline {
-                    self.finish_handoff(Err(ErrorResponse::new(
-                        ErrorCode::Timeout,
-                        "the master's accepted writes were not stabilized in time; it serves again",
-                    )));
-                    self.retry_blocked();
-                    return;
-                }
                 let next = m.core.next_offset();
                 let drained = m.pending.is_empty() && m.core.hwm().map(Offset::next) == Some(next);
-                if !drained {
-                    return;
-                }
                 let hwm = m.core.hwm();
                 let slot = self
                     .cluster
                     .slots
                     .iter()
                     .position(|k| matches!(k, SlotKind::Slave { broker } if *broker == to));
-                let Some(client) = slot
+                let client = slot
                     .and_then(|i| self.slots.get(i))
-                    .and_then(|s| s.client())
-                else {
+                    .and_then(|s| s.client());
+                if now >= h.deadline {
+                    // Say what held the handoff up: a target the master has no connection
+                    // to (down, or unreachable from it) is the usual cause, and the one an
+                    // operator can act on.
+                    let message = if !drained {
+                        "the master's accepted writes were not stabilized in time; it serves again"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "{} is not connected to the master (down, or unreachable from it), \
+                             so it cannot take over; the master serves again",
+                            self.broker_name(to)
+                        )
+                    };
+                    self.finish_handoff(Err(ErrorResponse::new(ErrorCode::Timeout, message)));
+                    self.retry_blocked();
+                    return;
+                }
+                if !drained {
+                    return;
+                }
+                let Some(client) = client else {
                     // Not connected to the target yet: try again on the next tick.
                     return;
                 };
@@ -218,10 +229,11 @@ impl Actor {
             }
             HandoffPhase::Asked { .. } => {
                 if now >= h.deadline {
-                    self.finish_handoff(Err(ErrorResponse::new(
-                        ErrorCode::Timeout,
-                        "the target did not answer in time",
-                    )));
+                    let message = format!(
+                        "{} did not answer the take-over request in time; the master serves again",
+                        self.broker_name(to)
+                    );
+                    self.finish_handoff(Err(ErrorResponse::new(ErrorCode::Timeout, message)));
                     self.retry_blocked();
                 }
             }
@@ -280,12 +292,22 @@ impl Actor {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no answer from the target; serving again");
-                self.finish_handoff(Err(ErrorResponse::new(
-                    ErrorCode::Timeout,
-                    format!("the target did not answer: {e}"),
-                )));
+                let message = format!(
+                    "{} did not answer the take-over request ({e}); the master serves again",
+                    self.broker_name(to)
+                );
+                self.finish_handoff(Err(ErrorResponse::new(ErrorCode::Timeout, message)));
                 self.retry_blocked();
             }
+        }
+    }
+
+    /// `broker 2 (127.0.0.1:7202)`, or `broker 2` when its address is not configured: how
+    /// handoff errors name the target.
+    fn broker_name(&self, id: BrokerId) -> String {
+        match self.broker_info(id) {
+            Some(b) => format!("broker {} ({})", id.0, b.addr),
+            None => format!("broker {}", id.0),
         }
     }
 
