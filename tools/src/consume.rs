@@ -4,7 +4,14 @@
 //! `--from beginning` (offset 0), `--from end` (after the master's high-water mark: only
 //! messages stabilized from now on), or `--from OFFSET`. With `--cursor NAME` and no
 //! `--from`, it starts at the cursor's committed offset (the beginning if never committed).
-//! Without either, it starts at the end.
+//! Without either, it starts at the end. A start above the offset after the master's
+//! high-water mark is legal (the run waits for the log to reach it) and noted on stderr
+//! ([`beyond_hwm_note`]).
+//!
+//! # Finding the master
+//! As `quire produce` does (see [`crate::cluster::master`]): retried until
+//! `--connect-timeout`, the first failure noted on stderr at once. The same bound limits
+//! the consumer's retries when it loses the master while consuming.
 //!
 //! # When it stops
 //! After `-n N` messages; or once `--timeout D` passes with no message (an *idle* timeout,
@@ -39,12 +46,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use quire_client::{Consumer, ConsumerConfig, Message, StartFrom};
+use quire_client::{Consumer, ConsumerConfig, Discovery, Message, StartFrom};
 use quire_proto::Offset;
 use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::cli::FormatArgs;
+use crate::cluster::master::{self, ConnectArgs, MasterBound};
 use crate::cluster::{runtime, signal, BrokersArgs};
 use crate::interrupt::Interrupted;
 use crate::output::{write_json_line, OutputFormat};
@@ -58,6 +66,9 @@ pub const FETCH_WAIT_MAX: Duration = Duration::from_millis(500);
 pub struct ConsumeArgs {
     #[command(flatten)]
     pub brokers: BrokersArgs,
+
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 
     /// The topic to read.
     #[arg(long, value_name = "TOPIC")]
@@ -118,6 +129,8 @@ pub fn parse_from(s: &str) -> Result<StartArg, String> {
 pub struct ConsumeConfig {
     /// Broker addresses.
     pub brokers: Vec<String>,
+    /// How long to look for the master, at the start and after losing it.
+    pub connect: MasterBound,
     /// Topic.
     pub topic: String,
     /// Where to start.
@@ -147,6 +160,7 @@ impl ConsumeArgs {
         };
         ConsumeConfig {
             brokers: self.brokers.addrs(),
+            connect: self.connect.bound(),
             topic: self.topic.clone(),
             start,
             cursor: self.cursor.clone(),
@@ -286,7 +300,27 @@ async fn consume(config: &ConsumeConfig, stdout: &mut dyn Write) -> anyhow::Resu
         .map_or(FETCH_WAIT_MAX, |t| t.min(FETCH_WAIT_MAX));
     let consumer_config = ConsumerConfig {
         fetch_wait_ms: u32::try_from(fetch_wait.as_millis()).unwrap_or(u32::MAX),
+        retry_timeout_ms: u64::try_from(config.connect.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+        discovery: config
+            .connect
+            .discovery_config(ConsumerConfig::default().discovery),
         ..ConsumerConfig::default()
+    };
+    // Find the master first, so an unreachable one is reported at once (the consumer's own
+    // retries are silent), and learn the HWM to tell a start beyond it from a stuck run.
+    let discovery = Discovery::new(config.brokers.clone(), consumer_config.discovery.clone())
+        .context("reading --brokers")?;
+    let hwm = {
+        let found = master::find_master_noting(&discovery, config.connect).await?;
+        match found.client.metadata().await {
+            Ok(m) => Some(m.hwm),
+            Err(e) => {
+                tracing::debug!(error = %e, "no HWM from the master; subscribing anyway");
+                None
+            }
+        }
     };
     let mut consumer = Consumer::subscribe(
         config.brokers.clone(),
@@ -296,6 +330,9 @@ async fn consume(config: &ConsumeConfig, stdout: &mut dyn Write) -> anyhow::Resu
     )
     .await
     .context("subscribing")?;
+    if let Some(note) = hwm.and_then(|hwm| beyond_hwm_note(consumer.position(), hwm)) {
+        eprintln!("{note}");
+    }
     let start = Instant::now();
     let mut report = ConsumeReport {
         topic: config.topic.clone(),
@@ -369,6 +406,24 @@ async fn consume(config: &ConsumeConfig, stdout: &mut dyn Write) -> anyhow::Resu
     Ok(report)
 }
 
+/// The note for a start above the HWM (`start` later than the offset after it): such a
+/// run waits, printing nothing, until the log reaches `start`.
+#[must_use]
+pub fn beyond_hwm_note(start: Offset, hwm: Option<Offset>) -> Option<String> {
+    let next = hwm.map_or(Offset::ZERO, Offset::next);
+    if start <= next {
+        return None;
+    }
+    let hwm = match hwm {
+        Some(h) => format!("the high-water mark is {}", h.0),
+        None => "the log is empty (no high-water mark yet)".to_owned(),
+    };
+    Some(format!(
+        "quire: waiting for offset {}; {hwm}, so nothing is printed until the log reaches it",
+        start.0
+    ))
+}
+
 fn print_message(
     config: &ConsumeConfig,
     report: &mut ConsumeReport,
@@ -427,10 +482,36 @@ mod tests {
     }
 
     #[test]
+    fn a_start_beyond_the_hwm_is_noted() {
+        assert_eq!(beyond_hwm_note(Offset(5), Some(Offset(10))), None);
+        assert_eq!(
+            beyond_hwm_note(Offset(11), Some(Offset(10))),
+            None,
+            "the offset after the HWM is the end: the next message"
+        );
+        assert_eq!(
+            beyond_hwm_note(Offset(1_000_000), Some(Offset(41))).as_deref(),
+            Some(
+                "quire: waiting for offset 1000000; the high-water mark is 41, so nothing is \
+                 printed until the log reaches it"
+            )
+        );
+        assert_eq!(beyond_hwm_note(Offset::ZERO, None), None);
+        let empty = beyond_hwm_note(Offset(3), None).expect("beyond an empty log");
+        assert!(
+            empty.contains("waiting for offset 3; the log is empty"),
+            "{empty}"
+        );
+    }
+
+    #[test]
     fn the_start_follows_from_then_cursor_then_end() {
         let args = |from: Option<StartArg>, cursor: Option<&str>| ConsumeArgs {
             brokers: BrokersArgs {
                 brokers: vec!["b:1".into()],
+            },
+            connect: ConnectArgs {
+                connect_timeout: Duration::from_secs(30),
             },
             topic: "t".into(),
             from,

@@ -24,6 +24,11 @@
 //! `bytes_acked`, `first_offset`, `last_offset`, `elapsed_s`, `msgs_per_s`, `mb_per_s`,
 //! `failures` (at most [`FAILURES_LISTED_MAX`]: `index`, `outcome_unknown`, `error`).
 //!
+//! # Finding the master
+//! Before sending anything the master is looked for until `--connect-timeout` (default
+//! 30 s): refused connections and brokers naming no master (an election) are retried, and
+//! the first failure is noted on stderr at once (see [`crate::cluster::master`]).
+//!
 //! # Exit status
 //! 0 when every message was acknowledged; 1 when any failed (the error says how many and
 //! how many are outcome unknown); 130 after Ctrl-C/SIGTERM (sending stops, what was sent is
@@ -38,12 +43,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Args;
-use quire_client::{Delivery, ProduceError, Producer, ProducerConfig};
+use quire_client::{Delivery, Discovery, ProduceError, Producer, ProducerConfig};
 use quire_proto::MESSAGE_BYTES_MAX;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::cli::FormatArgs;
+use crate::cluster::master::{self, ConnectArgs, MasterBound};
 use crate::cluster::{runtime, signal, BrokersArgs};
 use crate::interrupt::Interrupted;
 use crate::output::{write_json_line, OutputFormat, Report, Table};
@@ -64,6 +70,9 @@ const STDIN_QUEUE_MAX: usize = 1024;
 pub struct ProduceArgs {
     #[command(flatten)]
     pub brokers: BrokersArgs,
+
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 
     /// The topic to send to.
     #[arg(long, value_name = "TOPIC")]
@@ -137,8 +146,10 @@ pub struct ProduceConfig {
     pub topic: String,
     /// Where messages come from.
     pub source: Source,
-    /// Producer settings.
+    /// Producer settings (its discovery bounded by `connect`).
     pub producer: ProducerConfig,
+    /// How long to look for the master before sending anything.
+    pub connect: MasterBound,
     /// Output format.
     pub format: OutputFormat,
 }
@@ -174,13 +185,19 @@ impl ProduceArgs {
             linger_ms: millis(self.linger),
             delivery_timeout_ms: millis(self.delivery_timeout),
             buffer_bytes_max: ProducerConfig::default().buffer_bytes_max.max(batch_bytes),
+            discovery: self
+                .connect
+                .bound()
+                .discovery_config(ProducerConfig::default().discovery),
             ..ProducerConfig::default()
         };
+        producer.validate().context("producer settings")?;
         Ok(ProduceConfig {
             brokers: self.brokers.addrs(),
             topic: self.topic.clone(),
             source,
             producer,
+            connect: self.connect.bound(),
             format: self.format.format,
         })
     }
@@ -301,7 +318,8 @@ struct AckLine<'a> {
 /// `stdout` as acks arrive, and returns the summary (also for failures).
 ///
 /// # Errors
-/// The brokers could not be reached (no master), stdout failed, or the runtime failed.
+/// No master within `config.connect` (a note on stderr says so at the first failure, see
+/// [`crate::cluster::master`]), stdout failed, or the runtime failed.
 pub fn run(config: &ProduceConfig, stdout: &mut dyn Write) -> anyhow::Result<ProduceReport> {
     let rt = runtime("produce")?;
     rt.block_on(produce(config, stdout))
@@ -339,9 +357,10 @@ pub fn main(config: &ProduceConfig) -> anyhow::Result<()> {
 }
 
 async fn produce(config: &ProduceConfig, stdout: &mut dyn Write) -> anyhow::Result<ProduceReport> {
-    let producer = Producer::connect(config.brokers.clone(), config.producer.clone())
-        .await
-        .context("connecting to the master")?;
+    let discovery = Discovery::new(config.brokers.clone(), config.producer.discovery.clone())
+        .context("reading --brokers")?;
+    let master = master::find_master_noting(&discovery, config.connect).await?;
+    let producer = Producer::start(discovery, Some(master), config.producer.clone());
     let start = Instant::now();
     let (tx, mut rx) =
         mpsc::channel::<(u64, usize, Result<Delivery, ProduceError>)>(PENDING_DELIVERIES_MAX);

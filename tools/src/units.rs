@@ -173,6 +173,29 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitsError> {
     Ok(Duration::new(secs, subsec_nanos))
 }
 
+/// Writes `d` in the spelling [`parse_duration`] reads back, with the largest unit that
+/// keeps it whole: `2m`, `30s`, `500ms`, `250us`, `7ns` (`0s` for zero). For messages that
+/// name a duration the user gave or can give.
+#[must_use]
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_owned();
+    }
+    for (unit, size) in [
+        ("h", 3_600_000_000_000u128),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if nanos % size == 0 {
+            return format!("{}{unit}", nanos / size);
+        }
+    }
+    format!("{nanos}ns")
+}
+
 /// Parses a byte size such as `4096`, `64KiB`, `1MiB`, `10MB` (see the module docs for every
 /// unit). A plain number is bytes.
 ///
@@ -280,6 +303,23 @@ fn split_number<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_are_written_in_the_largest_whole_unit_and_read_back() {
+        for (d, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_secs(120), "2m"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_micros(250), "250us"),
+            (Duration::from_nanos(7), "7ns"),
+        ] {
+            assert_eq!(format_duration(d), text);
+            assert_eq!(parse_duration(text), Ok(d), "{text} reads back");
+        }
+    }
 
     #[test]
     fn durations_in_every_unit() {

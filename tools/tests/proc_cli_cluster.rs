@@ -5,9 +5,11 @@
 //! Then, through the `quire` binary: `produce --count` (jsonl acks), `consume --from
 //! beginning` (the same offsets and payloads in order), stdin mode round-tripping text lines,
 //! a durable cursor continuing where the previous run stopped, an idle timeout before `-n`
-//! failing, `cluster status` naming the master and three voting stores, `bench cluster`
-//! reporting non-zero figures and a readable histogram file, and — with two stores killed —
-//! `produce` failing with every message reported as outcome unknown.
+//! failing, a start far beyond the high-water mark noted on stderr, `cluster status` naming
+//! the master and three voting stores, `bench cluster` reporting non-zero figures and a
+//! readable histogram file, a graceful handoff and one to a killed broker failing with its
+//! name, and — with two stores killed — `produce` failing with every message reported as
+//! outcome unknown.
 //!
 //! Every child is killed and the directory removed on drop, also when an assertion fails;
 //! every wait is bounded.
@@ -468,6 +470,28 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
     );
     assert_eq!(json_lines(&short).len(), 5);
 
+    // A start far beyond the log's end: a note on stderr says what the run waits for,
+    // instead of a silent wait; the idle timeout then ends it normally.
+    let ahead = cluster.quire(
+        &[
+            "consume",
+            "--topic",
+            "lines",
+            "--from",
+            "1000000",
+            "--timeout",
+            "1s",
+        ],
+        None,
+    );
+    assert!(ahead.status.success(), "{}", stderr(&ahead));
+    assert!(stdout(&ahead).is_empty(), "{}", stdout(&ahead));
+    assert!(
+        stderr(&ahead).contains("waiting for offset 1000000; the high-water mark is "),
+        "{}",
+        stderr(&ahead)
+    );
+
     // Status: a master among the brokers, three voting stores, the HWM past what was acked.
     let status = cluster.quire(&["cluster", "status", "--format", "json"], None);
     assert!(status.status.success(), "status: {}", stderr(&status));
@@ -612,6 +636,44 @@ fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
         stderr(&refused).contains("already the master"),
         "{}",
         stderr(&refused)
+    );
+
+    // A handoff to a broker that is dead fails naming it (not a bare "Timeout"), and the
+    // master serves on.
+    let dead_index = cluster
+        .servers
+        .iter()
+        .position(|s| s.name == format!("broker{before}"))
+        .unwrap();
+    let dead = cluster.servers.remove(dead_index);
+    let dead_addr = cluster
+        .brokers
+        .split(',')
+        .nth(before as usize - 1)
+        .unwrap()
+        .to_owned();
+    drop(dead);
+    let to_dead = cluster.quire(&["cluster", "handoff", "--to", &before.to_string()], None);
+    assert!(!to_dead.status.success());
+    let text = stderr(&to_dead);
+    assert!(
+        text.contains(&format!("handoff to broker {before} failed")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("broker {before} ({dead_addr})")),
+        "{text}"
+    );
+    assert!(
+        text.contains("not connected to the master") || text.contains("did not answer"),
+        "{text}"
+    );
+    assert!(text.contains("[Timeout, code 206]"), "{text}");
+    let status = cluster.quire(&["cluster", "status", "--format", "json"], None);
+    let status: Value = serde_json::from_str(stdout(&status).trim()).unwrap();
+    assert_eq!(
+        status["master"]["id"], target,
+        "the master serves on: {status}"
     );
 
     // Two of three stores gone: nothing is stabilized, no ack line is printed, and the

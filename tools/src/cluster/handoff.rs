@@ -21,13 +21,14 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use quire_client::{ConnConfig, Discovery, DiscoveryConfig};
-use quire_proto::{Body, BrokerId, HandoffRequest};
+use quire_proto::{Body, BrokerId, ErrorCode, HandoffRequest};
 use serde::Serialize;
 
+use super::master::{find_master_noting, MasterBound};
 use super::{runtime, BrokersArgs};
 use crate::cli::FormatArgs;
 use crate::output::{OutputFormat, Report};
-use crate::units::parse_duration;
+use crate::units::{format_duration, parse_duration};
 
 /// Arguments of `quire cluster handoff`.
 #[derive(Debug, Clone, Args)]
@@ -96,20 +97,20 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
     let rt = runtime("handoff")?;
     let timeout = args.timeout.max(Duration::from_secs(1));
     rt.block_on(async {
-        let config = DiscoveryConfig {
+        let bound = MasterBound {
+            timeout,
+            flag: "--timeout",
+        };
+        let config = bound.discovery_config(DiscoveryConfig {
             conn: ConnConfig {
                 request_timeout: timeout,
                 ..ConnConfig::default()
             },
-            discovery_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             ..DiscoveryConfig::default()
-        };
+        });
         let discovery =
             Discovery::new(args.brokers.addrs(), config).context("reading --brokers")?;
-        let master = discovery
-            .find_master(None)
-            .await
-            .context("finding the master")?;
+        let master = find_master_noting(&discovery, bound).await?;
         let from = BrokerRef {
             id: master.master.id.0,
             addr: master.master.addr.clone(),
@@ -122,7 +123,14 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
         };
         let answer = tokio::time::timeout(timeout, master.client.request(request.into()))
             .await
-            .with_context(|| format!("no answer from the master within {timeout:?}"))?
+            .with_context(|| {
+                format!(
+                    "no answer from the master, broker {} ({}), within {} (--timeout sets it)",
+                    from.id,
+                    from.addr,
+                    format_duration(timeout)
+                )
+            })?
             .with_context(|| format!("handoff request to broker {} ({})", from.id, from.addr))?;
         match answer.body {
             Body::HandoffResponse(r) => Ok(HandoffReport {
@@ -132,18 +140,32 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
                 master: r.master.0,
                 pause_us: r.pause_us,
             }),
-            Body::ErrorResponse(e) => bail!(
-                "the master refused the handoff: {:?} ({}): {}",
-                e.code,
-                e.code.as_u16(),
-                e.message
-            ),
+            Body::ErrorResponse(e) => bail!("{}", failure(&from, args.to, e.code, &e.message)),
             other => bail!(
                 "unexpected answer to a handoff request: {:?}",
                 other.frame_type()
             ),
         }
     })
+}
+
+/// The error for a handoff the master answered with an error: who answered, about which
+/// target, the master's own explanation and code, and for a `Timeout` (the master gave up
+/// waiting, usually for the target) what to check.
+#[must_use]
+pub fn failure(from: &BrokerRef, to: u16, code: ErrorCode, message: &str) -> String {
+    let master = format!("the master, broker {} ({}),", from.id, from.addr);
+    let timed_out = code == ErrorCode::Timeout;
+    let code = format!("{code:?}, code {}", code.as_u16());
+    if timed_out {
+        format!(
+            "handoff to broker {to} failed: {master} gave up: {message} [{code}]; check that \
+             broker {to} is running and reachable from the master (`quire cluster status` \
+             shows which brokers answer)"
+        )
+    } else {
+        format!("{master} refused the handoff to broker {to}: {message} [{code}]")
+    }
 }
 
 /// Prints a report in the chosen format.
@@ -153,4 +175,50 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
 pub fn print(report: &HandoffReport, format: OutputFormat) -> anyhow::Result<()> {
     crate::output::emit(report, format, &mut io::stdout().lock())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn master() -> BrokerRef {
+        BrokerRef {
+            id: 1,
+            addr: "127.0.0.1:7201".into(),
+        }
+    }
+
+    #[test]
+    fn a_timed_out_handoff_names_the_target_and_what_to_check() {
+        let text = failure(
+            &master(),
+            2,
+            ErrorCode::Timeout,
+            "broker 2 (127.0.0.1:7202) is not connected to the master",
+        );
+        assert!(
+            text.starts_with("handoff to broker 2 failed: the master, broker 1 (127.0.0.1:7201), gave up: broker 2 (127.0.0.1:7202) is not connected"),
+            "{text}"
+        );
+        assert!(text.contains("[Timeout, code 206]"), "{text}");
+        assert!(text.contains("check that broker 2 is running"), "{text}");
+    }
+
+    #[test]
+    fn a_refusal_says_who_refused_and_why() {
+        let text = failure(
+            &master(),
+            9,
+            ErrorCode::InvalidName,
+            "broker 9 is not another broker of this cluster",
+        );
+        assert_eq!(
+            text,
+            format!(
+                "the master, broker 1 (127.0.0.1:7201), refused the handoff to broker 9: broker 9 \
+                 is not another broker of this cluster [InvalidName, code {}]",
+                ErrorCode::InvalidName.as_u16()
+            )
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The cluster-facing commands: `quire cluster ...` ([`status`], [`handoff`]) and the pieces that
 //! `quire produce`, `quire consume` and `quire bench cluster` share — the `--brokers`
-//! option ([`BrokersArgs`]), the Tokio runtime each of them builds in its own `run`
+//! option ([`BrokersArgs`]), finding the master with a note on stderr when it cannot be
+//! reached ([`master`], `--connect-timeout`), the Tokio runtime each of them builds in its own `run`
 //! ([`runtime`]), and Ctrl-C/SIGTERM as a future ([`signal`]).
 //!
 //! This module talks to brokers only through `quire-client`; it owns no wire bytes. [`up`]
@@ -8,6 +9,7 @@
 //! [`crate::servers`]) for `quire cluster up` and `quire demo`.
 
 pub mod handoff;
+pub mod master;
 pub mod status;
 pub mod up;
 
