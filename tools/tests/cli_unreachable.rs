@@ -1,4 +1,5 @@
-//! The network commands pointed at an address where nothing listens.
+//! The network commands (`produce`, `consume`, `bench cluster`, `cluster handoff`,
+//! `cluster status`) pointed at an address where nothing listens.
 //!
 //! The story: a newcomer ran `quire produce --brokers 127.0.0.1:<wrong port>` and the
 //! command sat silent for 30 s (`quire consume`: 60 s) before failing. Now the first failed
@@ -49,7 +50,7 @@ fn assert_reported(out: &Output, addr: &str, flag: &str, bound: &str) {
     );
     let failed = lines
         .iter()
-        .position(|l| l.contains("error: no master reachable within"))
+        .position(|l| l.starts_with("quire: error:") && l.contains("no master reachable within"))
         .unwrap_or_else(|| panic!("no final error:\n{err}"));
     assert!(note < failed, "the note comes before the error:\n{err}");
     for line in [lines[note], lines[failed]] {
@@ -95,6 +96,22 @@ fn consume_from_a_port_with_nothing_listening_says_so_and_fails_within_its_bound
 }
 
 #[test]
+fn bench_cluster_against_a_port_with_nothing_listening_says_so_and_fails_within_its_bound() {
+    let addr = dead_address();
+    let out = quire(&[
+        "bench",
+        "cluster",
+        "--brokers",
+        &addr,
+        "--duration",
+        "1s",
+        "--connect-timeout",
+        "500ms",
+    ]);
+    assert_reported(&out, &addr, "--connect-timeout", "500ms");
+}
+
+#[test]
 fn handoff_through_a_port_with_nothing_listening_names_its_timeout_flag() {
     let addr = dead_address();
     let out = quire(&[
@@ -123,13 +140,15 @@ fn status_of_a_port_with_nothing_listening_fails_naming_it() {
 
 #[test]
 fn the_connect_timeout_and_its_default_are_in_the_help() {
-    for command in ["produce", "consume"] {
-        let out = quire(&[command, "--help"]);
+    for command in [&["produce"][..], &["consume"], &["bench", "cluster"]] {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let out = quire(&args);
         let help = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{help}");
         let at = help
             .find("--connect-timeout <DURATION>")
-            .unwrap_or_else(|| panic!("no --connect-timeout in {command} --help:\n{help}"));
+            .unwrap_or_else(|| panic!("no --connect-timeout in {command:?} --help:\n{help}"));
         let option = &help[at..];
         let default = option.find("[default:").expect("a default shown");
         assert!(option[default..].starts_with("[default: 30s]"), "{option}");

@@ -69,13 +69,14 @@ use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use hdrhistogram::serialization::V2DeflateSerializer;
 use hdrhistogram::Histogram;
 use quire_client::producer::IN_FLIGHT_BATCHES_MAX;
-use quire_client::{Delivery, ProduceError, Producer, ProducerConfig};
+use quire_client::{Delivery, Discovery, ProduceError, Producer, ProducerConfig};
 use quire_proto::{MESSAGES_PER_FRAME_MAX, MESSAGE_BYTES_MAX};
 use serde::Serialize;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::cli::FormatArgs;
+use crate::cluster::master::{self, ConnectArgs, MasterBound};
 use crate::cluster::{runtime, BrokersArgs};
 use crate::output::{Report, Table};
 use crate::units::{parse_duration, parse_size};
@@ -96,6 +97,9 @@ const PENDING_MAX: usize = 1 << 20;
 pub struct ClusterBenchArgs {
     #[command(flatten)]
     pub brokers: BrokersArgs,
+
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 
     /// Topic to produce to.
     #[arg(long, value_name = "TOPIC", default_value = "bench")]
@@ -147,6 +151,8 @@ pub struct ClusterBenchArgs {
 pub struct ClusterBenchConfig {
     /// Broker addresses.
     pub brokers: Vec<String>,
+    /// How long to look for the master before the run starts.
+    pub connect: MasterBound,
     /// Topic.
     pub topic: String,
     /// Producers.
@@ -196,6 +202,7 @@ impl ClusterBenchArgs {
         }
         Ok(ClusterBenchConfig {
             brokers: self.brokers.addrs(),
+            connect: self.connect.bound(),
             topic: self.topic.clone(),
             producers: self.producers,
             event_size,
@@ -222,6 +229,7 @@ impl ClusterBenchConfig {
             batch_messages_max: self.batch,
             in_flight_batches_max: self.in_flight,
             linger_ms: u64::try_from(self.linger.as_millis()).unwrap_or(u64::MAX),
+            discovery: self.connect.discovery_config(defaults.discovery.clone()),
             buffer_bytes_max: defaults
                 .buffer_bytes_max
                 .max(batch_bytes.saturating_mul(self.in_flight + 1))
@@ -390,12 +398,24 @@ pub fn run(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport> {
 }
 
 async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport> {
+    let producer_config = config.producer_config();
+    producer_config
+        .validate()
+        .context("the producers' settings")?;
+    let discovery = Discovery::new(config.brokers.clone(), producer_config.discovery.clone())
+        .context("reading --brokers")?;
     let mut producers = Vec::with_capacity(config.producers);
     for _ in 0..config.producers {
-        let p = Producer::connect(config.brokers.clone(), config.producer_config())
+        // Each producer its own connection (every search opens new ones); an unreachable
+        // master is noted on stderr at once.
+        let found = master::find_master_noting(&discovery, config.connect)
             .await
             .context("connecting a producer to the master")?;
-        producers.push(p);
+        producers.push(Producer::start(
+            discovery.clone(),
+            Some(found),
+            producer_config.clone(),
+        ));
     }
     let payload = Bytes::from(vec![b'q'; config.event_size]);
     let start = Instant::now();
@@ -641,6 +661,10 @@ mod tests {
     fn config() -> ClusterBenchConfig {
         ClusterBenchConfig {
             brokers: vec!["b:1".into()],
+            connect: MasterBound {
+                timeout: Duration::from_secs(30),
+                flag: Some("--connect-timeout"),
+            },
             topic: "bench".into(),
             producers: 2,
             event_size: 1024,

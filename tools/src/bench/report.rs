@@ -24,6 +24,7 @@ use serde::Serialize;
 use crate::bench::cluster::ClusterBenchConfig;
 use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
 use crate::cli::{BenchCommand, Cli, Command, FormatArgs};
+use crate::cluster::master::MasterBound;
 use crate::cluster::up::{ClusterSpec, LocalCluster, STOP_WAIT_DEFAULT};
 use crate::output::Report;
 use crate::units::parse_duration;
@@ -265,6 +266,10 @@ fn cluster_rows(dir: &Path, duration: Duration) -> anyhow::Result<Vec<Row>> {
         eprintln!("bench report: cluster, {} KiB messages", size / 1024);
         let r = crate::bench::cluster::run(&ClusterBenchConfig {
             brokers: cluster.broker_addrs(),
+            connect: MasterBound {
+                timeout: CLUSTER_READY_WAIT,
+                flag: None,
+            },
             topic: "bench".into(),
             producers: 4,
             event_size: size,

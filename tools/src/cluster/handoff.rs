@@ -99,7 +99,7 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
     rt.block_on(async {
         let bound = MasterBound {
             timeout,
-            flag: "--timeout",
+            flag: Some("--timeout"),
         };
         let config = bound.discovery_config(DiscoveryConfig {
             conn: ConnConfig {

@@ -46,18 +46,20 @@ impl ConnectArgs {
     pub fn bound(&self) -> MasterBound {
         MasterBound {
             timeout: self.connect_timeout,
-            flag: "--connect-timeout",
+            flag: Some("--connect-timeout"),
         }
     }
 }
 
-/// How long a command looks for the master, and the flag that sets it (named in messages).
+/// How long a command looks for the master, and the flag that sets it (named in messages
+/// when there is one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MasterBound {
     /// How long to keep trying.
     pub timeout: Duration,
-    /// The command-line flag that sets `timeout`, e.g. `--connect-timeout`.
-    pub flag: &'static str,
+    /// The command-line flag that sets `timeout`, e.g. `--connect-timeout`; `None` for a
+    /// fixed bound (`quire bench report`'s own cluster).
+    pub flag: Option<&'static str>,
 }
 
 impl MasterBound {
@@ -80,9 +82,9 @@ impl MasterBound {
 /// No master was found within the bound.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "no master reachable within {} ({} sets it): {}",
+    "no master reachable within {}{}: {}",
     format_duration(.bound.timeout),
-    .bound.flag,
+    .bound.flag.map(|f| format!(" ({f} sets it)")).unwrap_or_default(),
     describe(.last, .brokers)
 )]
 pub struct NoMasterWithin {
@@ -161,10 +163,13 @@ pub async fn find_master_noting(
 #[must_use]
 pub fn unreachable_note(error: &ClientError, brokers: &[String], bound: MasterBound) -> String {
     format!(
-        "quire: cannot reach the master yet: {}; retrying for up to {} (set with {})",
+        "quire: cannot reach the master yet: {}; retrying for up to {}{}",
         describe(error, brokers),
         format_duration(bound.timeout),
-        bound.flag
+        bound
+            .flag
+            .map(|f| format!(" (set with {f})"))
+            .unwrap_or_default()
     )
 }
 
@@ -195,7 +200,7 @@ mod tests {
     fn bound(ms: u64) -> MasterBound {
         MasterBound {
             timeout: Duration::from_millis(ms),
-            flag: "--connect-timeout",
+            flag: Some("--connect-timeout"),
         }
     }
 
@@ -244,7 +249,7 @@ mod tests {
         let e = NoMasterWithin {
             bound: MasterBound {
                 timeout: Duration::from_secs(15),
-                flag: "--timeout",
+                flag: Some("--timeout"),
             },
             brokers: vec!["127.0.0.1:9".to_owned()],
             last: refused("127.0.0.1:9"),
@@ -254,6 +259,16 @@ mod tests {
             "no master reachable within 15s (--timeout sets it): connect to 127.0.0.1:9: \
              connection refused"
         );
+    }
+
+    #[test]
+    fn a_fixed_bound_names_no_flag() {
+        let fixed = MasterBound {
+            timeout: Duration::from_secs(60),
+            flag: None,
+        };
+        let note = unreachable_note(&refused("a:1"), &["a:1".to_owned()], fixed);
+        assert!(note.ends_with("retrying for up to 1m"), "{note}");
     }
 
     #[test]
