@@ -377,14 +377,16 @@ fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
     check_served(&mut c, &producer, first_end);
 }
 
-/// Retention by age: with `--retention-ms 300` and a producer that keeps writing, the
+/// Retention by age: with `--retention-ms 1500` and a producer that keeps writing, the
 /// cluster trims events older than that; the trim point shows in `quire_trim_point`, a
 /// fetch below it is `Trimmed`, and the newest acknowledged messages are all served.
 #[test]
 fn proc_retention_by_age_trims_old_events() {
     let mut cluster = Cluster::new(3, 1, Timing::default());
     cluster.set_store_config(STORE_CONFIG);
-    cluster.add_broker_args(&["--retention-ms", "300"]);
+    // Long enough that the fresh batch produced before the CLI checks outlives a `quire
+    // consume` started on a loaded machine (the cluster trims while idle too).
+    cluster.add_broker_args(&["--retention-ms", "1500"]);
     cluster.start_all();
     let master = cluster.settle();
     let mut producer = Producer {
@@ -419,6 +421,8 @@ fn proc_retention_by_age_trims_old_events() {
     }
     let first_now = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("trimmed");
     let first_now = check_served(&mut c, &producer, first_now);
+    // Messages younger than the retention period for the CLI to find.
+    producer.batch(&cluster);
     check_cli(&cluster, &producer, first_now);
 }
 
