@@ -10,18 +10,25 @@
 //!   (TCP pushes back on the peers) instead of allocating. A frame's buffer grows as its
 //!   bytes arrive, never to the length its header announces.
 //! - [`ReadSettings`]: those bounds as settings, with their defaults and limits.
+//! - [`ConnBytes`], [`OutFrame`], [`write_frames`]: the answering side. A connection's
+//!   byte bound covers each request from before it is served until its response's last
+//!   byte is written to the socket, so a peer that does not read its answers stops being
+//!   read instead of having responses queued for it without limit; a write that makes no
+//!   progress for [`WRITE_STALL_TIMEOUT`] fails.
 //! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`.
 //! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
 //!   following the read budget (large buffers mapped on their own, unmapped when freed).
 //!
 //! What it does not own: wire bytes (`quire-proto`, a pure codec), what a server does with
-//! a frame, how it answers (each server's writer), and which metrics it keeps.
+//! a frame, who answers it and through which queue (each server's), and which metrics it
+//! keeps.
 
 mod alloc;
 mod budget;
 mod metrics_http;
 mod reader;
 mod settings;
+mod writer;
 
 pub use alloc::{return_large_buffers_to_the_os, MMAP_THRESHOLD_BYTES};
 pub use budget::{BudgetMetrics, ReadBudget};
@@ -36,4 +43,7 @@ pub use settings::{
     ReadSettings, SettingError, IDLE_TIMEOUT_MS_DEFAULT, IDLE_TIMEOUT_MS_MIN,
     PARTIAL_FRAME_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_MAX, PARTIAL_FRAME_TIMEOUT_MS_MIN,
     READ_BUFFER_BYTES_MAX_DEFAULT,
+};
+pub use writer::{
+    write_frames, BytesHeld, ConnBytes, OutFrame, ResponseMetrics, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
