@@ -15,27 +15,33 @@
 //!   request id 0, and a peer that closes mid-frame ends it. Each is logged and counted in
 //!   `quire_rejected_frames_total{reason}`.
 //! - **Backpressure.** Every request holds an [`InFlight`] permit — its frame bytes (or a
-//!   read's byte bound) against `in_flight_bytes_per_connection_max`, and one of
-//!   `in_flight_requests_per_connection_max` — until its response is queued. While none is
-//!   free the reader stops reading the socket: a connection's unanswered work is bounded,
-//!   and nothing buffers without limit.
+//!   read's response bound) against `in_flight_bytes_per_connection_max`, and one of
+//!   `in_flight_requests_per_connection_max` — from before it is served until its
+//!   response's last byte is written to the socket: the permit travels with the response
+//!   into the writer's queue as a quire-net [`OutFrame`], fitted to the response's encoded
+//!   length. While none is free the reader stops reading the socket, so a peer that sends
+//!   requests and never reads the answers has at most that many bytes of requests and
+//!   responses held for it (`quire_response_bytes_queued` counts the queued responses of
+//!   all connections), and nothing buffers without limit.
 //! - **Writer.** Responses go through a bounded queue (`write_queue_frames_max`) to the
-//!   writer, which gathers them into vectored writes. Whoever answers (the store actor, a
-//!   read task) only ever `try_send`s: a full queue means the peer is not reading, and the
-//!   connection is closed rather than the store stalled. A write that makes no progress for
-//!   [`WRITE_STALL_TIMEOUT`] closes the connection too.
+//!   writer, which gathers them into vectored writes (quire-net's [`write_frames`]).
+//!   Whoever answers (the store actor, a read task) only ever `try_send`s: a full queue
+//!   means the peer is not reading, and the connection is closed rather than the store
+//!   stalled. A write that makes no progress for [`quire_net::WRITE_STALL_TIMEOUT`] closes the
+//!   connection too, and every permit its queued responses held goes back.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
-use quire_net::{FrameReader, ReadBudget, ReadError};
+use bytes::{Bytes, BytesMut};
+use quire_net::{
+    write_frames, BytesHeld, ConnBytes, FrameReader, OutFrame, ReadBudget, ReadError, IOV_MAX,
+};
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
-    ReadResponse, RequestId, FRAME_BYTES_MAX, HEADER_BYTES,
+    ReadResponse, RequestId, EVENT_OVERHEAD_BYTES, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_wal::{Wal, WalError};
 use tokio::io::AsyncWriteExt;
@@ -48,11 +54,6 @@ use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::store::{Command, StoreHandle};
 
-/// How long one socket write may make no progress before the connection is closed.
-pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Buffers handed to one vectored write at most (Linux's `IOV_MAX`).
-const IOV_MAX: usize = 1024;
 /// Bytes of a read response besides its events: first_offset, last, start, count.
 const READ_RESPONSE_FIXED_BYTES: usize = 8 + 17 + 8 + 4;
 
@@ -67,26 +68,27 @@ pub(crate) struct ConnContext {
     pub read_budget: ReadBudget,
 }
 
-/// The permits one request holds until its response is queued.
+/// The permits one request holds until its response is written to the socket.
 #[derive(Debug)]
 pub(crate) struct InFlight {
-    _bytes: OwnedSemaphorePermit,
-    _request: OwnedSemaphorePermit,
+    bytes: BytesHeld,
+    request: OwnedSemaphorePermit,
 }
 
 /// Sends responses to one connection's writer without ever waiting.
 #[derive(Clone, Debug)]
 pub(crate) struct Responder {
-    tx: mpsc::Sender<Vec<Bytes>>,
+    tx: mpsc::Sender<OutFrame>,
     close: Arc<watch::Sender<bool>>,
     metrics: Arc<Metrics>,
     peer: SocketAddr,
 }
 
 impl Responder {
-    /// Queues `body` as the response to `request_id`. If the queue is full (the peer does
-    /// not read), closes the connection instead.
-    pub(crate) fn send(&self, request_id: RequestId, body: Body) {
+    /// Queues `body` as the response to `request_id`, holding `in_flight` (fitted to the
+    /// response's length) until it is written. If the queue is full (the peer does not
+    /// read), closes the connection instead.
+    pub(crate) fn send(&self, request_id: RequestId, body: Body, in_flight: Option<InFlight>) {
         let mut scratch = BytesMut::new();
         let encoded = match encode_body(&body, &mut scratch) {
             Ok(e) => e,
@@ -108,7 +110,11 @@ impl Responder {
             &encoded.header(request_id, Flags::NONE),
         ));
         parts.extend(encoded.chunks().iter().cloned());
-        match self.tx.try_send(parts) {
+        let mut frame = OutFrame::new(parts, &self.metrics.responses);
+        if let Some(InFlight { bytes, request }) = in_flight {
+            frame = frame.holding(bytes).holding_permit(request);
+        }
+        match self.tx.try_send(frame) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 tracing::warn!(peer = %self.peer, "the peer does not read its responses: closing the connection");
@@ -120,18 +126,19 @@ impl Responder {
     }
 }
 
-/// Where one request's response goes; holds the request's in-flight permits until sent.
+/// Where one request's response goes; holds the request's in-flight permits, and hands
+/// them to the writer with the response.
 #[derive(Debug)]
 pub(crate) struct Reply {
     request_id: RequestId,
     to: Responder,
-    _in_flight: Option<InFlight>,
+    in_flight: Option<InFlight>,
 }
 
 impl Reply {
-    /// Queues the response and releases the request's permits.
+    /// Queues the response; the request's permits go back once it is written.
     pub(crate) fn send(self, body: impl Into<Body>) {
-        self.to.send(self.request_id, body.into());
+        self.to.send(self.request_id, body.into(), self.in_flight);
     }
 
     /// The peer's address.
@@ -153,9 +160,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: ConnContext)
     };
     let close = responder.close.clone();
     let reader = Reader {
-        bytes: Arc::new(Semaphore::new(
-            ctx.limits.in_flight_bytes_per_connection_max,
-        )),
+        bytes: ConnBytes::new(ctx.limits.in_flight_bytes_per_connection_max),
         requests: Arc::new(Semaphore::new(
             ctx.limits.in_flight_requests_per_connection_max,
         )),
@@ -173,7 +178,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: ConnContext)
 struct Reader {
     ctx: ConnContext,
     responder: Responder,
-    bytes: Arc<Semaphore>,
+    bytes: ConnBytes,
     requests: Arc<Semaphore>,
     closed: watch::Receiver<bool>,
     peer: SocketAddr,
@@ -203,7 +208,7 @@ impl Reader {
                 Err(e) => {
                     self.note_read_error(&e);
                     if let Some((request_id, answer)) = e.answer() {
-                        self.responder.send(request_id, answer.into());
+                        self.responder.send(request_id, answer.into(), None);
                     }
                     if !e.is_recoverable() {
                         return;
@@ -242,19 +247,10 @@ impl Reader {
     /// Waits for the in-flight permits of a request of `cost` bytes (the reader does not
     /// read meanwhile). `None` if the connection closed while waiting.
     async fn acquire(&mut self, cost: usize) -> Option<InFlight> {
-        let cost = cost.clamp(1, self.ctx.limits.in_flight_bytes_per_connection_max);
-        let cost =
-            u32::try_from(cost).expect("invariant: config caps the in-flight bytes at u32::MAX");
         let permits = async {
-            let bytes = self.bytes.clone().acquire_many_owned(cost).await;
-            let request = self.requests.clone().acquire_owned().await;
-            match (bytes, request) {
-                (Ok(b), Ok(r)) => Some(InFlight {
-                    _bytes: b,
-                    _request: r,
-                }),
-                _ => None,
-            }
+            let bytes = self.bytes.acquire(cost).await;
+            let request = self.requests.clone().acquire_owned().await.ok()?;
+            Some(InFlight { bytes, request })
         };
         tokio::select! {
             biased;
@@ -267,7 +263,7 @@ impl Reader {
         Reply {
             request_id,
             to: self.responder.clone(),
-            _in_flight: Some(in_flight),
+            in_flight: Some(in_flight),
         }
     }
 
@@ -292,11 +288,10 @@ impl Reader {
             }
             Body::ReadRequest(r) => {
                 metrics.request("read");
-                // A read's response may be far larger than its request: hold its byte
-                // bound instead (the frame's permits are swapped for the bigger ones).
+                // A read's response may be far larger than its request: hold its bound
+                // instead (the frame's permits are swapped for the bigger ones).
                 drop(in_flight);
-                let cost = (r.max_bytes as usize).min(self.ctx.limits.read_bytes_max)
-                    + READ_RESPONSE_FIXED_BYTES;
+                let cost = read_response_bytes_max(&r, &self.ctx.limits);
                 let Some(in_flight) = self.acquire(cost).await else {
                     return;
                 };
@@ -337,6 +332,18 @@ impl Reader {
             ));
         }
     }
+}
+
+/// The most bytes a response to `req` takes on the wire (header included): its payload
+/// bound, each event's overhead and the fixed fields, and never more than a frame. Only an
+/// event larger than the payload bound by itself (served alone) can exceed it.
+fn read_response_bytes_max(req: &ReadRequest, limits: &Limits) -> usize {
+    let max_events = (req.max_events as usize).min(limits.read_events_max);
+    let max_bytes = (req.max_bytes as usize).min(limits.read_bytes_max);
+    (HEADER_BYTES + READ_RESPONSE_FIXED_BYTES)
+        .saturating_add(max_bytes)
+        .saturating_add(max_events.saturating_mul(EVENT_OVERHEAD_BYTES))
+        .min(FRAME_BYTES_MAX)
 }
 
 /// Serves a read from the WAL's durable records (blocking: call on the blocking pool).
@@ -398,83 +405,100 @@ fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
 
 async fn write_loop(
     mut socket: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Vec<Bytes>>,
+    mut rx: mpsc::Receiver<OutFrame>,
     close: Arc<watch::Sender<bool>>,
     mut closed: watch::Receiver<bool>,
     peer: SocketAddr,
 ) {
-    let mut queue: VecDeque<Bytes> = VecDeque::new();
+    let mut queue: VecDeque<OutFrame> = VecDeque::new();
     loop {
-        let parts = tokio::select! {
+        let frame = tokio::select! {
             biased;
             _ = closed.wait_for(|c| *c) => break,
-            p = rx.recv() => match p {
-                Some(p) => p,
+            f = rx.recv() => match f {
+                Some(f) => f,
                 // Every sender is gone: the reader ended and every request is answered.
                 None => break,
             },
         };
-        queue.extend(parts);
+        queue.push_back(frame);
         while queue.len() < IOV_MAX {
             match rx.try_recv() {
-                Ok(p) => queue.extend(p),
+                Ok(f) => queue.push_back(f),
                 Err(_) => break,
             }
         }
         let written = tokio::select! {
             biased;
             _ = closed.wait_for(|c| *c) => break,
-            r = write_all_vectored(&mut socket, &mut queue) => r,
+            r = write_frames(&mut socket, &mut queue) => r,
         };
         if let Err(e) = written {
             tracing::debug!(%peer, error = %e, "write failed: closing the connection");
             break;
         }
     }
-    // Stop the reader too (it may be waiting for permits or bytes), and refuse further
-    // responses.
+    // Stop the reader too (it may be waiting for permits or bytes), refuse further
+    // responses, and give back the permits of those never written.
     close.send_replace(true);
     rx.close();
+    queue.clear();
+    while rx.try_recv().is_ok() {}
     let _ = tokio::time::timeout(Duration::from_secs(1), socket.shutdown()).await;
 }
 
-async fn write_all_vectored(w: &mut OwnedWriteHalf, queue: &mut VecDeque<Bytes>) -> io::Result<()> {
-    while !queue.is_empty() {
-        let written = {
-            let slices: Vec<IoSlice<'_>> = queue
-                .iter()
-                .take(IOV_MAX)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            match tokio::time::timeout(WRITE_STALL_TIMEOUT, w.write_vectored(&slices)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the peer took no bytes for too long",
-                    ))
-                }
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_proto::{encode, Epoch, Frame, Offset};
+
+    fn response(events: usize, payload_bytes: usize) -> usize {
+        let events = (0..events)
+            .map(|i| Event {
+                epoch: Epoch(1),
+                offset: Offset(i as u64),
+                kind: EventKind::Message,
+                payload: Bytes::from(vec![7u8; payload_bytes]),
+            })
+            .collect();
+        let body = ReadResponse {
+            first_offset: Offset(0),
+            last: Some(quire_proto::LogPosition {
+                epoch: Epoch(1),
+                offset: Offset(1),
+            }),
+            events,
         };
-        if written == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "the socket accepted no bytes",
-            ));
-        }
-        let mut left = written;
-        while left > 0 {
-            let front = queue
-                .front_mut()
-                .expect("invariant: written bytes came from queued buffers");
-            if front.len() <= left {
-                left -= front.len();
-                queue.pop_front();
-            } else {
-                front.advance(left);
-                left = 0;
-            }
-        }
+        let mut out = BytesMut::new();
+        encode(&Frame::new(RequestId(1), body), &mut out).expect("encodes");
+        out.len()
     }
-    Ok(())
+
+    /// A read holds its response's bound until the response is written, so the bound must
+    /// cover what `serve_read` can produce within the request's limits.
+    #[test]
+    fn a_read_response_fits_its_bound() {
+        let limits = Limits::default();
+        let req = |max_events: u32, max_bytes: u32| ReadRequest {
+            from: Offset(0),
+            max_events,
+            max_bytes,
+        };
+        // Many tiny events: the per-event overhead dominates.
+        let r = req(4096, 4096);
+        assert!(response(4096, 1) <= read_response_bytes_max(&r, &limits));
+        // Payload up to the byte bound.
+        let r = req(8, 8 * 1024);
+        assert!(response(8, 1024) <= read_response_bytes_max(&r, &limits));
+        // The limits cap what the request asks, and a frame caps everything.
+        let r = req(u32::MAX, u32::MAX);
+        let bound = read_response_bytes_max(&r, &limits);
+        assert!(bound <= FRAME_BYTES_MAX);
+        assert!(bound >= limits.read_bytes_max);
+        assert_eq!(
+            read_response_bytes_max(&req(0, 0), &limits),
+            HEADER_BYTES + READ_RESPONSE_FIXED_BYTES
+        );
+        assert!(response(0, 0) <= HEADER_BYTES + READ_RESPONSE_FIXED_BYTES);
+    }
 }

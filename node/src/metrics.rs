@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use quire_net::{BudgetMetrics, MetricsText};
+use quire_net::{BudgetMetrics, MetricsText, ResponseMetrics};
 use quire_wal::{Wal, FSYNC_US_BUCKETS};
 
 /// A label set with one label.
@@ -45,6 +45,8 @@ pub struct Metrics {
     pub connections_timed_out: Family<Label, Counter>,
     /// The read budget: bytes held, and reads that waited for it.
     pub read_budget: BudgetMetrics,
+    /// Bytes of responses queued and not yet written (`response_bytes_queued`).
+    pub responses: ResponseMetrics,
     /// Appends answered with a persisted ack.
     pub appends_persisted: Counter,
     /// Events in appends answered with a persisted ack.
@@ -85,6 +87,7 @@ impl Metrics {
             connections_dropped_slow: Counter::default(),
             connections_timed_out: Family::default(),
             read_budget: BudgetMetrics::default(),
+            responses: ResponseMetrics::default(),
             appends_persisted: Counter::default(),
             append_events: Counter::default(),
             append_bytes: Counter::default(),
@@ -129,6 +132,7 @@ impl Metrics {
             m.connections_timed_out.clone(),
         );
         m.read_budget.register(r);
+        m.responses.register(r);
         r.register(
             "appends_persisted",
             "Append requests answered with a persisted ack",
