@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use quire_net::{BudgetMetrics, MetricsText};
+use quire_net::{BudgetMetrics, MetricsText, ResponseMetrics};
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -87,6 +87,8 @@ pub struct Metrics {
     pub connections_timed_out: Family<Label, Counter>,
     /// The read budget: bytes held, and reads that waited for it.
     pub read_budget: BudgetMetrics,
+    /// Bytes of responses queued and not yet written (`response_bytes_queued`).
+    pub responses: ResponseMetrics,
     /// Takeovers that made this broker master (the first election included).
     pub failovers: Counter,
     /// From the last message of the previous master (or the takeover's start, for the
@@ -120,6 +122,7 @@ impl Metrics {
             rejected_frames: Family::default(),
             connections_timed_out: Family::default(),
             read_budget: BudgetMetrics::default(),
+            responses: ResponseMetrics::default(),
             failovers: Counter::default(),
             failover_duration: Histogram::new(FAILOVER_BUCKETS_S),
             step_downs: Counter::default(),
@@ -185,6 +188,7 @@ impl Metrics {
             m.connections_timed_out.clone(),
         );
         m.read_budget.register(r);
+        m.responses.register(r);
         r.register(
             "failovers",
             "Takeovers that made this broker master (the first election included)",

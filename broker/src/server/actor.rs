@@ -77,7 +77,15 @@ struct Waiter {
     reply: Responder,
     received: Instant,
     deadline: Instant,
-    _permits: Permits,
+    permits: Permits,
+}
+
+impl Waiter {
+    /// Answers the request; its permits go back once the answer is written (a fetch's
+    /// answer bytes among them).
+    fn answer(self, body: Body) {
+        self.reply.answer(self.request_id, body, self.permits);
+    }
 }
 
 /// What a pending batch of events is.
@@ -1853,7 +1861,7 @@ impl Actor {
                                 reply: r.reply,
                                 received: r.received,
                                 deadline,
-                                _permits: r.permits,
+                                permits: r.permits,
                             });
                         }
                         return None;
@@ -1979,7 +1987,7 @@ impl Actor {
                     reply: r.reply,
                     received: r.received,
                     deadline,
-                    _permits: r.permits,
+                    permits: r.permits,
                 }],
             },
         );
@@ -2065,7 +2073,7 @@ impl Actor {
             reply: r.reply,
             received: r.received,
             deadline: r.received + wait,
-            _permits: r.permits,
+            permits: r.permits,
         };
         self.serve_fetch(req, waiter, false);
     }
@@ -2073,7 +2081,7 @@ impl Actor {
     /// Answers a fetch from memory, from a store, or parks it until messages arrive.
     fn serve_fetch(&mut self, req: FetchRequest, waiter: Waiter, expired: bool) {
         if let Some(trimmed) = self.trimmed_answer(req.from_offset) {
-            waiter.reply.error(waiter.request_id, trimmed);
+            waiter.answer(trimmed.into());
             return;
         }
         let hwm = match &self.role {
@@ -2095,8 +2103,7 @@ impl Actor {
             let next = req
                 .from_offset
                 .max(self.state.applied().map_or(Offset::ZERO, Offset::next));
-            waiter.reply.send(
-                waiter.request_id,
+            waiter.answer(
                 FetchResponse {
                     hwm,
                     next_offset: next,
@@ -2130,8 +2137,7 @@ impl Actor {
             return;
         }
         let next_offset = messages.last().map_or(req.from_offset, |(o, _)| o.next());
-        waiter.reply.send(
-            waiter.request_id,
+        waiter.answer(
             FetchResponse {
                 hwm,
                 next_offset,
@@ -2166,12 +2172,12 @@ impl Actor {
         };
         let client = source.and_then(|s| self.slots[s.index()].client());
         let Some(client) = client else {
-            waiter.reply.error(
-                waiter.request_id,
+            waiter.answer(
                 ErrorResponse::new(
                     ErrorCode::Internal,
                     "no store can serve this range now; retry",
-                ),
+                )
+                .into(),
             );
             return;
         };
@@ -2184,9 +2190,9 @@ impl Actor {
             match client.read(first, span, READ_BYTES_MAX).await {
                 Ok(read) if read.events.is_empty() && read.first_offset > first => {
                     // Retention deleted the range on this store since the state was read.
-                    waiter.reply.error(
-                        waiter.request_id,
-                        ErrorResponse::trimmed(req.from_offset, read.first_offset.max(trim_point)),
+                    waiter.answer(
+                        ErrorResponse::trimmed(req.from_offset, read.first_offset.max(trim_point))
+                            .into(),
                     );
                 }
                 Ok(read) => {
@@ -2220,8 +2226,7 @@ impl Actor {
                         },
                         |(o, _): &(Offset, Bytes)| o.next(),
                     );
-                    waiter.reply.send(
-                        waiter.request_id,
+                    waiter.answer(
                         FetchResponse {
                             hwm,
                             next_offset,
@@ -2230,12 +2235,12 @@ impl Actor {
                         .into(),
                     );
                 }
-                Err(e) => waiter.reply.error(
-                    waiter.request_id,
+                Err(e) => waiter.answer(
                     ErrorResponse::new(
                         ErrorCode::Internal,
                         format!("reading a store failed: {e}; retry"),
-                    ),
+                    )
+                    .into(),
                 ),
             }
         });

@@ -7,8 +7,16 @@
 //! reader stops reading beyond it), and every produce holds permits of the broker-wide
 //! produce byte budget until it is answered — when the master's in-flight bound is
 //! reached, the actor stops taking produces, their permits are not returned, and readers
-//! stop reading producer sockets instead of buffering without limit. A peer that does not
-//! read its answers (its writer queue of [`WRITE_QUEUE_FRAMES_MAX`] fills) is disconnected.
+//! stop reading producer sockets instead of buffering without limit. Every fetch holds
+//! [`CONN_RESPONSE_BYTES_MAX`] permits of its connection — its answer's bound, fitted to
+//! the answer's encoded length once it is known — from before it reaches the actor until
+//! the answer's last byte is written to the socket (the permits travel with the answer into
+//! the writer's queue as a quire-net [`OutFrame`]). So a consumer that sends fetches and
+//! never reads the answers stops being read once that many bytes of answers wait for it,
+//! rather than having answers queued for it without limit (`quire_response_bytes_queued`
+//! counts the queued answers of all connections). A peer that does not read its answers is
+//! disconnected when its writer queue of [`WRITE_QUEUE_FRAMES_MAX`] fills, or when one write
+//! makes no progress for quire-net's [`quire_net::WRITE_STALL_TIMEOUT`].
 //!
 //! Reading goes through quire-net's [`FrameReader`]: bytes buffered for incoming frames
 //! count against the broker-wide read budget (`read_buffer_bytes_max`; readers pause
@@ -29,8 +37,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use quire_net::{FrameReader, ReadBudget, ReadError, ReadSettings};
-use quire_proto::{encode_body, Body, ErrorCode, ErrorResponse, Flags, RequestId};
+use quire_net::{
+    write_frames, BytesHeld, ConnBytes, FrameReader, OutFrame, ReadBudget, ReadError, ReadSettings,
+    IOV_MAX,
+};
+use quire_proto::{
+    encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, RequestId, FRAME_BYTES_MAX,
+    HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
+};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -40,26 +54,49 @@ use crate::metrics::Metrics;
 pub const CONN_REQUESTS_MAX: usize = 4096;
 /// Most answer frames queued for one connection's writer.
 pub const WRITE_QUEUE_FRAMES_MAX: usize = CONN_REQUESTS_MAX + 64;
+/// Bytes of fetch answers one connection may have in the making or queued and not yet
+/// written (each fetch holds its answer's bound until then; the reader stops reading
+/// beyond it). Four maximal frames.
+pub const CONN_RESPONSE_BYTES_MAX: usize = 4 * FRAME_BYTES_MAX;
+/// Bytes of a fetch answer besides its messages: hwm (1 + 8), next offset, count.
+const FETCH_RESPONSE_FIXED_BYTES: usize = 9 + 8 + 4;
+/// Bytes of a fetch answer per message besides its payload: offset, length.
+const FETCH_MESSAGE_OVERHEAD_BYTES: usize = 8 + 4;
 
-/// The permits a request holds until it is answered.
+const _: () = assert!(CONN_RESPONSE_BYTES_MAX >= FRAME_BYTES_MAX);
+
+/// The permits a request holds until it is answered (a fetch's answer bytes: until the
+/// answer is written).
 #[derive(Debug)]
 pub(crate) struct Permits {
-    _request: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
+    request: OwnedSemaphorePermit,
+    _produce_bytes: Option<OwnedSemaphorePermit>,
+    response_bytes: Option<BytesHeld>,
 }
 
 /// Sends answers on one inbound connection; cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct Responder {
     id: u64,
-    tx: mpsc::Sender<Vec<Bytes>>,
+    tx: mpsc::Sender<OutFrame>,
     kill: Arc<Notify>,
+    metrics: Arc<Metrics>,
 }
 
 impl Responder {
     /// Queues `body` as the answer to `request_id`. Never waits: a connection whose queue
     /// is full (the peer does not read) is closed.
     pub(crate) fn send(&self, request_id: RequestId, body: Body) {
+        self.send_holding(request_id, body, None);
+    }
+
+    /// Queues `body` as the answer to the request that holds `permits`: its request slot
+    /// and answer bytes go back once the answer is written (its produce bytes at once).
+    pub(crate) fn answer(&self, request_id: RequestId, body: Body, permits: Permits) {
+        self.send_holding(request_id, body, Some(permits));
+    }
+
+    fn send_holding(&self, request_id: RequestId, body: Body, permits: Option<Permits>) {
         let mut scratch = BytesMut::new();
         let encoded = match encode_body(&body, &mut scratch) {
             Ok(e) => e,
@@ -80,7 +117,14 @@ impl Responder {
             &encoded.header(request_id, Flags::NONE),
         ));
         parts.extend(encoded.chunks().iter().cloned());
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(parts) {
+        let mut frame = OutFrame::new(parts, &self.metrics.responses);
+        if let Some(p) = permits {
+            frame = frame.holding_permit(p.request);
+            if let Some(held) = p.response_bytes {
+                frame = frame.holding(held);
+            }
+        }
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(frame) {
             tracing::warn!(
                 conn = self.id,
                 "the peer does not read its answers: closing the connection"
@@ -143,8 +187,10 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
         id,
         tx,
         kill: kill.clone(),
+        metrics: shared.metrics.clone(),
     };
     let requests = Arc::new(Semaphore::new(CONN_REQUESTS_MAX));
+    let response_bytes = ConnBytes::new(CONN_RESPONSE_BYTES_MAX);
     let mut reader = FrameReader::new(r, shared.read_budget.clone(), &shared.read);
     loop {
         let next = tokio::select! {
@@ -182,6 +228,13 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
         let Ok(request) = requests.clone().acquire_owned().await else {
             break;
         };
+        let response_bytes = match &frame.body {
+            Body::FetchRequest(f) => tokio::select! {
+                held = response_bytes.acquire(fetch_response_bytes_max(f)) => Some(held),
+                () = kill.notified() => break,
+            },
+            _ => None,
+        };
         let bytes = match &frame.body {
             Body::ProduceRequest(p) => {
                 let want = produce_permit_bytes(p, shared.produce_bytes_max);
@@ -200,8 +253,9 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
             body: frame.body,
             reply: reply.clone(),
             permits: Permits {
-                _request: request,
-                _bytes: bytes,
+                request,
+                _produce_bytes: bytes,
+                response_bytes,
             },
             received,
         };
@@ -234,6 +288,18 @@ fn note_read_error(id: u64, peer: &str, e: &ReadError, metrics: &Metrics) {
     }
 }
 
+/// The most bytes an answer to `f` takes on the wire (header included): its payload bound,
+/// each message's overhead and the fixed fields, and never more than a frame. Only a
+/// message larger than the payload bound by itself (served alone) can exceed it.
+fn fetch_response_bytes_max(f: &FetchRequest) -> usize {
+    let messages = (f.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
+    let payload = (f.max_bytes as usize).clamp(1, super::actor::FETCH_BYTES_MAX);
+    (HEADER_BYTES + FETCH_RESPONSE_FIXED_BYTES)
+        .saturating_add(payload)
+        .saturating_add(messages.saturating_mul(FETCH_MESSAGE_OVERHEAD_BYTES))
+        .min(FRAME_BYTES_MAX)
+}
+
 /// The produce byte budget a request takes: its messages plus a fixed overhead per message
 /// (never more than the whole budget, so one maximal request always fits).
 fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
@@ -248,23 +314,62 @@ fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
 
 async fn write_loop(
     mut w: tokio::net::tcp::OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Vec<Bytes>>,
+    mut rx: mpsc::Receiver<OutFrame>,
     kill: Arc<Notify>,
     id: u64,
 ) {
-    let mut queue: VecDeque<Bytes> = VecDeque::new();
-    while let Some(parts) = rx.recv().await {
-        queue.extend(parts);
-        while queue.len() < quire_client::conn::IOV_MAX {
+    let mut queue: VecDeque<OutFrame> = VecDeque::new();
+    while let Some(frame) = rx.recv().await {
+        queue.push_back(frame);
+        while queue.len() < IOV_MAX {
             match rx.try_recv() {
-                Ok(parts) => queue.extend(parts),
+                Ok(frame) => queue.push_back(frame),
                 Err(_) => break,
             }
         }
-        if let Err(e) = quire_client::conn::write_all_vectored(&mut w, &mut queue).await {
+        if let Err(e) = write_frames(&mut w, &mut queue).await {
             tracing::debug!(conn = id, error = %e, "write failed: closing");
             kill.notify_one();
+            // Refuse further answers, and give back the permits of those never written.
+            rx.close();
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quire_proto::{encode, FetchResponse, Frame, Offset};
+
+    fn answer_bytes(messages: usize, payload_bytes: usize) -> usize {
+        let body = FetchResponse {
+            hwm: Some(Offset(u64::MAX)),
+            next_offset: Offset(1),
+            messages: (0..messages)
+                .map(|i| (Offset(i as u64), Bytes::from(vec![3u8; payload_bytes])))
+                .collect(),
+        };
+        let mut out = BytesMut::new();
+        encode(&Frame::new(RequestId(1), body), &mut out).expect("encodes");
+        out.len()
+    }
+
+    /// A fetch holds its answer's bound until the answer is written, so the bound must
+    /// cover what the actor can answer within the request's limits.
+    #[test]
+    fn a_fetch_answer_fits_its_bound() {
+        let req = |max_messages: u32, max_bytes: u32| FetchRequest {
+            topic: "t".to_owned(),
+            from_offset: Offset(0),
+            max_messages,
+            max_bytes,
+            wait_ms: 0,
+        };
+        assert!(answer_bytes(1000, 1) <= fetch_response_bytes_max(&req(1000, 1000)));
+        assert!(answer_bytes(4, 4096) <= fetch_response_bytes_max(&req(4, 4 * 4096)));
+        assert!(answer_bytes(0, 0) <= fetch_response_bytes_max(&req(0, 0)));
+        let big = fetch_response_bytes_max(&req(u32::MAX, u32::MAX));
+        assert!((super::super::actor::FETCH_BYTES_MAX..=FRAME_BYTES_MAX).contains(&big));
     }
 }

@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use quire_net::ReadBudget;
 
 pub use actor::{BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
-pub use conn::{CONN_REQUESTS_MAX, WRITE_QUEUE_FRAMES_MAX};
+pub use conn::{CONN_REQUESTS_MAX, CONN_RESPONSE_BYTES_MAX, WRITE_QUEUE_FRAMES_MAX};
 pub use recent::RECENT_BYTES_MAX_DEFAULT;
 pub use slots::{RECONNECT_BACKOFF_MAX, SLOT_QUEUE_MAX};
 
