@@ -12,6 +12,14 @@
 //! `--partial-frame-timeout-ms`; a store does the same (`[limits]`). These tests assert
 //! the server stays up, every produce or append is acknowledged, and its RSS stays under
 //! a bound derived from the budget (they print the RSS they saw).
+//!
+//! And peers that send large reads (a store) or fetches (a broker) and never read the
+//! answers. The story: a store freed a request's in-flight bytes once its response was
+//! queued, and its write queue was bounded in frames, not bytes; 150 reads of 8 MiB from
+//! one such peer took it to 1.46 GB RSS. A request's bytes now go back only once its
+//! response is written to the socket, so the reader stops reading that peer instead; the
+//! tests assert `quire_response_bytes_queued` and the RSS stay under the per-connection
+//! bound, that the server stopped reading the peer, and that it serves others meanwhile.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
@@ -21,10 +29,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use bytes::BytesMut;
 use quire_proto::{
-    decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, Frame, FrameHeader,
-    FrameType, LogPosition, MetadataRequest, Offset, RequestId, FRAME_BYTES_MAX, HEADER_BYTES,
+    decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, FetchRequest, Frame,
+    FrameHeader, FrameType, LogPosition, MetadataRequest, Offset, ProduceRequest, ReadRequest,
+    RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -618,4 +628,256 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
     assert!(failures.is_empty(), "appends failed: {failures:?}");
     assert!(during > 0, "no append was acknowledged during the attack");
     report.check("store", pid, &scrape_metrics(&metrics_addr));
+}
+
+/// Peers that send large requests and never read the answers, in the two tests below.
+const NON_READERS: usize = 2;
+/// Requests each of them sends.
+const UNREAD_REQUESTS: usize = 150;
+/// Payload bytes each request asks for.
+const UNREAD_REQUEST_BYTES: u32 = 8 << 20;
+/// How long the tests watch the server while the non-readers are connected.
+const NON_READER_WATCH: Duration = Duration::from_secs(8);
+/// Memory the RSS bound allows besides the per-connection bounds (runtime, allocator,
+/// a read's or fetch's buffers while it is assembled).
+const NON_READER_RSS_SLACK_BYTES: u64 = 48 * 1024 * 1024;
+
+/// What the server did while the non-readers were connected.
+#[derive(Debug)]
+struct NonReaderReport {
+    baseline_rss: u64,
+    rss_max: u64,
+    queued_max: f64,
+    /// The server's count of the requests it took, at the end of the watch.
+    requests_taken: f64,
+}
+
+/// Connects [`NON_READERS`] peers to `addr`, each sending [`UNREAD_REQUESTS`] copies of
+/// `request` and reading nothing; watches `pid`'s RSS and `quire_response_bytes_queued`
+/// for [`NON_READER_WATCH`], then checks another client is served (`probe`), closes the
+/// peers, and waits (bounded) for the queued bytes to go back to 0.
+fn flood_without_reading(
+    who: &str,
+    addr: &str,
+    pid: u32,
+    request: &Body,
+    requests_taken: &str,
+    scrape: &dyn Fn() -> String,
+    probe: &mut dyn FnMut(),
+) -> NonReaderReport {
+    let baseline_rss = rss_bytes(pid);
+    let mut peers = Vec::new();
+    for p in 0..NON_READERS {
+        let mut s = connect(addr);
+        let mut out = Vec::new();
+        for i in 0..UNREAD_REQUESTS {
+            out.extend(sound_frame(
+                (p * UNREAD_REQUESTS + i + 1) as u64,
+                request.clone(),
+            ));
+        }
+        s.write_all(&out)
+            .expect("the requests are small enough to send at once");
+        peers.push(s);
+    }
+    let started = Instant::now();
+    let mut rss_max = 0;
+    let mut queued_max = 0.0f64;
+    while started.elapsed() < NON_READER_WATCH {
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the {who} died"
+        );
+        rss_max = rss_max.max(rss_bytes(pid));
+        let queued = metric(&scrape(), "quire_response_bytes_queued");
+        queued_max = queued_max.max(queued);
+        if std::env::var_os("QUIRE_TEST_TRACE_RSS").is_some() {
+            eprintln!(
+                "{who} t={:?} rss={} MiB queued={} MiB",
+                started.elapsed(),
+                rss_bytes(pid) >> 20,
+                queued as u64 >> 20
+            );
+        }
+    }
+    let taken = metric(&scrape(), requests_taken);
+    probe();
+    drop(peers);
+    // The peers are gone: their unwritten responses are dropped and their bytes go back.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let queued = metric(&scrape(), "quire_response_bytes_queued");
+        if queued == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queued} bytes stayed queued after the peers closed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let report = NonReaderReport {
+        baseline_rss,
+        rss_max,
+        queued_max,
+        requests_taken: taken,
+    };
+    eprintln!(
+        "{who}: {NON_READERS} peers sent {UNREAD_REQUESTS} requests of {} MiB each and read nothing: \
+         {} requests taken, {} MiB of responses queued at most, RSS {} MiB before, {} MiB at most",
+        UNREAD_REQUEST_BYTES >> 20,
+        report.requests_taken,
+        report.queued_max as u64 >> 20,
+        report.baseline_rss >> 20,
+        report.rss_max >> 20,
+    );
+    report
+}
+
+impl NonReaderReport {
+    /// Asserts the server kept each non-reader within `conn_bytes_max`.
+    fn check(&self, conn_bytes_max: usize) {
+        let bound = (NON_READERS * conn_bytes_max) as f64;
+        assert!(
+            self.queued_max <= bound,
+            "{} bytes of responses were queued, above {NON_READERS} x {conn_bytes_max}",
+            self.queued_max
+        );
+        // Whole responses were waiting: the test did reach the bound's territory.
+        assert!(
+            self.queued_max >= f64::from(UNREAD_REQUEST_BYTES),
+            "only {} bytes of responses were ever queued",
+            self.queued_max
+        );
+        // The server stopped reading the peers rather than take every request.
+        assert!(
+            self.requests_taken < (NON_READERS * UNREAD_REQUESTS) as f64,
+            "the server took all {} requests",
+            self.requests_taken
+        );
+        let rss_bound = self.baseline_rss + bound as u64 + NON_READER_RSS_SLACK_BYTES;
+        assert!(
+            self.rss_max <= rss_bound,
+            "RSS reached {} bytes, above the bound {rss_bound}",
+            self.rss_max
+        );
+    }
+}
+
+/// A store's per-connection byte bound in the test below (`[limits]`).
+const STORE_CONN_BYTES_MAX: usize = 2 * FRAME_BYTES_MAX;
+
+/// Reads of 8 MiB sent to a store by peers that never read the answers: the store queues
+/// at most `in_flight_bytes_per_connection_max` of answers per peer and stops reading
+/// them, and still answers another client.
+#[test]
+fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
+    let mut cluster = Cluster::new(1, 1, Timing::default());
+    cluster.set_store_config(&format!(
+        "metrics_listen = \"127.0.0.1:0\"\n\
+         [limits]\nin_flight_bytes_per_connection_max = {STORE_CONN_BYTES_MAX}\n"
+    ));
+    cluster.stores[0].start();
+    let store = &cluster.stores[0];
+    let addr = store.addr.clone();
+    let proc = store.proc.as_ref().expect("the store runs");
+    let pid = proc.pid().expect("the store runs");
+    let metrics_addr = proc.metrics.clone().expect("the store serves metrics");
+
+    // 12 MiB of events, so every read is answered with its whole 8 MiB.
+    let mut c = Client::connect(&addr).expect("connects");
+    let event_bytes = 1 << 20;
+    for a in 0..3u64 {
+        let req = AppendRequest {
+            epoch: Epoch(3),
+            prev: (a > 0).then(|| LogPosition {
+                epoch: Epoch(3),
+                offset: Offset(a * 4 - 1),
+            }),
+            events: (a * 4..a * 4 + 4)
+                .map(|o| Event {
+                    epoch: Epoch(3),
+                    offset: Offset(o),
+                    kind: EventKind::Message,
+                    payload: Bytes::from(vec![o as u8; event_bytes]),
+                })
+                .collect(),
+            hwm: None,
+        };
+        match c.request(req).expect("append answered") {
+            Body::PersistedAck(a) => assert!(a.through_offset.is_some()),
+            other => panic!("append answered {other:?}"),
+        }
+    }
+    let read: Body = ReadRequest {
+        from: Offset(0),
+        max_events: 1000,
+        max_bytes: UNREAD_REQUEST_BYTES,
+    }
+    .into();
+    let report = flood_without_reading(
+        "store",
+        &addr,
+        pid,
+        &read,
+        "quire_requests_total{type=\"read\"}",
+        &|| scrape_metrics(&metrics_addr),
+        &mut || match c.request(TailRequest).expect("tail answered") {
+            Body::TailResponse(t) => assert_eq!(t.last.map(|p| p.offset), Some(Offset(11))),
+            other => panic!("tail answered {other:?}"),
+        },
+    );
+    report.check(STORE_CONN_BYTES_MAX);
+}
+
+/// Fetches of 8 MiB sent to the master by consumers that never read the answers: the
+/// broker queues at most `CONN_RESPONSE_BYTES_MAX` of answers per consumer and stops
+/// reading them, and a producer is still acknowledged.
+#[test]
+fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let pid = cluster.broker(1).pid().expect("the broker runs");
+
+    // 10 MiB of messages in the broker's recent window, so every fetch is answered with
+    // (nearly) its whole 8 MiB.
+    let message_bytes = 256 * 1024;
+    for r in 0..5u64 {
+        cluster.produce_acked(&ProduceRequest {
+            topic: "big".into(),
+            producer_id: 7,
+            sequence: r * 8,
+            messages: (0..8)
+                .map(|i| Bytes::from(vec![i as u8; message_bytes]))
+                .collect(),
+        });
+    }
+    let fetch: Body = FetchRequest {
+        topic: "big".into(),
+        from_offset: Offset(0),
+        max_messages: 1000,
+        max_bytes: UNREAD_REQUEST_BYTES,
+        wait_ms: 0,
+    }
+    .into();
+    let broker = &cluster.brokers[0];
+    let mut c = Client::connect(&addr).expect("connects");
+    let report = flood_without_reading(
+        "broker",
+        &addr,
+        pid,
+        &fetch,
+        "quire_fetch_requests_total",
+        &|| broker.scrape(),
+        &mut || {
+            let answer = c
+                .request(produce_request("small", 8, 0, 3))
+                .map(produce_answer);
+            assert!(matches!(answer, Ok(Ok(_))), "{answer:?}");
+        },
+    );
+    report.check(quire_broker::server::CONN_RESPONSE_BYTES_MAX);
 }
