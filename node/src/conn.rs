@@ -15,7 +15,7 @@
 //!   request id 0, and a peer that closes mid-frame ends it. Each is logged and counted in
 //!   `quire_rejected_frames_total{reason}`.
 //! - **Backpressure.** Every request holds an [`InFlight`] permit — its frame bytes (or a
-//!   read's response bound) against `in_flight_bytes_per_connection_max`, and one of
+//!   read's response bound: a whole frame, as one event may be that large) against `in_flight_bytes_per_connection_max`, and one of
 //!   `in_flight_requests_per_connection_max` — from before it is served until its
 //!   response's last byte is written to the socket: the permit travels with the response
 //!   into the writer's queue as a quire-net [`OutFrame`], fitted to the response's encoded
@@ -41,7 +41,8 @@ use quire_net::{
 };
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
-    ReadResponse, RequestId, EVENT_OVERHEAD_BYTES, FRAME_BYTES_MAX, HEADER_BYTES,
+    ReadResponse, RequestId, EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX,
+    HEADER_BYTES,
 };
 use quire_wal::{Wal, WalError};
 use tokio::io::AsyncWriteExt;
@@ -334,12 +335,19 @@ impl Reader {
     }
 }
 
-/// The most bytes a response to `req` takes on the wire (header included): its payload
-/// bound, each event's overhead and the fixed fields, and never more than a frame. Only an
-/// event larger than the payload bound by itself (served alone) can exceed it.
+/// The most bytes a response to `req` takes on the wire (header included): its payload,
+/// each event's overhead and the fixed fields, never more than a frame (`serve_read` builds
+/// none larger). A read returns at least one event whatever its byte bound, and one event
+/// may carry up to `EVENT_PAYLOAD_BYTES_MAX`, so any read that may return an event is
+/// bounded by a whole frame; its charge shrinks to the response's real length once encoded.
 fn read_response_bytes_max(req: &ReadRequest, limits: &Limits) -> usize {
     let max_events = (req.max_events as usize).min(limits.read_events_max);
-    let max_bytes = (req.max_bytes as usize).min(limits.read_bytes_max);
+    if max_events == 0 {
+        return HEADER_BYTES + READ_RESPONSE_FIXED_BYTES;
+    }
+    let max_bytes = (req.max_bytes as usize)
+        .min(limits.read_bytes_max)
+        .max(EVENT_PAYLOAD_BYTES_MAX);
     (HEADER_BYTES + READ_RESPONSE_FIXED_BYTES)
         .saturating_add(max_bytes)
         .saturating_add(max_events.saturating_mul(EVENT_OVERHEAD_BYTES))
@@ -490,11 +498,15 @@ mod tests {
         // Payload up to the byte bound.
         let r = req(8, 8 * 1024);
         assert!(response(8, 1024) <= read_response_bytes_max(&r, &limits));
+        // One event larger than the byte bound is still served (alone): the story of a
+        // read asking for 1 byte over 1 MiB events, whose tiny charge let a peer that never
+        // read pile up whole responses.
+        let r = req(1, 1);
+        assert!(response(1, EVENT_PAYLOAD_BYTES_MAX) <= read_response_bytes_max(&r, &limits));
         // The limits cap what the request asks, and a frame caps everything.
         let r = req(u32::MAX, u32::MAX);
         let bound = read_response_bytes_max(&r, &limits);
-        assert!(bound <= FRAME_BYTES_MAX);
-        assert!(bound >= limits.read_bytes_max);
+        assert_eq!(bound, FRAME_BYTES_MAX);
         assert_eq!(
             read_response_bytes_max(&req(0, 0), &limits),
             HEADER_BYTES + READ_RESPONSE_FIXED_BYTES
