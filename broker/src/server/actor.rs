@@ -21,6 +21,7 @@
 //! stays a slave until a master's stream teaches it the voters.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -175,6 +176,8 @@ pub(crate) struct Actor {
     last_master_contact: Option<Instant>,
     internal_tx: mpsc::Sender<Internal>,
     metrics: Arc<Metrics>,
+    /// See [`ActorInit::message_event_bytes_max`].
+    message_event_bytes_max: Arc<AtomicUsize>,
     start: Instant,
     fetch_waiters: Vec<FetchWaiter>,
     limits: ReplicationLimits,
@@ -215,6 +218,9 @@ pub(crate) struct ActorInit {
     pub(crate) slots: Vec<SlotHandle>,
     pub(crate) internal_tx: mpsc::Sender<Internal>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Raised to the payload length of every message event applied (shared with the
+    /// connection readers, who bound a fetch's answer by it).
+    pub(crate) message_event_bytes_max: Arc<AtomicUsize>,
 }
 
 fn to_proto_event(e: &Event) -> quire_proto::Event {
@@ -264,6 +270,7 @@ impl Actor {
             slots,
             internal_tx,
             metrics,
+            message_event_bytes_max,
         } = init;
         let store_count = cfg.stores.len();
         let identities = cluster_file.identities_by_slot();
@@ -299,6 +306,7 @@ impl Actor {
             last_master_contact: None,
             internal_tx,
             metrics,
+            message_event_bytes_max,
             start: Instant::now(),
             fetch_waiters: Vec::new(),
             limits: ReplicationLimits::default(),
@@ -705,6 +713,10 @@ impl Actor {
                     None => continue,
                 }
             };
+            if matches!(applied, Applied::Message { .. }) {
+                self.message_event_bytes_max
+                    .fetch_max(e.payload.len(), Ordering::Relaxed);
+            }
             match applied {
                 Applied::Message { topic } if !self.fetch_waiters.is_empty() => {
                     touched.insert(topic);

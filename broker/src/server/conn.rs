@@ -8,7 +8,8 @@
 //! produce byte budget until it is answered — when the master's in-flight bound is
 //! reached, the actor stops taking produces, their permits are not returned, and readers
 //! stop reading producer sockets instead of buffering without limit. Every fetch holds
-//! [`CONN_RESPONSE_BYTES_MAX`] permits of its connection — its answer's bound, fitted to
+//! [`CONN_RESPONSE_BYTES_MAX`] permits of its connection — its answer's bound (its byte
+//! bound, at least the largest message applied so far, plus per-message overhead), fitted to
 //! the answer's encoded length once it is known — from before it reaches the actor until
 //! the answer's last byte is written to the socket (the permits travel with the answer into
 //! the writer's queue as a quire-net [`OutFrame`]). So a consumer that sends fetches and
@@ -32,7 +33,7 @@
 //! other connection.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -167,6 +168,8 @@ pub(crate) struct ConnShared {
     pub(crate) read_budget: ReadBudget,
     /// Timeouts of the readers.
     pub(crate) read: ReadSettings,
+    /// The largest message event applied so far, in payload bytes (kept by the actor).
+    pub(crate) message_event_bytes_max: Arc<AtomicUsize>,
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
@@ -230,7 +233,10 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
         };
         let response_bytes = match &frame.body {
             Body::FetchRequest(f) => tokio::select! {
-                held = response_bytes.acquire(fetch_response_bytes_max(f)) => Some(held),
+                held = response_bytes.acquire(fetch_response_bytes_max(
+                    f,
+                    shared.message_event_bytes_max.load(Ordering::Relaxed),
+                )) => Some(held),
                 () = kill.notified() => break,
             },
             _ => None,
@@ -289,11 +295,16 @@ fn note_read_error(id: u64, peer: &str, e: &ReadError, metrics: &Metrics) {
 }
 
 /// The most bytes an answer to `f` takes on the wire (header included): its payload bound,
-/// each message's overhead and the fixed fields, and never more than a frame. Only a
-/// message larger than the payload bound by itself (served alone) can exceed it.
-fn fetch_response_bytes_max(f: &FetchRequest) -> usize {
+/// each message's overhead and the fixed fields, and never more than a frame. An answer
+/// carries at least one message whatever its byte bound, so the payload bound is at least
+/// `message_event_bytes_max`, the largest message event applied so far (a message is
+/// shorter than its event). Only a message larger than any applied when the fetch arrived
+/// (produced meanwhile, or older than this broker's restart) can exceed the bound.
+fn fetch_response_bytes_max(f: &FetchRequest, message_event_bytes_max: usize) -> usize {
     let messages = (f.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
-    let payload = (f.max_bytes as usize).clamp(1, super::actor::FETCH_BYTES_MAX);
+    let payload = (f.max_bytes as usize)
+        .clamp(1, super::actor::FETCH_BYTES_MAX)
+        .max(message_event_bytes_max);
     (HEADER_BYTES + FETCH_RESPONSE_FIXED_BYTES)
         .saturating_add(payload)
         .saturating_add(messages.saturating_mul(FETCH_MESSAGE_OVERHEAD_BYTES))
@@ -366,10 +377,14 @@ mod tests {
             max_bytes,
             wait_ms: 0,
         };
-        assert!(answer_bytes(1000, 1) <= fetch_response_bytes_max(&req(1000, 1000)));
-        assert!(answer_bytes(4, 4096) <= fetch_response_bytes_max(&req(4, 4 * 4096)));
-        assert!(answer_bytes(0, 0) <= fetch_response_bytes_max(&req(0, 0)));
-        let big = fetch_response_bytes_max(&req(u32::MAX, u32::MAX));
+        assert!(answer_bytes(1000, 1) <= fetch_response_bytes_max(&req(1000, 1000), 1));
+        assert!(answer_bytes(4, 4096) <= fetch_response_bytes_max(&req(4, 4 * 4096), 4096));
+        assert!(answer_bytes(0, 0) <= fetch_response_bytes_max(&req(0, 0), 0));
+        // One message larger than the byte bound is still served (alone): the story of a
+        // fetch asking for 1 byte over 1 MiB messages, whose tiny charge let a consumer that
+        // never read pile up whole answers.
+        assert!(answer_bytes(1, 1 << 20) <= fetch_response_bytes_max(&req(10, 1), 1 << 20));
+        let big = fetch_response_bytes_max(&req(u32::MAX, u32::MAX), usize::MAX);
         assert!((super::super::actor::FETCH_BYTES_MAX..=FRAME_BYTES_MAX).contains(&big));
     }
 }

@@ -20,6 +20,7 @@ mod recent;
 mod slots;
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,6 +123,7 @@ impl Broker {
             "broker starting as a slave"
         );
         let cfg = Arc::new(config);
+        let message_event_bytes_max = Arc::new(AtomicUsize::new(0));
         let actor = actor::Actor::new(actor::ActorInit {
             cfg: cfg.clone(),
             cluster_file,
@@ -129,6 +131,7 @@ impl Broker {
             slots: slot_handles,
             internal_tx,
             metrics: metrics.clone(),
+            message_event_bytes_max: message_event_bytes_max.clone(),
         });
         let actor = tokio::spawn(actor.run(request_rx, internal_rx));
         let shared = conn::ConnShared {
@@ -141,6 +144,7 @@ impl Broker {
                 metrics.read_budget.clone(),
             ),
             read: cfg.read,
+            message_event_bytes_max,
         };
         tasks.push(tokio::spawn(accept_loop(listener, shared)));
         Ok(Broker {
