@@ -630,11 +630,13 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
     report.check("store", pid, &scrape_metrics(&metrics_addr));
 }
 
-/// Peers that send large requests and never read the answers, in the two tests below.
+/// Peers that send large requests and never read the answers, in the two tests below: one
+/// asks for [`UNREAD_REQUEST_BYTES`] per answer, the other for 1 byte (an answer carries
+/// at least one event or message, whatever the request's byte bound).
 const NON_READERS: usize = 2;
 /// Requests each of them sends.
 const UNREAD_REQUESTS: usize = 150;
-/// Payload bytes each request asks for.
+/// Payload bytes each request of the first non-reader asks for.
 const UNREAD_REQUEST_BYTES: u32 = 8 << 20;
 /// How long the tests watch the server while the non-readers are connected.
 const NON_READER_WATCH: Duration = Duration::from_secs(8);
@@ -653,21 +655,21 @@ struct NonReaderReport {
 }
 
 /// Connects [`NON_READERS`] peers to `addr`, each sending [`UNREAD_REQUESTS`] copies of
-/// `request` and reading nothing; watches `pid`'s RSS and `quire_response_bytes_queued`
+/// its own of `requests` and reading nothing; watches `pid`'s RSS and `quire_response_bytes_queued`
 /// for [`NON_READER_WATCH`], then checks another client is served (`probe`), closes the
 /// peers, and waits (bounded) for the queued bytes to go back to 0.
 fn flood_without_reading(
     who: &str,
     addr: &str,
     pid: u32,
-    request: &Body,
+    requests: &[Body; NON_READERS],
     requests_taken: &str,
     scrape: &dyn Fn() -> String,
     probe: &mut dyn FnMut(),
 ) -> NonReaderReport {
     let baseline_rss = rss_bytes(pid);
     let mut peers = Vec::new();
-    for p in 0..NON_READERS {
+    for (p, request) in requests.iter().enumerate() {
         let mut s = connect(addr);
         let mut out = Vec::new();
         for i in 0..UNREAD_REQUESTS {
@@ -724,7 +726,7 @@ fn flood_without_reading(
         requests_taken: taken,
     };
     eprintln!(
-        "{who}: {NON_READERS} peers sent {UNREAD_REQUESTS} requests of {} MiB each and read nothing: \
+        "{who}: {NON_READERS} peers sent {UNREAD_REQUESTS} requests each (for {} MiB, for 1 byte) and read nothing: \
          {} requests taken, {} MiB of responses queued at most, RSS {} MiB before, {} MiB at most",
         UNREAD_REQUEST_BYTES >> 20,
         report.requests_taken,
@@ -768,7 +770,7 @@ impl NonReaderReport {
 /// A store's per-connection byte bound in the test below (`[limits]`).
 const STORE_CONN_BYTES_MAX: usize = 2 * FRAME_BYTES_MAX;
 
-/// Reads of 8 MiB sent to a store by peers that never read the answers: the store queues
+/// Reads of 8 MiB (and of 1 byte, over 1 MiB events) sent to a store by peers that never read the answers: the store queues
 /// at most `in_flight_bytes_per_connection_max` of answers per peer and stops reading
 /// them, and still answers another client.
 #[test]
@@ -810,17 +812,19 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
             other => panic!("append answered {other:?}"),
         }
     }
-    let read: Body = ReadRequest {
-        from: Offset(0),
-        max_events: 1000,
-        max_bytes: UNREAD_REQUEST_BYTES,
-    }
-    .into();
+    let read = |max_bytes| -> Body {
+        ReadRequest {
+            from: Offset(0),
+            max_events: 1000,
+            max_bytes,
+        }
+        .into()
+    };
     let report = flood_without_reading(
         "store",
         &addr,
         pid,
-        &read,
+        &[read(UNREAD_REQUEST_BYTES), read(1)],
         "quire_requests_total{type=\"read\"}",
         &|| scrape_metrics(&metrics_addr),
         &mut || match c.request(TailRequest).expect("tail answered") {
@@ -831,7 +835,7 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
     report.check(STORE_CONN_BYTES_MAX);
 }
 
-/// Fetches of 8 MiB sent to the master by consumers that never read the answers: the
+/// Fetches of 8 MiB (and of 1 byte, over 256 KiB messages) sent to the master by consumers that never read the answers: the
 /// broker queues at most `CONN_RESPONSE_BYTES_MAX` of answers per consumer and stops
 /// reading them, and a producer is still acknowledged.
 #[test]
@@ -855,21 +859,23 @@ fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
                 .collect(),
         });
     }
-    let fetch: Body = FetchRequest {
-        topic: "big".into(),
-        from_offset: Offset(0),
-        max_messages: 1000,
-        max_bytes: UNREAD_REQUEST_BYTES,
-        wait_ms: 0,
-    }
-    .into();
+    let fetch = |max_bytes| -> Body {
+        FetchRequest {
+            topic: "big".into(),
+            from_offset: Offset(0),
+            max_messages: 1000,
+            max_bytes,
+            wait_ms: 0,
+        }
+        .into()
+    };
     let broker = &cluster.brokers[0];
     let mut c = Client::connect(&addr).expect("connects");
     let report = flood_without_reading(
         "broker",
         &addr,
         pid,
-        &fetch,
+        &[fetch(UNREAD_REQUEST_BYTES), fetch(1)],
         "quire_fetch_requests_total",
         &|| broker.scrape(),
         &mut || {
