@@ -15,6 +15,10 @@
 //!   byte is written to the socket, so a peer that does not read its answers stops being
 //!   read instead of having responses queued for it without limit; a write that makes no
 //!   progress for [`WRITE_STALL_TIMEOUT`] fails.
+//! - [`ConnectionLimit`] and [`Acceptor`]: the bound on open connections
+//!   (`connections_max` plus a small reserve for cluster peers), the refusal of
+//!   connections beyond it, and an accept loop that never spins on `accept()` errors;
+//!   [`fit_open_files_limit`] checks it against `RLIMIT_NOFILE` at start.
 //! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`.
 //! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
 //!   following the read budget (large buffers mapped on their own, unmapped when freed).
@@ -25,6 +29,7 @@
 
 mod alloc;
 mod budget;
+mod connections;
 mod metrics_http;
 mod reader;
 mod settings;
@@ -32,6 +37,13 @@ mod writer;
 
 pub use alloc::{return_large_buffers_to_the_os, MMAP_THRESHOLD_BYTES};
 pub use budget::{BudgetMetrics, ReadBudget};
+pub use connections::{
+    fit_open_files_limit, is_peer_frame, peer_reserve_error, plan_open_files, refusal_error,
+    AcceptMetrics, Acceptor, ConnectionLimit, ConnectionPermit, OpenFilesPlan, Throttle,
+    ACCEPT_ERROR_BACKOFF, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT, OWN_FDS_RESERVE,
+    PEER_CONNECTIONS_RESERVE, PEER_FIRST_FRAME_TIMEOUT, REFUSAL_LOG_INTERVAL,
+    REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE,
+};
 pub use metrics_http::{
     serve_metrics, MetricsText, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX, HTTP_TIMEOUT,
 };

@@ -8,7 +8,7 @@
 //! log_format = "json"                       # or "pretty"
 //!
 //! [limits]
-//! connections_max = 4096
+//! connections_max = 10000                  # more get Overloaded and are closed (64 more kept for brokers)
 //! in_flight_bytes_per_connection_max = 67108864
 //! in_flight_requests_per_connection_max = 4096
 //! write_queue_frames_max = 4160
@@ -43,8 +43,10 @@ use serde::Deserialize;
 
 use crate::cli::{LogFormat, RunArgs};
 
-/// Default most connections open at once; more are accepted and closed at once.
-pub const CONNECTIONS_MAX: usize = 4096;
+/// Default most connections open at once ([`quire_net::CONNECTIONS_MAX_DEFAULT`]); beyond
+/// it, [`quire_net::PEER_CONNECTIONS_RESERVE`] more are kept for brokers, and the rest are
+/// answered `Overloaded` and closed at once.
+pub const CONNECTIONS_MAX: usize = quire_net::CONNECTIONS_MAX_DEFAULT;
 /// Default most request bytes one connection may have unanswered (appends waiting for
 /// their fsync, reads being served); the node stops reading that connection beyond it.
 /// At least one maximal frame always fits.
@@ -286,6 +288,12 @@ impl NodeConfig {
             bail!(
                 "limits.in_flight_bytes_per_connection_max must be between FRAME_BYTES_MAX ({FRAME_BYTES_MAX}) and {}",
                 u32::MAX
+            );
+        }
+        if l.connections_max > quire_net::CONNECTIONS_MAX_LIMIT {
+            bail!(
+                "limits.connections_max must be at most {}",
+                quire_net::CONNECTIONS_MAX_LIMIT
             );
         }
         if l.read_events_max > EVENTS_PER_FRAME_MAX {

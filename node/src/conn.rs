@@ -14,6 +14,12 @@
 //!   header (the stream is out of sync) ends the connection after an `ErrorResponse` with
 //!   request id 0, and a peer that closes mid-frame ends it. Each is logged and counted in
 //!   `quire_rejected_frames_total{reason}`.
+//! - **Place.** The connection holds a place in the node's connection bound
+//!   (`limits.connections_max`, quire-net's [`quire_net::ConnectionLimit`]) until it ends.
+//!   A place taken from the peer reserve (the pool was full) must open with a cluster
+//!   frame (append, fence, read, tail, heartbeat) within quire-net's
+//!   `PEER_FIRST_FRAME_TIMEOUT`, or the connection gets an `ErrorResponse` `Overloaded`
+//!   (request id 0) and is closed.
 //! - **Backpressure.** Every request holds an [`InFlight`] permit — its frame bytes (or a
 //!   read's response bound: a whole frame, as one event may be that large) against `in_flight_bytes_per_connection_max`, and one of
 //!   `in_flight_requests_per_connection_max` — from before it is served until its
@@ -37,7 +43,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use quire_net::{
-    write_frames, BytesHeld, ConnBytes, FrameReader, OutFrame, ReadBudget, ReadError, IOV_MAX,
+    write_frames, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
+    ReadError, IOV_MAX,
 };
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
@@ -148,8 +155,15 @@ impl Reply {
     }
 }
 
-/// Serves one accepted connection until it closes.
-pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: ConnContext) {
+/// Serves one accepted connection until it closes; `permit` holds its place in the
+/// connection bound (a reserve place must open with a cluster frame, see quire-net's
+/// [`ConnectionPermit`]).
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    permit: ConnectionPermit,
+    ctx: ConnContext,
+) {
     let (read_half, write_half) = stream.into_split();
     let (tx, rx) = mpsc::channel(ctx.limits.write_queue_frames_max);
     let (close, closed) = watch::channel(false);
@@ -169,6 +183,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: ConnContext)
         closed: closed.clone(),
         ctx,
         peer,
+        permit,
     };
     tokio::join!(
         reader.run(read_half),
@@ -183,6 +198,7 @@ struct Reader {
     requests: Arc<Semaphore>,
     closed: watch::Receiver<bool>,
     peer: SocketAddr,
+    permit: ConnectionPermit,
 }
 
 impl Reader {
@@ -197,9 +213,21 @@ impl Reader {
                 biased;
                 _ = self.closed.wait_for(|c| *c) => return,
                 next = reader.next() => next,
+                () = self.permit.first_frame_overdue() => {
+                    let e = self.permit.first_frame_timed_out(self.peer);
+                    self.responder.send(RequestId::CONNECTION, e.into(), None);
+                    return;
+                }
             };
             match next {
                 Ok(received) => {
+                    if let Err(e) = self
+                        .permit
+                        .check_frame(received.frame.frame_type(), self.peer)
+                    {
+                        self.responder.send(RequestId::CONNECTION, e.into(), None);
+                        return;
+                    }
                     let Some(in_flight) = self.acquire(received.frame_bytes).await else {
                         return;
                     };

@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use quire_net::{BudgetMetrics, MetricsText, ResponseMetrics};
+use quire_net::{AcceptMetrics, BudgetMetrics, MetricsText, ResponseMetrics};
 use quire_wal::{Wal, FSYNC_US_BUCKETS};
 
 /// A label set with one label.
@@ -36,8 +36,9 @@ pub struct Metrics {
     pub connections_open: Gauge,
     /// Connections accepted since start.
     pub connections_accepted: Counter,
-    /// Connections closed at once because `connections_max` were open.
-    pub connections_refused: Counter,
+    /// Connections closed at once (by reason), and failed `accept()` calls
+    /// (`quire_connections_refused_total{reason}`, `quire_accept_errors_total`).
+    pub accept: AcceptMetrics,
     /// Connections closed by the node because the peer did not read its responses.
     pub connections_dropped_slow: Counter,
     /// Connections closed because a frame did not complete in time
@@ -83,7 +84,7 @@ impl Metrics {
         let m = Metrics {
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
-            connections_refused: Counter::default(),
+            accept: AcceptMetrics::default(),
             connections_dropped_slow: Counter::default(),
             connections_timed_out: Family::default(),
             read_budget: BudgetMetrics::default(),
@@ -116,11 +117,7 @@ impl Metrics {
             "Client connections accepted",
             m.connections_accepted.clone(),
         );
-        r.register(
-            "connections_refused",
-            "Connections closed at once because connections_max were open",
-            m.connections_refused.clone(),
-        );
+        m.accept.register(r);
         r.register(
             "connections_dropped_slow",
             "Connections closed because the peer did not read its responses",

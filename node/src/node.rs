@@ -16,7 +16,7 @@ use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::tail_cut;
-use quire_net::ReadBudget;
+use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
 /// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -162,10 +162,29 @@ impl Node {
                 metrics.read_budget.clone(),
             ),
         };
-        let accept = tokio::spawn(accept_loop(listener, ctx, config.socket.clone()));
+        let connections_max = quire_net::fit_open_files_limit(
+            config.limits.connections_max,
+            PEER_CONNECTIONS_RESERVE,
+        );
+        let limit = ConnectionLimit::new(
+            connections_max,
+            PEER_CONNECTIONS_RESERVE,
+            metrics.accept.clone(),
+        );
+        let accept = tokio::spawn(accept_loop(
+            Acceptor::new(listener, limit),
+            ctx,
+            config.socket.clone(),
+        ));
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(quire_net::serve_metrics(l, metrics.clone())));
-        tracing::info!(%local_addr, ?metrics_addr, "serving");
+        tracing::info!(
+            %local_addr,
+            ?metrics_addr,
+            connections_max,
+            peer_reserve = PEER_CONNECTIONS_RESERVE,
+            "serving"
+        );
         Ok(Node {
             local_addr,
             metrics_addr,
@@ -274,36 +293,25 @@ fn configure(stream: &TcpStream, settings: &SocketSettings) -> std::io::Result<(
     Ok(())
 }
 
-async fn accept_loop(listener: TcpListener, ctx: ConnContext, socket: SocketSettings) {
+/// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
+/// refused, and a failed `accept()` pauses the loop) and serves each on its own task;
+/// aborting this task aborts every connection.
+async fn accept_loop(mut acceptor: Acceptor, ctx: ConnContext, socket: SocketSettings) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // EMFILE and friends: back off a little rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                if connections.len() >= ctx.limits.connections_max {
-                    tracing::warn!(%peer, open = connections.len(), "too many connections: closing the new one");
-                    ctx.metrics.connections_refused.inc();
-                    continue;
-                }
+            (stream, peer, permit) = acceptor.accept() => {
                 if let Err(e) = configure(&stream, &socket) {
                     tracing::warn!(%peer, error = %e, "cannot configure the socket");
                     continue;
                 }
                 ctx.metrics.connections_accepted.inc();
                 ctx.metrics.connections_open.inc();
-                tracing::debug!(%peer, "connection opened");
+                tracing::debug!(%peer, reserve = permit.is_on_probation(), "connection opened");
                 let ctx = ctx.clone();
                 connections.spawn(async move {
                     let metrics = ctx.metrics.clone();
-                    conn::serve(stream, peer, ctx).await;
+                    conn::serve(stream, peer, permit, ctx).await;
                     metrics.connections_open.dec();
                     tracing::debug!(%peer, "connection closed");
                 });

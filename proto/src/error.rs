@@ -264,7 +264,9 @@ pub enum ErrorCode {
     UnexpectedFrame = 6,
     /// The peer hit a bug or an internal limit; the request may be retried elsewhere.
     Internal = 7,
-    /// Too many requests or bytes in flight on this connection; retry later.
+    /// Too many requests or bytes in flight on this connection; or, with request id 0 just
+    /// before the close, the server already holds as many connections as it may
+    /// (`connections_max`). Retry later.
     Overloaded = 8,
     /// The peer is shutting down.
     ShuttingDown = 9,

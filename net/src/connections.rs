@@ -1,0 +1,660 @@
+//! [`ConnectionLimit`] and [`Acceptor`]: the bound on the connections a server holds open,
+//! and the accept loop step that keeps it.
+//!
+//! ```text
+//!            accept()
+//!               │
+//!   general pool free? ── yes ──> serve (any frames)
+//!               │ no
+//!   peer reserve free? ── yes ──> serve, but the first frame must be a cluster frame
+//!               │ no                (Append, Fence, Read, Tail, Heartbeat, TakeOverNow)
+//!               │                   within PEER_FIRST_FRAME_TIMEOUT, else refused
+//!   refused: ErrorResponse Overloaded (request id 0), then closed
+//! ```
+//!
+//! - **General pool**: `connections_max` connections of any kind (clients, tools, brokers).
+//! - **Peer reserve**: [`PEER_CONNECTIONS_RESERVE`] more, taken only when the general pool
+//!   is full. The protocol carries no identity, so a connection cannot be told apart at
+//!   accept; a reserve connection earns its place with its first frame, which must be one
+//!   brokers send to stores and to each other ([`is_peer_frame`]) and must arrive within
+//!   [`PEER_FIRST_FRAME_TIMEOUT`]. Idle sockets that fill the general pool therefore
+//!   cannot keep a master from reaching its stores and slaves: the master's links send a
+//!   heartbeat at least every `heartbeat_ms`. This is a bound against hoarding, not
+//!   authentication: a peer that speaks the protocol can still take reserve places (see
+//!   docs/operations.md, "Trust").
+//! - **Refused**: a connection beyond both is accepted (so the kernel's backlog drains and
+//!   the accept loop never spins on it), sent one `ErrorResponse` `Overloaded` with request
+//!   id 0 if the socket takes it without waiting, and closed; counted in
+//!   `quire_connections_refused_total{reason}` (`connections_max`, or `peer_reserve` for a
+//!   reserve connection that sent no cluster frame in time) and logged at warn at most once
+//!   per [`REFUSAL_LOG_INTERVAL`], with the number refused since the last line.
+//! - **accept() errors** (EMFILE, ENFILE, ENOBUFS, …): the loop waits
+//!   [`ACCEPT_ERROR_BACKOFF`] before the next accept, so a process out of descriptors does
+//!   not spin; logged at warn at most once per [`REFUSAL_LOG_INTERVAL`].
+//! - **Open-files limit**: [`fit_open_files_limit`] checks `RLIMIT_NOFILE` at start, raises
+//!   the soft limit toward the hard one if it is too low for the bound, and otherwise
+//!   lowers the effective `connections_max` (with a warning).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use quire_proto::{encode, ErrorCode, ErrorResponse, Frame, FrameType, RequestId};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Default `connections_max`: connections of any kind open at once (each costs about
+/// 20 KiB of memory and one file descriptor).
+pub const CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+/// Largest `connections_max` accepted.
+pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
+/// Connections beyond `connections_max` kept for cluster peers (brokers reaching stores
+/// and each other). A cluster has at most a few dozen brokers, each with one connection
+/// to every store and every other broker.
+pub const PEER_CONNECTIONS_RESERVE: usize = 64;
+/// How long a connection on the peer reserve may take to send its first (cluster) frame.
+/// Above any master's heartbeat period, so a live master's link always proves itself.
+pub const PEER_FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// Wait after a failed `accept()` (out of descriptors, say) before the next one.
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// Most one warn line per this long for refused connections, and for accept errors.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// File descriptors a server keeps for itself besides its connections: listeners, the
+/// metrics responder's connections, outbound links, data files, the runtime's (epoll,
+/// eventfd, io_uring), stdio.
+pub const OWN_FDS_RESERVE: usize = 512;
+
+/// `reason` of a connection refused because both the pool and the reserve were full.
+pub const REFUSED_CONNECTIONS_MAX: &str = "connections_max";
+/// `reason` of a reserve connection whose first frame was not a cluster frame, or did not
+/// come in time.
+pub const REFUSED_PEER_RESERVE: &str = "peer_reserve";
+
+/// `true` for the frames brokers send to stores and to other brokers (the frames that earn
+/// a place on the peer reserve). Exhaustive on purpose: a new frame type must be sorted.
+#[must_use]
+pub fn is_peer_frame(frame_type: FrameType) -> bool {
+    match frame_type {
+        FrameType::AppendRequest
+        | FrameType::FenceRequest
+        | FrameType::ReadRequest
+        | FrameType::TailRequest
+        | FrameType::Heartbeat
+        | FrameType::TakeOverNowRequest => true,
+        FrameType::ErrorResponse
+        | FrameType::PersistedAck
+        | FrameType::AppendRejected
+        | FrameType::FenceGranted
+        | FrameType::FenceRefused
+        | FrameType::ReadResponse
+        | FrameType::TailResponse
+        | FrameType::HeartbeatAck
+        | FrameType::TakeOverNowResponse
+        | FrameType::ProduceRequest
+        | FrameType::ProduceResponse
+        | FrameType::FetchRequest
+        | FrameType::FetchResponse
+        | FrameType::CommitCursorRequest
+        | FrameType::CommitCursorResponse
+        | FrameType::CursorRequest
+        | FrameType::CursorResponse
+        | FrameType::MetadataRequest
+        | FrameType::MetadataResponse
+        | FrameType::HandoffRequest
+        | FrameType::HandoffResponse => false,
+    }
+}
+
+/// The connection metrics quire-net keeps (a server registers them in its registry).
+#[derive(Clone, Debug, Default)]
+pub struct AcceptMetrics {
+    /// Connections closed at once, by `reason` ([`REFUSED_CONNECTIONS_MAX`],
+    /// [`REFUSED_PEER_RESERVE`]).
+    pub refused: Family<[(&'static str, &'static str); 1], Counter>,
+    /// `accept()` calls that failed (out of descriptors, …).
+    pub accept_errors: Counter,
+}
+
+impl AcceptMetrics {
+    /// Registers both in `r` as `connections_refused` and `accept_errors`.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "connections_refused",
+            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), or a reserve connection sent no cluster frame in time (reason peer_reserve)",
+            self.refused.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "accept() calls that failed (out of file descriptors, ...); the server waited before accepting again",
+            self.accept_errors.clone(),
+        );
+    }
+
+    /// Connections refused for `reason` so far.
+    #[must_use]
+    pub fn refused_total(&self, reason: &'static str) -> u64 {
+        self.refused.get_or_create(&[("reason", reason)]).get()
+    }
+}
+
+/// A warn line at most once per interval; counts what it held back.
+#[derive(Debug)]
+pub struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    held_back: u64,
+}
+
+impl Throttle {
+    /// A throttle letting one line through per `every`.
+    #[must_use]
+    pub fn new(every: Duration) -> Throttle {
+        Throttle {
+            every,
+            last: None,
+            held_back: 0,
+        }
+    }
+
+    /// One more event at `now`: `Some(n)` if a line may be logged now, `n` being the events
+    /// held back since the last line; `None` to stay quiet.
+    pub fn tick(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.every => {
+                self.held_back += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held_back))
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    general: Arc<Semaphore>,
+    reserve: Arc<Semaphore>,
+    connections_max: usize,
+    reserve_max: usize,
+    metrics: AcceptMetrics,
+    refusals: Mutex<Throttle>,
+    /// The frame a refused connection gets.
+    refusal: Bytes,
+}
+
+/// The server-wide bound on open connections; cheap to clone (all clones share it).
+#[derive(Clone, Debug)]
+pub struct ConnectionLimit {
+    inner: Arc<Inner>,
+}
+
+impl ConnectionLimit {
+    /// A bound of `connections_max` connections of any kind plus `reserve` for cluster
+    /// peers.
+    ///
+    /// # Panics
+    /// If `connections_max` is 0 or either is above what a semaphore holds (settings are
+    /// checked first).
+    #[must_use]
+    pub fn new(connections_max: usize, reserve: usize, metrics: AcceptMetrics) -> ConnectionLimit {
+        assert!(
+            (1..=Semaphore::MAX_PERMITS).contains(&connections_max)
+                && reserve <= Semaphore::MAX_PERMITS,
+            "connection bound {connections_max} + {reserve} is out of range"
+        );
+        ConnectionLimit {
+            inner: Arc::new(Inner {
+                general: Arc::new(Semaphore::new(connections_max)),
+                reserve: Arc::new(Semaphore::new(reserve)),
+                connections_max,
+                reserve_max: reserve,
+                metrics,
+                refusals: Mutex::new(Throttle::new(REFUSAL_LOG_INTERVAL)),
+                refusal: refusal_frame(),
+            }),
+        }
+    }
+
+    /// The general pool's size.
+    #[must_use]
+    pub fn connections_max(&self) -> usize {
+        self.inner.connections_max
+    }
+
+    /// Connections open now (pool and reserve).
+    #[must_use]
+    pub fn open(&self) -> usize {
+        let i = &self.inner;
+        (i.connections_max - i.general.available_permits())
+            + (i.reserve_max - i.reserve.available_permits())
+    }
+
+    /// A place for a new connection: from the pool, else from the reserve, else `None`.
+    #[must_use]
+    pub fn admit(&self) -> Option<ConnectionPermit> {
+        let i = &self.inner;
+        if let Ok(p) = i.general.clone().try_acquire_owned() {
+            return Some(ConnectionPermit {
+                _permit: p,
+                first_frame_by: None,
+                limit: self.clone(),
+            });
+        }
+        let p = i.reserve.clone().try_acquire_owned().ok()?;
+        Some(ConnectionPermit {
+            _permit: p,
+            first_frame_by: Some(tokio::time::Instant::now() + PEER_FIRST_FRAME_TIMEOUT),
+            limit: self.clone(),
+        })
+    }
+
+    /// Counts a refusal for `reason` and logs it (throttled).
+    fn note_refused(&self, reason: &'static str, peer: SocketAddr) {
+        let i = &self.inner;
+        i.metrics.refused.get_or_create(&[("reason", reason)]).inc();
+        let tick = i
+            .refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tick(Instant::now());
+        if let Some(held_back) = tick {
+            tracing::warn!(
+                %peer,
+                reason,
+                open = self.open(),
+                connections_max = i.connections_max,
+                peer_reserve = i.reserve_max,
+                refused_since_last_line = held_back,
+                "refusing a connection: the server holds as many as it may"
+            );
+        }
+    }
+
+    /// Refuses an accepted connection: one `Overloaded` error frame if the socket takes it
+    /// without waiting, then the caller drops (closes) it.
+    fn refuse(&self, stream: &TcpStream, peer: SocketAddr) {
+        // The send buffer of a fresh socket is empty: the frame fits, or the peer is gone.
+        let _ = stream.try_write(&self.inner.refusal);
+        self.note_refused(REFUSED_CONNECTIONS_MAX, peer);
+    }
+}
+
+/// The error a refused connection gets (request id 0).
+#[must_use]
+pub fn refusal_error() -> ErrorResponse {
+    ErrorResponse::new(
+        ErrorCode::Overloaded,
+        "too many connections: the server holds connections_max open; retry later",
+    )
+}
+
+/// The error a reserve connection gets when its first frame is not a cluster frame, or
+/// does not come within [`PEER_FIRST_FRAME_TIMEOUT`] (request id 0).
+#[must_use]
+pub fn peer_reserve_error() -> ErrorResponse {
+    ErrorResponse::new(
+        ErrorCode::Overloaded,
+        "too many connections: the places left are kept for brokers and stores; retry later",
+    )
+}
+
+fn refusal_frame() -> Bytes {
+    let mut out = BytesMut::new();
+    encode(
+        &Frame::new(RequestId::CONNECTION, refusal_error()),
+        &mut out,
+    )
+    .expect("invariant: a short ErrorResponse encodes");
+    out.freeze()
+}
+
+/// One connection's place in the bound; dropping it frees the place.
+#[derive(Debug)]
+pub struct ConnectionPermit {
+    _permit: OwnedSemaphorePermit,
+    /// For a reserve place whose first frame has not come: when it must have come.
+    first_frame_by: Option<tokio::time::Instant>,
+    limit: ConnectionLimit,
+}
+
+impl ConnectionPermit {
+    /// `true` while this is a reserve place still waiting for its first frame.
+    #[must_use]
+    pub fn is_on_probation(&self) -> bool {
+        self.first_frame_by.is_some()
+    }
+
+    /// While on probation: the instant by which the first frame must have come.
+    #[must_use]
+    pub fn first_frame_deadline(&self) -> Option<tokio::time::Instant> {
+        self.first_frame_by
+    }
+
+    /// Resolves when a reserve place's first frame is overdue; never on a pool place or
+    /// once the first frame came (the future holds no borrow: race it against a read).
+    pub fn first_frame_overdue(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let deadline = self.first_frame_by;
+        async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Checks a decoded frame against the place. Always `Ok` on a pool place, or once a
+    /// reserve place's first frame was a cluster frame.
+    ///
+    /// # Errors
+    /// The error to send (request id 0) before closing, if this is the first frame of a
+    /// reserve place and not a cluster frame ([`is_peer_frame`]); counted and logged.
+    pub fn check_frame(
+        &mut self,
+        frame_type: FrameType,
+        peer: SocketAddr,
+    ) -> Result<(), ErrorResponse> {
+        if self.first_frame_by.is_none() {
+            return Ok(());
+        }
+        if is_peer_frame(frame_type) {
+            self.first_frame_by = None;
+            return Ok(());
+        }
+        self.limit.note_refused(REFUSED_PEER_RESERVE, peer);
+        Err(peer_reserve_error())
+    }
+
+    /// The first frame of a reserve place did not come in time: counts and logs it, and
+    /// gives the error to send (request id 0) before closing.
+    #[must_use]
+    pub fn first_frame_timed_out(&self, peer: SocketAddr) -> ErrorResponse {
+        self.limit.note_refused(REFUSED_PEER_RESERVE, peer);
+        peer_reserve_error()
+    }
+}
+
+/// The accepting side of a listener under a [`ConnectionLimit`].
+#[derive(Debug)]
+pub struct Acceptor {
+    listener: TcpListener,
+    limit: ConnectionLimit,
+    errors: Throttle,
+}
+
+impl Acceptor {
+    /// Accepts on `listener` under `limit`.
+    #[must_use]
+    pub fn new(listener: TcpListener, limit: ConnectionLimit) -> Acceptor {
+        Acceptor {
+            listener,
+            limit,
+            errors: Throttle::new(REFUSAL_LOG_INTERVAL),
+        }
+    }
+
+    /// The bound.
+    #[must_use]
+    pub fn limit(&self) -> &ConnectionLimit {
+        &self.limit
+    }
+
+    /// The next connection admitted under the bound. Connections beyond it are refused on
+    /// the way (error frame, close, count, throttled log); a failed `accept()` is counted,
+    /// logged (throttled) and followed by an [`ACCEPT_ERROR_BACKOFF`] pause. Cancel safe:
+    /// a connection is either returned or already refused.
+    pub async fn accept(&mut self) -> (TcpStream, SocketAddr, ConnectionPermit) {
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, peer)) => match self.limit.admit() {
+                    Some(permit) => return (stream, peer, permit),
+                    None => self.limit.refuse(&stream, peer),
+                },
+                Err(e) => {
+                    self.limit.inner.metrics.accept_errors.inc();
+                    if let Some(held_back) = self.errors.tick(Instant::now()) {
+                        tracing::warn!(
+                            error = %e,
+                            failed_since_last_line = held_back,
+                            backoff_ms = ACCEPT_ERROR_BACKOFF.as_millis() as u64,
+                            "accept failed; pausing before the next accept"
+                        );
+                    }
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                }
+            }
+        }
+    }
+}
+
+/// What [`fit_open_files_limit`] found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFilesPlan {
+    /// Raise the soft `RLIMIT_NOFILE` to this, if `Some`.
+    pub raise_soft_to: Option<u64>,
+    /// The general pool's size to serve with (at most the one asked for).
+    pub connections_max: usize,
+}
+
+/// Decides, from the soft and hard `RLIMIT_NOFILE`, how to hold `connections_max` plus
+/// `reserve` connections plus [`OWN_FDS_RESERVE`] descriptors: raise the soft limit (up to
+/// the hard one) if that is enough or helps, and lower the pool if even the hard limit is
+/// too low (never below 1). Pure; [`fit_open_files_limit`] applies it.
+#[must_use]
+pub fn plan_open_files(
+    connections_max: usize,
+    reserve: usize,
+    soft: u64,
+    hard: u64,
+) -> OpenFilesPlan {
+    let extra = (reserve + OWN_FDS_RESERVE) as u64;
+    let needed = connections_max as u64 + extra;
+    let raise_soft_to = (soft < needed && hard > soft).then(|| needed.min(hard));
+    let usable = raise_soft_to.unwrap_or(soft);
+    let fits = usable.saturating_sub(extra).max(1);
+    OpenFilesPlan {
+        raise_soft_to,
+        connections_max: connections_max.min(usize::try_from(fits).unwrap_or(usize::MAX)),
+    }
+}
+
+/// Checks `RLIMIT_NOFILE` against `connections_max` plus `reserve` plus
+/// [`OWN_FDS_RESERVE`], raises the soft limit if needed (up to the hard limit), and returns
+/// the pool size the process can hold: `connections_max`, or less with a warning if the
+/// hard limit is too low. If the limit cannot be read, returns `connections_max` as given.
+#[must_use]
+pub fn fit_open_files_limit(connections_max: usize, reserve: usize) -> usize {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `l` is a valid, writable rlimit for getrlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot read RLIMIT_NOFILE; connections_max is not checked against it");
+        return connections_max;
+    }
+    let plan = plan_open_files(connections_max, reserve, l.rlim_cur, l.rlim_max);
+    let mut soft = l.rlim_cur;
+    let mut effective = plan.connections_max;
+    if let Some(to) = plan.raise_soft_to {
+        let raised = libc::rlimit {
+            rlim_cur: to,
+            rlim_max: l.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; setrlimit only reads it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::info!(
+                from = soft,
+                to,
+                "raised the soft RLIMIT_NOFILE for connections_max"
+            );
+            soft = to;
+        } else {
+            tracing::warn!(error = %std::io::Error::last_os_error(), soft, "cannot raise the soft RLIMIT_NOFILE");
+            effective = plan_open_files(connections_max, reserve, soft, soft).connections_max;
+        }
+    }
+    if effective < connections_max {
+        tracing::warn!(
+            connections_max,
+            serving_at_most = effective,
+            rlimit_nofile_soft = soft,
+            rlimit_nofile_hard = l.rlim_max,
+            peer_reserve = reserve,
+            own_fds = OWN_FDS_RESERVE,
+            "the open-files limit cannot hold connections_max connections; lowering the bound (raise it with `ulimit -n` or LimitNOFILE=)"
+        );
+    }
+    effective
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_lets_one_line_through_per_interval_and_counts_the_rest() {
+        let mut t = Throttle::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(t.tick(t0), Some(0));
+        assert_eq!(t.tick(t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.tick(t0 + Duration::from_secs(9)), None);
+        assert_eq!(t.tick(t0 + Duration::from_secs(10)), Some(2));
+        assert_eq!(t.tick(t0 + Duration::from_secs(11)), None);
+    }
+
+    #[test]
+    fn open_files_plan_raises_the_soft_limit_or_lowers_the_bound() {
+        let extra = (64 + OWN_FDS_RESERVE) as u64;
+        // Enough already.
+        let p = plan_open_files(10_000, 64, 1 << 20, 1 << 20);
+        assert_eq!(
+            p,
+            OpenFilesPlan {
+                raise_soft_to: None,
+                connections_max: 10_000
+            }
+        );
+        // The usual 1024 soft limit under a high hard one: raise to just what is needed.
+        let p = plan_open_files(10_000, 64, 1024, 1 << 20);
+        assert_eq!(p.raise_soft_to, Some(10_000 + extra));
+        assert_eq!(p.connections_max, 10_000);
+        // Even the hard limit is too low: raise to it, and serve what fits.
+        let p = plan_open_files(10_000, 64, 1024, 4096);
+        assert_eq!(p.raise_soft_to, Some(4096));
+        assert_eq!(p.connections_max, 4096 - extra as usize);
+        // Soft = hard and too low: nothing to raise; never below one connection.
+        let p = plan_open_files(10_000, 64, 100, 100);
+        assert_eq!(
+            p,
+            OpenFilesPlan {
+                raise_soft_to: None,
+                connections_max: 1
+            }
+        );
+    }
+
+    #[test]
+    fn every_frame_type_is_sorted_and_only_cluster_requests_are_peer_frames() {
+        let peers: Vec<_> = FrameType::ALL
+            .iter()
+            .copied()
+            .filter(|f| is_peer_frame(*f))
+            .collect();
+        assert!(peers.iter().all(|f| !f.is_response()));
+        assert!(peers.contains(&FrameType::AppendRequest));
+        assert!(peers.contains(&FrameType::Heartbeat));
+        assert!(!is_peer_frame(FrameType::ProduceRequest));
+        assert!(!is_peer_frame(FrameType::MetadataRequest));
+    }
+
+    #[test]
+    fn refusal_frame_decodes_to_overloaded_with_request_id_zero() {
+        let mut buf = BytesMut::from(&refusal_frame()[..]);
+        let f = quire_proto::decode(&mut buf)
+            .expect("decodes")
+            .expect("whole");
+        assert_eq!(f.request_id, RequestId::CONNECTION);
+        let quire_proto::Body::ErrorResponse(e) = f.body else {
+            panic!("not an error: {:?}", f.body)
+        };
+        assert_eq!(e.code, ErrorCode::Overloaded);
+        assert!(buf.is_empty());
+    }
+
+    #[tokio::test]
+    async fn pool_then_reserve_then_refused_and_places_come_back() {
+        let metrics = AcceptMetrics::default();
+        let limit = ConnectionLimit::new(2, 1, metrics.clone());
+        let peer: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let a = limit.admit().expect("pool");
+        let b = limit.admit().expect("pool");
+        assert!(!a.is_on_probation() && !b.is_on_probation());
+        let mut r = limit.admit().expect("reserve");
+        assert!(r.is_on_probation());
+        assert!(r.first_frame_deadline().is_some());
+        assert!(limit.admit().is_none(), "pool and reserve full");
+        assert_eq!(limit.open(), 3);
+        // A cluster frame ends the probation; later frames of any type pass.
+        assert!(r.check_frame(FrameType::Heartbeat, peer).is_ok());
+        assert!(!r.is_on_probation());
+        assert!(r.check_frame(FrameType::ProduceRequest, peer).is_ok());
+        drop(r);
+        // A client frame first on a reserve place is refused and counted.
+        let mut r = limit.admit().expect("reserve again");
+        let e = r
+            .check_frame(FrameType::ProduceRequest, peer)
+            .expect_err("not a peer");
+        assert_eq!(e.code, ErrorCode::Overloaded);
+        assert_eq!(metrics.refused_total(REFUSED_PEER_RESERVE), 1);
+        let _ = r.first_frame_timed_out(peer);
+        assert_eq!(metrics.refused_total(REFUSED_PEER_RESERVE), 2);
+        drop(r);
+        drop(a);
+        let c = limit.admit().expect("a pool place came back");
+        assert!(!c.is_on_probation());
+        drop((b, c));
+        assert_eq!(limit.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn acceptor_refuses_beyond_the_bound_with_an_error_frame() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("addr");
+        let metrics = AcceptMetrics::default();
+        let mut acceptor = Acceptor::new(listener, ConnectionLimit::new(1, 0, metrics.clone()));
+        let _first = TcpStream::connect(addr).await.expect("connects");
+        let mut second = TcpStream::connect(addr).await.expect("connects");
+        let mut third = TcpStream::connect(addr).await.expect("connects");
+        // Holds the first connection's place, then refuses the others on its way to a
+        // connection that never comes.
+        let accepting = tokio::spawn(async move {
+            let held = acceptor.accept().await;
+            let _never = acceptor.accept().await;
+            drop(held);
+        });
+        for s in [&mut second, &mut third] {
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+                .await
+                .expect("closed in time")
+                .expect("reads");
+            let mut buf = BytesMut::from(&got[..]);
+            let f = quire_proto::decode(&mut buf)
+                .expect("decodes")
+                .expect("a whole frame");
+            assert_eq!(f.request_id, RequestId::CONNECTION);
+            assert!(
+                matches!(f.body, quire_proto::Body::ErrorResponse(ref e) if e.code == ErrorCode::Overloaded)
+            );
+        }
+        assert_eq!(metrics.refused_total(REFUSED_CONNECTIONS_MAX), 2);
+        accepting.abort();
+    }
+}
