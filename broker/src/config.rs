@@ -20,6 +20,7 @@
 //! partial_frame_timeout_ms = 10000  # a frame must be whole this long after its first byte
 //! idle_timeout_ms = 600000          # a connection silent this long is closed; 0: never
 //! message_bytes_max = 1048576       # largest producer message; keep below the stores' segment size
+//! connections_max = 10000           # more get Overloaded and are closed (64 more kept for brokers)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use quire_net::ReadSettings;
+use quire_net::{ReadSettings, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT};
 use quire_proto::{BrokerId, ADDR_BYTES_MAX, MESSAGE_BYTES_MAX};
 use serde::Deserialize;
 
@@ -128,6 +129,11 @@ pub struct RunArgs {
     /// an event larger than a segment.
     #[arg(long, value_name = "BYTES")]
     pub message_bytes_max: Option<usize>,
+    /// Most connections open at once (default 10000). Beyond it, 64 more are kept for other
+    /// brokers (their first frame must be a heartbeat or an append); the rest are answered
+    /// `Overloaded` and closed at once.
+    #[arg(long, value_name = "CONNECTIONS")]
+    pub connections_max: Option<usize>,
 }
 
 /// The config file: every key optional.
@@ -168,6 +174,8 @@ pub struct FileConfig {
     pub idle_timeout_ms: Option<u64>,
     /// See [`RunArgs::message_bytes_max`].
     pub message_bytes_max: Option<usize>,
+    /// See [`RunArgs::connections_max`].
+    pub connections_max: Option<usize>,
 }
 
 /// Everything a broker runs with.
@@ -201,6 +209,9 @@ pub struct BrokerConfig {
     pub read: ReadSettings,
     /// Largest producer message accepted, in bytes.
     pub message_bytes_max: usize,
+    /// Most connections open at once, besides quire-net's `PEER_CONNECTIONS_RESERVE` kept
+    /// for other brokers.
+    pub connections_max: usize,
 }
 
 impl BrokerConfig {
@@ -329,6 +340,13 @@ impl BrokerConfig {
         if message_bytes_max == 0 || message_bytes_max > MESSAGE_BYTES_MAX {
             bail!("--message-bytes-max {message_bytes_max} is outside 1..={MESSAGE_BYTES_MAX}");
         }
+        let connections_max = args
+            .connections_max
+            .or(file.connections_max)
+            .unwrap_or(CONNECTIONS_MAX_DEFAULT);
+        if connections_max == 0 || connections_max > CONNECTIONS_MAX_LIMIT {
+            bail!("--connections-max {connections_max} is outside 1..={CONNECTIONS_MAX_LIMIT}");
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -344,6 +362,7 @@ impl BrokerConfig {
             retention,
             read,
             message_bytes_max,
+            connections_max,
         })
     }
 
@@ -437,6 +456,7 @@ mod tests {
         assert_eq!(c.broker_addr(BrokerId(1)), Some("h:11"));
         assert_eq!(c.heartbeat, Duration::from_millis(HEARTBEAT_MS_DEFAULT));
         assert_eq!(c.read, ReadSettings::default());
+        assert_eq!(c.connections_max, CONNECTIONS_MAX_DEFAULT);
         assert!(
             c.retention.is_off(),
             "retention keeps everything by default"
@@ -602,6 +622,20 @@ mod tests {
                     ..args()
                 },
                 "--idle-timeout-ms",
+            ),
+            (
+                RunArgs {
+                    connections_max: Some(0),
+                    ..args()
+                },
+                "--connections-max",
+            ),
+            (
+                RunArgs {
+                    connections_max: Some(CONNECTIONS_MAX_LIMIT + 1),
+                    ..args()
+                },
+                "--connections-max",
             ),
         ];
         for (a, want) in cases {

@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use quire_net::{BudgetMetrics, MetricsText, ResponseMetrics};
+use quire_net::{AcceptMetrics, BudgetMetrics, MetricsText, ResponseMetrics};
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -89,6 +89,9 @@ pub struct Metrics {
     pub read_budget: BudgetMetrics,
     /// Bytes of responses queued and not yet written (`response_bytes_queued`).
     pub responses: ResponseMetrics,
+    /// Connections closed at once (by reason), and failed `accept()` calls
+    /// (`quire_connections_refused_total{reason}`, `quire_accept_errors_total`).
+    pub accept: AcceptMetrics,
     /// Takeovers that made this broker master (the first election included).
     pub failovers: Counter,
     /// From the last message of the previous master (or the takeover's start, for the
@@ -123,6 +126,7 @@ impl Metrics {
             connections_timed_out: Family::default(),
             read_budget: BudgetMetrics::default(),
             responses: ResponseMetrics::default(),
+            accept: AcceptMetrics::default(),
             failovers: Counter::default(),
             failover_duration: Histogram::new(FAILOVER_BUCKETS_S),
             step_downs: Counter::default(),
@@ -189,6 +193,7 @@ impl Metrics {
         );
         m.read_budget.register(r);
         m.responses.register(r);
+        m.accept.register(r);
         r.register(
             "failovers",
             "Takeovers that made this broker master (the first election included)",

@@ -26,6 +26,13 @@
 //! nothing for `idle_timeout_ms` is closed — both with an `ErrorResponse`
 //! `ConnectionTimeout` (request id 0), counted in `quire_connections_timed_out_total`.
 //!
+//! Connection bound: each connection holds a place in the broker's bound
+//! (`connections_max`, quire-net's [`quire_net::ConnectionLimit`]) until it ends; one
+//! taken from the peer reserve (the pool was full) must open with a cluster frame (a
+//! master's heartbeat or append, a takeover request) within quire-net's
+//! `PEER_FIRST_FRAME_TIMEOUT`, or it gets an `ErrorResponse` `Overloaded` (request id 0)
+//! and is closed.
+//!
 //! Bad input: a frame that fails to decode after a sound header is answered with an
 //! `ErrorResponse` for its request id and the connection reads on; a bad header (the
 //! stream is out of sync) gets an `ErrorResponse` with request id 0 and the connection is
@@ -33,14 +40,15 @@
 //! other connection.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use quire_net::{
-    write_frames, BytesHeld, ConnBytes, FrameReader, OutFrame, ReadBudget, ReadError, ReadSettings,
-    IOV_MAX,
+    write_frames, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
+    ReadError, ReadSettings, IOV_MAX,
 };
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, RequestId, FRAME_BYTES_MAX,
@@ -173,13 +181,18 @@ pub(crate) struct ConnShared {
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
-pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
+/// `permit` holds its place in the connection bound until then (a reserve place must open
+/// with a cluster frame, see quire-net's [`ConnectionPermit`]).
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer_addr: SocketAddr,
+    mut permit: ConnectionPermit,
+    shared: ConnShared,
+) {
     let id = NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    tracing::debug!(conn = id, %peer, "connection accepted");
+    let peer = peer_addr.to_string();
+    tracing::debug!(conn = id, %peer, reserve = permit.is_on_probation(), "connection accepted");
     shared.metrics.connections_accepted.inc();
     shared.metrics.connections_open.inc();
     let (r, w) = stream.into_split();
@@ -199,9 +212,19 @@ pub(crate) async fn serve(stream: TcpStream, shared: ConnShared) {
         let next = tokio::select! {
             next = reader.next() => next,
             () = kill.notified() => break,
+            () = permit.first_frame_overdue() => {
+                reply.error(RequestId::CONNECTION, permit.first_frame_timed_out(peer_addr));
+                break;
+            }
         };
         let frame = match next {
-            Ok(received) => received.frame,
+            Ok(received) => {
+                if let Err(e) = permit.check_frame(received.frame.frame_type(), peer_addr) {
+                    reply.error(RequestId::CONNECTION, e);
+                    break;
+                }
+                received.frame
+            }
             Err(e) => {
                 note_read_error(id, &peer, &e, &shared.metrics);
                 if let Some((request_id, answer)) = e.answer() {

@@ -33,7 +33,7 @@ use crate::config::BrokerConfig;
 use crate::core::SlotId;
 use crate::durable::{self, ClusterFile, DirLock};
 use crate::metrics::Metrics;
-use quire_net::ReadBudget;
+use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
 pub use actor::{BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
 pub use conn::{CONN_REQUESTS_MAX, CONN_RESPONSE_BYTES_MAX, WRITE_QUEUE_FRAMES_MAX};
@@ -146,7 +146,22 @@ impl Broker {
             read: cfg.read,
             message_event_bytes_max,
         };
-        tasks.push(tokio::spawn(accept_loop(listener, shared)));
+        let connections_max =
+            quire_net::fit_open_files_limit(cfg.connections_max, PEER_CONNECTIONS_RESERVE);
+        let limit = ConnectionLimit::new(
+            connections_max,
+            PEER_CONNECTIONS_RESERVE,
+            metrics.accept.clone(),
+        );
+        tracing::info!(
+            connections_max,
+            peer_reserve = PEER_CONNECTIONS_RESERVE,
+            "accepting connections"
+        );
+        tasks.push(tokio::spawn(accept_loop(
+            Acceptor::new(listener, limit),
+            shared,
+        )));
         Ok(Broker {
             local_addr,
             metrics_addr,
@@ -185,16 +200,11 @@ impl Broker {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: conn::ConnShared) {
+/// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
+/// refused, and a failed `accept()` pauses the loop) and serves each on its own task.
+async fn accept_loop(mut acceptor: Acceptor, shared: conn::ConnShared) {
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(conn::serve(stream, shared.clone()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        let (stream, peer, permit) = acceptor.accept().await;
+        tokio::spawn(conn::serve(stream, peer, permit, shared.clone()));
     }
 }
