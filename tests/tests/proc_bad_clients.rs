@@ -20,6 +20,14 @@
 //! response is written to the socket, so the reader stops reading that peer instead; the
 //! tests assert `quire_response_bytes_queued` and the RSS stay under the per-connection
 //! bound, that the server stopped reading the peer, and that it serves others meanwhile.
+//!
+//! The third story (the adversarial trial's left-over): a broker had no bound on open
+//! connections, and 20,000 idle sockets left it out of file descriptors, unreachable for
+//! producers and the other brokers. Both servers now hold at most `connections_max`, plus a
+//! small reserve that only cluster peers keep; `idle_connections_beyond_connections_max_
+//! are_refused_and_replication_goes_on` floods every store and broker with idle sockets
+//! and checks the extra ones get `Overloaded` and are closed, the metric counts them, a
+//! master still reaches its stores (through the reserve) and its slave, and producing works.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
@@ -31,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytes::BytesMut;
+use quire_net::{PEER_CONNECTIONS_RESERVE, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE};
 use quire_proto::{
     decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, FetchRequest, Frame,
     FrameHeader, FrameType, LogPosition, MetadataRequest, Offset, ProduceRequest, ReadRequest,
@@ -886,4 +895,268 @@ fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
         },
     );
     report.check(quire_broker::server::CONN_RESPONSE_BYTES_MAX);
+}
+
+/// `connections_max` of every store and broker in the flood test.
+const CONNECTIONS_MAX: usize = 50;
+/// Idle sockets beyond the pool and the peer reserve in each flood.
+const FLOOD_EXTRA: usize = 10;
+/// Idle sockets each flood opens: enough to fill the pool, the reserve and more.
+const FLOOD: usize = CONNECTIONS_MAX + PEER_CONNECTIONS_RESERVE + FLOOD_EXTRA;
+
+/// `quire_connections_refused_total{reason}` in a scrape.
+fn refused(metrics: &str, reason: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("quire_connections_refused_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// Both refusal reasons together.
+fn refused_all(metrics: &str) -> u64 {
+    (refused(metrics, REFUSED_CONNECTIONS_MAX) + refused(metrics, REFUSED_PEER_RESERVE)) as u64
+}
+
+/// `FLOOD` idle connections to `addr` that never send a byte.
+fn flood(addr: &str) -> Vec<StdStream> {
+    (0..FLOOD)
+        .map(|_| {
+            let s = StdStream::connect(addr).expect("connects");
+            s.set_read_timeout(Some(Duration::from_millis(20)))
+                .expect("timeout");
+            s
+        })
+        .collect()
+}
+
+/// Reads what `s` got so far: `Some(true)` if the server sent an `Overloaded` error with
+/// request id 0 and closed, `None` if nothing came yet (still open); panics on anything
+/// else.
+fn refused_and_closed(s: &mut StdStream, buf: &mut BytesMut) -> Option<bool> {
+    let mut chunk = [0u8; 512];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if buf.is_empty() {
+                    return None;
+                }
+                // Part of the frame came: the rest and the close follow (bounded).
+                s.set_read_timeout(Some(WAIT)).expect("timeout");
+            }
+            Err(e) => panic!("reading a flood connection: {e}"),
+        }
+    }
+    let f = decode(buf)
+        .expect("a sound frame")
+        .expect("a whole frame before the close");
+    assert_eq!(f.request_id, RequestId::CONNECTION);
+    assert!(
+        matches!(&f.body, Body::ErrorResponse(e) if e.code == ErrorCode::Overloaded),
+        "{:?}",
+        f.body
+    );
+    Some(true)
+}
+
+/// Waits (bounded) until `scrape` counts at least `want_max` refusals for
+/// `connections_max` and `want_reserve` for `peer_reserve`, then until as many of `conns`
+/// as the server counted were answered `Overloaded` and closed (each checked); drops those
+/// and returns how many were closed. The rest stay open.
+fn sweep_refused(
+    conns: &mut Vec<StdStream>,
+    want_max: u64,
+    want_reserve: u64,
+    scrape: &dyn Fn() -> String,
+) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    let counted = loop {
+        let m = scrape();
+        if refused(&m, REFUSED_CONNECTIONS_MAX) >= want_max as f64
+            && refused(&m, REFUSED_PEER_RESERVE) >= want_reserve as f64
+        {
+            break refused_all(&m);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fewer refusals than {want_max} + {want_reserve}:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut closed = 0;
+    while closed < counted {
+        assert!(
+            Instant::now() < deadline,
+            "the server counts {counted} refusals, the clients saw {closed}"
+        );
+        conns.retain_mut(|s| {
+            let done = refused_and_closed(s, &mut BytesMut::new()).is_some();
+            closed += u64::from(done);
+            !done
+        });
+    }
+    closed
+}
+
+/// The flood: every store and broker gets more idle sockets than its `connections_max`
+/// and its peer reserve together.
+#[test]
+fn idle_connections_beyond_connections_max_are_refused_and_replication_goes_on() {
+    ensure_open_files(8 * FLOOD as u64 + 1024);
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.set_store_config(&format!(
+        "metrics_listen = \"127.0.0.1:0\"\n\
+         [limits]\nconnections_max = {CONNECTIONS_MAX}\n\
+         [wal]\nsegment_bytes_max = 16777216\n"
+    ));
+    cluster.add_broker_args(&["--connections-max", &CONNECTIONS_MAX.to_string()]);
+
+    // 1. The stores alone, flooded before any broker runs: the pool holds CONNECTIONS_MAX
+    // idle sockets; FLOOD_EXTRA are refused at once; the reserve's idle sockets send no
+    // cluster frame and are refused after PEER_FIRST_FRAME_TIMEOUT.
+    let mut store_floods = Vec::new();
+    for i in 0..cluster.stores.len() {
+        cluster.stores[i].start();
+        let store = &cluster.stores[i];
+        let metrics_addr = store
+            .proc
+            .as_ref()
+            .and_then(|p| p.metrics.clone())
+            .expect("the store serves metrics");
+        let scrape = move || scrape_metrics(&metrics_addr);
+        let mut conns = flood(&store.addr);
+        let want = (FLOOD - CONNECTIONS_MAX) as u64;
+        let closed = sweep_refused(
+            &mut conns,
+            FLOOD_EXTRA as u64,
+            PEER_CONNECTIONS_RESERVE as u64,
+            &scrape,
+        );
+        let m = scrape();
+        assert_eq!(closed, want, "store {i}:\n{m}");
+        assert_eq!(
+            refused(&m, REFUSED_CONNECTIONS_MAX),
+            FLOOD_EXTRA as f64,
+            "{m}"
+        );
+        assert_eq!(
+            refused(&m, REFUSED_PEER_RESERVE),
+            PEER_CONNECTIONS_RESERVE as f64,
+            "{m}"
+        );
+        assert_eq!(conns.len(), CONNECTIONS_MAX);
+        assert_eq!(metric(&m, "quire_connections_open"), CONNECTIONS_MAX as f64);
+        eprintln!(
+            "store {i}: {closed} of {FLOOD} idle connections refused, {} held",
+            conns.len()
+        );
+        store_floods.push(conns);
+    }
+
+    // 2. The brokers start against stores whose pools are full: their links take the
+    // reserve (a master's heartbeats, fences and appends are cluster frames), a master is
+    // elected and a produce is acknowledged by a quorum of stores.
+    for b in &mut cluster.brokers {
+        b.start();
+    }
+    let master = cluster.settle();
+    let slave = if master == 1 { 2 } else { 1 };
+    for (i, conns) in store_floods.iter_mut().enumerate() {
+        // No flood socket was served meanwhile (closed ones would have been counted).
+        for s in conns.iter_mut() {
+            assert!(
+                refused_and_closed(s, &mut BytesMut::new()).is_none(),
+                "store {i} closed a pool connection"
+            );
+        }
+    }
+
+    // 3. The brokers flooded too. A producer connected before keeps its place; the master
+    // keeps its link to the slave (no election, the slave follows).
+    let master_addr = cluster.broker(master).addr.clone();
+    let slave_addr = cluster.broker(slave).addr.clone();
+    let mut producer = Client::connect(&master_addr).expect("producer connects");
+    let failovers_before = metric(&cluster.broker(slave).scrape(), "quire_failovers_total");
+    let mut broker_floods = Vec::new();
+    for (id, addr) in [(master, &master_addr), (slave, &slave_addr)] {
+        let mut conns = flood(addr);
+        let node = cluster.broker(id);
+        let scrape = || node.scrape();
+        // The pool already holds some of the cluster's own connections (the other
+        // broker's link, the producer), so more than FLOOD_EXTRA are refused at once; no
+        // reserve socket sends a cluster frame.
+        let closed = sweep_refused(
+            &mut conns,
+            FLOOD_EXTRA as u64 + 1,
+            PEER_CONNECTIONS_RESERVE as u64,
+            &scrape,
+        );
+        let m = scrape();
+        assert!(
+            closed > (FLOOD - CONNECTIONS_MAX) as u64,
+            "broker {id}: {closed} refused\n{m}"
+        );
+        assert_eq!(
+            refused(&m, REFUSED_PEER_RESERVE),
+            PEER_CONNECTIONS_RESERVE as f64,
+            "{m}"
+        );
+        assert!(
+            conns.len() < CONNECTIONS_MAX,
+            "broker {id} held {}",
+            conns.len()
+        );
+        assert!(
+            metric(&m, "quire_connections_open") <= CONNECTIONS_MAX as f64,
+            "{m}"
+        );
+        eprintln!(
+            "broker {id}: {closed} of {FLOOD} idle connections refused, {} held",
+            conns.len()
+        );
+        broker_floods.push(conns);
+    }
+
+    // A new client gets the error: refused at accept, or (on the reserve) at its first
+    // frame, which is not a cluster frame.
+    let mut s = connect(&master_addr);
+    s.write_all(&sound_frame(1, MetadataRequest)).unwrap();
+    assert_eq!(
+        error_then(&mut s),
+        (RequestId::CONNECTION, ErrorCode::Overloaded, true)
+    );
+
+    // 4. Producing through the flooded cluster still works, and the slave follows.
+    let answer = producer
+        .request(produce_request("flooded", 7, 0, 10))
+        .map(produce_answer)
+        .expect("the master answers");
+    let acked = answer.expect("the produce is acknowledged");
+    assert_eq!(acked.count, 10);
+    let last = acked.base_offset.0 + 9;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let m = cluster.broker(slave).scrape();
+        if metric(&m, "quire_hwm") >= last as f64 {
+            assert_eq!(metric(&m, "quire_is_master"), 0.0, "{m}");
+            assert_eq!(metric(&m, "quire_failovers_total"), failovers_before, "{m}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slave did not follow:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let m = cluster.broker(master).scrape();
+    assert_eq!(metric(&m, "quire_is_master"), 1.0, "{m}");
+    let got = fetch_all(&mut producer, "flooded", 10);
+    assert_eq!(got.len(), 10);
+    for (i, (_, p)) in got.iter().enumerate() {
+        assert_eq!(*p, payload(7, i as u64));
+    }
+    drop((store_floods, broker_floods));
 }
