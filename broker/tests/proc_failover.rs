@@ -151,27 +151,18 @@ fn proc_three_brokers_two_slaves_race_and_one_wins() {
     let first = cluster.settle();
     let acked = produce_all(&mut cluster, 4, 0, 300);
     cluster.broker(first).kill9();
-    let second = cluster.wait_for_master();
-    assert_ne!(second, first);
+    let took_over = cluster.wait_for_master();
+    assert_ne!(took_over, first);
     let more = produce_all(&mut cluster, 4, 300, 300);
-    // The third broker follows the winner.
+    // The third broker follows the winner. The winner is the master both slaves agree on,
+    // not necessarily the first one seen serving: when both stood, the higher epoch may
+    // depose the first winner a moment later (a race the protocol allows; what was acked
+    // is checked below either way).
+    let second = cluster.wait_agreed_master();
+    assert_ne!(second, first);
     let third = (1..=3u16)
         .find(|&b| b != first && b != second)
         .expect("three brokers");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let m = Client::connect(&cluster.broker(third).addr.clone())
-            .and_then(|mut c| c.metadata())
-            .expect("metadata");
-        if m.master.as_ref().map(|b| b.id) == Some(BrokerId(second)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the other slave does not follow: {m:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
     // Kill the second master too: the last broker takes over with everything.
     cluster.broker(second).kill9();
     let last = cluster.wait_for_master();

@@ -411,6 +411,40 @@ impl Cluster {
         panic!("no master elected within {WAIT:?}");
     }
 
+    /// Waits until the running brokers agree on one master: one serves (as
+    /// [`Cluster::wait_for_master`] finds it) and every other running broker's Metadata
+    /// names it. Returns its id. After a master kill two slaves may race: the first winner
+    /// can be deposed by the other's higher epoch a moment later, so a test that needs "the
+    /// master and a broker that follows it" asks this, not the first master it saw. Panics
+    /// with the last disagreement seen after [`WAIT`].
+    pub fn wait_agreed_master(&self) -> u16 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let master = self.wait_for_master();
+            let dissent = self
+                .brokers
+                .iter()
+                .filter(|b| b.is_running() && b.id != master)
+                .map(|b| {
+                    let m =
+                        Client::connect_with(&b.addr, PROBE_WAIT).and_then(|mut c| c.metadata());
+                    (b.id, m)
+                })
+                .find(|(_, m)| {
+                    !m.as_ref()
+                        .is_ok_and(|m| m.master.as_ref().map(|b| b.id) == Some(BrokerId(master)))
+                });
+            let Some((id, m)) = dissent else {
+                return master;
+            };
+            assert!(
+                Instant::now() < deadline,
+                "the brokers did not agree on a master within {WAIT:?}; last seen: master {master}, broker {id}'s metadata {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the restarted broker `id` follows the serving master: its Metadata
     /// names a master other than itself, the one [`Cluster::wait_for_master`] finds, with
     /// a high-water mark at or above `hwm` (if given). Returns that master's id. The master
