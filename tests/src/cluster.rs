@@ -494,8 +494,11 @@ impl Cluster {
     }
 
     /// Sends `req` to the master until it is acked (a master elected a moment ago may still
-    /// be deposed by a racing election: `NotMaster` is retried), within [`WAIT`]. Every
-    /// attempt is recorded in [`Cluster::history`].
+    /// be deposed by a racing election: `NotMaster` is retried; so are `NoQuorum` and
+    /// `Timeout`, whose outcome is unknown — a master whose stores stalled for an election
+    /// timeout on a loaded machine steps down by check-quorum — and which the broker asks
+    /// to retry with the same producer id and sequence: the retry is idempotent), within
+    /// [`WAIT`]. Every attempt is recorded in [`Cluster::history`].
     pub fn produce_acked(&self, req: &ProduceRequest) -> ProduceResponse {
         let deadline = Instant::now() + WAIT;
         loop {
@@ -509,7 +512,10 @@ impl Cluster {
                     .record(Attempt::of(req, &b, incarnation, epoch, &answer));
                 match answer {
                     Ok(Ok(r)) => return r,
-                    Ok(Err(e)) if e.code == ErrorCode::NotMaster => {}
+                    Ok(Err(e))
+                        if e.code == ErrorCode::NotMaster
+                            || e.code == ErrorCode::NoQuorum
+                            || e.code == ErrorCode::Timeout => {}
                     Ok(Err(e)) => panic!("produce failed: {e:?}"),
                     Err(_) => {}
                 }
