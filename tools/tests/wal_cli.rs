@@ -56,6 +56,25 @@ fn payload(i: u64) -> String {
     format!("event-{i:04}-{}", "x".repeat((i as usize * 37) % 700))
 }
 
+/// `quire node init` of a store directory at `data` (a voter).
+fn init_store(data: &Path) {
+    quire_node::init(&quire_node::InitArgs {
+        data_dir: data.to_path_buf(),
+        learner: false,
+    })
+    .expect("init");
+}
+
+/// Opens the WAL in `dir` with the smallest segments.
+fn open_small(
+    dir: impl AsRef<Path>,
+) -> Result<(Wal, quire_wal::RecoveryReport), quire_wal::WalError> {
+    Wal::open(WalConfig {
+        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
+        ..WalConfig::new(dir.as_ref())
+    })
+}
+
 /// Writes the test log into `dir`: 120 events (50 in epoch 1, 70 in epoch 2) across
 /// several 64 KiB segments, appended in batches of varying size.
 fn write_log(dir: &Path) {
@@ -252,11 +271,7 @@ fn dump_prints_every_record_in_text_jsonl_and_json() {
 fn stat_shows_the_trim_point() {
     let tmp = tempfile::tempdir().expect("tempdir");
     write_log(tmp.path());
-    let (wal, _) = Wal::open(WalConfig {
-        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
-        ..WalConfig::new(tmp.path())
-    })
-    .expect("open the WAL");
+    let (wal, _) = open_small(tmp.path()).expect("open the WAL");
     let trim = quire_proto::EventBody::Trim(quire_proto::TrimEvent {
         before: Offset(60),
         checkpoint: None,
@@ -559,10 +574,7 @@ fn a_wal_held_open_is_read_but_not_repaired() {
     // can stay taken for a moment: retry, bounded.
     let started = Instant::now();
     let wal = loop {
-        match Wal::open(WalConfig {
-            segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
-            ..WalConfig::new(dir)
-        }) {
+        match open_small(dir) {
             Ok((wal, _)) => break wal,
             Err(quire_wal::WalError::Locked { .. }) if started.elapsed() < RUN_TIME_MAX => {
                 thread::sleep(Duration::from_millis(10));
@@ -678,11 +690,7 @@ fn a_directory_without_a_wal_is_an_error_not_a_clean_log() {
     let parent = tmp.path().join("cluster");
     let data = parent.join("store0");
     std::fs::create_dir(&parent).expect("mkdir");
-    quire_node::init(&quire_node::InitArgs {
-        data_dir: data.clone(),
-        learner: false,
-    })
-    .expect("init");
+    init_store(&data);
     write_log(&data.join("wal"));
     std::fs::write(parent.join("store0.log"), b"a log file, not a segment").expect("write");
     assert_refused(&parent, "it holds: store0, store0.log");
@@ -707,19 +715,11 @@ fn a_directory_without_a_wal_is_an_error_not_a_clean_log() {
 fn a_store_with_no_record_yet_is_an_empty_log() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("store");
-    quire_node::init(&quire_node::InitArgs {
-        data_dir: data.clone(),
-        learner: false,
-    })
-    .expect("init");
+    init_store(&data);
     assert_refused(&data, "never created");
 
     let wal_dir = data.join("wal");
-    let (wal, _) = Wal::open(WalConfig {
-        segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
-        ..WalConfig::new(&wal_dir)
-    })
-    .expect("open the WAL");
+    let (wal, _) = open_small(&wal_dir).expect("open the WAL");
     wal.close().expect("close");
     let mut promised = quire_wal::PromisedEpoch::load(&wal_dir).expect("load");
     promised.store(Epoch(7)).expect("promise");
@@ -755,11 +755,7 @@ fn a_store_with_no_record_yet_is_an_empty_log() {
 fn dump_of_a_store_shows_the_message_text() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("store");
-    quire_node::init(&quire_node::InitArgs {
-        data_dir: data.clone(),
-        learner: false,
-    })
-    .expect("init");
+    init_store(&data);
     let messages: Vec<Vec<u8>> = vec![
         b"hello".to_vec(),
         "wörld".as_bytes().to_vec(),
@@ -767,11 +763,7 @@ fn dump_of_a_store_shows_the_message_text() {
         vec![b'a', 0xff, b'b'],
     ];
     {
-        let (wal, _) = Wal::open(WalConfig {
-            segment_bytes_max: quire_wal::SEGMENT_BYTES_MIN,
-            ..WalConfig::new(data.join("wal"))
-        })
-        .expect("open the WAL");
+        let (wal, _) = open_small(data.join("wal")).expect("open the WAL");
         let records: Vec<Record> = messages
             .iter()
             .enumerate()
@@ -845,11 +837,7 @@ fn dump_of_a_store_shows_the_message_text() {
 fn repair_of_a_store_directory_marks_the_store_before_it_cuts() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("store");
-    quire_node::init(&quire_node::InitArgs {
-        data_dir: data.clone(),
-        learner: false,
-    })
-    .expect("init");
+    init_store(&data);
     let wal_dir = data.join("wal");
     write_log(&wal_dir);
     let (records, _) = dump_jsonl(&wal_dir, &[]);
