@@ -155,7 +155,7 @@ pub fn record_crc(epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> u32
 
 /// [`encode`] with the checksum already computed by [`record_crc`] for the same fields:
 /// writes the record at the start of `dst` and returns its size. The payload is copied
-/// once and not read again.
+/// once (with non-temporal stores when large: `copy.rs`) and not read again.
 ///
 /// # Panics
 /// As [`encode`]. A `crc` that does not match the fields is not detected here: the record
@@ -182,7 +182,7 @@ pub fn encode_with_crc(
     let length = u32::try_from(payload.len()).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
     let (head, rest) = dst.split_at_mut(HEADER_BYTES);
     head[4..].copy_from_slice(&header_tail(epoch, offset, kind, length));
-    rest[..payload.len()].copy_from_slice(payload);
+    crate::copy::copy_for_device(&mut rest[..payload.len()], payload);
     head[0..4].copy_from_slice(&crc.to_le_bytes());
     total
 }

@@ -25,6 +25,7 @@
 
 mod append;
 mod commit;
+mod copy;
 pub mod disk;
 mod error;
 pub mod format;
