@@ -307,6 +307,33 @@ impl Collector for WalCollector {
             "WAL appends refused by validation.",
             s.appends_refused,
         )?;
+        // Where append latency goes (sums; divide by wal_appends or wal_batches for means).
+        for (name, help, ns) in [
+            (
+                "wal_append_prepare_seconds",
+                "Time appenders spent before their appends were queued (checksums, validation).",
+                s.stages.prepare_ns,
+            ),
+            (
+                "wal_append_queue_seconds",
+                "Time appends waited in the queue until the commit thread encoded their batch.",
+                s.stages.queue_ns,
+            ),
+            (
+                "wal_batch_encode_seconds",
+                "Time the commit thread spent encoding (copying) batches.",
+                s.stages.copy_ns,
+            ),
+            (
+                "wal_write_seconds",
+                "Time batch writes took, from hand-off to the disk to completion.",
+                s.stages.write_ns,
+            ),
+        ] {
+            let c = ConstCounter::new(ns as f64 / 1e9);
+            let m = enc.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(m)?;
+        }
         let failed = ConstGauge::new(i64::from(s.failed));
         let m = enc.encode_descriptor(
             "wal_failed",
@@ -350,7 +377,7 @@ impl Collector for WalCollector {
         let count: u64 = s.fsync_us_buckets.iter().sum();
         let mut m = enc.encode_descriptor(
             "wal_fsync_duration_seconds",
-            "fdatasync latency, from submission to completion.",
+            "fdatasync latency, from submission (or, linked behind a write, that write's completion) to completion.",
             None,
             MetricType::Histogram,
         )?;

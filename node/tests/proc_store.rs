@@ -181,6 +181,15 @@ fn proc_appends_from_three_connections_survive_kill_9() {
             fsyncs
         );
         assert!(metric_value(&metrics_before, "quire_group_commit_appends_count") >= 1.0);
+        // The stage sums are exported and have seen the appends.
+        for stage in [
+            "quire_wal_append_prepare_seconds_total",
+            "quire_wal_append_queue_seconds_total",
+            "quire_wal_batch_encode_seconds_total",
+            "quire_wal_write_seconds_total",
+        ] {
+            assert!(metric_value(&metrics_before, stage) > 0.0, "{stage}");
+        }
         assert_eq!(
             metric_value(&metrics_before, "quire_log_last_durable_offset"),
             expected.len() as f64 - 1.0

@@ -159,6 +159,8 @@ struct Batch {
     file: Arc<File>,
     bytes: u64,
     write_token: u64,
+    /// When its write was handed to the disk.
+    submitted: Instant,
     written: bool,
     acks: Vec<Ack>,
     ops: Vec<IndexOp>,
@@ -168,7 +170,11 @@ struct Batch {
 struct InFlightSync {
     token: u64,
     covers_seq: u64,
+    /// When it was submitted; for one linked behind a write (which the kernel starts only
+    /// once that write completed), moved to the write's completion.
     started: Instant,
+    /// The write it is linked behind, if any.
+    linked_write: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -311,11 +317,24 @@ impl Committer {
         }
         if self.write_in_flight == Some(c.token) {
             self.write_in_flight = None;
+            let c_token = c.token;
             let Some(batch) = self.pipeline.iter_mut().find(|b| b.write_token == c.token) else {
                 return;
             };
             match c.result {
-                Ok(n) if u64::from(n) == batch.bytes => batch.written = true,
+                Ok(n) if u64::from(n) == batch.bytes => {
+                    batch.written = true;
+                    let c = &self.shared.counters;
+                    Counters::add(&c.stage_writes, 1);
+                    Counters::add_elapsed(&c.stage_write_ns, batch.submitted);
+                    if let Some(sync) = self
+                        .fsync
+                        .as_mut()
+                        .filter(|s| s.linked_write == Some(c_token))
+                    {
+                        sync.started = Instant::now();
+                    }
+                }
                 Ok(n) => {
                     let e =
                         std::io::Error::other(format!("short write: {n} of {} bytes", batch.bytes));
@@ -407,6 +426,7 @@ impl Committer {
             token,
             covers_seq,
             started: Instant::now(),
+            linked_write: None,
         });
     }
 
@@ -522,6 +542,15 @@ impl Committer {
     }
 
     fn submit_batch(&mut self, requests: Vec<Request>, bytes: u64) {
+        let encoding = Instant::now();
+        {
+            let c = &self.shared.counters;
+            Counters::add(&c.stage_batched, requests.len() as u64);
+            for r in &requests {
+                let ns = encoding.saturating_duration_since(r.arrived).as_nanos();
+                Counters::add(&c.stage_queue_ns, u64::try_from(ns).unwrap_or(u64::MAX));
+            }
+        }
         let mut buf = self.take_buf(bytes);
         let align = usize::try_from(self.shared.align).expect("invariant: alignment fits usize");
         let cur = self
@@ -594,6 +623,7 @@ impl Committer {
         Counters::add(&c.batch_bytes, total);
         Counters::add(&c.padding_bytes, padding);
         Counters::add(&c.truncations, truncations);
+        Counters::add_elapsed(&c.stage_copy_ns, encoding);
 
         let write_token = self.token();
         let then_fdatasync = if self.fsync.is_none() {
@@ -602,6 +632,7 @@ impl Committer {
                 token,
                 covers_seq: self.next_seq,
                 started: Instant::now(),
+                linked_write: Some(write_token),
             });
             Some(token)
         } else {
@@ -623,6 +654,7 @@ impl Committer {
             file,
             bytes: total,
             write_token,
+            submitted: Instant::now(),
             written: false,
             acks,
             ops,

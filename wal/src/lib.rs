@@ -48,7 +48,7 @@ pub use recovery::{inspect, repair_torn_tail, BeforeCut, RecoveryReport, RepairR
 pub use scan::{
     BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
 };
-pub use stats::{WalStats, FSYNC_US_BUCKETS};
+pub use stats::{StageSums, WalStats, FSYNC_US_BUCKETS};
 pub use wal::{IoBackend, TrimReport, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
 
 /// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).

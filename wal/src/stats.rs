@@ -26,7 +26,9 @@ pub struct WalStats {
     pub padding_bytes: u64,
     /// fdatasyncs completed successfully.
     pub fsyncs: u64,
-    /// Sum of fdatasync latencies, microseconds (from submission to completion).
+    /// Sum of fdatasync latencies, microseconds: from submission to completion, or for an
+    /// fdatasync linked behind a write, from that write's completion (when the kernel
+    /// starts it).
     pub fsync_us_sum: u64,
     /// Slowest fdatasync, microseconds.
     pub fsync_us_max: u64,
@@ -43,11 +45,42 @@ pub struct WalStats {
     pub segments_trimmed: u64,
     /// Appends refused by validation.
     pub appends_refused: u64,
+    /// Where append latency goes, as sums over the counted appends or batches
+    /// ([`StageSums`]).
+    pub stages: StageSums,
     /// Whether the log has failed (fail-stop).
     pub failed: bool,
     /// Whether the current segment is written with O_DIRECT (false where the file system
     /// refuses it, e.g. tmpfs).
     pub direct_io: bool,
+}
+
+/// The stages of an append's path, as sums of nanoseconds: divide by the count named on each
+/// field for a mean. A lone appender's append-to-durable latency is about
+/// `prepare + queue + copy + write + fdatasync` plus the wake-ups between threads (the
+/// commit thread waking, the appender waking after its acknowledgement), which no
+/// counter here sees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StageSums {
+    /// Appends that reached the queue (validated and queued).
+    pub queued: u64,
+    /// On the appender's thread, from `Wal::append` until the append is queued: the
+    /// checksums, validation, the queue lock. Per queued append.
+    pub prepare_ns: u64,
+    /// From queued until the commit thread starts encoding the batch that holds it: the
+    /// commit thread's wake-up, the batch window, waiting for the pipeline. Per append
+    /// placed in a batch (counted in [`StageSums::batched`]).
+    pub queue_ns: u64,
+    /// Appends placed in a batch.
+    pub batched: u64,
+    /// Encoding a batch into its aligned buffer (the payload copy). Per batch
+    /// ([`WalStats::batches`]).
+    pub copy_ns: u64,
+    /// From handing a batch's write to the disk until it completes. Per completed write
+    /// (counted in [`StageSums::writes`]).
+    pub write_ns: u64,
+    /// Writes completed successfully.
+    pub writes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +100,13 @@ pub(crate) struct Counters {
     pub segments_created: AtomicU64,
     pub segments_trimmed: AtomicU64,
     pub appends_refused: AtomicU64,
+    pub stage_queued: AtomicU64,
+    pub stage_prepare_ns: AtomicU64,
+    pub stage_queue_ns: AtomicU64,
+    pub stage_batched: AtomicU64,
+    pub stage_copy_ns: AtomicU64,
+    pub stage_write_ns: AtomicU64,
+    pub stage_writes: AtomicU64,
     pub failed: AtomicBool,
     pub direct_io: AtomicBool,
 }
@@ -74,6 +114,12 @@ pub(crate) struct Counters {
 impl Counters {
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds the nanoseconds elapsed since `since` to `sum`.
+    pub(crate) fn add_elapsed(sum: &AtomicU64, since: std::time::Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        sum.fetch_add(ns, Ordering::Relaxed);
     }
 
     pub(crate) fn record_fsync(&self, us: u64) {
@@ -109,6 +155,15 @@ impl Counters {
             segments_created: get(&self.segments_created),
             segments_trimmed: get(&self.segments_trimmed),
             appends_refused: get(&self.appends_refused),
+            stages: StageSums {
+                queued: get(&self.stage_queued),
+                prepare_ns: get(&self.stage_prepare_ns),
+                queue_ns: get(&self.stage_queue_ns),
+                batched: get(&self.stage_batched),
+                copy_ns: get(&self.stage_copy_ns),
+                write_ns: get(&self.stage_write_ns),
+                writes: get(&self.stage_writes),
+            },
             failed: self.failed.load(Ordering::Relaxed),
             direct_io: self.direct_io.load(Ordering::Relaxed),
         }

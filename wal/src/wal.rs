@@ -257,6 +257,7 @@ impl Wal {
     /// [`WalError::EpochRegression`], [`WalError::TruncationRefused`],
     /// [`WalError::TruncateBelowStart`], [`WalError::Failed`], [`WalError::Closed`].
     pub fn append(&self, writer_epoch: Epoch, records: Vec<Record>) -> Append {
+        let called = Instant::now();
         let shared = self.shared();
         // The checksums are computed here, on the appender's thread and outside the lock,
         // so the commit thread (one per log) only copies. Oversized payloads are refused by
@@ -326,6 +327,9 @@ impl Wal {
         // The commit thread holding a batch open for this many appends wants to know.
         let wake = wake || st.queue.len() == shared.wake_at_queue_len.load(Ordering::Relaxed);
         drop(st);
+        let c = &shared.counters;
+        Counters::add(&c.stage_queued, 1);
+        Counters::add_elapsed(&c.stage_prepare_ns, called);
         if wake {
             shared.waker.wake();
         }

@@ -57,6 +57,13 @@ fn run(io: IoBackend, fsync_delay: Option<Duration>) -> (u64, u64) {
     let appends = (APPENDERS * APPENDS_EACH) as u64;
     assert_eq!(stats.appends, appends);
     assert_eq!(stats.records, appends);
+    // Every append was timed through each stage: queued once, placed in one batch; every
+    // batch's write completed and was timed.
+    let s = &stats.stages;
+    assert_eq!(s.queued, appends);
+    assert_eq!(s.batched, appends);
+    assert_eq!(s.writes, stats.batches);
+    assert!(s.prepare_ns > 0 && s.queue_ns > 0 && s.copy_ns > 0 && s.write_ns > 0);
     eprintln!(
         "{io:?} (extra fdatasync latency {fsync_delay:?}): {} appends, {} batches, {} fsyncs, \
          {} pipelined writes",
