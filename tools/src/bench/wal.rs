@@ -33,6 +33,14 @@
 //!   `mb_per_s` is payload in MB = 10^6 bytes; `disk_mb_per_s` is what the WAL wrote
 //!   (headers and padding included).
 //! - **fdatasyncs** and batches from the WAL's own counters (`Wal::stats`) over the window.
+//! - **Stages** (`stages`), means over the window from the WAL's own counters
+//!   ([`quire_wal::StageSums`]): `prepare` (the appender's thread until the append is
+//!   queued: checksums, validation), `queue` (queued until the commit thread encodes its
+//!   batch: the commit thread's wake-up, the batch window), `copy` (encoding a batch),
+//!   `write` and `fsync` (each from hand-off to completion). With one appender, each append
+//!   is one batch, one write and one fdatasync, so the mean latency minus these stages is
+//!   the thread wake-ups no counter sees (`wakeup_us`), mostly the appender's own after its
+//!   acknowledgement.
 //! - **CPU**: user + system seconds of the whole process over the window (`getrusage`), per
 //!   event, and by thread name (`quire-wal-commit`, `quire-wal-prealloc`, the appenders'
 //!   thread).
@@ -58,6 +66,7 @@
 //! | `cpu_user_s`, `cpu_sys_s` | process CPU over the window, seconds |
 //! | `cpu_us_per_event` | (user + sys) / events, microseconds |
 //! | `cpu_by_thread` | `[{name, threads, user_s, sys_s}]`, busiest first |
+//! | `stages` | `{prepare_us, queue_us, copy_us, write_us, fsync_us, wakeup_us}`: mean microseconds per stage (see below) |
 //! | `baseline` | the same fields (without `bench`, `dir`, `filesystem`, WAL settings) for the one-appender run, or `null` |
 //! | `ratio_vs_baseline` | `ops_per_s / baseline.ops_per_s`, or `null` |
 //! | `vs_disk` | with `--vs-disk`: `{block_size, rounds: [{wal_mb_per_s, wal_ops_per_s, wal_cpu_us_per_event, wal_p50_us, disk_mb_per_s, disk_ops_per_s, disk_p50_us, ratio}]}`, else `null` |
@@ -73,7 +82,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use quire_proto::{Epoch, EventKind, Offset};
 use quire_wal::format::PAYLOAD_BYTES_MAX;
-use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError};
+use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError, WalStats};
 use serde::Serialize;
 
 use super::cpu::{ProcessCpu, ThreadCpu, ThreadSnapshot};
@@ -230,6 +239,55 @@ pub struct WalRun {
     pub cpu_us_per_event: f64,
     /// CPU by thread name.
     pub cpu_by_thread: Vec<ThreadCpu>,
+    /// Where the append latency went (the WAL's stage counters over the window).
+    pub stages: StageMeans,
+}
+
+/// Mean time per stage of an append over the window, microseconds, from the WAL's
+/// [`quire_wal::StageSums`] and fdatasync counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StageMeans {
+    /// On the appender's thread until queued (checksums, validation), per append.
+    pub prepare_us: f64,
+    /// Queued until its batch is encoded (commit thread wake-up, batch window), per append.
+    pub queue_us: f64,
+    /// Encoding (copying) a batch, per batch.
+    pub copy_us: f64,
+    /// A batch's write, handed to the disk until complete, per write.
+    pub write_us: f64,
+    /// One fdatasync, submission to completion.
+    pub fsync_us: f64,
+    /// With one appender (one event per write and fdatasync): the mean latency minus the
+    /// stages above, i.e. the thread wake-ups no counter sees (mostly the appender's own,
+    /// after its acknowledgement). `null` with several appenders, whose stages overlap.
+    pub wakeup_us: Option<f64>,
+}
+
+impl StageMeans {
+    fn between(before: &WalStats, after: &WalStats, appenders: u32, mean_us: f64) -> StageMeans {
+        let (b, a) = (&before.stages, &after.stages);
+        let per = |ns: u64, n: u64| {
+            if n > 0 {
+                ns as f64 / n as f64 / 1e3
+            } else {
+                0.0
+            }
+        };
+        let fsyncs = after.fsyncs - before.fsyncs;
+        let mut m = StageMeans {
+            prepare_us: per(a.prepare_ns - b.prepare_ns, a.queued - b.queued),
+            queue_us: per(a.queue_ns - b.queue_ns, a.batched - b.batched),
+            copy_us: per(a.copy_ns - b.copy_ns, after.batches - before.batches),
+            write_us: per(a.write_ns - b.write_ns, a.writes - b.writes),
+            fsync_us: per((after.fsync_us_sum - before.fsync_us_sum) * 1000, fsyncs),
+            wakeup_us: None,
+        };
+        if appenders == 1 && fsyncs > 0 {
+            let seen = m.prepare_us + m.queue_us + m.copy_us + m.write_us + m.fsync_us;
+            m.wakeup_us = Some((mean_us - seen).max(0.0));
+        }
+        m
+    }
 }
 
 /// The result of `quire bench wal`.
@@ -389,6 +447,17 @@ fn run_rows(table: &mut Table, r: &WalRun) {
                 r.mean_us, r.p50_us, r.p99_us, r.p999_us, r.max_us
             ),
         );
+    let s = &r.stages;
+    let mut stages = format!(
+        "mean prepare {:.1} us, queue {:.1} us, copy {:.1} us, write {:.1} us, fdatasync {:.1} us",
+        s.prepare_us, s.queue_us, s.copy_us, s.write_us, s.fsync_us
+    );
+    if let Some(w) = s.wakeup_us {
+        stages.push_str(&format!(
+            "; the other {w:.1} us of the mean latency: thread wake-ups"
+        ));
+    }
+    table.row("stages", stages);
     let threads: Vec<String> = r
         .cpu_by_thread
         .iter()
@@ -785,6 +854,7 @@ fn measure(
             0.0
         },
         cpu_by_thread,
+        stages: StageMeans::between(&stats_before, &stats, appenders, hist.mean()),
     })
 }
 
