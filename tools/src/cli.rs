@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
+use crate::bench::disk::{BackendChoice, DiskBenchConfig, DiskLayout, FsyncPolicy};
 use crate::output::OutputFormat;
 use crate::units::{parse_duration, parse_size};
 
@@ -138,9 +138,18 @@ pub struct DiskBenchArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
     pub duration: Duration,
 
-    /// Size of the temporary file the writes cycle through.
+    /// Size of the temporary file the writes cycle through. With --layout fallocated a
+    /// lower bound: the file is sized so the run does not wrap (4 GB/s x duration, at most
+    /// half the free space).
     #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1GiB")]
     pub file_size: u64,
+
+    /// How the file is laid out before timing. prewritten: preallocated, zero-filled and
+    /// fdatasynced, so the writes overwrite written blocks (fio on an existing file).
+    /// fallocated: fallocate only, never written, so every write lands in an unwritten
+    /// extent (fio on a new file; on ext4 each fdatasync then also commits the journal).
+    #[arg(long, value_enum, default_value_t)]
+    pub layout: DiskLayout,
 
     /// I/O path: auto uses io_uring and falls back to pwrite if the kernel refuses it.
     #[arg(long, value_enum, default_value_t)]
@@ -161,6 +170,7 @@ impl DiskBenchArgs {
             duration: self.duration,
             file_size: self.file_size,
             backend: self.backend,
+            layout: self.layout,
         }
     }
 }
@@ -205,6 +215,30 @@ mod tests {
         assert_eq!(args.file_size, crate::bench::disk::FILE_BYTES_DEFAULT);
         assert_eq!(args.format.format, OutputFormat::Json);
         assert_eq!(args.backend, BackendChoice::Auto);
+        assert_eq!(args.layout, DiskLayout::Prewritten);
+        assert_eq!(args.to_config().layout, DiskLayout::Prewritten);
+    }
+
+    #[test]
+    fn bench_disk_takes_a_layout() {
+        let parse = |layout: &str| {
+            Cli::try_parse_from([
+                "quire", "bench", "disk", "--dir", "/tmp", "--layout", layout,
+            ])
+        };
+        for (name, layout) in [
+            ("prewritten", DiskLayout::Prewritten),
+            ("fallocated", DiskLayout::Fallocated),
+        ] {
+            let Command::Bench(BenchCommand::Disk(args)) = parse(name).unwrap().command else {
+                panic!("parsed as another command");
+            };
+            assert_eq!(args.to_config().layout, layout);
+            assert_eq!(layout.name(), name, "the CLI and JSON names agree");
+        }
+        let err = parse("sparse").unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        assert!(err.to_string().contains("fallocated"), "{err}");
     }
 
     #[test]

@@ -115,6 +115,8 @@ fn bench_disk_json_has_every_field_with_sane_values() {
         assert!(number(&json, "p999_us") <= number(&json, "max_us"));
         assert_eq!(json["bench"], "disk");
         assert_eq!(json["fsync"], fsync);
+        assert_eq!(json["layout"], "prewritten", "the default layout");
+        assert!(json["wraps"].is_u64(), "{json}");
         assert_eq!(number(&json, "block_size"), 65536.0);
         assert_eq!(number(&json, "qd"), qd.parse::<f64>().expect("qd"));
         assert_eq!(number(&json, "file_size"), 16.0 * 1024.0 * 1024.0);
@@ -168,6 +170,65 @@ fn bench_disk_text_output_is_a_table() {
             "no {label} line:\n{stdout}"
         );
     }
+    assert_no_bench_file(dir.path());
+}
+
+/// `--layout fallocated`: the JSON names the layout, the file is sized past `--file-size` so
+/// the run does not wrap into blocks it wrote, and the text says the file was not written.
+#[test]
+fn bench_disk_fallocated_layout_is_reported_and_does_not_wrap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = |format: &'static str| {
+        vec![
+            "bench",
+            "disk",
+            "--dir",
+            dir.path().to_str().expect("utf-8 tempdir"),
+            "--block-size",
+            "64KiB",
+            "--duration",
+            "300ms",
+            "--file-size",
+            "1MiB",
+            "--layout",
+            "fallocated",
+            "--format",
+            format,
+        ]
+    };
+    let output = run(&args("json"));
+    if direct_io_unsupported(&output) {
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "quire failed: {}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("valid JSON");
+    assert_eq!(json["layout"], "fallocated", "{json}");
+    assert_eq!(number(&json, "wraps"), 0.0, "{json}");
+    assert!(number(&json, "ops") > 0.0, "{json}");
+    assert!(
+        number(&json, "file_size") > 1024.0 * 1024.0,
+        "sized for the duration, not the 1 MiB asked: {json}"
+    );
+    assert!(
+        number(&json, "bytes") <= number(&json, "file_size"),
+        "{json}"
+    );
+    assert_no_bench_file(dir.path());
+
+    let output = run(&args("text"));
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8(output.stdout).expect("utf-8 stdout");
+    let file = stdout
+        .lines()
+        .find(|line| line.starts_with("file"))
+        .unwrap_or_else(|| panic!("no file line:\n{stdout}"));
+    assert!(file.contains("fallocated, not written"), "{file}");
+    assert!(!file.contains("WRAPPED"), "{file}");
     assert_no_bench_file(dir.path());
 }
 

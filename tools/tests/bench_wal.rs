@@ -1,6 +1,7 @@
 //! Runs the real `quire bench wal` for a second on a temporary directory and checks its
 //! output contract: one JSON object with every field, rates and latencies above zero, the
-//! baseline when asked for, and the temporary WAL removed. No timing thresholds.
+//! baseline when asked for, the rounds against both disk layouts with `--vs-disk`, and the
+//! temporary WAL removed. No timing thresholds.
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -175,4 +176,93 @@ fn bench_wal_refuses_bad_values() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--appenders 0 is out of range"));
     let out = quire(&["bench", "wal", "--event-size", "64K"]);
     assert_eq!(out.status.code(), Some(2), "usage error");
+}
+
+/// `--vs-disk` runs, per round, the WAL, then `bench disk` on a pre-written file, then on a
+/// new fallocated one; the report keeps the pre-written ratio under its old name and adds
+/// the fallocated one, both the medians of their rounds, and the fallocated runs did not
+/// wrap into blocks they had written.
+#[test]
+fn bench_wal_vs_disk_reports_both_disk_layouts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = |format: &'static str| {
+        vec![
+            "bench",
+            "wal",
+            "--dir",
+            dir.path().to_str().expect("utf-8"),
+            "--duration",
+            "300ms",
+            "--event-size",
+            "4KiB",
+            "--appenders",
+            "1",
+            "--segment-size",
+            "8MiB",
+            "--no-baseline",
+            "--vs-disk",
+            "--rounds",
+            "3",
+            "--format",
+            format,
+        ]
+    };
+    let out = quire(&args("json"));
+    assert!(
+        out.status.success(),
+        "quire failed: {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_run_fields(&json, 1.0);
+    let vs_disk = &json["vs_disk"];
+    assert_eq!(number(vs_disk, "block_size"), 4096.0);
+    let rounds = vs_disk["rounds"].as_array().expect("rounds array");
+    assert_eq!(rounds.len(), 3, "{json}");
+    let median = |field: &str| {
+        let mut values: Vec<f64> = rounds.iter().map(|r| number(r, field)).collect();
+        values.sort_by(f64::total_cmp);
+        values[1]
+    };
+    for round in rounds {
+        for field in [
+            "wal_mb_per_s",
+            "disk_mb_per_s",
+            "disk_p50_us",
+            "ratio",
+            "fresh_disk_mb_per_s",
+            "fresh_disk_ops_per_s",
+            "fresh_disk_p50_us",
+            "fresh_ratio",
+        ] {
+            assert!(number(round, field) > 0.0, "{field} not > 0 in {round}");
+        }
+        assert_eq!(number(round, "fresh_disk_wraps"), 0.0, "{round}");
+        let fresh_ratio = number(round, "wal_mb_per_s") / number(round, "fresh_disk_mb_per_s");
+        assert!(
+            (number(round, "fresh_ratio") - fresh_ratio).abs() <= 1e-9 * fresh_ratio,
+            "{round}"
+        );
+    }
+    assert_eq!(number(&json, "ratio_vs_disk"), median("ratio"), "{json}");
+    assert_eq!(
+        number(&json, "ratio_vs_fresh_disk"),
+        median("fresh_ratio"),
+        "{json}"
+    );
+    assert_empty(dir.path());
+
+    let out = quire(&args("text"));
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let ratio = stdout
+        .lines()
+        .find(|l| l.starts_with("ratio") && l.contains("pre-written disk's MB/s"))
+        .unwrap_or_else(|| panic!("no vs-disk ratio line:\n{stdout}"));
+    assert!(
+        ratio.contains("of a new fallocated file's (medians of 3 rounds)"),
+        "{ratio}"
+    );
+    assert_empty(dir.path());
 }

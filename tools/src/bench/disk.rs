@@ -1,6 +1,6 @@
 //! `quire bench disk`: the raw-disk yardstick. Sequential O_DIRECT writes of one block size
-//! into a pre-written file, `qd` at a time through io_uring, optionally each followed by an
-//! fdatasync — the same job as
+//! into a file laid out one of two ways (see [the file](#the-file)), `qd` at a time through
+//! io_uring, optionally each followed by an fdatasync — the same job as
 //! `fio --ioengine=io_uring --direct=1 --rw=write --bs=B --iodepth=N [--fdatasync=1]`,
 //! so Quire's own numbers (WAL, node, cluster) can be read as a fraction of what the disk
 //! gives.
@@ -19,11 +19,24 @@
 //! - With `--fsync none` one fdatasync runs after the timed part, not counted.
 //!
 //! # The file
-//! `DIR/.quire-bench-disk-<pid>.tmp`, created new, preallocated (`fallocate`), written once
-//! fully with zeros and fdatasynced before the timed part: on ext4 an O_DIRECT write into
-//! an unwritten extent or past EOF costs a journal commit, which would measure the file
-//! system's metadata path rather than the disk. Writes wrap to the start at the end of the
-//! file. The file is deleted at the end, also after an error or Ctrl-C.
+//! `DIR/.quire-bench-disk-<pid>.tmp`, created new and deleted at the end, also after an
+//! error or Ctrl-C. `--layout` chooses what it looks like before the timed part:
+//!
+//! - **`prewritten`** (default): preallocated (`fallocate`), written once fully with zeros
+//!   and fdatasynced. The timed writes overwrite written blocks, so an fdatasync has only
+//!   the data to flush: this is the disk's own speed, and what fio measures on a file that
+//!   already exists. Writes wrap to the start at the end of the file (`--file-size`).
+//! - **`fallocated`**: preallocated with `fallocate` (mode 0) to its size and fsynced,
+//!   never written: fio's layout for a new file. Every timed write lands in an unwritten
+//!   extent. On ext4 an O_DIRECT write there needs an extent conversion (unwritten →
+//!   written) when it completes, a metadata change, so the fdatasync behind it must also
+//!   commit the journal: each op costs the data write plus a journal commit, which is what
+//!   a log that writes new blocks pays (and what fio reports for a new file). The timed
+//!   writes must not wrap into blocks they wrote earlier in the run, or the figure drifts
+//!   towards the pre-written one: the file is sized for
+//!   [`FALLOCATED_BYTES_PER_S_MAX`] × duration (at least `--file-size`), capped at
+//!   [`FALLOCATED_FREE_SHARE`] of the free space. If the writes still wrap, a warning is
+//!   logged and `wraps` in the report is above 0.
 //!
 //! # Alignment
 //! From `statx(STATX_DIOALIGN)` when the kernel reports it, else the device's block sizes,
@@ -41,8 +54,10 @@
 //! | `dio_mem_align`, `dio_offset_align` | bytes from statx, or `null` |
 //! | `qd` | ops in flight |
 //! | `fsync` | `"every"` or `"none"` |
-//! | `prefill_s`, `duration_s` | seconds (prefill not included in any rate) |
+//! | `layout` | `"prewritten"` or `"fallocated"` (see [the file](#the-file)) |
+//! | `prefill_s`, `duration_s` | seconds; `prefill_s` is the time to prepare the file (fallocate, and for `prewritten` the zero-fill and fdatasync), in no rate |
 //! | `ops`, `bytes`, `fsyncs` | totals over `duration_s` |
+//! | `wraps` | times the writes went back to the start of the file (expected with `prewritten`; with `fallocated` above 0 means part of the run overwrote written blocks) |
 //! | `mb_per_s`, `mib_per_s` | 10^6 and 2^20 bytes per second |
 //! | `ops_per_s`, `fsyncs_per_s` | per second (`fsyncs_per_s` is 0 with `fsync = "none"`) |
 //! | `mean_us`, `p50_us`, `p99_us`, `p999_us`, `max_us` | op latency, microseconds |
@@ -86,6 +101,37 @@ const WAIT_TICK: Duration = Duration::from_secs(1);
 
 /// Default `--file-size`, in bytes (the CLI spells it `1GiB`; a unit test keeps the two equal).
 pub const FILE_BYTES_DEFAULT: u64 = 1 << 30;
+
+/// With [`DiskLayout::Fallocated`]: the fastest write rate the file is sized for, in bytes
+/// per second (10^9-byte GB: 4 GB/s), so a run of `duration` writes at most this many
+/// bytes × seconds and never wraps into blocks it wrote.
+pub const FALLOCATED_BYTES_PER_S_MAX: u64 = 4_000_000_000;
+/// With [`DiskLayout::Fallocated`]: the largest share of the free space the bench file may
+/// take, as a fraction (the rest stays for whatever else runs on the file system).
+pub const FALLOCATED_FREE_SHARE: f64 = 0.5;
+
+/// How the bench file is laid out before the timed part (`--layout`); see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskLayout {
+    /// Preallocated, written once with zeros and fdatasynced: timed writes overwrite
+    /// written blocks (fio on an existing file).
+    #[default]
+    Prewritten,
+    /// Preallocated with `fallocate` only, never written: every timed write lands in an
+    /// unwritten extent (fio on a new file).
+    Fallocated,
+}
+
+impl DiskLayout {
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskLayout::Prewritten => "prewritten",
+            DiskLayout::Fallocated => "fallocated",
+        }
+    }
+}
 
 /// When the benchmark issues an fdatasync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -143,10 +189,13 @@ pub struct DiskBenchConfig {
     /// How long to keep submitting.
     pub duration: Duration,
     /// Size of the bench file in bytes; rounded down to a multiple of `block_size`, and at
-    /// least `block_size * qd`.
+    /// least `block_size * qd`. With [`DiskLayout::Fallocated`] a lower bound: the file is
+    /// made large enough not to wrap (see [`fallocated_file_bytes`]).
     pub file_size: u64,
     /// Which I/O path to use.
     pub backend: BackendChoice,
+    /// How the file is laid out before the timed part.
+    pub layout: DiskLayout,
 }
 
 /// The result of one run; see the module docs for each field's unit.
@@ -166,6 +215,8 @@ pub struct DiskBenchReport {
     pub qd: u32,
     /// fdatasync policy.
     pub fsync: FsyncPolicy,
+    /// How the file was laid out before the timed part.
+    pub layout: DiskLayout,
     /// Bench file size, bytes.
     pub file_size: u64,
     /// Alignment used for buffers, positions and lengths, bytes.
@@ -176,7 +227,8 @@ pub struct DiskBenchReport {
     pub dio_mem_align: Option<u32>,
     /// statx `dio_offset_align`, bytes.
     pub dio_offset_align: Option<u32>,
-    /// Time to preallocate, zero-fill and fdatasync the file, seconds.
+    /// Time to prepare the file (fallocate; for `prewritten` also zero-fill and fdatasync),
+    /// seconds.
     pub prefill_s: f64,
     /// Measured wall time, first submission to last completion, seconds.
     pub duration_s: f64,
@@ -186,6 +238,8 @@ pub struct DiskBenchReport {
     pub bytes: u64,
     /// Completed fdatasyncs.
     pub fsyncs: u64,
+    /// Times the writes went back to the start of the file.
+    pub wraps: u64,
     /// Throughput, 10^6 bytes per second.
     pub mb_per_s: f64,
     /// Throughput, 2^20 bytes per second.
@@ -222,16 +276,27 @@ impl Report for DiskBenchReport {
             alignment.push_str(&format!(": mem {mem} B, offset {offset} B"));
         }
         alignment.push(')');
+        let mut file = match self.layout {
+            DiskLayout::Prewritten => format!(
+                "{}, prewritten (prefilled in {:.2} s)",
+                human_bytes(self.file_size),
+                self.prefill_s
+            ),
+            DiskLayout::Fallocated => format!(
+                "{}, fallocated, not written (in {:.2} s)",
+                human_bytes(self.file_size),
+                self.prefill_s
+            ),
+        };
+        if self.layout == DiskLayout::Fallocated && self.wraps > 0 {
+            file.push_str(&format!(
+                "; WRAPPED {} time(s): part of the run overwrote written blocks",
+                self.wraps
+            ));
+        }
         Table::new()
             .row("dir", format!("{} ({})", self.dir, self.filesystem))
-            .row(
-                "file",
-                format!(
-                    "{}, prefilled in {:.2} s",
-                    human_bytes(self.file_size),
-                    self.prefill_s
-                ),
-            )
+            .row("file", file)
             .row(
                 "block",
                 format!("{}, qd {}", human_bytes(self.block_size), self.qd),
@@ -261,17 +326,27 @@ impl Report for DiskBenchReport {
     }
 }
 
-/// `1048576` → `"1 MiB"`, `12288` → `"12 KiB"`, `1000` → `"1000 B"`.
+/// `1048576` → `"1 MiB"`, `12288` → `"12 KiB"`, `1000` → `"1000 B"`: the largest unit the
+/// size reaches, as a whole number; from 1 MiB up a size that is no whole number of that
+/// unit is rounded to a tenth of it (`1200000000` → `"1.1 GiB"`, as a fallocated file sized
+/// for the duration is), below 1 MiB it is given in bytes.
 fn human_bytes(bytes: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes < 1 << shift {
+            continue;
+        }
+        if bytes % (1 << shift) == 0 {
             return format!("{} {unit}", bytes >> shift);
         }
+        if shift >= 20 {
+            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+        break;
     }
     format!("{bytes} B")
 }
 
-/// Runs the benchmark described by `config`: creates and prefills the bench file, measures,
+/// Runs the benchmark described by `config`: creates and lays out the bench file, measures,
 /// deletes the file, and returns the figures. Installs a SIGINT/SIGTERM handler so Ctrl-C
 /// stops it cleanly.
 ///
@@ -348,11 +423,17 @@ pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
             alignment.source
         );
     }
-    let file_size = config.file_size - config.file_size % config.block_size;
-    if file_size != config.file_size {
+    let available = dio::available_bytes(dir).unwrap_or(u64::MAX);
+    let wanted = match config.layout {
+        DiskLayout::Prewritten => config.file_size,
+        DiskLayout::Fallocated => {
+            fallocated_file_bytes(config.file_size, config.duration, available)
+        }
+    };
+    let file_size = wanted - wanted % config.block_size;
+    if config.layout == DiskLayout::Prewritten && file_size != config.file_size {
         tracing::info!("file size rounded down to {file_size} bytes, a multiple of the block size");
     }
-    let available = dio::available_bytes(dir).unwrap_or(u64::MAX);
     if available < file_size {
         bail!(
             "not enough free space in {}: the bench file needs {file_size} bytes, {available} \
@@ -361,16 +442,21 @@ pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
         );
     }
 
+    let layout = config.layout.name();
     tracing::info!(
-        "preparing {} ({file_size} bytes): preallocate, zero-fill, fdatasync",
-        bench_file.path.display()
+        "preparing {} ({file_size} bytes, {layout}): {}",
+        bench_file.path.display(),
+        match config.layout {
+            DiskLayout::Prewritten => "preallocate, zero-fill, fdatasync",
+            DiskLayout::Fallocated => "fallocate and fsync, no write",
+        }
     );
     let prefill_started = Instant::now();
-    prefill(&bench_file.file, file_size, align)
-        .with_context(|| format!("cannot prefill {}", bench_file.path.display()))?;
+    prepare(&bench_file.file, config.layout, file_size, align)
+        .with_context(|| format!("cannot prepare {}", bench_file.path.display()))?;
     let prefill = prefill_started.elapsed();
     tracing::info!(
-        "prefilled in {:.2} s; measuring for {:?}",
+        "prepared ({layout}) in {:.2} s; measuring for {:?}",
         prefill.as_secs_f64(),
         config.duration
     );
@@ -392,6 +478,16 @@ pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
     if interrupt::is_interrupted() {
         return Err(Interrupted.into());
     }
+    let wraps = measurement.wraps(file_size / config.block_size);
+    if config.layout == DiskLayout::Fallocated && wraps > 0 {
+        tracing::warn!(
+            "the writes wrapped {wraps} time(s) past the end of the {file_size}-byte \
+             fallocated file: part of the run overwrote blocks it had written, so the figure \
+             lies between the fallocated and the pre-written one (free space in {} is too \
+             small for this duration; pass a shorter --duration or free some space)",
+            dir.display()
+        );
+    }
     if config.fsync == FsyncPolicy::None {
         bench_file
             .file
@@ -409,6 +505,17 @@ pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
         prefill,
         &measurement,
     ))
+}
+
+/// The size of a [`DiskLayout::Fallocated`] bench file, in bytes (before rounding down to
+/// the block size): enough for [`FALLOCATED_BYTES_PER_S_MAX`] during `duration`, at least
+/// `file_size_min`, and at most [`FALLOCATED_FREE_SHARE`] of `available_bytes` unless
+/// `file_size_min` alone is more (the caller then checks that it fits).
+pub fn fallocated_file_bytes(file_size_min: u64, duration: Duration, available_bytes: u64) -> u64 {
+    // `as` from f64 saturates: a huge duration gives u64::MAX, then the cap applies.
+    let needed = (FALLOCATED_BYTES_PER_S_MAX as f64 * duration.as_secs_f64()).ceil() as u64;
+    let cap = (available_bytes as f64 * FALLOCATED_FREE_SHARE) as u64;
+    needed.min(cap).max(file_size_min)
 }
 
 fn validate(config: &DiskBenchConfig) -> anyhow::Result<()> {
@@ -521,10 +628,19 @@ impl Drop for BenchFile {
     }
 }
 
-/// Preallocates `file_size` bytes, writes them once with zeros (O_DIRECT, in
-/// [`PREFILL_CHUNK_BYTES`] pieces), and fdatasyncs, so the timed writes land in written
-/// extents.
-fn prefill(file: &File, file_size: u64, align: u64) -> anyhow::Result<()> {
+/// Lays the file out as `layout` asks.
+///
+/// - [`DiskLayout::Prewritten`]: preallocates `file_size` bytes, writes them once with zeros
+///   (O_DIRECT, in [`PREFILL_CHUNK_BYTES`] pieces), and fdatasyncs, so the timed writes land
+///   in written extents.
+/// - [`DiskLayout::Fallocated`]: `fallocate` (mode 0: allocates unwritten extents and sets
+///   the size) and fsync, so the allocation itself is committed before timing and the timed
+///   ops pay only for converting the extents they write.
+///
+/// # Errors
+/// fallocate failing (for `fallocated` also when the file system does not support it),
+/// a failed write or sync, or Ctrl-C during the zero-fill.
+fn prepare(file: &File, layout: DiskLayout, file_size: u64, align: u64) -> anyhow::Result<()> {
     let len = i64::try_from(file_size).context("file size does not fit off_t")?;
     // SAFETY: fallocate only reads its integer arguments; the fd is open for the call.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
@@ -532,10 +648,20 @@ fn prefill(file: &File, file_size: u64, align: u64) -> anyhow::Result<()> {
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             // Not every file system preallocates; writing the zeros still works.
-            Some(libc::EOPNOTSUPP) => tracing::debug!("fallocate unsupported: {err}"),
+            Some(libc::EOPNOTSUPP) if layout == DiskLayout::Prewritten => {
+                tracing::debug!("fallocate unsupported: {err}")
+            }
+            Some(libc::EOPNOTSUPP) => bail!(
+                "the file system does not support fallocate ({err}), which --layout \
+                 fallocated needs; use --layout prewritten"
+            ),
             Some(libc::ENOSPC) => bail!("no space left for {file_size} bytes: {err}"),
             _ => return Err(anyhow!(err).context("fallocate failed")),
         }
+    }
+    if layout == DiskLayout::Fallocated {
+        file.sync_all().context("fsync after fallocate failed")?;
+        return Ok(());
     }
     let chunk_bytes = PREFILL_CHUNK_BYTES.max(align).min(file_size);
     let buf = AlignedBuf::zeroed(to_usize(chunk_bytes)?, to_usize(align)?);
@@ -628,8 +754,21 @@ impl Workload<'_> {
 struct Measurement {
     ops: u64,
     fsyncs: u64,
+    /// Writes submitted (the last few may have failed or been cut short by an error).
+    submitted: u64,
     latency_us: Histogram<u64>,
     elapsed: Duration,
+}
+
+impl Measurement {
+    /// Times the writes went back to the start of a file of `blocks` blocks: the first
+    /// `blocks` writes fill it once, every further `blocks` is one more wrap.
+    fn wraps(&self, blocks: u64) -> u64 {
+        if blocks == 0 {
+            return 0;
+        }
+        self.submitted.saturating_sub(1) / blocks
+    }
 }
 
 fn new_histogram() -> anyhow::Result<Histogram<u64>> {
@@ -705,6 +844,7 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
     let (mut ops, mut fsyncs) = (0u64, 0u64);
     let mut first_error: Option<anyhow::Error> = None;
     let mut next_position = 0u64;
+    let mut submitted = 0u64;
     // With `fsync every`, a successful write needs no completion of its own: the fsync
     // linked behind it runs only if the write completed in full. Skipping it saves a wake-up
     // per op, as the fsync's completion then carries the whole op. A failed or short write
@@ -777,6 +917,7 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
                     break;
                 }
                 pool.in_flight += 1;
+                submitted += 1;
             }
         }
         if pool.in_flight == 0 {
@@ -889,6 +1030,7 @@ fn run_io_uring(ring: &mut IoUring, work: &Workload<'_>) -> anyhow::Result<Measu
     Ok(Measurement {
         ops,
         fsyncs,
+        submitted,
         latency_us,
         elapsed: last_completion - start,
     })
@@ -936,6 +1078,7 @@ fn run_pwrite(work: &Workload<'_>) -> anyhow::Result<Measurement> {
                 Measurement {
                     ops,
                     fsyncs,
+                    submitted: 0,
                     latency_us,
                     elapsed: Duration::ZERO,
                 },
@@ -962,6 +1105,8 @@ fn run_pwrite(work: &Workload<'_>) -> anyhow::Result<Measurement> {
     let mut total = Measurement {
         ops: 0,
         fsyncs: 0,
+        // Every block number taken from the counter was written (or failed, ending the run).
+        submitted: next_block.load(Ordering::Relaxed),
         latency_us: new_histogram()?,
         elapsed: Duration::ZERO,
     };
@@ -1001,6 +1146,7 @@ fn report(
         block_size: config.block_size,
         qd: config.qd,
         fsync: config.fsync,
+        layout: config.layout,
         file_size,
         alignment: alignment.required(),
         alignment_source: alignment.source,
@@ -1011,6 +1157,7 @@ fn report(
         ops: measurement.ops,
         bytes,
         fsyncs: measurement.fsyncs,
+        wraps: measurement.wraps(file_size / config.block_size),
         mb_per_s: per_second(bytes as f64) / 1e6,
         mib_per_s: per_second(bytes as f64) / (1u64 << 20) as f64,
         ops_per_s: per_second(measurement.ops as f64),
@@ -1036,6 +1183,7 @@ mod tests {
             duration: Duration::from_millis(200),
             file_size: 1 << 20,
             backend: BackendChoice::Auto,
+            layout: DiskLayout::Prewritten,
         }
     }
 
@@ -1090,11 +1238,14 @@ mod tests {
     }
 
     #[test]
-    fn human_bytes_uses_the_largest_exact_unit() {
+    fn human_bytes_uses_the_largest_unit_reached() {
         assert_eq!(human_bytes(1 << 30), "1 GiB");
         assert_eq!(human_bytes(256 << 10), "256 KiB");
         assert_eq!(human_bytes(12288), "12 KiB");
         assert_eq!(human_bytes(1000), "1000 B");
+        assert_eq!(human_bytes(1_200_000_000), "1.1 GiB");
+        assert_eq!(human_bytes((3 << 20) + 1000), "3.0 MiB");
+        assert_eq!(human_bytes(12289), "12289 B");
     }
 
     /// A failing write must come back as a clear error naming the write (not the fsync it
@@ -1184,12 +1335,110 @@ mod tests {
                     FsyncPolicy::None => assert_eq!(report.fsyncs, 0),
                 }
                 assert!(report.p50_us <= report.p99_us && report.p99_us <= report.max_us);
+                assert_eq!(report.layout, DiskLayout::Prewritten);
+                assert_eq!(report.file_size, 1 << 20);
+                // Every write submitted completed, so the wraps follow from the count.
+                assert_eq!(
+                    report.wraps,
+                    (report.ops - 1) / ((1 << 20) / 4096),
+                    "{report:?}"
+                );
                 if backend == BackendChoice::Pwrite {
                     assert_eq!(report.backend, Backend::Pwrite);
                 }
                 let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
                 assert!(left.is_empty(), "bench file left behind: {left:?}");
             }
+        }
+    }
+
+    #[test]
+    fn wraps_count_every_pass_after_the_first() {
+        let measurement = |submitted| Measurement {
+            ops: submitted,
+            fsyncs: 0,
+            submitted,
+            latency_us: new_histogram().unwrap(),
+            elapsed: Duration::ZERO,
+        };
+        for (submitted, wraps) in [(0, 0), (1, 0), (4, 0), (5, 1), (8, 1), (9, 2)] {
+            assert_eq!(measurement(submitted).wraps(4), wraps, "{submitted} writes");
+        }
+        assert_eq!(measurement(9).wraps(0), 0);
+    }
+
+    #[test]
+    fn a_fallocated_file_is_sized_for_the_duration_within_the_free_space() {
+        let gb = 1_000_000_000;
+        // 4 GB/s for 2 s, well within the free space.
+        assert_eq!(
+            fallocated_file_bytes(1 << 20, Duration::from_secs(2), 100 * gb),
+            8 * gb
+        );
+        // Capped at half the free space.
+        assert_eq!(
+            fallocated_file_bytes(1 << 20, Duration::from_secs(10), 20 * gb),
+            10 * gb
+        );
+        // Never below the requested size, even past the cap (the caller checks the space).
+        assert_eq!(
+            fallocated_file_bytes(3 * gb, Duration::from_secs(10), 4 * gb),
+            3 * gb
+        );
+        assert_eq!(
+            fallocated_file_bytes(1 << 30, Duration::from_millis(1), 100 * gb),
+            1 << 30
+        );
+        // The longest run: 4 GB/s for a day, 345.6 TB.
+        assert_eq!(
+            fallocated_file_bytes(1 << 20, DURATION_MAX, u64::MAX),
+            345_600 * gb
+        );
+        // Past u64 the product saturates instead of overflowing, then the cap applies.
+        assert_eq!(
+            fallocated_file_bytes(1 << 20, Duration::MAX, u64::MAX),
+            (u64::MAX as f64 * FALLOCATED_FREE_SHARE) as u64
+        );
+    }
+
+    /// `--layout fallocated` on the real disk: the file is made larger than asked (sized
+    /// for the duration), the writes never wrap into written blocks, the report says which
+    /// layout it measured, and the file is gone afterwards.
+    #[test]
+    fn a_fallocated_run_does_not_wrap_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in [BackendChoice::Auto, BackendChoice::Pwrite] {
+            let config = DiskBenchConfig {
+                backend,
+                layout: DiskLayout::Fallocated,
+                ..config(dir.path())
+            };
+            let report = match run(&config) {
+                Ok(report) => report,
+                Err(e) if format!("{e:#}").contains("does not support") => {
+                    eprintln!("SKIPPED: {e:#}");
+                    return;
+                }
+                Err(e) => panic!("{e:#}"),
+            };
+            assert_eq!(report.layout, DiskLayout::Fallocated);
+            assert!(report.ops > 0, "{report:?}");
+            assert_eq!(report.wraps, 0, "{report:?}");
+            assert!(report.file_size >= config.file_size, "{report:?}");
+            assert_eq!(report.file_size % config.block_size, 0);
+            assert!(
+                report.bytes <= report.file_size,
+                "wrote past the file without wrapping? {report:?}"
+            );
+            let mut text = Vec::new();
+            report.write_text(&mut text).unwrap();
+            let text = String::from_utf8(text).unwrap();
+            assert!(text.contains("fallocated, not written"), "{text}");
+            let json = serde_json::to_value(&report).unwrap();
+            assert_eq!(json["layout"], "fallocated");
+            assert_eq!(json["wraps"], 0);
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+            assert!(left.is_empty(), "bench file left behind: {left:?}");
         }
     }
 }

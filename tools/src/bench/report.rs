@@ -22,7 +22,7 @@ use clap::{Args, Parser};
 use serde::Serialize;
 
 use crate::bench::cluster::ClusterBenchConfig;
-use crate::bench::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
+use crate::bench::disk::{BackendChoice, DiskBenchConfig, DiskLayout, FsyncPolicy};
 use crate::cli::{BenchCommand, Cli, Command, FormatArgs};
 use crate::cluster::master::MasterBound;
 use crate::cluster::up::{ClusterSpec, LocalCluster, STOP_WAIT_DEFAULT};
@@ -148,6 +148,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<BenchReport> {
             duration: args.duration,
             file_size: 256 * 1024 * 1024,
             backend: BackendChoice::Auto,
+            layout: DiskLayout::Prewritten,
         })
         .context("bench disk")?;
         alignment = r.alignment;

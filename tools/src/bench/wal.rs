@@ -18,12 +18,22 @@
 //! the rate a log without group commit gets. The report gives the ratio.
 //!
 //! With `--vs-disk`, the run is repeated `--rounds` times, and each WAL run is followed at
-//! once by a raw-disk run (`quire bench disk` with the event size rounded up to the
+//! once by two raw-disk runs (`quire bench disk` with the event size rounded up to the
 //! alignment as block size, queue depth 1, an fdatasync behind every write, the same
-//! duration, on the same file system): the physical limit for one event per fdatasync.
-//! Each round gives the ratio of the WAL's payload MB/s to the disk's MB/s; the report
-//! gives the median ratio, and its main figures are those of the median round. Alternating
-//! short runs keeps both sides under the same background load on a shared machine.
+//! duration, on the same file system), one per file layout (see [`super::disk`]):
+//! - **pre-written** (`--layout prewritten`): the writes overwrite written blocks, so each
+//!   fdatasync flushes data only: the physical limit for one event per fdatasync;
+//! - **fresh** (`--layout fallocated`): a new file, fallocated but never written, as fio
+//!   lays out a new file: on ext4 every write converts an unwritten extent and every
+//!   fdatasync commits the journal.
+//!
+//! The WAL sits between the two: it is a growing log, but it zero-fills each segment ahead
+//! of need, so its appends overwrite written blocks like the first yardstick while paying
+//! for the zero-fill (the second yardstick's cost, moved off the append path). Each round
+//! gives the ratio of the WAL's payload MB/s to each disk run's MB/s; the report gives both
+//! medians, and its main figures are those of the median round by the pre-written ratio.
+//! Alternating short runs keeps all three under the same background load on a shared
+//! machine.
 //!
 //! # What is measured
 //! - **Latency** per append, from just before `Wal::append` to the resolution of its
@@ -69,8 +79,9 @@
 //! | `stages` | `{prepare_us, queue_us, copy_us, write_us, fsync_us, wakeup_us}`: mean microseconds per stage (see below) |
 //! | `baseline` | the same fields (without `bench`, `dir`, `filesystem`, WAL settings) for the one-appender run, or `null` |
 //! | `ratio_vs_baseline` | `ops_per_s / baseline.ops_per_s`, or `null` |
-//! | `vs_disk` | with `--vs-disk`: `{block_size, rounds: [{wal_mb_per_s, wal_ops_per_s, wal_cpu_us_per_event, wal_p50_us, disk_mb_per_s, disk_ops_per_s, disk_p50_us, ratio}]}`, else `null` |
-//! | `ratio_vs_disk` | median over the rounds of `wal_mb_per_s / disk_mb_per_s`, or `null` |
+//! | `vs_disk` | with `--vs-disk`: `{block_size, rounds: [{wal_mb_per_s, wal_ops_per_s, wal_cpu_us_per_event, wal_p50_us, disk_mb_per_s, disk_ops_per_s, disk_p50_us, ratio, fresh_disk_mb_per_s, fresh_disk_ops_per_s, fresh_disk_p50_us, fresh_disk_wraps, fresh_ratio}]}`, else `null`; `disk_*` and `ratio` are the pre-written layout's, `fresh_*` the fallocated one's (`fresh_disk_wraps` above 0: that run wrapped, see [`super::disk`]) |
+//! | `ratio_vs_disk` | median over the rounds of `ratio` (`wal_mb_per_s / disk_mb_per_s`, pre-written layout), or `null` |
+//! | `ratio_vs_fresh_disk` | median over the rounds of `fresh_ratio` (`wal_mb_per_s / fresh_disk_mb_per_s`, fallocated layout), or `null` |
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -86,7 +97,7 @@ use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError, WalStats};
 use serde::Serialize;
 
 use super::cpu::{ProcessCpu, ThreadCpu, ThreadSnapshot};
-use super::disk::{BackendChoice, DiskBenchConfig, FsyncPolicy};
+use super::disk::{BackendChoice, DiskBenchConfig, DiskBenchReport, DiskLayout, FsyncPolicy};
 use crate::dio;
 use crate::interrupt::{self, Interrupted};
 use crate::output::{Report, Table};
@@ -109,7 +120,8 @@ pub const DURATION_MAX: Duration = Duration::from_secs(24 * 3600);
 pub const LATENCY_US_MAX: u64 = 3_600_000_000;
 /// Most `--rounds` of `--vs-disk`.
 pub const ROUNDS_MAX: u32 = 100;
-/// Size of the raw-disk run's bench file with `--vs-disk`, bytes (its writes wrap around).
+/// Size of the pre-written raw-disk run's bench file with `--vs-disk`, bytes (its writes
+/// wrap around); the lower bound of the fallocated run's (which is sized not to wrap).
 pub const VS_DISK_FILE_BYTES: u64 = 256 << 20;
 /// Longest wait for the WAL's preallocator to prepare the spare segment before timing.
 pub const SPARE_WAIT_MAX: Duration = Duration::from_secs(120);
@@ -314,8 +326,10 @@ pub struct WalBenchReport {
     pub ratio_vs_baseline: Option<f64>,
     /// The rounds against the raw disk (`--vs-disk`).
     pub vs_disk: Option<VsDisk>,
-    /// Median of the rounds' `ratio`.
+    /// Median of the rounds' `ratio` (pre-written layout).
     pub ratio_vs_disk: Option<f64>,
+    /// Median of the rounds' `fresh_ratio` (fallocated layout).
+    pub ratio_vs_fresh_disk: Option<f64>,
 }
 
 /// The WAL against the raw disk, round by round (`--vs-disk`).
@@ -323,11 +337,12 @@ pub struct WalBenchReport {
 pub struct VsDisk {
     /// The disk run's bytes per write: the event size rounded up to the alignment.
     pub block_size: u64,
-    /// Each round: a WAL run, then a disk run.
+    /// Each round: a WAL run, then a disk run per layout.
     pub rounds: Vec<VsDiskRound>,
 }
 
-/// One WAL run and the raw-disk run right after it.
+/// One WAL run and the two raw-disk runs right after it: pre-written (`disk_*`, `ratio`),
+/// then fallocated (`fresh_*`).
 #[derive(Debug, Clone, Serialize)]
 pub struct VsDiskRound {
     /// WAL payload MB/s (10^6).
@@ -346,6 +361,16 @@ pub struct VsDiskRound {
     pub disk_p50_us: u64,
     /// `wal_mb_per_s / disk_mb_per_s`.
     pub ratio: f64,
+    /// Disk MB/s (10^6) on a new fallocated file.
+    pub fresh_disk_mb_per_s: f64,
+    /// Disk writes per second on a new fallocated file.
+    pub fresh_disk_ops_per_s: f64,
+    /// Disk median op latency on a new fallocated file, microseconds.
+    pub fresh_disk_p50_us: u64,
+    /// Times that run's writes wrapped into blocks it had written (0 expected).
+    pub fresh_disk_wraps: u64,
+    /// `wal_mb_per_s / fresh_disk_mb_per_s`.
+    pub fresh_ratio: f64,
 }
 
 impl Report for WalBenchReport {
@@ -390,31 +415,50 @@ impl Report for WalBenchReport {
                     ),
                 );
         }
-        if let (Some(v), Some(ratio)) = (&self.vs_disk, self.ratio_vs_disk) {
+        if let (Some(v), Some(ratio), Some(fresh)) =
+            (&self.vs_disk, self.ratio_vs_disk, self.ratio_vs_fresh_disk)
+        {
             let rounds: Vec<String> = v
                 .rounds
                 .iter()
                 .map(|x| {
                     format!(
-                        "{:.1}/{:.1} MB/s = {:.2} (p50 {}/{} us)",
-                        x.wal_mb_per_s, x.disk_mb_per_s, x.ratio, x.wal_p50_us, x.disk_p50_us
+                        "{:.1}/{:.1}/{:.1} MB/s = {:.2}, {:.2} (p50 {}/{}/{} us)",
+                        x.wal_mb_per_s,
+                        x.disk_mb_per_s,
+                        x.fresh_disk_mb_per_s,
+                        x.ratio,
+                        x.fresh_ratio,
+                        x.wal_p50_us,
+                        x.disk_p50_us,
+                        x.fresh_disk_p50_us
                     )
                 })
                 .collect();
+            let mut ratio_row = format!(
+                "{ratio:.2} of the pre-written disk's MB/s, {fresh:.2} of a new fallocated \
+                 file's (medians of {} rounds)",
+                v.rounds.len()
+            );
+            let wrapped = v.rounds.iter().filter(|x| x.fresh_disk_wraps > 0).count();
+            if wrapped > 0 {
+                ratio_row.push_str(&format!(
+                    "; the fallocated file WRAPPED in {wrapped} round(s), its figure is too high"
+                ));
+            }
             table
                 .row(
                     "vs disk",
                     format!(
-                        "{} rounds of wal then `bench disk --block-size {} --qd 1 --fsync every`: {}",
+                        "{} rounds of wal, then `bench disk --block-size {} --qd 1 --fsync \
+                         every` with --layout prewritten, then fallocated; wal/pre-written/\
+                         fallocated: {}",
                         v.rounds.len(),
                         v.block_size,
                         rounds.join("; ")
                     ),
                 )
-                .row(
-                    "ratio",
-                    format!("{ratio:.2} of the raw disk's MB/s (median of the rounds)"),
-                );
+                .row("ratio", ratio_row);
         }
         table.write(out)
     }
@@ -592,6 +636,9 @@ pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
         .filter(|b| b.ops_per_s > 0.0)
         .map(|b| run.ops_per_s / b.ops_per_s);
     let ratio_vs_disk = vs_disk.as_ref().map(|v| median_round(&v.rounds).ratio);
+    let ratio_vs_fresh_disk = vs_disk
+        .as_ref()
+        .map(|v| median(v.rounds.iter().map(|r| r.fresh_ratio).collect()));
     Ok(WalBenchReport {
         bench: "wal",
         dir: parent.display().to_string(),
@@ -604,11 +651,13 @@ pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
         ratio_vs_baseline,
         vs_disk,
         ratio_vs_disk,
+        ratio_vs_fresh_disk,
     })
 }
 
-/// `--vs-disk`: `rounds` times a WAL run then a raw-disk run. Returns the WAL run of the
-/// median round and every round.
+/// `--vs-disk`: `rounds` times a WAL run, then a raw-disk run on a pre-written file, then one
+/// on a new fallocated file. Returns the WAL run of the median round (by the pre-written
+/// ratio) and every round.
 fn against_disk(
     root: &Path,
     config: &WalBenchConfig,
@@ -625,20 +674,33 @@ fn against_disk(
             config.appenders,
             config.duration,
         )?;
-        tracing::info!(
-            "round {} of {rounds}: disk, {block_size}-byte writes",
-            i + 1
-        );
-        let disk = super::disk::run(&DiskBenchConfig {
-            dir: root.to_path_buf(),
-            block_size,
-            qd: 1,
-            fsync: FsyncPolicy::Every,
-            duration: config.duration,
-            file_size: VS_DISK_FILE_BYTES.max(4 * block_size),
-            backend: BackendChoice::Auto,
-        })
-        .context("bench disk (--vs-disk)")?;
+        let disk_run = |layout: DiskLayout| -> anyhow::Result<DiskBenchReport> {
+            tracing::info!(
+                "round {} of {rounds}: disk, {block_size}-byte writes, {} file",
+                i + 1,
+                layout.name()
+            );
+            super::disk::run(&DiskBenchConfig {
+                dir: root.to_path_buf(),
+                block_size,
+                qd: 1,
+                fsync: FsyncPolicy::Every,
+                duration: config.duration,
+                file_size: VS_DISK_FILE_BYTES.max(4 * block_size),
+                backend: BackendChoice::Auto,
+                layout,
+            })
+            .with_context(|| format!("bench disk --layout {} (--vs-disk)", layout.name()))
+        };
+        let disk = disk_run(DiskLayout::Prewritten)?;
+        let fresh = disk_run(DiskLayout::Fallocated)?;
+        let ratio = |disk_mb_per_s: f64| {
+            if disk_mb_per_s > 0.0 {
+                run.mb_per_s / disk_mb_per_s
+            } else {
+                0.0
+            }
+        };
         out.push(VsDiskRound {
             wal_mb_per_s: run.mb_per_s,
             wal_ops_per_s: run.ops_per_s,
@@ -647,11 +709,12 @@ fn against_disk(
             disk_mb_per_s: disk.mb_per_s,
             disk_ops_per_s: disk.ops_per_s,
             disk_p50_us: disk.p50_us,
-            ratio: if disk.mb_per_s > 0.0 {
-                run.mb_per_s / disk.mb_per_s
-            } else {
-                0.0
-            },
+            ratio: ratio(disk.mb_per_s),
+            fresh_disk_mb_per_s: fresh.mb_per_s,
+            fresh_disk_ops_per_s: fresh.ops_per_s,
+            fresh_disk_p50_us: fresh.p50_us,
+            fresh_disk_wraps: fresh.wraps,
+            fresh_ratio: ratio(fresh.mb_per_s),
         });
         runs.push(run);
     }
@@ -678,6 +741,15 @@ fn median_round(rounds: &[VsDiskRound]) -> &VsDiskRound {
     let mut sorted: Vec<&VsDiskRound> = rounds.iter().collect();
     sorted.sort_by(|a, b| a.ratio.total_cmp(&b.ratio));
     sorted[(sorted.len() - 1) / 2]
+}
+
+/// The median of `values` (the lower middle one for an even count).
+///
+/// # Panics
+/// If `values` is empty.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[(values.len() - 1) / 2]
 }
 
 /// A payload of `len` bytes that does not compress (an xorshift stream).
