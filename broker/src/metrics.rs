@@ -85,6 +85,9 @@ pub struct Metrics {
     /// Connections closed because a frame did not complete in time
     /// (`partial_frame_timeout`) or nothing arrived (`idle_timeout`), by reason.
     pub connections_timed_out: Family<Label, Counter>,
+    /// Connections closed because the peer did not read its answers (its answer queue
+    /// filled, or a write made no progress for quire-net's `WRITE_STALL_TIMEOUT`).
+    pub connections_dropped_slow: Counter,
     /// The read budget: bytes held, and reads that waited for it.
     pub read_budget: BudgetMetrics,
     /// Bytes of responses queued and not yet written (`response_bytes_queued`).
@@ -124,6 +127,7 @@ impl Metrics {
             connections_accepted: Counter::default(),
             rejected_frames: Family::default(),
             connections_timed_out: Family::default(),
+            connections_dropped_slow: Counter::default(),
             read_budget: BudgetMetrics::default(),
             responses: ResponseMetrics::default(),
             accept: AcceptMetrics::default(),
@@ -190,6 +194,11 @@ impl Metrics {
             "connections_timed_out",
             "Connections closed because a frame did not complete in time or nothing arrived, by reason",
             m.connections_timed_out.clone(),
+        );
+        r.register(
+            "connections_dropped_slow",
+            "Connections closed because the peer did not read its answers",
+            m.connections_dropped_slow.clone(),
         );
         m.read_budget.register(r);
         m.responses.register(r);

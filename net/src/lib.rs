@@ -57,5 +57,6 @@ pub use settings::{
     READ_BUFFER_BYTES_MAX_DEFAULT,
 };
 pub use writer::{
-    write_frames, BytesHeld, ConnBytes, OutFrame, ResponseMetrics, IOV_MAX, WRITE_STALL_TIMEOUT,
+    write_frames, write_frames_within, BytesHeld, ConnBytes, OutFrame, ResponseMetrics, IOV_MAX,
+    WRITE_STALL_TIMEOUT,
 };

@@ -246,7 +246,12 @@ where
     write_frames_within(w, queue, WRITE_STALL_TIMEOUT).await
 }
 
-async fn write_frames_within<W>(
+/// [`write_frames`] with a stall bound of `stall` instead of [`WRITE_STALL_TIMEOUT`]
+/// (servers take it as a parameter so their tests need not wait 30 s).
+///
+/// # Errors
+/// As [`write_frames`]: `TimedOut` if one write makes no progress for `stall`.
+pub async fn write_frames_within<W>(
     w: &mut W,
     queue: &mut VecDeque<OutFrame>,
     stall: Duration,

@@ -42,9 +42,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
 use quire_net::{
-    write_frames, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
-    ReadError, IOV_MAX,
+    write_frames_within, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
+    ReadError, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
@@ -174,6 +175,7 @@ pub(crate) async fn serve(
         peer,
     };
     let close = responder.close.clone();
+    let dropped_slow = ctx.metrics.connections_dropped_slow.clone();
     let reader = Reader {
         bytes: ConnBytes::new(ctx.limits.in_flight_bytes_per_connection_max),
         requests: Arc::new(Semaphore::new(
@@ -187,7 +189,15 @@ pub(crate) async fn serve(
     };
     tokio::join!(
         reader.run(read_half),
-        write_loop(write_half, rx, close, closed, peer)
+        write_loop(
+            write_half,
+            rx,
+            close,
+            closed,
+            peer,
+            WRITE_STALL_TIMEOUT,
+            dropped_slow
+        )
     );
 }
 
@@ -439,12 +449,17 @@ fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
     .into()
 }
 
+/// Writes the connection's responses until it closes. A peer that takes no bytes for
+/// `stall` ([`WRITE_STALL_TIMEOUT`] outside tests) is logged, counted in `dropped_slow`
+/// (`quire_connections_dropped_slow_total`) and disconnected.
 async fn write_loop(
     mut socket: OwnedWriteHalf,
     mut rx: mpsc::Receiver<OutFrame>,
     close: Arc<watch::Sender<bool>>,
     mut closed: watch::Receiver<bool>,
     peer: SocketAddr,
+    stall: Duration,
+    dropped_slow: Counter,
 ) {
     let mut queue: VecDeque<OutFrame> = VecDeque::new();
     loop {
@@ -467,10 +482,16 @@ async fn write_loop(
         let written = tokio::select! {
             biased;
             _ = closed.wait_for(|c| *c) => break,
-            r = write_frames(&mut socket, &mut queue) => r,
+            r = write_frames_within(&mut socket, &mut queue, stall) => r,
         };
         if let Err(e) = written {
-            tracing::debug!(%peer, error = %e, "write failed: closing the connection");
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                let queued_bytes: usize = queue.iter().map(OutFrame::bytes_left).sum();
+                tracing::warn!(%peer, stall_ms = stall.as_millis() as u64, queued_bytes, "the peer took no response bytes for too long: closing the connection");
+                dropped_slow.inc();
+            } else {
+                tracing::debug!(%peer, error = %e, "write failed: closing the connection");
+            }
             break;
         }
     }
@@ -508,6 +529,45 @@ mod tests {
         let mut out = BytesMut::new();
         encode(&Frame::new(RequestId(1), body), &mut out).expect("encodes");
         out.len()
+    }
+
+    /// A peer that sends requests and never reads the answers is disconnected once a write
+    /// makes no progress for the stall bound, and that is counted (before, it went out with
+    /// a debug line only: an operator saw connections vanish with no metric or warning).
+    #[tokio::test]
+    async fn a_peer_that_reads_nothing_is_dropped_and_counted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("has an address");
+        let client = TcpStream::connect(addr).await.expect("connects");
+        let (server, peer) = listener.accept().await.expect("accepts");
+        let (_read_half, write_half) = server.into_split();
+        let (tx, rx) = mpsc::channel(64);
+        let (close, closed) = watch::channel(false);
+        let metrics = quire_net::ResponseMetrics::default();
+        // Far more than the two sockets' buffers hold: the writer must stall.
+        for _ in 0..64 {
+            let frame = OutFrame::new(vec![Bytes::from(vec![0u8; 1 << 20])], &metrics);
+            tx.try_send(frame).expect("the queue has room");
+        }
+        let dropped = Counter::default();
+        let ended = tokio::time::timeout(
+            Duration::from_secs(20),
+            write_loop(
+                write_half,
+                rx,
+                Arc::new(close),
+                closed,
+                peer,
+                Duration::from_millis(200),
+                dropped.clone(),
+            ),
+        )
+        .await;
+        assert!(ended.is_ok(), "the writer gave up on the stalled peer");
+        assert_eq!(dropped.get(), 1, "the stalled peer is counted");
+        drop(client);
     }
 
     /// A read holds its response's bound until the response is written, so the bound must

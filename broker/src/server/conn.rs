@@ -17,7 +17,8 @@
 //! rather than having answers queued for it without limit (`quire_response_bytes_queued`
 //! counts the queued answers of all connections). A peer that does not read its answers is
 //! disconnected when its writer queue of [`WRITE_QUEUE_FRAMES_MAX`] fills, or when one write
-//! makes no progress for quire-net's [`quire_net::WRITE_STALL_TIMEOUT`].
+//! makes no progress for quire-net's [`WRITE_STALL_TIMEOUT`]; both are logged at warn and counted
+//! in `quire_connections_dropped_slow_total`.
 //!
 //! Reading goes through quire-net's [`FrameReader`]: bytes buffered for incoming frames
 //! count against the broker-wide read budget (`read_buffer_bytes_max`; readers pause
@@ -47,8 +48,8 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use quire_net::{
-    write_frames, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
-    ReadError, ReadSettings, IOV_MAX,
+    write_frames_within, BytesHeld, ConnBytes, ConnectionPermit, FrameReader, OutFrame, ReadBudget,
+    ReadError, ReadSettings, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, RequestId, FRAME_BYTES_MAX,
@@ -138,6 +139,7 @@ impl Responder {
                 conn = self.id,
                 "the peer does not read its answers: closing the connection"
             );
+            self.metrics.connections_dropped_slow.inc();
             self.kill.notify_one();
         }
     }
@@ -198,7 +200,14 @@ pub(crate) async fn serve(
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
     let kill = Arc::new(Notify::new());
-    let writer = tokio::spawn(write_loop(w, rx, kill.clone(), id));
+    let writer = tokio::spawn(write_loop(
+        w,
+        rx,
+        kill.clone(),
+        id,
+        WRITE_STALL_TIMEOUT,
+        shared.metrics.connections_dropped_slow.clone(),
+    ));
     let reply = Responder {
         id,
         tx,
@@ -346,11 +355,16 @@ fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
     u32::try_from(bytes.min(max)).unwrap_or(u32::MAX)
 }
 
+/// Writes the connection's answers until it closes. A peer that takes no bytes for
+/// `stall` ([`WRITE_STALL_TIMEOUT`] outside tests) is logged, counted in `dropped_slow`
+/// (`quire_connections_dropped_slow_total`) and disconnected.
 async fn write_loop(
     mut w: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<OutFrame>,
     kill: Arc<Notify>,
     id: u64,
+    stall: std::time::Duration,
+    dropped_slow: prometheus_client::metrics::counter::Counter,
 ) {
     let mut queue: VecDeque<OutFrame> = VecDeque::new();
     while let Some(frame) = rx.recv().await {
@@ -361,8 +375,19 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        if let Err(e) = write_frames(&mut w, &mut queue).await {
-            tracing::debug!(conn = id, error = %e, "write failed: closing");
+        if let Err(e) = write_frames_within(&mut w, &mut queue, stall).await {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                let queued_bytes: usize = queue.iter().map(OutFrame::bytes_left).sum();
+                tracing::warn!(
+                    conn = id,
+                    stall_ms = stall.as_millis() as u64,
+                    queued_bytes,
+                    "the peer took no answer bytes for too long: closing the connection"
+                );
+                dropped_slow.inc();
+            } else {
+                tracing::debug!(conn = id, error = %e, "write failed: closing");
+            }
             kill.notify_one();
             // Refuse further answers, and give back the permits of those never written.
             rx.close();
@@ -387,6 +412,43 @@ mod tests {
         let mut out = BytesMut::new();
         encode(&Frame::new(RequestId(1), body), &mut out).expect("encodes");
         out.len()
+    }
+
+    /// A peer that sends fetches and never reads the answers is disconnected once a write
+    /// makes no progress for the stall bound, and that is counted (before, it went out with
+    /// a debug line only).
+    #[tokio::test]
+    async fn a_peer_that_reads_nothing_is_dropped_and_counted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("has an address");
+        let client = TcpStream::connect(addr).await.expect("connects");
+        let (server, _peer) = listener.accept().await.expect("accepts");
+        let (_read_half, w) = server.into_split();
+        let (tx, rx) = mpsc::channel(64);
+        let metrics = quire_net::ResponseMetrics::default();
+        // Far more than the two sockets' buffers hold: the writer must stall.
+        for _ in 0..64 {
+            let frame = OutFrame::new(vec![Bytes::from(vec![0u8; 1 << 20])], &metrics);
+            tx.try_send(frame).expect("the queue has room");
+        }
+        let dropped = prometheus_client::metrics::counter::Counter::default();
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            write_loop(
+                w,
+                rx,
+                Arc::new(Notify::new()),
+                1,
+                std::time::Duration::from_millis(200),
+                dropped.clone(),
+            ),
+        )
+        .await;
+        assert!(ended.is_ok(), "the writer gave up on the stalled peer");
+        assert_eq!(dropped.get(), 1, "the stalled peer is counted");
+        drop(client);
     }
 
     /// A fetch holds its answer's bound until the answer is written, so the bound must
