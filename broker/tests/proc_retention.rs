@@ -539,3 +539,84 @@ fn check_cli(cluster: &Cluster, producer: &Producer, first: Offset) {
         }
     }
 }
+
+/// A broker state too large for one checkpoint event (40,000 cursors with 255-byte topic and
+/// cursor names, committed by any client in seconds) cannot be trimmed. The master says so
+/// once and waits `CHECKPOINT_RETRY_AFTER` (60 s) before it tries again; before, it paused
+/// writes, encoded the ~20 MB state and logged the error at every heartbeat tick (ten
+/// times a second), and producers kept being served either way.
+#[test]
+fn proc_retention_a_state_too_large_to_checkpoint_is_retried_slowly() {
+    const TOO_LARGE: &str = "the broker state is too large for a checkpoint";
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    cluster.set_store_config(STORE_CONFIG);
+    cluster.add_broker_args(&["--retention-bytes", "1000000"]);
+    cluster.start_all();
+    cluster.settle();
+    let topic = "T".repeat(255);
+    let commit = |n: u64| CommitCursorRequest {
+        topic: topic.clone(),
+        cursor: format!("{n:010}{}", "c".repeat(245)),
+        offset: Offset(5),
+    };
+    // Pipelined in chunks; a chunk that meets an error (a busy test machine can make the
+    // master step down) is sent again to the master, bounded.
+    let deadline = Instant::now() + 4 * WAIT;
+    let mut next = 0u64;
+    let mut last_error = String::new();
+    while next < 40_000 {
+        assert!(
+            Instant::now() < deadline,
+            "could not commit the cursors: {next} committed, last error {last_error}"
+        );
+        let mut c = master_client(&cluster);
+        let Ok(ids) = (next..next + 500)
+            .map(|n| c.send(commit(n)))
+            .collect::<Result<Vec<u64>, _>>()
+        else {
+            continue;
+        };
+        let mut all_ok = true;
+        for id in ids {
+            match c.recv(id) {
+                Ok(Body::CommitCursorResponse(_)) => {}
+                other => {
+                    last_error = format!("{other:?}");
+                    all_ok = false;
+                }
+            }
+        }
+        if all_ok {
+            next += 500;
+        }
+    }
+    let master = cluster.wait_for_master();
+    let mut producer = Producer {
+        next_seq: 0,
+        acked: BTreeMap::new(),
+        last_batch: None,
+    };
+    let log = || {
+        cluster
+            .broker_node(master)
+            .proc
+            .as_ref()
+            .expect("runs")
+            .log_tail(1 << 20)
+    };
+    let deadline = Instant::now() + WAIT;
+    while !log().contains(TOO_LARGE) {
+        assert!(
+            Instant::now() < deadline,
+            "the master never tried a checkpoint"
+        );
+        producer.batch(&cluster);
+    }
+    // Twenty heartbeat ticks and more writes: no second attempt within the retry delay.
+    for _ in 0..10 {
+        producer.batch(&cluster);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let attempts = log().matches(TOO_LARGE).count();
+    assert_eq!(attempts, 1, "checkpoint attempts within the retry delay");
+}

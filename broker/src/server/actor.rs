@@ -195,6 +195,8 @@ pub(crate) struct Actor {
     planner: TrimPlanner,
     /// Retention: the master holds writes until nothing is in flight, to take a checkpoint.
     trim_barrier: Option<retention::TrimBarrier>,
+    /// After a checkpoint too large to propose: no trim is planned before this instant.
+    checkpoint_retry_at: Option<Instant>,
     /// Retention: offset of the last checkpoint this master proposed.
     trim_proposed: Option<Offset>,
     /// The broker state missed events it could not rebuild (no checkpoint yet): it must not
@@ -320,6 +322,7 @@ impl Actor {
             handoff: None,
             planner: TrimPlanner::new(cfg.retention, Offset::ZERO),
             trim_barrier: None,
+            checkpoint_retry_at: None,
             trim_proposed: None,
             state_gap: false,
             cfg,

@@ -41,6 +41,11 @@ use crate::state::{Applied, BrokerState};
 /// at a later tick); the bound is ten heartbeats, at least this.
 pub const TRIM_BARRIER_MIN: Duration = Duration::from_secs(1);
 
+/// How long a master waits before it plans a trim again after a checkpoint that could not
+/// be proposed (the broker state too large for one event). Without it the master paused
+/// writes, encoded the whole state and logged an error at every heartbeat tick.
+pub const CHECKPOINT_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 /// A checkpoint the master is waiting to take: writes wait until nothing is in flight.
 #[derive(Debug)]
 pub(super) struct TrimBarrier {
@@ -110,6 +115,11 @@ impl Actor {
             self.planner.mark(now_ms);
             return;
         }
+        if self.checkpoint_retry_at.is_some_and(|t| Instant::now() < t) {
+            // The last checkpoint could not be proposed: wait before building another.
+            self.planner.mark(now_ms);
+            return;
+        }
         if self.trim_proposed > self.state.applied() {
             // The last checkpoint is not applied yet.
             self.planner.mark(now_ms);
@@ -170,12 +180,15 @@ impl Actor {
                 tracing::error!(
                     bytes = p.len(),
                     max = EVENT_PAYLOAD_BYTES_MAX,
+                    retry_after_s = CHECKPOINT_RETRY_AFTER.as_secs(),
                     "retention: the broker state is too large for a checkpoint; nothing is trimmed"
                 );
+                self.checkpoint_retry_at = Some(Instant::now() + CHECKPOINT_RETRY_AFTER);
                 None
             }
             Err(e) => {
-                tracing::error!(error = %e, "retention: cannot encode a checkpoint; nothing is trimmed");
+                tracing::error!(error = %e, retry_after_s = CHECKPOINT_RETRY_AFTER.as_secs(), "retention: cannot encode a checkpoint; nothing is trimmed");
+                self.checkpoint_retry_at = Some(Instant::now() + CHECKPOINT_RETRY_AFTER);
                 None
             }
         };
