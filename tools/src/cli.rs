@@ -74,6 +74,19 @@ pub enum Command {
     /// Inspect, verify and repair a store's write-ahead log offline.
     #[command(subcommand)]
     Wal(crate::wal::args::WalCommand),
+
+    /// Named connection settings (brokers, connect timeout) so client commands need no
+    /// --brokers: `create`, `use`, `list`, `show`, `delete`. Stored in
+    /// $QUIRE_CONFIG_DIR/profiles.toml (default ~/.config/quire/profiles.toml).
+    #[command(subcommand)]
+    Profile(crate::profile::ProfileCommand),
+
+    /// Print a shell completion script to stdout, e.g. `quire completion bash >
+    /// ~/.local/share/bash-completion/completions/quire`.
+    Completion(crate::completion::CompletionArgs),
+
+    /// Write the man pages: the top page to stdout, or one page per command with --dir.
+    Man(crate::completion::ManArgs),
 }
 
 /// `quire bench ...`
@@ -110,8 +123,16 @@ pub enum BenchCommand {
 #[derive(Debug, Clone, Copy, Args)]
 pub struct FormatArgs {
     /// Output format: text for people; json prints one JSON object on one line; jsonl one
-    /// object per line (the same single line for commands with one result).
-    #[arg(long, value_enum, default_value_t)]
+    /// object per line (the same single line for commands with one result). QUIRE_FORMAT,
+    /// when set, replaces the default.
+    #[arg(
+        short = 'f',
+        long,
+        value_enum,
+        default_value_t,
+        env = "QUIRE_FORMAT",
+        hide_env = true
+    )]
     pub format: OutputFormat,
 }
 

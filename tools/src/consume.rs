@@ -70,21 +70,33 @@ pub struct ConsumeArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
 
-    /// The topic to read.
-    #[arg(long, value_name = "TOPIC")]
+    /// The topic to read. Default: $QUIRE_TOPIC.
+    #[arg(
+        short = 't',
+        long,
+        value_name = "TOPIC",
+        env = "QUIRE_TOPIC",
+        hide_env = true
+    )]
     pub topic: String,
 
     /// Where to start: `beginning`, `end`, or a log offset. Default: the cursor's committed
     /// offset with --cursor, else `end`.
-    #[arg(long, value_name = "beginning|end|OFFSET", value_parser = parse_from)]
+    #[arg(
+        short = 'o',
+        long,
+        visible_alias = "offset",
+        value_name = "beginning|end|OFFSET",
+        value_parser = parse_from
+    )]
     pub from: Option<StartArg>,
 
     /// A durable cursor: start from it (unless --from is given) and commit to it.
     #[arg(long, value_name = "NAME")]
     pub cursor: Option<String>,
 
-    /// Stop after N messages.
-    #[arg(short = 'n', long = "count", value_name = "N")]
+    /// Stop after N messages (`-n N` is accepted too).
+    #[arg(short = 'c', short_alias = 'n', long = "count", value_name = "N")]
     pub count: Option<u64>,
 
     /// Stop once no message arrived for this long.
@@ -509,9 +521,10 @@ mod tests {
         let args = |from: Option<StartArg>, cursor: Option<&str>| ConsumeArgs {
             brokers: BrokersArgs {
                 brokers: vec!["b:1".into()],
+                profile: None,
             },
             connect: ConnectArgs {
-                connect_timeout: Duration::from_secs(30),
+                connect_timeout: Some(Duration::from_secs(30)),
             },
             topic: "t".into(),
             from,

@@ -12,6 +12,9 @@
 //! | [`servers`] | `quire node ...` / `quire broker ...`: the store and broker servers |
 //! | [`produce`], [`consume`] | `quire produce` / `quire consume` |
 //! | [`cluster`] | `quire cluster ...` and what the client commands share |
+//! | [`profile`] | `quire profile ...`: named connection settings in `profiles.toml` |
+//! | [`settings`] | flag > `QUIRE_*` variable > profile > default, for the client commands |
+//! | [`completion`] | `quire completion SHELL`, `quire man`: generated from [`cli`] |
 //! | [`demo`] | `quire demo`: a local cluster, producers, a consumer, a killed master |
 //! | [`wal`] | `quire wal dump|verify|stat|repair`: the offline WAL tools |
 //! | [`dio`] | direct-I/O alignment discovery and aligned buffers |
@@ -25,13 +28,16 @@
 pub mod bench;
 pub mod cli;
 pub mod cluster;
+pub mod completion;
 pub mod consume;
 pub mod demo;
 pub mod dio;
 pub mod interrupt;
 pub mod output;
 pub mod produce;
+pub mod profile;
 pub mod servers;
+pub mod settings;
 pub mod units;
 pub mod wal;
 
@@ -47,6 +53,10 @@ use crate::cluster::ClusterCommand;
 /// # Errors
 /// Whatever the command reports; the binary prints it to stderr with its causes.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let env = settings::Env::from_process();
+    if reads_client_settings(&cli.command) {
+        settings::check_variables(&env)?;
+    }
     match cli.command {
         Command::Bench(BenchCommand::Disk(args)) => {
             let report = bench::disk::run(&args.to_config())?;
@@ -54,8 +64,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Node(command) => servers::node(command)?,
         Command::Broker(command) => servers::broker(command)?,
-        Command::Produce(args) => produce::main(&args.to_config()?)?,
-        Command::Consume(args) => consume::main(&args.to_config())?,
+        Command::Produce(mut args) => {
+            args.brokers.resolve(Some(&mut args.connect), &env)?;
+            produce::main(&args.to_config()?)?;
+        }
+        Command::Consume(mut args) => {
+            args.brokers.resolve(Some(&mut args.connect), &env)?;
+            consume::main(&args.to_config())?;
+        }
         Command::Bench(BenchCommand::Report(args)) => {
             let report = bench::report::run(&args)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
@@ -71,20 +87,35 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Down(args)) => {
             cluster::up::run_down(&args, &mut io::stdout().lock())?;
         }
-        Command::Cluster(ClusterCommand::Handoff(args)) => {
+        Command::Cluster(ClusterCommand::Handoff(mut args)) => {
+            args.brokers.resolve(None, &env)?;
             let report = cluster::handoff::run(&args)?;
             cluster::handoff::print(&report, args.format.format)?;
         }
-        Command::Cluster(ClusterCommand::Status(args)) => {
+        Command::Cluster(ClusterCommand::Status(mut args)) => {
+            args.brokers.resolve(None, &env)?;
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
         }
-        Command::Bench(BenchCommand::Cluster(args)) => {
+        Command::Bench(BenchCommand::Cluster(mut args)) => {
+            args.brokers.resolve(Some(&mut args.connect), &env)?;
             let report = bench::cluster::run(&args.to_config()?)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
             bench::cluster::check(&report)?;
         }
         Command::Wal(command) => wal::run(&command)?,
+        Command::Profile(command) => profile::run(&command, &env, &mut io::stdout().lock())?,
+        Command::Completion(args) => {
+            completion::write_completion(args.shell, &mut io::stdout().lock())?;
+        }
+        Command::Man(args) => match &args.dir {
+            Some(dir) => {
+                for page in completion::write_pages(dir)? {
+                    tracing::debug!(page = %page.display(), "man page written");
+                }
+            }
+            None => completion::write_top_page(&mut io::stdout().lock())?,
+        },
         Command::Bench(BenchCommand::Wal(args)) => {
             let report = bench::wal::run(&args.to_config())?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
@@ -95,6 +126,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// True for the commands that read the client's `QUIRE_*` variables or profiles (and so
+/// refuse a misspelt one: [`settings::check_variables`]).
+#[must_use]
+pub fn reads_client_settings(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Produce(_)
+            | Command::Consume(_)
+            | Command::Cluster(_)
+            | Command::Profile(_)
+            | Command::Bench(BenchCommand::Cluster(_))
+    )
 }
 
 /// The exit status after `command` failed with an error that is neither a finding it

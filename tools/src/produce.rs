@@ -74,8 +74,14 @@ pub struct ProduceArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
 
-    /// The topic to send to.
-    #[arg(long, value_name = "TOPIC")]
+    /// The topic to send to. Default: $QUIRE_TOPIC.
+    #[arg(
+        short = 't',
+        long,
+        value_name = "TOPIC",
+        env = "QUIRE_TOPIC",
+        hide_env = true
+    )]
     pub topic: String,
 
     /// Send N generated messages instead of reading stdin.

@@ -102,7 +102,7 @@ pub struct ClusterBenchArgs {
     pub connect: ConnectArgs,
 
     /// Topic to produce to.
-    #[arg(long, value_name = "TOPIC", default_value = "bench")]
+    #[arg(short = 't', long, value_name = "TOPIC", default_value = "bench")]
     pub topic: String,
 
     /// Concurrent producers (each its own connection and producer id).

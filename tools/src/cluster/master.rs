@@ -30,14 +30,16 @@ use crate::units::{format_duration, parse_duration};
 pub const PROBE_TIMEOUT_MAX: Duration = Duration::from_secs(2);
 
 /// The `--connect-timeout` option of `quire produce`, `quire consume` and
-/// `quire bench cluster`.
+/// `quire bench cluster`: `None` until [`crate::cluster::BrokersArgs::resolve`] fills it in
+/// (and [`crate::settings::CONNECT_TIMEOUT_DEFAULT`] if never filled).
 #[derive(Debug, Clone, Copy, Args)]
 pub struct ConnectArgs {
     /// How long to keep trying to reach the master before failing. Refused connections and
     /// brokers naming no master (a cluster electing one) are retried until then; the first
-    /// failure is reported on stderr at once.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
-    pub connect_timeout: Duration,
+    /// failure is reported on stderr at once. Else $QUIRE_CONNECT_TIMEOUT, else the
+    /// profile's. [default: 30s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
 }
 
 impl ConnectArgs {
@@ -45,7 +47,9 @@ impl ConnectArgs {
     #[must_use]
     pub fn bound(&self) -> MasterBound {
         MasterBound {
-            timeout: self.connect_timeout,
+            timeout: self
+                .connect_timeout
+                .unwrap_or(crate::settings::CONNECT_TIMEOUT_DEFAULT),
             flag: Some("--connect-timeout"),
         }
     }

@@ -1,6 +1,7 @@
 //! The cluster-facing commands: `quire cluster ...` ([`status`], [`handoff`]) and the pieces that
 //! `quire produce`, `quire consume` and `quire bench cluster` share — the `--brokers`
-//! option ([`BrokersArgs`]), finding the master with a note on stderr when it cannot be
+//! and `--profile` options ([`BrokersArgs`], filled in from `QUIRE_*` variables and
+//! profiles by [`crate::settings`]), finding the master with a note on stderr when it cannot be
 //! reached ([`master`], `--connect-timeout`), the Tokio runtime each of them builds in its own `run`
 //! ([`runtime`]), and Ctrl-C/SIGTERM as a future ([`signal`]).
 //!
@@ -41,16 +42,54 @@ pub enum ClusterCommand {
     Handoff(handoff::HandoffArgs),
 }
 
-/// The `--brokers` option of every command that talks to a running cluster.
+/// The `--brokers` and `--profile` options of every command that talks to a running
+/// cluster. Where a missing `--brokers` comes from: [`crate::settings`].
 #[derive(Debug, Clone, Args)]
 pub struct BrokersArgs {
     /// Broker addresses (`host:port`), comma separated; any subset of the cluster's
-    /// brokers will do, the others are learned from their answers.
-    #[arg(long, value_name = "ADDR,...", value_delimiter = ',', required = true)]
+    /// brokers will do, the others are learned from their answers. Default: $QUIRE_BROKERS,
+    /// else the profile's.
+    #[arg(short = 'b', long, value_name = "ADDR,...", value_delimiter = ',')]
     pub brokers: Vec<String>,
+
+    /// The profile whose settings fill in what no flag or QUIRE_* variable gives. Default:
+    /// $QUIRE_PROFILE, else the current one (`quire profile list`).
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 impl BrokersArgs {
+    /// Fills in `brokers` (and `connect`'s timeout, for the commands that have one) from
+    /// the flags, the `QUIRE_*` variables in `env` and the chosen profile, in that order
+    /// (see [`crate::settings`]), and returns where each came from.
+    ///
+    /// # Errors
+    /// As [`crate::settings::resolve`]: no brokers anywhere, a bad variable, a missing or
+    /// corrupt profile.
+    pub fn resolve(
+        &mut self,
+        connect: Option<&mut master::ConnectArgs>,
+        env: &crate::settings::Env,
+    ) -> anyhow::Result<crate::settings::ClientSettings> {
+        let flags = crate::settings::Flags {
+            brokers: &self.brokers,
+            profile: self.profile.as_deref(),
+            connect_timeout: connect.as_ref().and_then(|c| c.connect_timeout),
+            wants_connect_timeout: connect.is_some(),
+        };
+        let settings = crate::settings::resolve(&flags, env)?;
+        tracing::debug!(
+            brokers = %settings.brokers.join(","),
+            from = %settings.brokers_from,
+            "broker addresses"
+        );
+        self.brokers.clone_from(&settings.brokers);
+        if let Some(connect) = connect {
+            connect.connect_timeout = Some(settings.connect_timeout);
+        }
+        Ok(settings)
+    }
+
     /// The addresses, trimmed, empty entries dropped.
     #[must_use]
     pub fn addrs(&self) -> Vec<String> {
@@ -115,6 +154,7 @@ mod tests {
     fn broker_addresses_are_trimmed() {
         let args = BrokersArgs {
             brokers: vec![" a:1".into(), String::new(), "b:2 ".into()],
+            profile: None,
         };
         assert_eq!(args.addrs(), vec!["a:1".to_owned(), "b:2".to_owned()]);
     }

@@ -94,6 +94,11 @@ pub struct UpArgs {
     /// Longest wait for the cluster to elect a master.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     pub ready_timeout: Duration,
+
+    /// Write profile NAME with this cluster's brokers and make it current (`quire profile`).
+    /// Without it, a terminal is asked (default no); otherwise the command is printed.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
 }
 
 /// Arguments of `quire cluster down`.
@@ -909,6 +914,12 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
         "  quire consume --brokers {brokers} --topic t --from beginning --timeout 2s"
     )?;
     writeln!(out, "  quire cluster status --brokers {brokers}")?;
+    crate::profile::offer_cluster_profile(
+        args.profile.as_deref(),
+        &cluster.broker_addrs(),
+        &crate::settings::Env::from_process(),
+        out,
+    )?;
     if args.detach {
         // A temporary directory given to a detached cluster must outlive this process.
         let dir = match temp {
