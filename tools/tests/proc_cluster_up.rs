@@ -112,6 +112,14 @@ fn a_detached_cluster_serves_then_goes_down_leaving_verifiable_logs() {
         "{}",
         text(&up.stdout)
     );
+    // stdin is not a terminal: no question, only the command that saves a profile.
+    assert!(
+        text(&up.stdout).contains(
+            "to save these brokers as a profile: quire profile create local --brokers 127.0.0.1:"
+        ),
+        "{}",
+        text(&up.stdout)
+    );
     let file: Value =
         serde_json::from_str(&std::fs::read_to_string(guard.path().join("cluster.json")).unwrap())
             .unwrap();
