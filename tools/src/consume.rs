@@ -14,9 +14,9 @@
 //! the consumer's retries when it loses the master while consuming.
 //!
 //! # When it stops
-//! After `-n N` messages; or once `--timeout D` passes with no message (an *idle* timeout,
+//! After `-c N` (or `-n N`) messages; or once `--timeout D` passes with no message (an *idle* timeout,
 //! counted from the last message or the start); or on Ctrl-C/SIGTERM (exit 130). Without
-//! `-n` and `--timeout` it runs until interrupted. When `-n N` was given and the idle timeout
+//! `-c` and `--timeout` it runs until interrupted. When `-c N` was given and the idle timeout
 //! ends the run first, the command fails (exit 1) saying how many messages it got.
 //!
 //! # Cursor
@@ -252,7 +252,7 @@ pub struct ConsumeReport {
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum End {
-    /// `-n` messages printed.
+    /// `-c` messages printed.
     #[default]
     Count,
     /// The idle timeout passed.
@@ -273,7 +273,7 @@ pub fn run(config: &ConsumeConfig, stdout: &mut dyn Write) -> anyhow::Result<Con
 /// `quire consume` from the command line: runs, prints, reports on stderr.
 ///
 /// # Errors
-/// As [`run`]; fewer than `-n` messages before the idle timeout; [`Interrupted`].
+/// As [`run`]; fewer than `-c` messages before the idle timeout; [`Interrupted`].
 pub fn main(config: &ConsumeConfig) -> anyhow::Result<()> {
     let report = {
         let stdout = io::stdout();
