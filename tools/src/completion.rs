@@ -35,6 +35,11 @@ pub struct ManArgs {
     pub dir: Option<PathBuf>,
 }
 
+/// The footer of every page: `quire VERSION` (clap_mangen would name the subcommand).
+fn source() -> String {
+    format!("{BIN_NAME} {}", env!("CARGO_PKG_VERSION"))
+}
+
 /// Writes the completion script for `shell` to `out`.
 ///
 /// # Errors
@@ -51,6 +56,7 @@ pub fn write_completion(shell: Shell, out: &mut dyn Write) -> anyhow::Result<()>
 /// Writing `out` failed.
 pub fn write_top_page(out: &mut dyn Write) -> anyhow::Result<()> {
     clap_mangen::Man::new(Cli::command())
+        .source(source())
         .render(out)
         .context("writing the man page")
 }
@@ -82,6 +88,7 @@ fn write_tree(
     let path = dir.join(format!("{name}.1"));
     let mut bytes = Vec::new();
     clap_mangen::Man::new(command.clone())
+        .source(source())
         .render(&mut bytes)
         .with_context(|| format!("rendering {}", path.display()))?;
     fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;

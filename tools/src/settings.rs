@@ -400,9 +400,8 @@ fn no_brokers(chosen: Option<&Chosen>) -> String {
             let path = store.path().display();
             match name {
                 Some(name) => format!("profile {name} in {path} has no brokers"),
-                None if file.profiles.is_empty() => {
-                    format!("{path} holds no profile")
-                }
+                None if !store.path().exists() => format!("{path} does not exist"),
+                None if file.profiles.is_empty() => format!("{path} holds no profile"),
                 None => format!(
                     "no profile is current in {path} and {PROFILE_ENV} is not set \
                      (`quire profile use NAME` picks one)"
@@ -555,6 +554,11 @@ mod tests {
             msg.contains("--brokers/-b") && msg.contains("QUIRE_BROKERS"),
             "{msg}"
         );
+        assert!(msg.contains(&format!("{path} does not exist")), "{msg}");
+        ProfileStore::in_dir(dir.path())
+            .save(&ProfilesFile::default())
+            .unwrap();
+        let msg = err(&env(dir.path(), &[]));
         assert!(msg.contains(&format!("{path} holds no profile")), "{msg}");
 
         write_profiles(dir.path(), None, &[("a", "a:1")]);
