@@ -91,7 +91,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub print_config: bool,
     /// How --print-config writes: text or json.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t, requires = "print_config")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t,
+        requires = "print_config"
+    )]
     pub format: PrintFormat,
 }
 
@@ -282,8 +288,9 @@ impl BrokerConfig {
     /// A missing or invalid setting; each error names it, its value and where it came from.
     pub fn from_resolved(r: &Resolved) -> Result<BrokerConfig, SettingsError> {
         let id = match r.required("id")? {
-            Value::Count(n) => u16::try_from(*n)
-                .map_err(|_| r.invalid("id", "must be in 1..=65535"))?,
+            Value::Count(n) => {
+                u16::try_from(*n).map_err(|_| r.invalid("id", "must be in 1..=65535"))?
+            }
             _ => return Err(r.invalid("id", "must be in 1..=65535")),
         };
         if id == 0 {
@@ -619,14 +626,20 @@ mod tests {
             &Source::Env("QUIRE_BROKER_PRODUCE_TIMEOUT".into())
         );
         assert_eq!(c.read.partial_frame_timeout_ms, 2500);
-        assert_eq!(r.source("partial_frame_timeout"), &Source::File(path.clone()));
+        assert_eq!(
+            r.source("partial_frame_timeout"),
+            &Source::File(path.clone())
+        );
         assert_eq!(c.election_timeout, Duration::from_secs(1));
         assert_eq!(r.source("election_timeout"), &Source::Default);
         let (_dir, bad) = file("idd = 1\n");
         let err = config(&args_with(Some(&bad), &[]), &[])
             .expect_err("typo")
             .to_string();
-        assert!(err.contains("unknown setting `idd`") && err.contains("did you mean id?"), "{err}");
+        assert!(
+            err.contains("unknown setting `idd`") && err.contains("did you mean id?"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -636,7 +649,10 @@ mod tests {
         );
         let args = args_with(
             Some(&path),
-            &[("election_timeout_ms", "600"), ("produce_timeout_ms", "2000")],
+            &[
+                ("election_timeout_ms", "600"),
+                ("produce_timeout_ms", "2000"),
+            ],
         );
         let r = resolve(&args, &[]).expect("resolves");
         let c = BrokerConfig::from_resolved(&r).expect("valid");
@@ -647,25 +663,37 @@ mod tests {
         let all = r.warnings.join("\n");
         assert_eq!(r.warnings.len(), 4, "{all}");
         assert!(all.contains("heartbeat_ms (in "), "{all}");
-        assert!(all.contains("is deprecated; use heartbeat = \"50ms\""), "{all}");
+        assert!(
+            all.contains("is deprecated; use heartbeat = \"50ms\""),
+            "{all}"
+        );
         assert!(all.contains("use retention_age = \"1m\""), "{all}");
         assert!(
             all.contains("--election-timeout-ms is deprecated; use --election-timeout 600ms"),
             "{all}"
         );
         let err = config(
-            &args_with(None, &with(&[("heartbeat_ms", "50"), ("heartbeat", "50ms")])),
+            &args_with(
+                None,
+                &with(&[("heartbeat_ms", "50"), ("heartbeat", "50ms")]),
+            ),
             &[],
         )
         .expect_err("both")
         .to_string();
-        assert!(err.contains("heartbeat and its old spelling heartbeat_ms"), "{err}");
+        assert!(
+            err.contains("heartbeat and its old spelling heartbeat_ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_settings_name_themselves() {
         let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
-            (BASE[1..].to_vec(), "id is required: pass --id, set QUIRE_BROKER_ID"),
+            (
+                BASE[1..].to_vec(),
+                "id is required: pass --id, set QUIRE_BROKER_ID",
+            ),
             (with(&[("id", "0")]), "id = 0 (flag --id): 0 is reserved"),
             (with(&[("id", "70000")]), "id = 70000"),
             (with(&[("id", "3")]), "does not name this broker"),
@@ -673,18 +701,39 @@ mod tests {
             (with(&[("stores", "h:1,h:1")]), "twice"),
             (with(&[("brokers", "1h:11")]), "ID=host:port"),
             (with(&[("brokers", "2=h:1,2=h:2")]), "twice"),
-            (with(&[("ack_quorum", "4")]), "ack_quorum = 4 (flag --ack-quorum)"),
+            (
+                with(&[("ack_quorum", "4")]),
+                "ack_quorum = 4 (flag --ack-quorum)",
+            ),
             (with(&[("retention_bytes", "0")]), "retention_bytes = 0"),
             (with(&[("retention_age", "0s")]), "retention_age = 0s"),
-            (with(&[("heartbeat", "1ms")]), "heartbeat = 1ms (flag --heartbeat)"),
-            (with(&[("heartbeat", "50mss")]), "heartbeat = \"50mss\" (flag --heartbeat) is not a duration like 50ms, 10s, 2m"),
+            (
+                with(&[("heartbeat", "1ms")]),
+                "heartbeat = 1ms (flag --heartbeat)",
+            ),
+            (
+                with(&[("heartbeat", "50mss")]),
+                "heartbeat = \"50mss\" (flag --heartbeat) is not a duration like 50ms, 10s, 2m",
+            ),
             (with(&[("heartbeat", "100")]), "a unit is required"),
-            (with(&[("election_timeout", "150ms")]), "election_timeout = 150ms"),
-            (with(&[("read_buffer_bytes_max", "1KiB")]), "read_buffer_bytes_max = 1KiB"),
-            (with(&[("partial_frame_timeout", "0s")]), "partial_frame_timeout = 0s"),
+            (
+                with(&[("election_timeout", "150ms")]),
+                "election_timeout = 150ms",
+            ),
+            (
+                with(&[("read_buffer_bytes_max", "1KiB")]),
+                "read_buffer_bytes_max = 1KiB",
+            ),
+            (
+                with(&[("partial_frame_timeout", "0s")]),
+                "partial_frame_timeout = 0s",
+            ),
             (with(&[("idle_timeout", "10ms")]), "idle_timeout = 10ms"),
             (with(&[("connections_max", "0")]), "connections_max = 0"),
-            (with(&[("connections_max", "ten")]), "connections_max = \"ten\" (flag --connections-max) is not a whole number"),
+            (
+                with(&[("connections_max", "ten")]),
+                "connections_max = \"ten\" (flag --connections-max) is not a whole number",
+            ),
             (with(&[("message_bytes_max", "1G")]), "ambiguous"),
         ];
         for (flags, want) in cases {
@@ -693,17 +742,36 @@ mod tests {
                 .to_string();
             assert!(err.contains(want), "{err:?} should mention {want:?}");
         }
-        let err = config(&args_with(None, &BASE), &[("QUIRE_BROKER_HEARTBEAT_MS", "50")])
-            .expect_err("no such variable")
-            .to_string();
+        let err = config(
+            &args_with(None, &BASE),
+            &[("QUIRE_BROKER_HEARTBEAT_MS", "50")],
+        )
+        .expect_err("no such variable")
+        .to_string();
         assert!(
             err.contains("unknown environment variable QUIRE_BROKER_HEARTBEAT_MS")
                 && err.contains("did you mean QUIRE_BROKER_HEARTBEAT?"),
             "{err}"
         );
-        let err = config(&args_with(None, &BASE), &[("QUIRE_BROKER_HEARTBEAT", "50mss")])
-            .expect_err("bad value")
-            .to_string();
+        let err = config(
+            &args_with(None, &BASE),
+            &[("QUIRE_BROKER_HEARTBEAT", "50mss")],
+        )
+        .expect_err("bad value")
+        .to_string();
         assert!(err.contains("(env QUIRE_BROKER_HEARTBEAT)"), "{err}");
+    }
+
+    #[test]
+    fn every_setting_is_in_the_operations_table() {
+        let doc = include_str!("../../docs/operations.md");
+        for s in schema().settings {
+            let row = format!(
+                "| `--{}` | `QUIRE_BROKER_{}` |",
+                s.key.replace('_', "-"),
+                s.key.to_ascii_uppercase()
+            );
+            assert!(doc.contains(&row), "docs/operations.md lacks {row}");
+        }
     }
 }

@@ -673,10 +673,7 @@ fn rank(source: &Source) -> u8 {
 fn deprecation(schema: &Schema, s: &Setting, g: &Given, value: &Value) -> String {
     let old = s.old_key.unwrap_or_default();
     match &g.source {
-        Source::Flag(flag) => format!(
-            "{flag} is deprecated; use {} {value}",
-            flag_name(s.key)
-        ),
+        Source::Flag(flag) => format!("{flag} is deprecated; use {} {value}", flag_name(s.key)),
         Source::File(path) => format!(
             "{old} (in {}) is deprecated; use {} = \"{value}\"",
             path.display(),
@@ -1052,7 +1049,11 @@ impl Resolved {
                 path.display().to_string(),
                 source.to_string(),
             ),
-            None => ("config".to_owned(), "(none)".to_owned(), "default".to_owned()),
+            None => (
+                "config".to_owned(),
+                "(none)".to_owned(),
+                "default".to_owned(),
+            ),
         });
         for e in &self.entries {
             rows.push((
@@ -1163,31 +1164,6 @@ pub fn process_env(prefix: &str) -> Result<Vec<(String, String)>, SettingsError>
     Ok(out)
 }
 
-/// The Markdown rows of the settings table in docs/operations.md: `| key | flag | variable
-/// | default | kind |`, one per setting (old spellings noted).
-#[must_use]
-pub fn markdown_rows(schema: &Schema) -> String {
-    let mut out = String::new();
-    for s in &schema.settings {
-        let default = s
-            .default
-            .as_ref()
-            .map_or_else(|| "unset".to_owned(), ToString::to_string);
-        let old = s
-            .old_key
-            .map(|o| format!(" (was `{o}`)"))
-            .unwrap_or_default();
-        out.push_str(&format!(
-            "| `{}`{old} | `{}` | `{}` | `{default}` | {} |\n",
-            s.toml_path(),
-            flag_name(s.key),
-            schema.env_name(s.key),
-            s.kind.value_name().to_ascii_lowercase(),
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1249,7 +1225,10 @@ mod tests {
         assert_eq!(r.text("listen"), Some("flag:1"));
         assert_eq!(r.source("listen"), &Source::Flag("--listen".into()));
         assert_eq!(r.duration("heartbeat"), Some(Duration::from_millis(250)));
-        assert_eq!(r.source("heartbeat"), &Source::Env("QUIRE_TEST_HEARTBEAT".into()));
+        assert_eq!(
+            r.source("heartbeat"),
+            &Source::Env("QUIRE_TEST_HEARTBEAT".into())
+        );
         assert_eq!(r.duration("window"), Some(Duration::from_micros(5)));
         assert_eq!(r.source("window"), &Source::File(path.clone()));
         assert_eq!(r.list("stores"), vec!["a:1".to_owned()]);
@@ -1309,7 +1288,10 @@ mod tests {
         let flags = SettingFlags::<Test>::from_pairs(&[("heartbeat_ms", "75")]);
         let r = resolve(&flags, None, &[]).expect("resolves");
         assert_eq!(r.duration("heartbeat"), Some(Duration::from_millis(75)));
-        assert_eq!(r.source("heartbeat"), &Source::Flag("--heartbeat-ms".into()));
+        assert_eq!(
+            r.source("heartbeat"),
+            &Source::Flag("--heartbeat-ms".into())
+        );
         assert_eq!(
             r.warnings,
             vec!["--heartbeat-ms is deprecated; use --heartbeat 75ms".to_owned()]
@@ -1326,7 +1308,10 @@ mod tests {
         let err = resolve(&SettingFlags::<Test>::default(), Some(&path), &[])
             .expect_err("both")
             .to_string();
-        assert!(err.contains("heartbeat and its old spelling heartbeat_ms"), "{err}");
+        assert!(
+            err.contains("heartbeat and its old spelling heartbeat_ms"),
+            "{err}"
+        );
         let flags =
             SettingFlags::<Test>::from_pairs(&[("heartbeat_ms", "50"), ("heartbeat", "50ms")]);
         let err = resolve(&flags, None, &[]).expect_err("both").to_string();
@@ -1357,7 +1342,11 @@ mod tests {
         assert!(err.contains("did you mean QUIRE_TEST_HEARTBEAT?"), "{err}");
         for (flags, env_pairs, want) in [
             (vec![("heartbeat", "50mss")], vec![], "flag --heartbeat"),
-            (vec![], vec![("QUIRE_TEST_HEARTBEAT", "50mss")], "env QUIRE_TEST_HEARTBEAT"),
+            (
+                vec![],
+                vec![("QUIRE_TEST_HEARTBEAT", "50mss")],
+                "env QUIRE_TEST_HEARTBEAT",
+            ),
         ] {
             let err = resolve(
                 &SettingFlags::<Test>::from_pairs(&flags),
@@ -1379,7 +1368,10 @@ mod tests {
         let err = resolve(&SettingFlags::<Test>::default(), Some(&path), &[])
             .expect_err("ambiguous")
             .to_string();
-        assert!(err.contains("segment_bytes_max") && err.contains("a size like"), "{err}");
+        assert!(
+            err.contains("segment_bytes_max") && err.contains("a size like"),
+            "{err}"
+        );
         let err = resolve(
             &SettingFlags::<Test>::from_pairs(&[("io", "fast")]),
             None,
@@ -1406,8 +1398,8 @@ mod tests {
             #[command(flatten)]
             settings: SettingFlags<Test>,
         }
-        let cli = Cli::try_parse_from(["x", "--heartbeat", "5s", "--window-us", "9"])
-            .expect("parses");
+        let cli =
+            Cli::try_parse_from(["x", "--heartbeat", "5s", "--window-us", "9"]).expect("parses");
         let r = resolve(&cli.settings, None, &[]).expect("resolves");
         assert_eq!(r.duration("heartbeat"), Some(Duration::from_secs(5)));
         assert_eq!(r.duration("window"), Some(Duration::from_micros(9)));

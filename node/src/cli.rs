@@ -62,7 +62,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub print_config: bool,
     /// How --print-config writes: text or json.
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t, requires = "print_config")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t,
+        requires = "print_config"
+    )]
     pub format: PrintFormat,
 }
 

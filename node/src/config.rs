@@ -611,7 +611,10 @@ mod tests {
         );
         assert_eq!(c.limits.read_bytes_max, 1 << 20);
         assert_eq!(c.limits.idle_timeout_ms, 120_000);
-        assert_eq!(c.limits.in_flight_requests_per_connection_max, IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX);
+        assert_eq!(
+            c.limits.in_flight_requests_per_connection_max,
+            IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX
+        );
         assert_eq!(r.source("write_queue_frames_max"), &Source::Default);
         assert_eq!(c.wal.batch_window_us, 50);
         assert_eq!(c.wal.segment_bytes_max, 16 << 20);
@@ -648,12 +651,17 @@ mod tests {
         let err = resolve(&run_args(Some(&both), &[]), &[])
             .expect_err("both spellings")
             .to_string();
-        assert!(err.contains("idle_timeout and its old spelling idle_timeout_ms"), "{err}");
+        assert!(
+            err.contains("idle_timeout and its old spelling idle_timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn missing_and_bad_settings_are_reported() {
-        let err = config(&RunArgs::default(), &[]).expect_err("no data dir").to_string();
+        let err = config(&RunArgs::default(), &[])
+            .expect_err("no data dir")
+            .to_string();
         assert!(
             err.contains("--data-dir") && err.contains("QUIRE_NODE_DATA_DIR"),
             "{err}"
@@ -668,22 +676,32 @@ mod tests {
         let err = config(&run_args(Some(&path), &base), &[])
             .expect_err("typo")
             .to_string();
-        assert!(err.contains("unknown setting `lisen`") && err.contains("listen"), "{err}");
+        assert!(
+            err.contains("unknown setting `lisen`") && err.contains("listen"),
+            "{err}"
+        );
         let (_dir, path) = config_file("[limits]\nconections_max = 3\n");
         let err = config(&run_args(Some(&path), &base), &[])
             .expect_err("typo")
             .to_string();
         assert!(
-            err.contains("`limits.conections_max`") && err.contains("did you mean connections_max?"),
+            err.contains("`limits.conections_max`")
+                && err.contains("did you mean connections_max?"),
             "{err}"
         );
         let err = config(&run_args(None, &base), &[("QUIRE_NODE_LISTN", "x")])
             .expect_err("typo")
             .to_string();
-        assert!(err.contains("QUIRE_NODE_LISTN") && err.contains("QUIRE_NODE_LISTEN"), "{err}");
-        let err = config(&run_args(None, &base), &[("QUIRE_NODE_IDLE_TIMEOUT", "5mins")])
-            .expect_err("bad value")
-            .to_string();
+        assert!(
+            err.contains("QUIRE_NODE_LISTN") && err.contains("QUIRE_NODE_LISTEN"),
+            "{err}"
+        );
+        let err = config(
+            &run_args(None, &base),
+            &[("QUIRE_NODE_IDLE_TIMEOUT", "5mins")],
+        )
+        .expect_err("bad value")
+        .to_string();
         assert!(
             err.contains("idle_timeout = \"5mins\" (env QUIRE_NODE_IDLE_TIMEOUT)")
                 && err.contains("a duration like 50ms, 10s, 2m"),
@@ -697,9 +715,12 @@ mod tests {
             err.contains("in_flight_bytes_per_connection_max = 10 (file"),
             "{err}"
         );
-        let err = config(&run_args(None, &[("partial_frame_timeout", "0s"), base[0], base[1]]), &[])
-            .expect_err("zero")
-            .to_string();
+        let err = config(
+            &run_args(None, &[("partial_frame_timeout", "0s"), base[0], base[1]]),
+            &[],
+        )
+        .expect_err("zero")
+        .to_string();
         assert!(
             err.contains("partial_frame_timeout = 0s (flag --partial-frame-timeout)"),
             "{err}"
@@ -709,5 +730,18 @@ mod tests {
         let c = config(&run_args(Some(&path), &base), &[]).expect("valid");
         assert_eq!(c.limits.read_settings().idle_timeout(), None);
         assert_eq!(c.limits.read_buffer_bytes_max, 32 << 20);
+    }
+
+    #[test]
+    fn every_setting_is_in_the_operations_table() {
+        let doc = include_str!("../../docs/operations.md");
+        for s in schema().settings {
+            let row = format!(
+                "| `--{}` | `QUIRE_NODE_{}` |",
+                s.key.replace('_', "-"),
+                s.key.to_ascii_uppercase()
+            );
+            assert!(doc.contains(&row), "docs/operations.md lacks {row}");
+        }
     }
 }

@@ -62,13 +62,29 @@ fn the_node_prints_each_setting_and_its_source() {
     let s = settings(&out);
     let file = format!("file {}", config.display());
     let want = [
-        ("data_dir", data.display().to_string(), "flag --data-dir".to_owned()),
-        ("listen", "127.0.0.1:2".to_owned(), "env QUIRE_NODE_LISTEN".to_owned()),
-        ("read_bytes_max", "2MiB".to_owned(), "env QUIRE_NODE_READ_BYTES_MAX".to_owned()),
+        (
+            "data_dir",
+            data.display().to_string(),
+            "flag --data-dir".to_owned(),
+        ),
+        (
+            "listen",
+            "127.0.0.1:2".to_owned(),
+            "env QUIRE_NODE_LISTEN".to_owned(),
+        ),
+        (
+            "read_bytes_max",
+            "2MiB".to_owned(),
+            "env QUIRE_NODE_READ_BYTES_MAX".to_owned(),
+        ),
         ("connections_max", "77".to_owned(), file.clone()),
         ("idle_timeout", "2m".to_owned(), file.clone()),
         ("segment_bytes_max", "16MiB".to_owned(), file.clone()),
-        ("batch_window", "70us".to_owned(), "flag --batch-window".to_owned()),
+        (
+            "batch_window",
+            "70us".to_owned(),
+            "flag --batch-window".to_owned(),
+        ),
         ("log_format", "pretty".to_owned(), "default".to_owned()),
         ("queue_bytes_max", "256MiB".to_owned(), "default".to_owned()),
     ];
@@ -91,8 +107,14 @@ fn the_node_prints_each_setting_and_its_source() {
 
     // The text form: one aligned line per setting with its source.
     let mut cmd = Command::new(node_bin());
-    cmd.args(["run", "--print-config", "--listen", "127.0.0.1:3", "--data-dir"])
-        .arg(&data);
+    cmd.args([
+        "run",
+        "--print-config",
+        "--listen",
+        "127.0.0.1:3",
+        "--data-dir",
+    ])
+    .arg(&data);
     let out = run(&mut cmd);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -104,10 +126,7 @@ fn the_node_prints_each_setting_and_its_source() {
         line.contains("127.0.0.1:3") && line.ends_with("flag --listen"),
         "{line}"
     );
-    assert!(
-        stdout.contains("limits.partial_frame_timeout"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("limits.partial_frame_timeout"), "{stdout}");
 
     // A typo in a variable fails, naming it and the setting it resembles.
     let mut cmd = Command::new(node_bin());
@@ -145,8 +164,16 @@ fn the_broker_prints_each_setting_and_its_source() {
     let file = format!("file {}", config.display());
     let want = [
         ("id", "1".to_owned(), file.clone()),
-        ("heartbeat", "60ms".to_owned(), "env QUIRE_BROKER_HEARTBEAT".to_owned()),
-        ("election_timeout", "900ms".to_owned(), "flag --election-timeout".to_owned()),
+        (
+            "heartbeat",
+            "60ms".to_owned(),
+            "env QUIRE_BROKER_HEARTBEAT".to_owned(),
+        ),
+        (
+            "election_timeout",
+            "900ms".to_owned(),
+            "flag --election-timeout".to_owned(),
+        ),
         ("retention_age", "2h".to_owned(), file.clone()),
         ("produce_timeout", "10s".to_owned(), "default".to_owned()),
         ("message_bytes_max", "1MiB".to_owned(), "default".to_owned()),
