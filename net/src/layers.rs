@@ -288,7 +288,7 @@ pub enum SettingsError {
         hint: String,
     },
     /// A value that does not read as its setting's kind.
-    #[error("{key} = {value:?} ({source_}) is not {accepted}{detail}")]
+    #[error("{key} = {value:?} ({source_}) is not {accepted}")]
     BadValue {
         /// The setting (new spelling, or the old one if that was used).
         key: String,
@@ -296,10 +296,9 @@ pub enum SettingsError {
         source_: Source,
         /// The value as given.
         value: String,
-        /// The accepted form.
+        /// The accepted form, and why the value is not (`"a duration like 50ms, 10s, 2m:
+        /// …"`).
         accepted: String,
-        /// `": why"` or empty.
-        detail: String,
     },
     /// Old and new spelling of one setting in one place.
     #[error("{key} and its old spelling {old} are both given ({source_}); keep only {key}")]
@@ -773,8 +772,7 @@ fn read_value(s: &Setting, g: &Given) -> Result<Value, SettingsError> {
         key: spelled.to_owned(),
         source_: g.source.clone(),
         value: g.raw.display(),
-        accepted,
-        detail,
+        accepted: format!("{accepted}{detail}"),
     };
     if let Raw::Other(_) = g.raw {
         return Err(bad(s.kind.accepted(), String::new()));
