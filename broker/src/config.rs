@@ -1,6 +1,9 @@
-//! The command line of `quire-broker run` ([`RunArgs`], clap derive, kept in the library
-//! so the `quire` CLI can carry `quire broker run` over the same code) and the resolved
-//! settings ([`BrokerConfig`]): a `--config` TOML file first, then the flags (flags win).
+//! The command line of `quire-broker run` ([`RunArgs`], clap, kept in the library so the
+//! `quire` CLI can carry `quire broker run` over the same code), how each setting is named
+//! and read ([`schema`]), and the resolved settings ([`BrokerConfig`]). A setting comes
+//! from a flag, a `QUIRE_BROKER_*` variable, the `--config` TOML file (or
+//! `QUIRE_BROKER_CONFIG`), or its default, in that order of precedence (`quire_net::layers`
+//! has the rules; docs/operations.md the table of every setting).
 //!
 //! ```toml
 //! id = 1
@@ -11,23 +14,33 @@
 //! ack_quorum = 2                  # default: majority of the stores
 //! metrics_listen = "127.0.0.1:9201"
 //! log_format = "json"             # or "pretty"
-//! heartbeat_ms = 100
-//! election_timeout_ms = 1000
-//! produce_timeout_ms = 10000
-//! retention_bytes = 10737418240   # keep at least the newest 10 GiB of payload; default: no limit
-//! retention_ms = 604800000        # keep events stabilized less than 7 days ago; default: no limit
-//! read_buffer_bytes_max = 67108864  # incoming frames buffered, all connections together
-//! partial_frame_timeout_ms = 10000  # a frame must be whole this long after its first byte
-//! idle_timeout_ms = 600000          # a connection silent this long is closed; 0: never
-//! message_bytes_max = 1048576       # largest producer message; keep below the stores' segment size
-//! connections_max = 10000           # more get Overloaded and are closed (64 more kept for brokers)
+//! heartbeat = "100ms"
+//! election_timeout = "1s"
+//! produce_timeout = "10s"
+//! retention_bytes = "10GiB"       # keep at least the newest 10 GiB of payload; default: no limit
+//! retention_age = "168h"          # keep events stabilized less than 7 days ago; default: no limit
+//! read_buffer_bytes_max = "64MiB" # incoming frames buffered, all connections together
+//! partial_frame_timeout = "10s"   # a frame must be whole this long after its first byte
+//! idle_timeout = "10m"            # a connection silent this long is closed; "0s": never
+//! message_bytes_max = "1MiB"      # largest producer message; keep below the stores' segment size
+//! connections_max = 10000         # more get Overloaded and are closed (64 more kept for brokers)
 //! ```
+//!
+//! The same as flags (`--heartbeat 100ms --retention-age 168h`) or variables
+//! (`QUIRE_BROKER_HEARTBEAT=100ms`). The spellings before units (`heartbeat_ms`,
+//! `election_timeout_ms`, `produce_timeout_ms`, `retention_ms`, `partial_frame_timeout_ms`,
+//! `idle_timeout_ms`: bare milliseconds, as keys and flags) still work for one release,
+//! with a deprecation warning.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use quire_net::layers::{
+    self, Granularity, HasSchema, Kind, PrintFormat, Resolved, Schema, Setting, SettingFlags,
+    SettingsError, Value,
+};
 use quire_net::{ReadSettings, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT};
 use quire_proto::{BrokerId, ADDR_BYTES_MAX, MESSAGE_BYTES_MAX};
 use serde::Deserialize;
@@ -35,20 +48,20 @@ use serde::Deserialize;
 use crate::core::{quorum, SLOTS_MAX};
 use crate::retention::RetentionPolicy;
 
-/// Default `heartbeat_ms`.
+/// Default `heartbeat`, in milliseconds.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
-/// Default `election_timeout_ms` (the shortest silence before a takeover).
+/// Default `election_timeout`, in milliseconds (the shortest silence before a takeover).
 pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
-/// Default `produce_timeout_ms`: a produce not stabilized by then fails (`NoQuorum`).
+/// Default `produce_timeout`, in milliseconds: a produce not stabilized by then fails (`NoQuorum`).
 pub const PRODUCE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// Longest `produce_timeout_ms` accepted.
+/// Longest `produce_timeout` accepted, in milliseconds.
 pub const PRODUCE_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Default `message_bytes_max`: 1 MiB, about Kafka's `message.max.bytes` default. A store
 /// cannot hold an event larger than its segment (`segment_bytes_max`), so this must stay
 /// below the stores' segment size; a larger message is refused at once (`MessageTooLarge`,
 /// never retried) instead of being refused by every store.
 pub const MESSAGE_BYTES_MAX_DEFAULT: usize = 1 << 20;
-/// Shortest `heartbeat_ms` accepted.
+/// Shortest `heartbeat` accepted, in milliseconds.
 pub const HEARTBEAT_MS_MIN: u64 = 5;
 
 /// How log lines look.
@@ -62,120 +75,164 @@ pub enum LogFormat {
     Json,
 }
 
-/// `quire-broker run`. Every setting may also come from the `--config` TOML file; a flag
-/// overrides the file.
+/// `quire-broker run`. Every setting is a flag here (`--heartbeat 100ms`), a
+/// `QUIRE_BROKER_*` variable (`QUIRE_BROKER_HEARTBEAT=100ms`) and a key of the `--config`
+/// TOML file (`heartbeat = "100ms"`); flag beats variable beats file beats default.
 #[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
-    /// This broker's id (1..=65535), the low 16 bits of its epochs; it must be in --brokers.
-    #[arg(long)]
-    pub id: Option<u16>,
-    /// The data directory (created if needed): epoch counter and cluster file.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Address to serve clients and brokers on (`host:port`; port 0 picks one, printed as
-    /// `listening on ADDR`). Default: this broker's address in --brokers.
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// The event stores, `host:port` each, comma separated. Fixed for the cluster's life.
-    #[arg(long, value_name = "A,B,C", value_delimiter = ',')]
-    pub stores: Vec<String>,
-    /// Every broker of the cluster as `ID=host:port`, comma separated (this one included).
-    #[arg(long, value_name = "ID=ADDR,...", value_delimiter = ',')]
-    pub brokers: Vec<String>,
-    /// Stores that must persist an event before it is stabilized (default: majority).
-    #[arg(long, value_name = "Q")]
-    pub ack_quorum: Option<usize>,
-    /// A TOML file with settings; flags override it.
+    /// Every setting, as given on the command line ([`schema`] lists them).
+    #[command(flatten)]
+    pub settings: SettingFlags<BrokerSettings>,
+    /// A TOML file with settings (docs/operations.md lists the keys) [env: QUIRE_BROKER_CONFIG].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address to serve Prometheus metrics on (`GET /metrics`); none by default.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_listen: Option<String>,
-    /// Log line format (on stderr). Default: pretty.
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    pub log_format: Option<LogFormat>,
-    /// How often the master heartbeats slaves and stores, in milliseconds.
-    #[arg(long, value_name = "MS")]
-    pub heartbeat_ms: Option<u64>,
-    /// Shortest silence from the master before a slave takes over, in milliseconds (a
-    /// random extra of up to half of it, and a quarter of it per rank, are added).
-    #[arg(long, value_name = "MS")]
-    pub election_timeout_ms: Option<u64>,
-    /// How long a produce may wait to be stabilized before it fails, in milliseconds.
-    #[arg(long, value_name = "MS")]
-    pub produce_timeout_ms: Option<u64>,
-    /// Retention by size: the master trims whole segments once at least this many payload
-    /// bytes of newer stabilized events remain, in bytes. Default: no size limit.
-    #[arg(long, value_name = "BYTES")]
-    pub retention_bytes: Option<u64>,
-    /// Retention by age: the master trims whole segments of events stabilized at least this
-    /// long ago, in milliseconds. Default: no age limit.
-    #[arg(long, value_name = "MS")]
-    pub retention_ms: Option<u64>,
-    /// Bytes of incoming frames buffered across all connections at most; readers pause
-    /// beyond it (default 64 MiB; at least 16 MiB, one maximal frame).
-    #[arg(long, value_name = "BYTES")]
-    pub read_buffer_bytes_max: Option<usize>,
-    /// How long a frame may take from its first byte to its last before the connection is
-    /// closed, in milliseconds (default 10000).
-    #[arg(long, value_name = "MS")]
-    pub partial_frame_timeout_ms: Option<u64>,
-    /// How long a connection may send nothing before it is closed, in milliseconds
-    /// (default 600000; 0: never).
-    #[arg(long, value_name = "MS")]
-    pub idle_timeout_ms: Option<u64>,
-    /// Largest producer message accepted, in bytes (default 1 MiB; at most the protocol's
-    /// MESSAGE_BYTES_MAX). Keep it below the stores' segment_bytes_max: a store cannot hold
-    /// an event larger than a segment.
-    #[arg(long, value_name = "BYTES")]
-    pub message_bytes_max: Option<usize>,
-    /// Most connections open at once (default 10000). Beyond it, 64 more are kept for other
-    /// brokers (their first frame must be a heartbeat or an append); the rest are answered
-    /// `Overloaded` and closed at once.
-    #[arg(long, value_name = "CONNECTIONS")]
-    pub connections_max: Option<usize>,
+    /// Print every effective setting and where it came from (default, file, env, flag), then
+    /// exit without serving (non-zero if the settings are not valid).
+    #[arg(long)]
+    pub print_config: bool,
+    /// How --print-config writes: text or json.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t,
+        requires = "print_config"
+    )]
+    pub format: PrintFormat,
 }
 
-/// The config file: every key optional.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// See [`RunArgs::id`].
-    pub id: Option<u16>,
-    /// See [`RunArgs::data_dir`].
-    pub data_dir: Option<PathBuf>,
-    /// See [`RunArgs::listen`].
-    pub listen: Option<String>,
-    /// See [`RunArgs::stores`].
-    pub stores: Option<Vec<String>>,
-    /// See [`RunArgs::brokers`].
-    pub brokers: Option<Vec<String>>,
-    /// See [`RunArgs::ack_quorum`].
-    pub ack_quorum: Option<usize>,
-    /// See [`RunArgs::metrics_listen`].
-    pub metrics_listen: Option<String>,
-    /// See [`RunArgs::log_format`].
-    pub log_format: Option<LogFormat>,
-    /// See [`RunArgs::heartbeat_ms`].
-    pub heartbeat_ms: Option<u64>,
-    /// See [`RunArgs::election_timeout_ms`].
-    pub election_timeout_ms: Option<u64>,
-    /// See [`RunArgs::produce_timeout_ms`].
-    pub produce_timeout_ms: Option<u64>,
-    /// See [`RunArgs::retention_bytes`].
-    pub retention_bytes: Option<u64>,
-    /// See [`RunArgs::retention_ms`].
-    pub retention_ms: Option<u64>,
-    /// See [`RunArgs::read_buffer_bytes_max`].
-    pub read_buffer_bytes_max: Option<usize>,
-    /// See [`RunArgs::partial_frame_timeout_ms`].
-    pub partial_frame_timeout_ms: Option<u64>,
-    /// See [`RunArgs::idle_timeout_ms`].
-    pub idle_timeout_ms: Option<u64>,
-    /// See [`RunArgs::message_bytes_max`].
-    pub message_bytes_max: Option<usize>,
-    /// See [`RunArgs::connections_max`].
-    pub connections_max: Option<usize>,
+/// The prefix of quire-broker's environment variables (`QUIRE_BROKER_HEARTBEAT`, ...).
+pub const ENV_PREFIX: &str = "QUIRE_BROKER_";
+
+/// quire-broker's settings as a type, for [`SettingFlags`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BrokerSettings;
+
+impl HasSchema for BrokerSettings {
+    fn schema() -> Schema {
+        schema()
+    }
+}
+
+/// Every setting of `quire-broker run`, in `--print-config` order, with its default.
+#[must_use]
+pub fn schema() -> Schema {
+    let ms = |v: u64| Value::Duration(Duration::from_millis(v));
+    let read = ReadSettings::default();
+    let millis = Kind::Duration(Granularity::Millis);
+    let settings = vec![
+        Setting::new(
+            "id",
+            Kind::Count,
+            "This broker's id (1..=65535), the low 16 bits of its epochs; it must be in brokers (required)",
+        ),
+        Setting::new(
+            "data_dir",
+            Kind::Text,
+            "The data directory (created if needed): epoch counter and cluster file (required)",
+        ),
+        Setting::new(
+            "listen",
+            Kind::Text,
+            "Address to serve clients and brokers on, host:port (port 0 picks one, printed as `listening on ADDR`); unset: this broker's address in brokers",
+        ),
+        Setting::new(
+            "stores",
+            Kind::List,
+            "The event stores, host:port each, comma separated; fixed for the cluster's life (required)",
+        ),
+        Setting::new(
+            "brokers",
+            Kind::List,
+            "Every broker of the cluster as ID=host:port, comma separated, this one included (required)",
+        ),
+        Setting::new(
+            "ack_quorum",
+            Kind::Count,
+            "Stores that must persist an event before it is stabilized; unset: a majority",
+        ),
+        Setting::new(
+            "metrics_listen",
+            Kind::Text,
+            "Address to serve Prometheus metrics on (GET /metrics); unset: none",
+        ),
+        Setting::new("log_format", Kind::Choice(&["pretty", "json"]), "Log line format on stderr")
+            .default_value(Value::Text("pretty".to_owned())),
+        Setting::new("heartbeat", millis, "How often the master heartbeats slaves and stores")
+            .old("heartbeat_ms")
+            .default_value(ms(HEARTBEAT_MS_DEFAULT)),
+        Setting::new(
+            "election_timeout",
+            millis,
+            "Shortest silence from the master before a slave takes over (plus a random half of it, and a quarter per rank); at least twice heartbeat",
+        )
+        .old("election_timeout_ms")
+        .default_value(ms(ELECTION_TIMEOUT_MS_DEFAULT)),
+        Setting::new(
+            "produce_timeout",
+            millis,
+            "How long a produce may wait to be stabilized before it fails",
+        )
+        .old("produce_timeout_ms")
+        .default_value(ms(PRODUCE_TIMEOUT_MS_DEFAULT)),
+        Setting::new(
+            "retention_bytes",
+            Kind::Size,
+            "Retention by size: trim whole segments once at least this many payload bytes of newer stabilized events remain; unset: no size limit",
+        ),
+        Setting::new(
+            "retention_age",
+            millis,
+            "Retention by age: trim whole segments of events stabilized at least this long ago; unset: no age limit",
+        )
+        .old("retention_ms"),
+        Setting::new(
+            "read_buffer_bytes_max",
+            Kind::Size,
+            "Bytes of incoming frames buffered across all connections at most (at least 16MiB, one maximal frame)",
+        )
+        .default_value(Value::Size(read.read_buffer_bytes_max as u64)),
+        Setting::new(
+            "partial_frame_timeout",
+            millis,
+            "How long a frame may take from its first byte to its last before the connection is closed",
+        )
+        .old("partial_frame_timeout_ms")
+        .default_value(ms(read.partial_frame_timeout_ms)),
+        Setting::new(
+            "idle_timeout",
+            millis,
+            "How long a connection may send nothing before it is closed; 0: never",
+        )
+        .old("idle_timeout_ms")
+        .default_value(ms(read.idle_timeout_ms)),
+        Setting::new(
+            "message_bytes_max",
+            Kind::Size,
+            "Largest producer message accepted; keep it below the stores' segment_bytes_max",
+        )
+        .default_value(Value::Size(MESSAGE_BYTES_MAX_DEFAULT as u64)),
+        Setting::new(
+            "connections_max",
+            Kind::Count,
+            "Most connections open at once; 64 more are kept for other brokers, the rest get Overloaded",
+        )
+        .default_value(Value::Count(CONNECTIONS_MAX_DEFAULT as u64)),
+    ];
+    Schema {
+        program: "quire-broker",
+        env_prefix: ENV_PREFIX,
+        settings,
+    }
+}
+
+/// Reads `args` and `env` (the process's variables; only `QUIRE_BROKER_*` are looked at)
+/// into every setting's value and source.
+///
+/// # Errors
+/// As [`layers::resolve`]: an unreadable file, an unknown key or variable, a bad value.
+pub fn resolve(args: &RunArgs, env: &[(String, String)]) -> Result<Resolved, SettingsError> {
+    layers::resolve(&args.settings, args.config.as_deref(), env)
 }
 
 /// Everything a broker runs with.
@@ -215,137 +272,158 @@ pub struct BrokerConfig {
 }
 
 impl BrokerConfig {
-    /// The settings for `quire-broker run`: the `--config` file if any, then the flags.
+    /// The settings for `quire-broker run`: flags, then this process's `QUIRE_BROKER_*`
+    /// variables, then the config file, then the defaults.
     ///
     /// # Errors
-    /// An unreadable or invalid file, a missing or invalid setting (each error names it).
-    pub fn from_args(args: &RunArgs) -> anyhow::Result<BrokerConfig> {
-        let file = match &args.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+    /// As [`resolve`] and [`BrokerConfig::from_resolved`]; each error names the setting.
+    pub fn from_args(args: &RunArgs) -> Result<BrokerConfig, SettingsError> {
+        let env = layers::process_env(ENV_PREFIX)?;
+        BrokerConfig::from_resolved(&resolve(args, &env)?)
+    }
+
+    /// The broker's settings out of resolved layers.
+    ///
+    /// # Errors
+    /// A missing or invalid setting; each error names it, its value and where it came from.
+    pub fn from_resolved(r: &Resolved) -> Result<BrokerConfig, SettingsError> {
+        let id = match r.required("id")? {
+            Value::Count(n) => {
+                u16::try_from(*n).map_err(|_| r.invalid("id", "must be in 1..=65535"))?
+            }
+            _ => return Err(r.invalid("id", "must be in 1..=65535")),
         };
-        let id = args
-            .id
-            .or(file.id)
-            .context("--id is required (this broker's id, 1..=65535)")?;
         if id == 0 {
-            bail!("--id 0 is reserved (epoch 0 means \"no master\"); use 1..=65535");
+            return Err(r.invalid(
+                "id",
+                "0 is reserved (epoch 0 means \"no master\"); use 1..=65535",
+            ));
         }
-        let data_dir = args
-            .data_dir
-            .clone()
-            .or(file.data_dir)
-            .context("--data-dir is required")?;
-        let stores = if args.stores.is_empty() {
-            file.stores.unwrap_or_default()
-        } else {
-            args.stores.clone()
-        };
-        let stores: Vec<String> = stores.iter().map(|s| s.trim().to_owned()).collect();
+        r.required("data_dir")?;
+        let data_dir = PathBuf::from(r.text("data_dir").unwrap_or_default());
+        r.required("stores")?;
+        let stores = r.list("stores");
         if stores.is_empty() {
-            bail!("--stores is required (the event stores, host:port each, comma separated)");
+            return Err(r.invalid("stores", "name at least one store (host:port)"));
         }
         for s in &stores {
-            check_addr("--stores", s)?;
+            check_addr(s).map_err(|m| r.invalid("stores", m))?;
         }
         let mut sorted = stores.clone();
         sorted.sort();
         if sorted.windows(2).any(|w| w[0] == w[1]) {
-            bail!("--stores names a store twice: {}", stores.join(","));
+            return Err(r.invalid("stores", "names a store twice"));
         }
-        let brokers_raw = if args.brokers.is_empty() {
-            file.brokers.unwrap_or_default()
-        } else {
-            args.brokers.clone()
-        };
-        let brokers = parse_brokers(&brokers_raw)?;
+        r.required("brokers")?;
+        let brokers =
+            parse_brokers(&r.list("brokers")).map_err(|e| r.invalid("brokers", e.to_string()))?;
         let me = BrokerId(id);
         let Some((_, my_addr)) = brokers.iter().find(|(b, _)| *b == me) else {
-            bail!("--brokers does not name this broker (--id {id})");
+            return Err(r.invalid("brokers", format!("does not name this broker (id {id})")));
         };
         if stores.len() + brokers.len() - 1 > SLOTS_MAX {
-            bail!(
-                "{} stores and {} other brokers exceed the {SLOTS_MAX} replication slots",
-                stores.len(),
-                brokers.len() - 1
-            );
+            return Err(r.invalid(
+                "stores",
+                format!(
+                    "{} stores and {} other brokers exceed the {SLOTS_MAX} replication slots",
+                    stores.len(),
+                    brokers.len() - 1
+                ),
+            ));
         }
-        let ack_quorum = args
-            .ack_quorum
-            .or(file.ack_quorum)
+        let ack_quorum = r
+            .usize("ack_quorum")?
             .unwrap_or_else(|| quorum::majority(stores.len()));
         if ack_quorum == 0 || ack_quorum > stores.len() {
-            bail!("--ack-quorum {ack_quorum} is outside 1..={}", stores.len());
+            return Err(r.invalid(
+                "ack_quorum",
+                format!("must be in 1..={} (the number of stores)", stores.len()),
+            ));
         }
-        let listen = args
-            .listen
-            .clone()
-            .or(file.listen)
-            .unwrap_or_else(|| my_addr.clone());
-        let heartbeat_ms = args
-            .heartbeat_ms
-            .or(file.heartbeat_ms)
-            .unwrap_or(HEARTBEAT_MS_DEFAULT);
-        if heartbeat_ms < HEARTBEAT_MS_MIN {
-            bail!("--heartbeat-ms {heartbeat_ms} is below {HEARTBEAT_MS_MIN}");
+        let listen = r
+            .text("listen")
+            .map_or_else(|| my_addr.clone(), str::to_owned);
+        let heartbeat = r.duration("heartbeat").unwrap_or_default();
+        if heartbeat < Duration::from_millis(HEARTBEAT_MS_MIN) {
+            return Err(r.invalid(
+                "heartbeat",
+                format!("must be at least {HEARTBEAT_MS_MIN}ms"),
+            ));
         }
-        let election_ms = args
-            .election_timeout_ms
-            .or(file.election_timeout_ms)
-            .unwrap_or(ELECTION_TIMEOUT_MS_DEFAULT);
-        if election_ms < 2 * heartbeat_ms {
-            bail!(
-                "--election-timeout-ms {election_ms} must be at least twice --heartbeat-ms {heartbeat_ms}"
-            );
+        let election_timeout = r.duration("election_timeout").unwrap_or_default();
+        if election_timeout < 2 * heartbeat {
+            return Err(r.invalid(
+                "election_timeout",
+                format!(
+                    "must be at least twice heartbeat ({})",
+                    Value::Duration(heartbeat)
+                ),
+            ));
         }
-        let produce_ms = args
-            .produce_timeout_ms
-            .or(file.produce_timeout_ms)
-            .unwrap_or(PRODUCE_TIMEOUT_MS_DEFAULT);
-        if produce_ms == 0 || produce_ms > PRODUCE_TIMEOUT_MS_MAX {
-            bail!("--produce-timeout-ms {produce_ms} is outside 1..={PRODUCE_TIMEOUT_MS_MAX}");
+        let produce_timeout = r.duration("produce_timeout").unwrap_or_default();
+        if produce_timeout.is_zero()
+            || produce_timeout > Duration::from_millis(PRODUCE_TIMEOUT_MS_MAX)
+        {
+            return Err(r.invalid(
+                "produce_timeout",
+                format!(
+                    "must be in 1ms..={}",
+                    Value::Duration(Duration::from_millis(PRODUCE_TIMEOUT_MS_MAX))
+                ),
+            ));
         }
+        let millis = |key: &str, d: Duration| {
+            u64::try_from(d.as_millis()).map_err(|_| r.invalid(key, "too long"))
+        };
         let retention = RetentionPolicy {
-            bytes_max: args.retention_bytes.or(file.retention_bytes),
-            age_ms_max: args.retention_ms.or(file.retention_ms),
+            bytes_max: r.size("retention_bytes"),
+            age_ms_max: match r.duration("retention_age") {
+                Some(d) => Some(millis("retention_age", d)?),
+                None => None,
+            },
         };
         if retention.bytes_max == Some(0) {
-            bail!("--retention-bytes 0 would trim every event; leave it unset to keep everything");
+            return Err(r.invalid(
+                "retention_bytes",
+                "0 would trim every event; leave it unset to keep everything",
+            ));
         }
         if retention.age_ms_max == Some(0) {
-            bail!("--retention-ms 0 would trim every event; leave it unset to keep everything");
+            return Err(r.invalid(
+                "retention_age",
+                "0 would trim every event; leave it unset to keep everything",
+            ));
         }
-        let defaults = ReadSettings::default();
         let read = ReadSettings {
-            read_buffer_bytes_max: args
-                .read_buffer_bytes_max
-                .or(file.read_buffer_bytes_max)
-                .unwrap_or(defaults.read_buffer_bytes_max),
-            partial_frame_timeout_ms: args
-                .partial_frame_timeout_ms
-                .or(file.partial_frame_timeout_ms)
-                .unwrap_or(defaults.partial_frame_timeout_ms),
-            idle_timeout_ms: args
-                .idle_timeout_ms
-                .or(file.idle_timeout_ms)
-                .unwrap_or(defaults.idle_timeout_ms),
+            read_buffer_bytes_max: r.usize("read_buffer_bytes_max")?.unwrap_or_default(),
+            partial_frame_timeout_ms: millis(
+                "partial_frame_timeout",
+                r.duration("partial_frame_timeout").unwrap_or_default(),
+            )?,
+            idle_timeout_ms: millis(
+                "idle_timeout",
+                r.duration("idle_timeout").unwrap_or_default(),
+            )?,
         };
         if let Err(e) = read.validate() {
-            bail!("--{}: {e}", e.setting.replace('_', "-"));
+            return Err(r.invalid(
+                e.setting,
+                format!("must be in {}..={}{}", e.min, e.max, e.note),
+            ));
         }
-        let message_bytes_max = args
-            .message_bytes_max
-            .or(file.message_bytes_max)
-            .unwrap_or(MESSAGE_BYTES_MAX_DEFAULT);
+        let message_bytes_max = r.usize("message_bytes_max")?.unwrap_or_default();
         if message_bytes_max == 0 || message_bytes_max > MESSAGE_BYTES_MAX {
-            bail!("--message-bytes-max {message_bytes_max} is outside 1..={MESSAGE_BYTES_MAX}");
+            return Err(r.invalid(
+                "message_bytes_max",
+                format!("must be in 1..={MESSAGE_BYTES_MAX} bytes"),
+            ));
         }
-        let connections_max = args
-            .connections_max
-            .or(file.connections_max)
-            .unwrap_or(CONNECTIONS_MAX_DEFAULT);
+        let connections_max = r.usize("connections_max")?.unwrap_or_default();
         if connections_max == 0 || connections_max > CONNECTIONS_MAX_LIMIT {
-            bail!("--connections-max {connections_max} is outside 1..={CONNECTIONS_MAX_LIMIT}");
+            return Err(r.invalid(
+                "connections_max",
+                format!("must be in 1..={CONNECTIONS_MAX_LIMIT}"),
+            ));
         }
         Ok(BrokerConfig {
             id: me,
@@ -354,11 +432,14 @@ impl BrokerConfig {
             stores,
             brokers,
             ack_quorum,
-            metrics_listen: args.metrics_listen.clone().or(file.metrics_listen),
-            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
-            heartbeat: Duration::from_millis(heartbeat_ms),
-            election_timeout: Duration::from_millis(election_ms),
-            produce_timeout: Duration::from_millis(produce_ms),
+            metrics_listen: r.text("metrics_listen").map(str::to_owned),
+            log_format: match r.text("log_format") {
+                Some("json") => LogFormat::Json,
+                _ => LogFormat::Pretty,
+            },
+            heartbeat,
+            election_timeout,
+            produce_timeout,
             retention,
             read,
             message_bytes_max,
@@ -385,15 +466,11 @@ impl BrokerConfig {
     }
 }
 
-fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-}
-
-fn check_addr(flag: &str, addr: &str) -> anyhow::Result<()> {
+fn check_addr(addr: &str) -> Result<(), String> {
     if addr.is_empty() || addr.len() > ADDR_BYTES_MAX || !addr.contains(':') {
-        bail!("{flag}: {addr:?} is not a host:port address of at most {ADDR_BYTES_MAX} bytes");
+        return Err(format!(
+            "{addr:?} is not a host:port address of at most {ADDR_BYTES_MAX} bytes"
+        ));
     }
     Ok(())
 }
@@ -404,25 +481,27 @@ fn check_addr(flag: &str, addr: &str) -> anyhow::Result<()> {
 /// A malformed entry, id 0, or a repeated id.
 pub fn parse_brokers(entries: &[String]) -> anyhow::Result<Vec<(BrokerId, String)>> {
     if entries.is_empty() {
-        bail!("--brokers is required (every broker as ID=host:port, comma separated)");
+        bail!("name every broker as ID=host:port, comma separated");
     }
     let mut out: Vec<(BrokerId, String)> = Vec::new();
     for e in entries {
         let e = e.trim();
         let Some((id, addr)) = e.split_once('=') else {
-            bail!("--brokers: {e:?} is not ID=host:port");
+            bail!("{e:?} is not ID=host:port");
         };
         let id: u16 = id
             .trim()
             .parse()
-            .with_context(|| format!("--brokers: {e:?}: the id is not a number in 1..=65535"))?;
+            .with_context(|| format!("{e:?}: the id is not a number in 1..=65535"))?;
         if id == 0 {
-            bail!("--brokers: {e:?}: id 0 is reserved");
+            bail!("{e:?}: id 0 is reserved");
         }
         let addr = addr.trim().to_owned();
-        check_addr("--brokers", &addr)?;
+        if let Err(m) = check_addr(&addr) {
+            bail!("{m}");
+        }
         if out.iter().any(|(b, _)| b.0 == id) {
-            bail!("--brokers names broker {id} twice");
+            bail!("broker {id} is named twice");
         }
         out.push((BrokerId(id), addr));
     }
@@ -432,20 +511,55 @@ pub fn parse_brokers(entries: &[String]) -> anyhow::Result<Vec<(BrokerId, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quire_net::layers::Source;
+    use std::path::Path;
 
-    fn args() -> RunArgs {
+    const BASE: [(&str, &str); 4] = [
+        ("id", "2"),
+        ("data_dir", "/tmp/x"),
+        ("stores", "h:1,h:2,h:3"),
+        ("brokers", "1=h:11,2=h:12"),
+    ];
+
+    fn args_with(config: Option<&Path>, flags: &[(&str, &str)]) -> RunArgs {
         RunArgs {
-            id: Some(2),
-            data_dir: Some("/tmp/x".into()),
-            stores: vec!["h:1".into(), "h:2".into(), "h:3".into()],
-            brokers: vec!["1=h:11".into(), "2=h:12".into()],
+            settings: SettingFlags::from_pairs(flags),
+            config: config.map(Path::to_owned),
             ..RunArgs::default()
         }
     }
 
+    fn with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<(&str, &str)> = BASE
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .copied()
+            .collect();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn config(args: &RunArgs, env_pairs: &[(&str, &str)]) -> Result<BrokerConfig, SettingsError> {
+        BrokerConfig::from_resolved(&resolve(args, &env(env_pairs))?)
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("broker.toml");
+        std::fs::write(&path, text).expect("writes");
+        (dir, path)
+    }
+
     #[test]
     fn flags_resolve_with_defaults() {
-        let c = BrokerConfig::from_args(&args()).expect("valid");
+        let c = config(&args_with(None, &BASE), &[]).expect("valid");
         assert_eq!(c.id, BrokerId(2));
         assert_eq!(c.ack_quorum, 2);
         assert_eq!(
@@ -455,7 +569,16 @@ mod tests {
         assert_eq!(c.advertised_addr(), "h:12");
         assert_eq!(c.broker_addr(BrokerId(1)), Some("h:11"));
         assert_eq!(c.heartbeat, Duration::from_millis(HEARTBEAT_MS_DEFAULT));
+        assert_eq!(
+            c.election_timeout,
+            Duration::from_millis(ELECTION_TIMEOUT_MS_DEFAULT)
+        );
+        assert_eq!(
+            c.produce_timeout,
+            Duration::from_millis(PRODUCE_TIMEOUT_MS_DEFAULT)
+        );
         assert_eq!(c.read, ReadSettings::default());
+        assert_eq!(c.message_bytes_max, MESSAGE_BYTES_MAX_DEFAULT);
         assert_eq!(c.connections_max, CONNECTIONS_MAX_DEFAULT);
         assert!(
             c.retention.is_off(),
@@ -464,183 +587,191 @@ mod tests {
     }
 
     #[test]
-    fn retention_comes_from_the_file_or_flags() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("broker.toml");
-        std::fs::write(
-            &path,
-            "id = 2\ndata_dir = \"/d\"\nstores = [\"h:1\"]\nbrokers = [\"2=h:9\"]\nretention_bytes = 1000\nretention_ms = 60000\n",
-        )
-        .expect("writes");
-        let from_file = BrokerConfig::from_args(&RunArgs {
-            config: Some(path.clone()),
-            ..RunArgs::default()
-        })
-        .expect("valid");
+    fn retention_comes_from_the_file_variables_or_flags() {
+        let (_dir, path) = file(
+            "id = 2\ndata_dir = \"/d\"\nstores = [\"h:1\"]\nbrokers = [\"2=h:9\"]\nretention_bytes = \"1000\"\nretention_age = \"1m\"\n",
+        );
+        let from_file = config(&args_with(Some(&path), &[]), &[]).expect("valid");
         assert_eq!(from_file.retention.bytes_max, Some(1000));
         assert_eq!(from_file.retention.age_ms_max, Some(60_000));
-        let flags = BrokerConfig::from_args(&RunArgs {
-            config: Some(path),
-            retention_bytes: Some(5),
-            ..RunArgs::default()
-        })
+        let layered = config(
+            &args_with(Some(&path), &[("retention_bytes", "5")]),
+            &[("QUIRE_BROKER_RETENTION_AGE", "2h")],
+        )
         .expect("valid");
-        assert_eq!(flags.retention.bytes_max, Some(5));
-        assert_eq!(flags.retention.age_ms_max, Some(60_000));
+        assert_eq!(layered.retention.bytes_max, Some(5));
+        assert_eq!(layered.retention.age_ms_max, Some(7_200_000));
     }
 
     #[test]
-    fn the_file_is_read_and_flags_win() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("broker.toml");
-        std::fs::write(
-            &path,
-            "id = 1\ndata_dir = \"/d\"\nstores = [\"a:1\", \"b:1\", \"c:1\"]\nbrokers = [\"1=a:9\"]\nack_quorum = 3\nheartbeat_ms = 50\npartial_frame_timeout_ms = 2500\n",
+    fn flags_beat_variables_beat_the_file_beats_defaults() {
+        let (_dir, path) = file(
+            "id = 1\ndata_dir = \"/d\"\nstores = [\"a:1\", \"b:1\", \"c:1\"]\nbrokers = [\"1=a:9\"]\nack_quorum = 3\nheartbeat = \"50ms\"\npartial_frame_timeout = \"2500ms\"\nproduce_timeout = \"3s\"\n",
+        );
+        let args = args_with(Some(&path), &[("ack_quorum", "2"), ("heartbeat", "20ms")]);
+        let vars = [
+            ("QUIRE_BROKER_HEARTBEAT", "30ms"),
+            ("QUIRE_BROKER_ACK_QUORUM", "1"),
+            ("QUIRE_BROKER_PRODUCE_TIMEOUT", "4s"),
+            ("QUIRE_BROKERS", "not ours: the quire CLI's"),
+        ];
+        let r = resolve(&args, &env(&vars)).expect("resolves");
+        let c = BrokerConfig::from_resolved(&r).expect("valid");
+        assert_eq!((c.id, c.ack_quorum), (BrokerId(1), 2));
+        assert_eq!(r.source("ack_quorum"), &Source::Flag("--ack-quorum".into()));
+        assert_eq!(c.heartbeat, Duration::from_millis(20));
+        assert_eq!(c.produce_timeout, Duration::from_secs(4));
+        assert_eq!(
+            r.source("produce_timeout"),
+            &Source::Env("QUIRE_BROKER_PRODUCE_TIMEOUT".into())
+        );
+        assert_eq!(c.read.partial_frame_timeout_ms, 2500);
+        assert_eq!(
+            r.source("partial_frame_timeout"),
+            &Source::File(path.clone())
+        );
+        assert_eq!(c.election_timeout, Duration::from_secs(1));
+        assert_eq!(r.source("election_timeout"), &Source::Default);
+        let (_dir, bad) = file("idd = 1\n");
+        let err = config(&args_with(Some(&bad), &[]), &[])
+            .expect_err("typo")
+            .to_string();
+        assert!(
+            err.contains("unknown setting `idd`") && err.contains("did you mean id?"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn old_spellings_still_work_and_warn() {
+        let (_dir, path) = file(
+            "id = 1\ndata_dir = \"/d\"\nstores = [\"a:1\"]\nbrokers = [\"1=a:9\"]\nheartbeat_ms = 50\nretention_ms = 60000\n",
+        );
+        let args = args_with(
+            Some(&path),
+            &[
+                ("election_timeout_ms", "600"),
+                ("produce_timeout_ms", "2000"),
+            ],
+        );
+        let r = resolve(&args, &[]).expect("resolves");
+        let c = BrokerConfig::from_resolved(&r).expect("valid");
+        assert_eq!(c.heartbeat, Duration::from_millis(50));
+        assert_eq!(c.election_timeout, Duration::from_millis(600));
+        assert_eq!(c.produce_timeout, Duration::from_secs(2));
+        assert_eq!(c.retention.age_ms_max, Some(60_000));
+        let all = r.warnings.join("\n");
+        assert_eq!(r.warnings.len(), 4, "{all}");
+        assert!(all.contains("heartbeat_ms (in "), "{all}");
+        assert!(
+            all.contains("is deprecated; use heartbeat = \"50ms\""),
+            "{all}"
+        );
+        assert!(all.contains("use retention_age = \"1m\""), "{all}");
+        assert!(
+            all.contains("--election-timeout-ms is deprecated; use --election-timeout 600ms"),
+            "{all}"
+        );
+        let err = config(
+            &args_with(
+                None,
+                &with(&[("heartbeat_ms", "50"), ("heartbeat", "50ms")]),
+            ),
+            &[],
         )
-        .expect("writes");
-        let from_file = BrokerConfig::from_args(&RunArgs {
-            config: Some(path.clone()),
-            ..RunArgs::default()
-        })
-        .expect("valid");
-        assert_eq!((from_file.id, from_file.ack_quorum), (BrokerId(1), 3));
-        assert_eq!(from_file.heartbeat, Duration::from_millis(50));
-        assert_eq!(from_file.read.partial_frame_timeout_ms, 2500);
-        let flags = BrokerConfig::from_args(&RunArgs {
-            config: Some(path),
-            ack_quorum: Some(2),
-            ..RunArgs::default()
-        })
-        .expect("valid");
-        assert_eq!(flags.ack_quorum, 2);
-        std::fs::write(dir.path().join("bad.toml"), "idd = 1\n").expect("writes");
-        assert!(BrokerConfig::from_args(&RunArgs {
-            config: Some(dir.path().join("bad.toml")),
-            ..RunArgs::default()
-        })
-        .is_err());
+        .expect_err("both")
+        .to_string();
+        assert!(
+            err.contains("heartbeat and its old spelling heartbeat_ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_settings_name_themselves() {
-        let cases: Vec<(RunArgs, &str)> = vec![
-            (RunArgs { id: None, ..args() }, "--id"),
+        let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
             (
-                RunArgs {
-                    id: Some(0),
-                    ..args()
-                },
-                "--id 0",
+                BASE[1..].to_vec(),
+                "id is required: pass --id, set QUIRE_BROKER_ID",
+            ),
+            (with(&[("id", "0")]), "id = 0 (flag --id): 0 is reserved"),
+            (with(&[("id", "70000")]), "id = 70000"),
+            (with(&[("id", "3")]), "does not name this broker"),
+            (with(&[("stores", "")]), "stores"),
+            (with(&[("stores", "h:1,h:1")]), "twice"),
+            (with(&[("brokers", "1h:11")]), "ID=host:port"),
+            (with(&[("brokers", "2=h:1,2=h:2")]), "twice"),
+            (
+                with(&[("ack_quorum", "4")]),
+                "ack_quorum = 4 (flag --ack-quorum)",
+            ),
+            (with(&[("retention_bytes", "0")]), "retention_bytes = 0"),
+            (with(&[("retention_age", "0s")]), "retention_age = 0s"),
+            (
+                with(&[("heartbeat", "1ms")]),
+                "heartbeat = 1ms (flag --heartbeat)",
             ),
             (
-                RunArgs {
-                    id: Some(3),
-                    ..args()
-                },
-                "does not name this broker",
+                with(&[("heartbeat", "50mss")]),
+                "heartbeat = \"50mss\" (flag --heartbeat) is not a duration like 50ms, 10s, 2m",
+            ),
+            (with(&[("heartbeat", "100")]), "a unit is required"),
+            (
+                with(&[("election_timeout", "150ms")]),
+                "election_timeout = 150ms",
             ),
             (
-                RunArgs {
-                    stores: vec![],
-                    ..args()
-                },
-                "--stores",
+                with(&[("read_buffer_bytes_max", "1KiB")]),
+                "read_buffer_bytes_max = 1KiB",
             ),
             (
-                RunArgs {
-                    stores: vec!["h:1".into(), "h:1".into()],
-                    ..args()
-                },
-                "twice",
+                with(&[("partial_frame_timeout", "0s")]),
+                "partial_frame_timeout = 0s",
             ),
+            (with(&[("idle_timeout", "10ms")]), "idle_timeout = 10ms"),
+            (with(&[("connections_max", "0")]), "connections_max = 0"),
             (
-                RunArgs {
-                    brokers: vec!["1h:11".into()],
-                    ..args()
-                },
-                "ID=host:port",
+                with(&[("connections_max", "ten")]),
+                "connections_max = \"ten\" (flag --connections-max) is not a whole number",
             ),
-            (
-                RunArgs {
-                    brokers: vec!["2=h:1".into(), "2=h:2".into()],
-                    ..args()
-                },
-                "twice",
-            ),
-            (
-                RunArgs {
-                    ack_quorum: Some(4),
-                    ..args()
-                },
-                "--ack-quorum",
-            ),
-            (
-                RunArgs {
-                    retention_bytes: Some(0),
-                    ..args()
-                },
-                "--retention-bytes",
-            ),
-            (
-                RunArgs {
-                    retention_ms: Some(0),
-                    ..args()
-                },
-                "--retention-ms",
-            ),
-            (
-                RunArgs {
-                    heartbeat_ms: Some(1),
-                    ..args()
-                },
-                "--heartbeat-ms",
-            ),
-            (
-                RunArgs {
-                    election_timeout_ms: Some(150),
-                    ..args()
-                },
-                "--election-timeout-ms",
-            ),
-            (
-                RunArgs {
-                    read_buffer_bytes_max: Some(1024),
-                    ..args()
-                },
-                "--read-buffer-bytes-max",
-            ),
-            (
-                RunArgs {
-                    partial_frame_timeout_ms: Some(0),
-                    ..args()
-                },
-                "--partial-frame-timeout-ms",
-            ),
-            (
-                RunArgs {
-                    idle_timeout_ms: Some(10),
-                    ..args()
-                },
-                "--idle-timeout-ms",
-            ),
-            (
-                RunArgs {
-                    connections_max: Some(0),
-                    ..args()
-                },
-                "--connections-max",
-            ),
-            (
-                RunArgs {
-                    connections_max: Some(CONNECTIONS_MAX_LIMIT + 1),
-                    ..args()
-                },
-                "--connections-max",
-            ),
+            (with(&[("message_bytes_max", "1G")]), "ambiguous"),
         ];
-        for (a, want) in cases {
-            let err = BrokerConfig::from_args(&a).expect_err(want).to_string();
+        for (flags, want) in cases {
+            let err = config(&args_with(None, &flags), &[])
+                .expect_err(want)
+                .to_string();
             assert!(err.contains(want), "{err:?} should mention {want:?}");
+        }
+        let err = config(
+            &args_with(None, &BASE),
+            &[("QUIRE_BROKER_HEARTBEAT_MS", "50")],
+        )
+        .expect_err("no such variable")
+        .to_string();
+        assert!(
+            err.contains("unknown environment variable QUIRE_BROKER_HEARTBEAT_MS")
+                && err.contains("did you mean QUIRE_BROKER_HEARTBEAT?"),
+            "{err}"
+        );
+        let err = config(
+            &args_with(None, &BASE),
+            &[("QUIRE_BROKER_HEARTBEAT", "50mss")],
+        )
+        .expect_err("bad value")
+        .to_string();
+        assert!(err.contains("(env QUIRE_BROKER_HEARTBEAT)"), "{err}");
+    }
+
+    #[test]
+    fn every_setting_is_in_the_operations_table() {
+        let doc = include_str!("../../docs/operations.md");
+        for s in schema().settings {
+            let row = format!(
+                "| `--{}` | `QUIRE_BROKER_{}` |",
+                s.key.replace('_', "-"),
+                s.key.to_ascii_uppercase()
+            );
+            assert!(doc.contains(&row), "docs/operations.md lacks {row}");
         }
     }
 }

@@ -61,7 +61,9 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `quire-broker run`: resolves the settings, starts logging and a Tokio runtime, serves
-/// until SIGINT or SIGTERM.
+/// until SIGINT or SIGTERM. With `--print-config` it prints the effective settings and
+/// their sources on stdout instead and returns (an error if they are not valid).
+/// Deprecated spellings are logged as warnings once logging is up.
 ///
 /// Prints `listening on ADDR` (and `metrics on ADDR`) on stdout once bound, so scripts and
 /// tests started with port 0 can find the broker.
@@ -69,8 +71,22 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
 /// # Errors
 /// Bad settings, an unusable data directory, an address that cannot be bound.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = BrokerConfig::from_args(&args)?;
+    let env = quire_net::layers::process_env(config::ENV_PREFIX)?;
+    let resolved = config::resolve(&args, &env)?;
+    if args.print_config {
+        resolved.print(
+            args.format,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        )?;
+        BrokerConfig::from_resolved(&resolved)?;
+        return Ok(());
+    }
+    let config = BrokerConfig::from_resolved(&resolved)?;
     init_logging(config.log_format);
+    for warning in &resolved.warnings {
+        tracing::warn!("{warning}");
+    }
     if !quire_net::return_large_buffers_to_the_os() {
         tracing::debug!("could not pin malloc's mmap threshold");
     }

@@ -377,7 +377,7 @@ fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
     check_served(&mut c, &producer, first_end);
 }
 
-/// Retention by age: with `--retention-ms 1500` and a producer that keeps writing, the
+/// Retention by age: with `--retention-age 1500ms` and a producer that keeps writing, the
 /// cluster trims events older than that; the trim point shows in `quire_trim_point`, a
 /// fetch below it is `Trimmed`, and the newest acknowledged messages are all served.
 #[test]
@@ -386,7 +386,7 @@ fn proc_retention_by_age_trims_old_events() {
     cluster.set_store_config(STORE_CONFIG);
     // Long enough that the fresh batch produced before the CLI checks outlives a `quire
     // consume` started on a loaded machine (the cluster trims while idle too).
-    cluster.add_broker_args(&["--retention-ms", "1500"]);
+    cluster.add_broker_args(&["--retention-age", "1500ms"]);
     cluster.start_all();
     let master = cluster.settle();
     let mut producer = Producer {

@@ -19,7 +19,7 @@
 //!   brokers send to stores and to each other ([`is_peer_frame`]) and must arrive within
 //!   [`PEER_FIRST_FRAME_TIMEOUT`]. Idle sockets that fill the general pool therefore
 //!   cannot keep a master from reaching its stores and slaves: the master's links send a
-//!   heartbeat at least every `heartbeat_ms`. This is a bound against hoarding, not
+//!   heartbeat at least every `heartbeat`. This is a bound against hoarding, not
 //!   authentication: a peer that speaks the protocol can still take reserve places (see
 //!   docs/operations.md, "Trust").
 //! - **Refused**: a connection beyond both is accepted (so the kernel's backlog drains and

@@ -19,6 +19,9 @@
 //!   (`connections_max` plus a small reserve for cluster peers), the refusal of
 //!   connections beyond it, and an accept loop that never spins on `accept()` errors;
 //!   [`fit_open_files_limit`] checks it against `RLIMIT_NOFILE` at start.
+//! - [`layers`]: server settings read from flags, `QUIRE_NODE_*`/`QUIRE_BROKER_*`
+//!   variables, a TOML file and defaults under one naming rule, with `--print-config`;
+//!   [`units`]: the duration and size parsers (`50ms`, `64KiB`) they and the `quire` CLI use.
 //! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`.
 //! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
 //!   following the read budget (large buffers mapped on their own, unmapped when freed).
@@ -30,9 +33,11 @@
 mod alloc;
 mod budget;
 mod connections;
+pub mod layers;
 mod metrics_http;
 mod reader;
 mod settings;
+pub mod units;
 mod writer;
 
 pub use alloc::{return_large_buffers_to_the_os, MMAP_THRESHOLD_BYTES};

@@ -1,27 +1,30 @@
 //! [`ReadSettings`]: the bounds a server reads its connections under, with defaults and
 //! the range each may take. quire-node takes them in its `[limits]` table, quire-broker as
-//! flags and top-level keys of its config file; both name them the same.
+//! top-level keys of its config file; both name them the same (`read_buffer_bytes_max`,
+//! `partial_frame_timeout`, `idle_timeout`), as flags and variables too ([`crate::layers`]).
 
 use std::time::Duration;
 
 use quire_proto::FRAME_BYTES_MAX;
 
-/// Default `partial_frame_timeout_ms`: a frame whose first byte has arrived must be whole
+use crate::units::{format_duration, format_size};
+
+/// Default `partial_frame_timeout`: a frame whose first byte has arrived must be whole
 /// within 10 s. A maximal frame (`FRAME_BYTES_MAX`, 16 MiB) thus needs at least 1.6 MB/s
 /// from its sender; raise it for slower links.
 pub const PARTIAL_FRAME_TIMEOUT_MS_DEFAULT: u64 = 10_000;
-/// Shortest `partial_frame_timeout_ms` accepted.
+/// Shortest `partial_frame_timeout` accepted.
 pub const PARTIAL_FRAME_TIMEOUT_MS_MIN: u64 = 100;
-/// Longest `partial_frame_timeout_ms` accepted (10 minutes).
+/// Longest `partial_frame_timeout` accepted (10 minutes).
 pub const PARTIAL_FRAME_TIMEOUT_MS_MAX: u64 = 600_000;
-/// Default `idle_timeout_ms`: a connection that sends nothing for 10 minutes is closed
+/// Default `idle_timeout`: a connection that sends nothing for 10 minutes is closed
 /// (Kafka's `connections.max.idle.ms` default). Peers that keep a connection open send at
 /// least a heartbeat or a request in that time; clients reconnect when they need to.
 pub const IDLE_TIMEOUT_MS_DEFAULT: u64 = 600_000;
-/// Shortest non-zero `idle_timeout_ms` accepted: well above the longest fetch wait
+/// Shortest non-zero `idle_timeout` accepted: well above the longest fetch wait
 /// (30 s), so a consumer's long poll is never cut as idle.
 pub const IDLE_TIMEOUT_MS_MIN: u64 = 60_000;
-/// Longest `idle_timeout_ms` accepted (one day); 0 means never.
+/// Longest `idle_timeout` accepted (one day); 0 means never.
 pub const IDLE_TIMEOUT_MS_MAX: u64 = 86_400_000;
 /// Default `read_buffer_bytes_max`: 64 MiB of incoming frames buffered across all
 /// connections (four maximal frames).
@@ -59,12 +62,12 @@ impl Default for ReadSettings {
 pub struct SettingError {
     /// The setting's name (as in the config file).
     pub setting: &'static str,
-    /// The value given.
-    pub value: u64,
-    /// Smallest value accepted.
-    pub min: u64,
-    /// Largest value accepted.
-    pub max: u64,
+    /// The value given, in the spelling it reads back (`50ms`, `16MiB`).
+    pub value: String,
+    /// Smallest value accepted, spelled the same way.
+    pub min: String,
+    /// Largest value accepted, spelled the same way.
+    pub max: String,
     /// What else is accepted, if anything (`" (or 0: never)"`).
     pub note: &'static str,
 }
@@ -75,40 +78,44 @@ impl ReadSettings {
     /// # Errors
     /// The first setting outside its range.
     pub fn validate(&self) -> Result<(), SettingError> {
-        let check = |setting, value: u64, min: u64, max: u64, note| {
+        let check = |setting, value: u64, min: u64, max: u64, note, show: fn(u64) -> String| {
             if (min..=max).contains(&value) {
                 Ok(())
             } else {
                 Err(SettingError {
                     setting,
-                    value,
-                    min,
-                    max,
+                    value: show(value),
+                    min: show(min),
+                    max: show(max),
                     note,
                 })
             }
         };
+        let ms = |v: u64| format_duration(Duration::from_millis(v));
         check(
             "read_buffer_bytes_max",
             self.read_buffer_bytes_max as u64,
             FRAME_BYTES_MAX as u64,
             READ_BUFFER_BYTES_MAX_LIMIT as u64,
             "",
+            format_size,
         )?;
         check(
-            "partial_frame_timeout_ms",
+            "partial_frame_timeout",
             self.partial_frame_timeout_ms,
             PARTIAL_FRAME_TIMEOUT_MS_MIN,
             PARTIAL_FRAME_TIMEOUT_MS_MAX,
             "",
+            ms,
         )?;
         if self.idle_timeout_ms != 0 {
             check(
-                "idle_timeout_ms",
+                "idle_timeout",
                 self.idle_timeout_ms,
                 IDLE_TIMEOUT_MS_MIN,
                 IDLE_TIMEOUT_MS_MAX,
                 " (or 0: never)",
+                ms,
             )?;
         }
         Ok(())
@@ -147,14 +154,14 @@ mod tests {
                     partial_frame_timeout_ms: 0,
                     ..ReadSettings::default()
                 },
-                "partial_frame_timeout_ms",
+                "partial_frame_timeout",
             ),
             (
                 ReadSettings {
                     idle_timeout_ms: 1_000,
                     ..ReadSettings::default()
                 },
-                "idle_timeout_ms",
+                "idle_timeout",
             ),
         ];
         for (s, name) in bad {

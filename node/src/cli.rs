@@ -6,7 +6,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use quire_net::layers::{PrintFormat, SettingFlags};
 use serde::Deserialize;
+
+use crate::config::NodeSettings;
 
 /// `quire-node`: the Quire event store.
 #[derive(Debug, Parser)]
@@ -42,26 +45,31 @@ pub struct InitArgs {
     pub learner: bool,
 }
 
-/// `quire-node run`. Every setting may also come from the `--config` TOML file; a flag
-/// given here overrides the file.
+/// `quire-node run`. Every setting is a flag here (`--connections-max 5000`), a
+/// `QUIRE_NODE_*` variable (`QUIRE_NODE_CONNECTIONS_MAX=5000`) and a key of the `--config`
+/// TOML file (`[limits] connections_max = 5000`); flag beats variable beats file beats
+/// default. Durations take units (`10s`), sizes may (`64MiB`).
 #[derive(Clone, Debug, Default, Args)]
 pub struct RunArgs {
-    /// The data directory, initialised by `quire-node init`.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Address to serve the store protocol on (`host:port`; port 0 picks a free one, and
-    /// the bound address is printed as `listening on ADDR`).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// A TOML file with settings (keys: see node/README.md); flags override it.
+    /// Every setting, as given on the command line ([`crate::config::schema`] lists them).
+    #[command(flatten)]
+    pub settings: SettingFlags<NodeSettings>,
+    /// A TOML file with settings (docs/operations.md lists the keys) [env: QUIRE_NODE_CONFIG].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address to serve Prometheus metrics on (`GET /metrics`); none by default.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_listen: Option<String>,
-    /// Log line format (on stderr). Default: pretty.
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    pub log_format: Option<LogFormat>,
+    /// Print every effective setting and where it came from (default, file, env, flag), then
+    /// exit without serving (non-zero if the settings are not valid).
+    #[arg(long)]
+    pub print_config: bool,
+    /// How --print-config writes: text or json.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t,
+        requires = "print_config"
+    )]
+    pub format: PrintFormat,
 }
 
 /// How log lines look.

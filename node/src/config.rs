@@ -1,5 +1,8 @@
-//! [`NodeConfig`]: every setting of a running node, from the TOML file given with
-//! `--config` and the command line (flags win), with the bounds as named defaults.
+//! [`NodeConfig`]: every setting of a running node, and [`schema`]: how each is named and
+//! read. A setting comes from a flag, a `QUIRE_NODE_*` variable, the TOML file given with
+//! `--config` (or `QUIRE_NODE_CONFIG`), or its default, in that order of precedence
+//! (`quire_net::layers` has the rules; docs/operations.md the table of every setting).
+//! Durations take units (`10s`), sizes may (`64MiB`; a bare number is bytes).
 //!
 //! ```toml
 //! data_dir = "/var/lib/quire/store-1"
@@ -9,39 +12,50 @@
 //!
 //! [limits]
 //! connections_max = 10000                  # more get Overloaded and are closed (64 more kept for brokers)
-//! in_flight_bytes_per_connection_max = 67108864
+//! in_flight_bytes_per_connection_max = "64MiB"
 //! in_flight_requests_per_connection_max = 4096
 //! write_queue_frames_max = 4160
 //! read_events_max = 65536
-//! read_bytes_max = 8388608
-//! read_buffer_bytes_max = 67108864          # incoming frames buffered, all connections
-//! partial_frame_timeout_ms = 10000          # a frame must be whole this long after its first byte
-//! idle_timeout_ms = 600000                  # a connection silent this long is closed; 0: never
+//! read_bytes_max = "8MiB"
+//! read_buffer_bytes_max = "64MiB"           # incoming frames buffered, all connections
+//! partial_frame_timeout = "10s"             # a frame must be whole this long after its first byte
+//! idle_timeout = "10m"                      # a connection silent this long is closed; "0s": never
 //!
 //! [wal]
-//! segment_bytes_max = 268435456
-//! batch_bytes_max = 1048576
-//! batch_window_us = 0
-//! queue_bytes_max = 268435456
+//! segment_bytes_max = "256MiB"
+//! batch_bytes_max = "1MiB"
+//! batch_window = "200us"
+//! queue_bytes_max = "256MiB"
 //! io = "auto"                               # "uring", "sync"
 //!
 //! [socket]
-//! send_buffer_bytes = 4194304               # unset: the kernel's autotuning
-//! recv_buffer_bytes = 4194304
+//! send_buffer_bytes = "4MiB"                # unset: the kernel's autotuning
+//! recv_buffer_bytes = "4MiB"
 //! ```
+//!
+//! The same as flags: `--connections-max 10000 --batch-window 200us`; as variables:
+//! `QUIRE_NODE_CONNECTIONS_MAX=10000 QUIRE_NODE_BATCH_WINDOW=200us`. The spellings before
+//! units (`partial_frame_timeout_ms`, `idle_timeout_ms`, `batch_window_us`, as keys and
+//! flags) still work for one release, with a deprecation warning.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use std::time::Duration;
+
+use quire_net::layers::{
+    self, Granularity, HasSchema, Kind, Resolved, Schema, Setting, SettingsError, Value,
+};
 use quire_net::{
     ReadSettings, IDLE_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
     READ_BUFFER_BYTES_MAX_DEFAULT,
 };
 use quire_proto::{EVENTS_PER_FRAME_MAX, FRAME_BYTES_MAX};
 use quire_wal::{IoBackend, WalConfig};
-use serde::Deserialize;
 
 use crate::cli::{LogFormat, RunArgs};
+
+/// The prefix of quire-node's environment variables (`QUIRE_NODE_LISTEN`, ...).
+pub const ENV_PREFIX: &str = "QUIRE_NODE_";
 
 /// Default most connections open at once ([`quire_net::CONNECTIONS_MAX_DEFAULT`]); beyond
 /// it, [`quire_net::PEER_CONNECTIONS_RESERVE`] more are kept for brokers, and the rest are
@@ -62,8 +76,7 @@ pub const READ_EVENTS_MAX: usize = EVENTS_PER_FRAME_MAX;
 pub const READ_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 /// The `[limits]` table.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// See [`CONNECTIONS_MAX`].
     pub connections_max: usize,
@@ -117,8 +130,7 @@ impl Default for Limits {
 }
 
 /// The `[wal]` table: [`quire_wal::WalConfig`]'s settings (see there for meanings).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WalSettings {
     /// Segment file size, in bytes.
     pub segment_bytes_max: u64,
@@ -146,8 +158,7 @@ impl Default for WalSettings {
 }
 
 /// The WAL's disk backend, as written in the config file.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IoSetting {
     /// io_uring when available, else synchronous writes.
     #[default]
@@ -159,36 +170,12 @@ pub enum IoSetting {
 }
 
 /// The `[socket]` table: per-connection socket buffer sizes (unset: kernel autotuning).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SocketSettings {
     /// `SO_SNDBUF`, in bytes.
     pub send_buffer_bytes: Option<usize>,
     /// `SO_RCVBUF`, in bytes.
     pub recv_buffer_bytes: Option<usize>,
-}
-
-/// The config file's contents: every key optional.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Data directory.
-    pub data_dir: Option<PathBuf>,
-    /// Store protocol address.
-    pub listen: Option<String>,
-    /// Metrics address.
-    pub metrics_listen: Option<String>,
-    /// Log format.
-    pub log_format: Option<LogFormat>,
-    /// `[limits]`.
-    #[serde(default)]
-    pub limits: Limits,
-    /// `[wal]`.
-    #[serde(default)]
-    pub wal: WalSettings,
-    /// `[socket]`.
-    #[serde(default)]
-    pub socket: SocketSettings,
 }
 
 /// Everything a node runs with.
@@ -225,48 +212,98 @@ impl NodeConfig {
         }
     }
 
-    /// The settings for `quire-node run`: the `--config` file if any, then the flags.
+    /// The settings for `quire-node run`: flags, then this process's `QUIRE_NODE_*`
+    /// variables, then the config file, then the defaults.
     ///
     /// # Errors
-    /// An unreadable or invalid file, a missing data directory or listen address, or
-    /// limits that make no sense.
-    pub fn from_args(args: &RunArgs) -> anyhow::Result<NodeConfig> {
-        let file = match &args.config {
-            Some(path) => FileConfig::load(path)?,
-            None => FileConfig::default(),
-        };
-        NodeConfig::merge(file, args)
+    /// As [`resolve`] and [`NodeConfig::from_resolved`]; each error names the setting.
+    pub fn from_args(args: &RunArgs) -> Result<NodeConfig, SettingsError> {
+        let env = layers::process_env(ENV_PREFIX)?;
+        NodeConfig::from_resolved(&resolve(args, &env)?)
     }
 
-    /// `file` overridden by the flags in `args`.
+    /// The node's settings out of resolved layers.
     ///
     /// # Errors
-    /// As [`NodeConfig::from_args`].
-    pub fn merge(file: FileConfig, args: &RunArgs) -> anyhow::Result<NodeConfig> {
-        let Some(data_dir) = args.data_dir.clone().or(file.data_dir) else {
-            bail!("no data directory: pass --data-dir DIR (or set data_dir in the config file)");
+    /// A missing data directory or listen address, or a setting out of its range (named,
+    /// with its value and where it came from).
+    pub fn from_resolved(r: &Resolved) -> Result<NodeConfig, SettingsError> {
+        let text = |key: &str| -> Result<String, SettingsError> {
+            match r.required(key)? {
+                Value::Text(t) => Ok(t.clone()),
+                other => Ok(other.to_string()),
+            }
         };
-        let Some(listen) = args.listen.clone().or(file.listen) else {
-            bail!("no listen address: pass --listen ADDR (or set listen in the config file)");
+        let num = |key: &str| -> Result<usize, SettingsError> {
+            r.required(key)?;
+            Ok(r.usize(key)?.unwrap_or_default())
+        };
+        let bytes = |key: &str| -> Result<u64, SettingsError> {
+            r.required(key)?;
+            Ok(r.size(key).unwrap_or_default())
+        };
+        let millis = |key: &str| -> Result<u64, SettingsError> {
+            let d = r.duration(key).unwrap_or_default();
+            u64::try_from(d.as_millis()).map_err(|_| r.invalid(key, "too long"))
+        };
+        let limits = Limits {
+            connections_max: num("connections_max")?,
+            in_flight_bytes_per_connection_max: num("in_flight_bytes_per_connection_max")?,
+            in_flight_requests_per_connection_max: num("in_flight_requests_per_connection_max")?,
+            write_queue_frames_max: num("write_queue_frames_max")?,
+            read_events_max: num("read_events_max")?,
+            read_bytes_max: num("read_bytes_max")?,
+            read_buffer_bytes_max: num("read_buffer_bytes_max")?,
+            partial_frame_timeout_ms: millis("partial_frame_timeout")?,
+            idle_timeout_ms: millis("idle_timeout")?,
+        };
+        let batch_window = r.duration("batch_window").unwrap_or_default();
+        let wal = WalSettings {
+            segment_bytes_max: bytes("segment_bytes_max")?,
+            batch_bytes_max: bytes("batch_bytes_max")?,
+            batch_window_us: u64::try_from(batch_window.as_micros())
+                .map_err(|_| r.invalid("batch_window", "too long"))?,
+            queue_bytes_max: bytes("queue_bytes_max")?,
+            io: match r.text("io") {
+                Some("uring") => IoSetting::Uring,
+                Some("sync") => IoSetting::Sync,
+                _ => IoSetting::Auto,
+            },
+        };
+        let socket = SocketSettings {
+            send_buffer_bytes: r.usize("send_buffer_bytes")?,
+            recv_buffer_bytes: r.usize("recv_buffer_bytes")?,
         };
         let config = NodeConfig {
-            data_dir,
-            listen,
-            metrics_listen: args.metrics_listen.clone().or(file.metrics_listen),
-            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
-            limits: file.limits,
-            wal: file.wal,
-            socket: file.socket,
+            data_dir: PathBuf::from(text("data_dir")?),
+            listen: text("listen")?,
+            metrics_listen: r.text("metrics_listen").map(str::to_owned),
+            log_format: match r.text("log_format") {
+                Some("json") => LogFormat::Json,
+                _ => LogFormat::Pretty,
+            },
+            limits,
+            wal,
+            socket,
         };
-        config.validate()?;
+        config
+            .check()
+            .map_err(|(key, message)| r.invalid(key, message))?;
         Ok(config)
     }
 
     /// Checks the limits.
     ///
     /// # Errors
-    /// A limit of zero, or an in-flight byte bound below one maximal frame.
+    /// A limit of zero, or an in-flight byte bound below one maximal frame; the message
+    /// names the setting as `limits.KEY`.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.check()
+            .map_err(|(key, message)| anyhow::anyhow!("limits.{key} {message}"))
+    }
+
+    /// The limit checks: the offending setting's key and what is wrong with it.
+    fn check(&self) -> Result<(), (&'static str, String)> {
         let l = &self.limits;
         for (name, v) in [
             ("connections_max", l.connections_max),
@@ -279,28 +316,37 @@ impl NodeConfig {
             ("read_bytes_max", l.read_bytes_max),
         ] {
             if v == 0 {
-                bail!("limits.{name} must be positive");
+                return Err((name, "must be positive".to_owned()));
             }
         }
         if l.in_flight_bytes_per_connection_max < FRAME_BYTES_MAX
             || l.in_flight_bytes_per_connection_max > u32::MAX as usize
         {
-            bail!(
-                "limits.in_flight_bytes_per_connection_max must be between FRAME_BYTES_MAX ({FRAME_BYTES_MAX}) and {}",
-                u32::MAX
-            );
+            return Err((
+                "in_flight_bytes_per_connection_max",
+                format!(
+                    "must be between FRAME_BYTES_MAX ({FRAME_BYTES_MAX}) and {}",
+                    u32::MAX
+                ),
+            ));
         }
         if l.connections_max > quire_net::CONNECTIONS_MAX_LIMIT {
-            bail!(
-                "limits.connections_max must be at most {}",
-                quire_net::CONNECTIONS_MAX_LIMIT
-            );
+            return Err((
+                "connections_max",
+                format!("must be at most {}", quire_net::CONNECTIONS_MAX_LIMIT),
+            ));
         }
         if l.read_events_max > EVENTS_PER_FRAME_MAX {
-            bail!("limits.read_events_max must be at most {EVENTS_PER_FRAME_MAX}");
+            return Err((
+                "read_events_max",
+                format!("must be at most {EVENTS_PER_FRAME_MAX}"),
+            ));
         }
         if let Err(e) = l.read_settings().validate() {
-            bail!("limits.{e}");
+            return Err((
+                e.setting,
+                format!("must be in {}..={}{}", e.min, e.max, e.note),
+            ));
         }
         Ok(())
     }
@@ -329,25 +375,205 @@ pub fn wal_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("wal")
 }
 
-impl FileConfig {
-    /// Reads and parses a TOML config file.
-    ///
-    /// # Errors
-    /// An unreadable file, bad TOML, or unknown keys.
-    pub fn load(path: &Path) -> anyhow::Result<FileConfig> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+/// quire-node's settings as a type, for [`layers::SettingFlags`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NodeSettings;
+
+impl HasSchema for NodeSettings {
+    fn schema() -> Schema {
+        schema()
+    }
+}
+
+/// Reads `args` and `env` (the process's variables; only `QUIRE_NODE_*` are looked at) into
+/// every setting's value and source.
+///
+/// # Errors
+/// As [`layers::resolve`]: an unreadable file, an unknown key or variable, a bad value.
+pub fn resolve(args: &RunArgs, env: &[(String, String)]) -> Result<Resolved, SettingsError> {
+    layers::resolve(&args.settings, args.config.as_deref(), env)
+}
+
+/// Every setting of `quire-node run`, in `--print-config` order, with its default.
+#[must_use]
+pub fn schema() -> Schema {
+    let limits = Limits::default();
+    let wal = WalSettings::default();
+    let size = |v: usize| Value::Size(v as u64);
+    let count = |v: usize| Value::Count(v as u64);
+    let ms = |v: u64| Value::Duration(Duration::from_millis(v));
+    let settings = vec![
+        Setting::new(
+            "data_dir",
+            Kind::Text,
+            "The data directory, initialised by `quire-node init` (required)",
+        ),
+        Setting::new(
+            "listen",
+            Kind::Text,
+            "Address to serve the store protocol on, host:port; port 0 picks a free one, printed as `listening on ADDR` (required)",
+        ),
+        Setting::new(
+            "metrics_listen",
+            Kind::Text,
+            "Address to serve Prometheus metrics on (GET /metrics); unset: none",
+        ),
+        Setting::new("log_format", Kind::Choice(&["pretty", "json"]), "Log line format on stderr")
+            .default_value(Value::Text("pretty".to_owned())),
+        Setting::new(
+            "connections_max",
+            Kind::Count,
+            "Most connections open at once; 64 more are kept for brokers, the rest get Overloaded",
+        )
+        .in_table("limits")
+        .default_value(count(limits.connections_max)),
+        Setting::new(
+            "in_flight_bytes_per_connection_max",
+            Kind::Size,
+            "Most request bytes one connection may have unanswered (at least one maximal frame)",
+        )
+        .in_table("limits")
+        .default_value(size(limits.in_flight_bytes_per_connection_max)),
+        Setting::new(
+            "in_flight_requests_per_connection_max",
+            Kind::Count,
+            "Most requests one connection may have unanswered",
+        )
+        .in_table("limits")
+        .default_value(count(limits.in_flight_requests_per_connection_max)),
+        Setting::new(
+            "write_queue_frames_max",
+            Kind::Count,
+            "Most response frames queued for one connection's writer",
+        )
+        .in_table("limits")
+        .default_value(count(limits.write_queue_frames_max)),
+        Setting::new("read_events_max", Kind::Count, "Most events in one read response")
+            .in_table("limits")
+            .default_value(count(limits.read_events_max)),
+        Setting::new(
+            "read_bytes_max",
+            Kind::Size,
+            "Most payload bytes in one read response (at least one event is always sent)",
+        )
+        .in_table("limits")
+        .default_value(size(limits.read_bytes_max)),
+        Setting::new(
+            "read_buffer_bytes_max",
+            Kind::Size,
+            "Bytes of incoming frames buffered across all connections at most",
+        )
+        .in_table("limits")
+        .default_value(size(limits.read_buffer_bytes_max)),
+        Setting::new(
+            "partial_frame_timeout",
+            Kind::Duration(Granularity::Millis),
+            "How long a frame may take from its first byte to its last",
+        )
+        .in_table("limits")
+        .old("partial_frame_timeout_ms")
+        .default_value(ms(limits.partial_frame_timeout_ms)),
+        Setting::new(
+            "idle_timeout",
+            Kind::Duration(Granularity::Millis),
+            "How long a connection may send nothing before it is closed; 0: never",
+        )
+        .in_table("limits")
+        .old("idle_timeout_ms")
+        .default_value(ms(limits.idle_timeout_ms)),
+        Setting::new("segment_bytes_max", Kind::Size, "WAL segment file size")
+            .in_table("wal")
+            .default_value(Value::Size(wal.segment_bytes_max)),
+        Setting::new("batch_bytes_max", Kind::Size, "Most bytes in one group-commit batch")
+            .in_table("wal")
+            .default_value(Value::Size(wal.batch_bytes_max)),
+        Setting::new(
+            "batch_window",
+            Kind::Duration(Granularity::Micros),
+            "How long the first append of a batch may wait for more on an idle disk",
+        )
+        .in_table("wal")
+        .old("batch_window_us")
+        .default_value(Value::Duration(Duration::from_micros(wal.batch_window_us))),
+        Setting::new("queue_bytes_max", Kind::Size, "Most bytes queued for the WAL's commit thread")
+            .in_table("wal")
+            .default_value(Value::Size(wal.queue_bytes_max)),
+        Setting::new(
+            "io",
+            Kind::Choice(&["auto", "uring", "sync"]),
+            "The WAL's disk backend: io_uring when available (auto), io_uring or fail, pwrite + fdatasync",
+        )
+        .in_table("wal")
+        .default_value(Value::Text("auto".to_owned())),
+        Setting::new(
+            "send_buffer_bytes",
+            Kind::Size,
+            "SO_SNDBUF of each connection; unset: the kernel's autotuning",
+        )
+        .in_table("socket"),
+        Setting::new(
+            "recv_buffer_bytes",
+            Kind::Size,
+            "SO_RCVBUF of each connection; unset: the kernel's autotuning",
+        )
+        .in_table("socket"),
+    ];
+    Schema {
+        program: "quire-node",
+        env_prefix: ENV_PREFIX,
+        settings,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quire_net::layers::{SettingFlags, Source};
+
+    fn run_args(config: Option<&Path>, flags: &[(&str, &str)]) -> RunArgs {
+        RunArgs {
+            settings: SettingFlags::from_pairs(flags),
+            config: config.map(Path::to_owned),
+            ..RunArgs::default()
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn config_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, text).expect("writes");
+        (dir, path)
+    }
+
+    fn config(args: &RunArgs, env_pairs: &[(&str, &str)]) -> Result<NodeConfig, SettingsError> {
+        NodeConfig::from_resolved(&resolve(args, &env(env_pairs))?)
+    }
 
     #[test]
-    fn flags_override_the_file() {
-        let file: FileConfig = toml::from_str(
+    fn defaults_match_the_embedded_defaults() {
+        let c = config(
+            &run_args(None, &[("data_dir", "/d"), ("listen", "127.0.0.1:0")]),
+            &[],
+        )
+        .expect("valid");
+        let d = NodeConfig::new("/d", "127.0.0.1:0");
+        assert_eq!(c.limits, d.limits);
+        assert_eq!(c.wal, d.wal);
+        assert_eq!(c.socket, d.socket);
+        assert_eq!(c.log_format, LogFormat::Pretty);
+        assert_eq!(c.metrics_listen, None);
+    }
+
+    #[test]
+    fn flags_beat_variables_beat_the_file_beats_defaults() {
+        let (_dir, path) = config_file(
             r#"
             data_dir = "/from/file"
             listen = "127.0.0.1:1"
@@ -355,51 +581,167 @@ mod tests {
             log_format = "json"
             [limits]
             connections_max = 10
+            idle_timeout = "2m"
             [wal]
-            batch_window_us = 50
+            batch_window = "50us"
+            segment_bytes_max = "16MiB"
             io = "sync"
             "#,
-        )
-        .unwrap();
-        let args = RunArgs {
-            listen: Some("127.0.0.1:3".into()),
-            log_format: Some(LogFormat::Pretty),
-            ..RunArgs::default()
-        };
-        let c = NodeConfig::merge(file, &args).unwrap();
+        );
+        let args = run_args(
+            Some(&path),
+            &[("listen", "127.0.0.1:3"), ("log_format", "pretty")],
+        );
+        let vars = [
+            ("QUIRE_NODE_LISTEN", "127.0.0.1:4"),
+            ("QUIRE_NODE_CONNECTIONS_MAX", "20"),
+            ("QUIRE_NODE_READ_BYTES_MAX", "1MiB"),
+        ];
+        let r = resolve(&args, &env(&vars)).expect("resolves");
+        let c = NodeConfig::from_resolved(&r).expect("valid");
         assert_eq!(c.data_dir, PathBuf::from("/from/file"));
         assert_eq!(c.listen, "127.0.0.1:3");
+        assert_eq!(r.source("listen"), &Source::Flag("--listen".into()));
         assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:2"));
         assert_eq!(c.log_format, LogFormat::Pretty);
-        assert_eq!(c.limits.connections_max, 10);
-        assert_eq!(c.limits.read_bytes_max, READ_BYTES_MAX);
+        assert_eq!(c.limits.connections_max, 20);
+        assert_eq!(
+            r.source("connections_max"),
+            &Source::Env("QUIRE_NODE_CONNECTIONS_MAX".into())
+        );
+        assert_eq!(c.limits.read_bytes_max, 1 << 20);
+        assert_eq!(c.limits.idle_timeout_ms, 120_000);
+        assert_eq!(
+            c.limits.in_flight_requests_per_connection_max,
+            IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX
+        );
+        assert_eq!(r.source("write_queue_frames_max"), &Source::Default);
         assert_eq!(c.wal.batch_window_us, 50);
+        assert_eq!(c.wal.segment_bytes_max, 16 << 20);
+        assert_eq!(r.source("segment_bytes_max"), &Source::File(path.clone()));
         assert_eq!(c.wal_config().io, IoBackend::Sync);
         assert_eq!(c.wal_config().dir, PathBuf::from("/from/file/wal"));
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    }
+
+    #[test]
+    fn old_spellings_still_work_and_warn() {
+        let (_dir, path) = config_file(
+            "data_dir = \"/d\"\nlisten = \"h:1\"\n[limits]\npartial_frame_timeout_ms = 2500\n[wal]\nbatch_window_us = 70\n",
+        );
+        let args = run_args(Some(&path), &[("idle_timeout_ms", "0")]);
+        let r = resolve(&args, &[]).expect("resolves");
+        let c = NodeConfig::from_resolved(&r).expect("valid");
+        assert_eq!(c.limits.partial_frame_timeout_ms, 2500);
+        assert_eq!(c.limits.idle_timeout_ms, 0);
+        assert_eq!(c.wal.batch_window_us, 70);
+        assert_eq!(r.warnings.len(), 3, "{:?}", r.warnings);
+        let all = r.warnings.join("\n");
+        assert!(
+            all.contains("partial_frame_timeout_ms")
+                && all.contains("use limits.partial_frame_timeout = \"2500ms\""),
+            "{all}"
+        );
+        assert!(all.contains("use wal.batch_window = \"70us\""), "{all}");
+        assert!(
+            all.contains("--idle-timeout-ms is deprecated; use --idle-timeout 0s"),
+            "{all}"
+        );
+        let (_dir, both) = config_file("[limits]\nidle_timeout_ms = 0\nidle_timeout = \"0s\"\n");
+        let err = resolve(&run_args(Some(&both), &[]), &[])
+            .expect_err("both spellings")
+            .to_string();
+        assert!(
+            err.contains("idle_timeout and its old spelling idle_timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn missing_and_bad_settings_are_reported() {
-        let err = NodeConfig::merge(FileConfig::default(), &RunArgs::default()).unwrap_err();
-        assert!(err.to_string().contains("--data-dir"), "{err}");
-        assert!(toml::from_str::<FileConfig>("listen = 1").is_err());
-        assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
-        let file: FileConfig =
-            toml::from_str("[limits]\nin_flight_bytes_per_connection_max = 10").unwrap();
-        let args = RunArgs {
-            data_dir: Some("/d".into()),
-            listen: Some("127.0.0.1:0".into()),
-            ..RunArgs::default()
-        };
-        assert!(NodeConfig::merge(file, &args.clone()).is_err());
-        let file: FileConfig = toml::from_str("[limits]\npartial_frame_timeout_ms = 0").unwrap();
-        let err = NodeConfig::merge(file, &args).unwrap_err().to_string();
-        assert!(err.contains("limits.partial_frame_timeout_ms"), "{err}");
-        let file: FileConfig =
-            toml::from_str("[limits]\nidle_timeout_ms = 0\nread_buffer_bytes_max = 33554432")
-                .unwrap();
-        let c = NodeConfig::merge(file, &args).unwrap();
+        let err = config(&RunArgs::default(), &[])
+            .expect_err("no data dir")
+            .to_string();
+        assert!(
+            err.contains("--data-dir") && err.contains("QUIRE_NODE_DATA_DIR"),
+            "{err}"
+        );
+        let base = [("data_dir", "/d"), ("listen", "127.0.0.1:0")];
+        let (_dir, path) = config_file("listen = 1\n");
+        let err = config(&run_args(Some(&path), &base), &[])
+            .expect_err("listen is text")
+            .to_string();
+        assert!(err.contains("listen = \"1\""), "{err}");
+        let (_dir, path) = config_file("lisen = \"x\"\n");
+        let err = config(&run_args(Some(&path), &base), &[])
+            .expect_err("typo")
+            .to_string();
+        assert!(
+            err.contains("unknown setting `lisen`") && err.contains("listen"),
+            "{err}"
+        );
+        let (_dir, path) = config_file("[limits]\nconections_max = 3\n");
+        let err = config(&run_args(Some(&path), &base), &[])
+            .expect_err("typo")
+            .to_string();
+        assert!(
+            err.contains("`limits.conections_max`")
+                && err.contains("did you mean connections_max?"),
+            "{err}"
+        );
+        let err = config(&run_args(None, &base), &[("QUIRE_NODE_LISTN", "x")])
+            .expect_err("typo")
+            .to_string();
+        assert!(
+            err.contains("QUIRE_NODE_LISTN") && err.contains("QUIRE_NODE_LISTEN"),
+            "{err}"
+        );
+        let err = config(
+            &run_args(None, &base),
+            &[("QUIRE_NODE_IDLE_TIMEOUT", "5mins")],
+        )
+        .expect_err("bad value")
+        .to_string();
+        assert!(
+            err.contains("idle_timeout = \"5mins\" (env QUIRE_NODE_IDLE_TIMEOUT)")
+                && err.contains("a duration like 50ms, 10s, 2m"),
+            "{err}"
+        );
+        let (_dir, path) = config_file("[limits]\nin_flight_bytes_per_connection_max = 10\n");
+        let err = config(&run_args(Some(&path), &base), &[])
+            .expect_err("below a frame")
+            .to_string();
+        assert!(
+            err.contains("in_flight_bytes_per_connection_max = 10 (file"),
+            "{err}"
+        );
+        let err = config(
+            &run_args(None, &[("partial_frame_timeout", "0s"), base[0], base[1]]),
+            &[],
+        )
+        .expect_err("zero")
+        .to_string();
+        assert!(
+            err.contains("partial_frame_timeout = 0s (flag --partial-frame-timeout)"),
+            "{err}"
+        );
+        let (_dir, path) =
+            config_file("[limits]\nidle_timeout = 0\nread_buffer_bytes_max = \"32MiB\"\n");
+        let c = config(&run_args(Some(&path), &base), &[]).expect("valid");
         assert_eq!(c.limits.read_settings().idle_timeout(), None);
         assert_eq!(c.limits.read_buffer_bytes_max, 32 << 20);
+    }
+
+    #[test]
+    fn every_setting_is_in_the_operations_table() {
+        let doc = include_str!("../../docs/operations.md");
+        for s in schema().settings {
+            let row = format!(
+                "| `--{}` | `QUIRE_NODE_{}` |",
+                s.key.replace('_', "-"),
+                s.key.to_ascii_uppercase()
+            );
+            assert!(doc.contains(&row), "docs/operations.md lacks {row}");
+        }
     }
 }

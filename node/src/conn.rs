@@ -4,8 +4,8 @@
 //! - **Reader.** quire-net's [`FrameReader`] decodes frames from the socket: its buffer
 //!   grows as bytes arrive (never to a length a header merely announces), under the
 //!   node-wide read budget (`limits.read_buffer_bytes_max`: readers pause when it is used
-//!   up), a partial-frame timeout and an idle timeout (`limits.partial_frame_timeout_ms`,
-//!   `limits.idle_timeout_ms`; the connection gets an `ErrorResponse` `ConnectionTimeout`
+//!   up), a partial-frame timeout and an idle timeout (`limits.partial_frame_timeout`,
+//!   `limits.idle_timeout`; the connection gets an `ErrorResponse` `ConnectionTimeout`
 //!   with request id 0 and is closed, counted in `quire_connections_timed_out_total`).
 //!   Appends, fences, heartbeats and tail requests go to the
 //!   store actor ([`crate::store`]) in arrival order; reads are served on the blocking pool

@@ -116,7 +116,9 @@ pub fn init(args: &InitArgs) -> anyhow::Result<Identity> {
 }
 
 /// `quire-node run`: loads the settings, starts logging and a Tokio runtime, serves until
-/// SIGINT or SIGTERM, then shuts down cleanly.
+/// SIGINT or SIGTERM, then shuts down cleanly. With `--print-config` it prints the
+/// effective settings and their sources on stdout instead and returns (an error if they
+/// are not valid). Deprecated spellings are logged as warnings once logging is up.
 ///
 /// Prints `listening on ADDR` (and `metrics on ADDR`) on stdout once bound, so scripts and
 /// tests started with port 0 can find the node.
@@ -125,8 +127,22 @@ pub fn init(args: &InitArgs) -> anyhow::Result<Identity> {
 /// Bad settings, an uninitialised or unusable data directory, an address that cannot be
 /// bound, or a failed WAL at shutdown.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = NodeConfig::from_args(&args)?;
+    let env = quire_net::layers::process_env(config::ENV_PREFIX)?;
+    let resolved = config::resolve(&args, &env)?;
+    if args.print_config {
+        resolved.print(
+            args.format,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        )?;
+        NodeConfig::from_resolved(&resolved)?;
+        return Ok(());
+    }
+    let config = NodeConfig::from_resolved(&resolved)?;
     init_logging(config.log_format);
+    for warning in &resolved.warnings {
+        tracing::warn!("{warning}");
+    }
     if !quire_net::return_large_buffers_to_the_os() {
         tracing::debug!("could not pin malloc's mmap threshold");
     }

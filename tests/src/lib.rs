@@ -43,7 +43,8 @@ pub use history::{Attempt, CheckReport, ConsumerReads, History, Outcome, Outcome
 pub use load::{check_exactly_once, ConsumerDriver, LoadDriver, ProducerOutcome, LOAD_BATCH};
 pub use netfault::StoreLinks;
 pub use process::{
-    broker_bin, free_port, node_bin, quire_bin, run_bounded, signal, stop, wait_bounded, Proc,
+    broker_bin, free_port, hermetic, node_bin, quire_bin, run_bounded, signal, stop, wait_bounded,
+    Proc,
 };
 pub use proxy::{Direction, Fault, Proxy, ProxyStats};
 

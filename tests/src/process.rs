@@ -131,13 +131,33 @@ pub fn quire_bin() -> PathBuf {
 /// # Panics
 /// If it cannot start, or does not finish within `bound`.
 pub fn run_bounded(cmd: &mut Command, bound: Duration) -> std::process::Output {
-    let child = cmd
+    let child = hermetic(cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
     wait_bounded(child, bound)
+}
+
+/// The prefixes of the servers' setting variables (`QUIRE_NODE_LISTEN`, ...).
+pub const SETTING_ENV_PREFIXES: [&str; 2] = ["QUIRE_NODE_", "QUIRE_BROKER_"];
+
+/// Keeps the test runner's own `QUIRE_NODE_*` / `QUIRE_BROKER_*` variables away from `cmd`,
+/// so a server started by a test reads only the settings the test gives it; variables the
+/// test set on `cmd` itself (`cmd.env(...)`) stay. [`Proc::start`] and [`run_bounded`] call
+/// it; call it on any other command that starts a server.
+pub fn hermetic(cmd: &mut Command) -> &mut Command {
+    let explicit: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
+    for (name, _) in std::env::vars_os() {
+        let is_setting = name
+            .to_str()
+            .is_some_and(|n| SETTING_ENV_PREFIXES.iter().any(|p| n.starts_with(p)));
+        if is_setting && !explicit.contains(&name) {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd
 }
 
 /// Waits for a started `child`, reading its piped stdout and stderr while it runs (so a
@@ -300,7 +320,10 @@ impl Proc {
             .append(true)
             .open(&log)
             .expect("log file");
-        cmd.stdout(Stdio::piped()).stderr(err).stdin(Stdio::null());
+        hermetic(&mut cmd)
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .stdin(Stdio::null());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));

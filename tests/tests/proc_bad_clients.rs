@@ -486,8 +486,8 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
     cluster.broker(1).add_args(&[
         "--read-buffer-bytes-max",
         &READ_BUDGET_BYTES.to_string(),
-        "--partial-frame-timeout-ms",
-        &PARTIAL_FRAME_TIMEOUT_MS.to_string(),
+        "--partial-frame-timeout",
+        &format!("{PARTIAL_FRAME_TIMEOUT_MS}ms"),
     ]);
     cluster.start_all();
     cluster.settle();
@@ -571,7 +571,7 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
     let mut cluster = Cluster::new(1, 1, Timing::default());
     cluster.set_store_config(&format!(
         "metrics_listen = \"127.0.0.1:0\"\n\
-         [limits]\nread_buffer_bytes_max = {READ_BUDGET_BYTES}\npartial_frame_timeout_ms = {PARTIAL_FRAME_TIMEOUT_MS}\n\
+         [limits]\nread_buffer_bytes_max = {READ_BUDGET_BYTES}\npartial_frame_timeout = \"{PARTIAL_FRAME_TIMEOUT_MS}ms\"\n\
          [wal]\nsegment_bytes_max = 16777216\n"
     ));
     cluster.stores[0].start();

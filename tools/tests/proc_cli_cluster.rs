@@ -31,6 +31,8 @@ const STEP_WAIT: Duration = Duration::from_secs(40);
 fn quire() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire"));
     cmd.env("RUST_LOG", "info");
+    // The servers it starts read only the settings this test gives them.
+    quire_tests::hermetic(&mut cmd);
     cmd
 }
 
@@ -181,8 +183,8 @@ impl Cluster {
                 .arg(root.path().join(format!("broker{id}")))
                 .args(["--stores", &stores.join(",")])
                 .args(["--brokers", &list.join(",")])
-                .args(["--heartbeat-ms", "50", "--election-timeout-ms", "600"])
-                .args(["--produce-timeout-ms", "2000"]);
+                .args(["--heartbeat", "50ms", "--election-timeout", "600ms"])
+                .args(["--produce-timeout", "2s"]);
             let (b, got) = Server::start(
                 &format!("broker{id}"),
                 cmd,

@@ -23,8 +23,8 @@
 //! Reading goes through quire-net's [`FrameReader`]: bytes buffered for incoming frames
 //! count against the broker-wide read budget (`read_buffer_bytes_max`; readers pause
 //! when it is used up), a frame's buffer grows as its bytes arrive, a frame must be whole
-//! within `partial_frame_timeout_ms` of its first byte, and a connection that sends
-//! nothing for `idle_timeout_ms` is closed — both with an `ErrorResponse`
+//! within `partial_frame_timeout` of its first byte, and a connection that sends
+//! nothing for `idle_timeout` is closed — both with an `ErrorResponse`
 //! `ConnectionTimeout` (request id 0), counted in `quire_connections_timed_out_total`.
 //!
 //! Connection bound: each connection holds a place in the broker's bound
