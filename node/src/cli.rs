@@ -12,7 +12,7 @@ use serde::Deserialize;
 #[derive(Debug, Parser)]
 #[command(
     name = "quire-node",
-    version,
+    version = quire_net::build_info::VERSION_LINE,
     about = "Quire event store: a WAL served over TCP"
 )]
 pub struct Cli {
