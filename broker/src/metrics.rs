@@ -26,6 +26,11 @@ use quire_net::{
 };
 use tokio::sync::watch;
 
+/// The `code` labels of `quire_produce_errors_total` exported (as 0) from start; other
+/// codes appear when they first happen.
+pub const PRODUCE_ERROR_CODES: [&str; 4] =
+    ["no_quorum", "not_master", "overloaded", "message_too_large"];
+
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
 
@@ -155,6 +160,11 @@ impl Metrics {
             )),
             registry: Registry::default(),
         };
+        // Known codes read 0 from the start (a rate or an alert needs the series to exist
+        // before the first error).
+        for code in PRODUCE_ERROR_CODES {
+            let _ = m.produce_errors.get_or_create(&[("code", code)]);
+        }
         let r = &mut registry;
         r.register(
             "produce_requests",

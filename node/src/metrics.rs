@@ -31,6 +31,16 @@ use quire_net::{
 };
 use quire_wal::{Wal, FSYNC_US_BUCKETS};
 
+/// The `reason` labels of `quire_appends_rejected_total` exported (as 0) from start.
+pub const APPEND_REJECT_REASONS: [&str; 6] = [
+    "stale_epoch",
+    "log_mismatch",
+    "log_failed",
+    "overloaded",
+    "invalid",
+    "internal",
+];
+
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
 
@@ -118,6 +128,11 @@ impl Metrics {
             wal: None,
         };
         m.hwm.set(-1);
+        // Known reasons read 0 from the start (a rate or an alert needs the series to
+        // exist before the first rejection).
+        for reason in APPEND_REJECT_REASONS {
+            let _ = m.appends_rejected.get_or_create(&[("reason", reason)]);
+        }
         let r = &mut registry;
         r.register(
             "connections_open",
