@@ -9,10 +9,11 @@
 //!   (with `QUIRE_BUILD_COMMIT` from the environment, `QUIRE_BUILD_DIRTY=1` there says so);
 //! - `QUIRE_BUILD_RUSTC`: the first line of `$RUSTC --version`, or `unknown`.
 //!
-//! Re-runs only when HEAD moves (`HEAD`, the ref it names, `packed-refs`), the index changes
-//! (`git add`, a commit) or one of the override variables changes — not on every build. So
-//! the dirty flag is the tree's state when HEAD or the index last changed: an unstaged edit
-//! alone does not refresh it. In a git worktree `.git` is a file, so the paths come from
+//! Re-runs only when HEAD moves (`HEAD`, the ref it names, `packed-refs`: a commit, a
+//! checkout) or one of the override variables changes — not on every build, and not when
+//! git rewrites its index (which `git status` does after any edit, and which would rebuild
+//! every crate above quire-net). So the dirty flag is the tree's state when HEAD last moved
+//! (or at a clean build): edits made since do not refresh it. In a git worktree `.git` is a file, so the paths come from
 //! `git rev-parse --git-dir` and `--git-common-dir`, never from `.git/` directly.
 
 use std::path::{Path, PathBuf};
@@ -59,7 +60,6 @@ fn main() {
             let common = git(&dir, &["rev-parse", "--git-common-dir"])
                 .map_or_else(|| git_dir.clone(), |c| absolute(&dir, &c));
             println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
-            println!("cargo:rerun-if-changed={}", git_dir.join("index").display());
             println!(
                 "cargo:rerun-if-changed={}",
                 common.join("packed-refs").display()
