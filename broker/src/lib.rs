@@ -34,7 +34,7 @@ pub use server::Broker;
 #[derive(Debug, Parser)]
 #[command(
     name = "quire-broker",
-    version,
+    version = quire_net::build_info::VERSION_LINE,
     about = "Quire broker: master/slave message broker over quorum-replicated event stores"
 )]
 pub struct Cli {

@@ -5,6 +5,11 @@
 //! Counters and histograms are updated where things happen (atomics, no lock). The
 //! broker's role, epoch, HWM and per-store progress are read at scrape time from a
 //! [`StatusSnapshot`] the server refreshes on every heartbeat tick.
+//!
+//! Besides its own, the broker exports quire-net's [`StandardMetrics`]: `quire_build_info`
+//! and the standard `process_*` metrics. Its readiness (`GET /ready`) is set by the server
+//! on every heartbeat tick too ([`Metrics::set_readiness`]) and read from a watch channel
+//! (no lock the actor waits on).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,7 +21,15 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use quire_net::{AcceptMetrics, BudgetMetrics, MetricsText, ResponseMetrics};
+use quire_net::{
+    AcceptMetrics, BudgetMetrics, MetricsText, Readiness, ResponseMetrics, StandardMetrics,
+};
+use tokio::sync::watch;
+
+/// The `code` labels of `quire_produce_errors_total` exported (as 0) from start; other
+/// codes appear when they first happen.
+pub const PRODUCE_ERROR_CODES: [&str; 4] =
+    ["no_quorum", "not_master", "overloaded", "message_too_large"];
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -107,6 +120,10 @@ pub struct Metrics {
     /// A graceful handoff's pause: request received to the new master serving, in seconds.
     pub handoff_duration: Histogram,
     snapshot: Arc<Mutex<StatusSnapshot>>,
+    /// `quire_build_info` and the `process_*` metrics (unprefixed registry).
+    standard: StandardMetrics,
+    /// What `GET /ready` answers; written by the actor once per heartbeat tick.
+    ready: watch::Sender<Readiness>,
 }
 
 impl Metrics {
@@ -137,8 +154,17 @@ impl Metrics {
             handoffs: Counter::default(),
             handoff_duration: Histogram::new(FAILOVER_BUCKETS_S),
             snapshot: snapshot.clone(),
+            standard: StandardMetrics::new(),
+            ready: watch::Sender::new(Readiness::NotReady(
+                "starting: no master known yet".to_owned(),
+            )),
             registry: Registry::default(),
         };
+        // Known codes read 0 from the start (a rate or an alert needs the series to exist
+        // before the first error).
+        for code in PRODUCE_ERROR_CODES {
+            let _ = m.produce_errors.get_or_create(&[("code", code)]);
+        }
         let r = &mut registry;
         r.register(
             "produce_requests",
@@ -237,6 +263,23 @@ impl Metrics {
         *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
+    /// Sets what `GET /ready` answers (a no-op when it is unchanged).
+    pub fn set_readiness(&self, readiness: Readiness) {
+        self.ready.send_if_modified(|r| {
+            if *r == readiness {
+                return false;
+            }
+            *r = readiness;
+            true
+        });
+    }
+
+    /// What `GET /ready` answers: see `docs/operations.md` "Health checks" for the rules.
+    #[must_use]
+    pub fn readiness(&self) -> Readiness {
+        self.ready.borrow().clone()
+    }
+
     /// Counts a refused frame.
     pub fn reject_frame(&self, reason: &'static str) {
         self.rejected_frames
@@ -263,6 +306,7 @@ impl Metrics {
     pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        self.standard.encode_into(&mut out)?;
         Ok(out)
     }
 }
@@ -276,6 +320,10 @@ impl Default for Metrics {
 impl MetricsText for Metrics {
     fn encode_text(&self) -> Result<String, fmt::Error> {
         self.encode()
+    }
+
+    fn readiness(&self) -> Readiness {
+        Metrics::readiness(self)
     }
 }
 
@@ -397,8 +445,20 @@ mod tests {
             "quire_rejected_frames_total{reason=\"frame_too_large\"} 1",
             "quire_connections_timed_out_total{reason=\"partial_frame_timeout\"} 1",
             "quire_read_buffer_bytes 0",
+            "quire_build_info{",
+            "process_open_fds ",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn readiness_starts_false_and_follows_the_server() {
+        let m = Metrics::new();
+        assert!(matches!(m.readiness(), Readiness::NotReady(_)));
+        m.set_readiness(Readiness::Ready);
+        assert_eq!(m.readiness(), Readiness::Ready);
+        m.set_readiness(Readiness::NotReady("taking over".into()));
+        assert_eq!(m.readiness(), Readiness::NotReady("taking over".into()));
     }
 }

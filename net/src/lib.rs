@@ -22,7 +22,11 @@
 //! - [`layers`]: server settings read from flags, `QUIRE_NODE_*`/`QUIRE_BROKER_*`
 //!   variables, a TOML file and defaults under one naming rule, with `--print-config`;
 //!   [`units`]: the duration and size parsers (`50ms`, `64KiB`) they and the `quire` CLI use.
-//! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`.
+//! - [`serve_metrics`]: the tiny HTTP/1.1 responder for `GET /metrics`, `/healthz` and
+//!   `/ready` ([`Readiness`]).
+//! - [`build_info`]: version, commit and rustc of the build (from `build.rs`), for
+//!   `--version` and `quire_build_info`; [`StandardMetrics`]: that metric and the standard
+//!   process metrics read from `/proc/self` ([`ProcessCollector`]).
 //! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
 //!   following the read budget (large buffers mapped on their own, unmapped when freed).
 //!
@@ -32,9 +36,11 @@
 
 mod alloc;
 mod budget;
+pub mod build_info;
 mod connections;
 pub mod layers;
 mod metrics_http;
+mod process;
 mod reader;
 mod settings;
 pub mod units;
@@ -50,7 +56,12 @@ pub use connections::{
     REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE,
 };
 pub use metrics_http::{
-    serve_metrics, MetricsText, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX, HTTP_TIMEOUT,
+    serve_metrics, MetricsText, Readiness, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX,
+    HTTP_TIMEOUT, READY_REASON_BYTES_MAX,
+};
+pub use process::{
+    open_fds, parse_boot_time_seconds, parse_max_open_files, parse_stat, ProcError, ProcStat,
+    ProcessCollector, StandardMetrics,
 };
 pub use reader::{
     wire_reject_reason, FrameReader, ReadError, Received, READ_CHUNK_BYTES, READ_ROOM_BYTES_MAX,

@@ -1,11 +1,21 @@
-//! [`serve_metrics`]: the tiny HTTP/1.1 responder behind `GET /metrics`, one home for
-//! quire-node and quire-broker (each passes its own registry as a [`MetricsText`]).
+//! [`serve_metrics`]: the tiny HTTP/1.1 responder behind `GET /metrics`, `/healthz` and
+//! `/ready`, one home for quire-node and quire-broker (each passes its own registry and
+//! readiness as a [`MetricsText`]).
 //!
 //! It answers one request per connection (`Connection: close`), reads at most
 //! [`HTTP_REQUEST_BYTES_MAX`] bytes of request head, gives a request at most
 //! [`HTTP_TIMEOUT`] end to end, and serves at most [`HTTP_CONNECTIONS_MAX`] connections at
-//! once (more wait in the listen backlog). `GET /metrics` gets the text; another path 404,
-//! another method 405, an oversized head 431.
+//! once (more wait in the listen backlog).
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | `GET /metrics` | 200, the metrics text |
+//! | `GET /healthz` | 200 `ok` while the process serves this port (liveness) |
+//! | `GET /ready` | 200 `ready`, or 503 with a one-line reason ([`MetricsText::readiness`]) |
+//! | `HEAD` of those | the same status and headers, no body |
+//! | another path | 404 |
+//! | another method | 405 |
+//! | a head over the bound | 431 |
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,13 +32,87 @@ pub const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Metrics connections served at once; more wait in the listen backlog.
 pub const HTTP_CONNECTIONS_MAX: usize = 16;
 
-/// A set of metrics that renders itself in the Prometheus text format (version 0.0.4).
+/// Longest readiness reason sent, in bytes (longer ones are cut at a character boundary).
+pub const READY_REASON_BYTES_MAX: usize = 512;
+
+/// Whether a server should be sent traffic (`GET /ready`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Ready: `/ready` answers 200.
+    Ready,
+    /// Not ready, and why (one short line of plain text): `/ready` answers 503.
+    NotReady(String),
+}
+
+/// A set of metrics that renders itself in the Prometheus text format (version 0.0.4), and
+/// the server's readiness.
 pub trait MetricsText: Send + Sync + 'static {
     /// The whole set, as text.
     ///
     /// # Errors
     /// Only if formatting fails.
     fn encode_text(&self) -> Result<String, fmt::Error>;
+
+    /// Whether the server is ready, for `GET /ready`. Called on each request: keep it to an
+    /// atomic or watch read, never a lock the data path holds. The default: always ready.
+    fn readiness(&self) -> Readiness {
+        Readiness::Ready
+    }
+}
+
+/// The answer to one request line: status, content type, body (the body is not sent for
+/// `HEAD`, but its length is).
+fn route<M: MetricsText>(
+    method: &str,
+    path: &str,
+    metrics: &M,
+) -> (&'static str, &'static str, String) {
+    let head = method == "HEAD";
+    if method != "GET" && !head {
+        return (
+            "405 Method Not Allowed",
+            TEXT,
+            "only GET and HEAD are served here\n".to_owned(),
+        );
+    }
+    match path {
+        "/metrics" => match metrics.encode_text() {
+            Ok(body) => (
+                "200 OK",
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                body,
+            ),
+            Err(_) => (
+                "500 Internal Server Error",
+                TEXT,
+                "encoding failed\n".to_owned(),
+            ),
+        },
+        "/healthz" => ("200 OK", TEXT, "ok\n".to_owned()),
+        "/ready" => match metrics.readiness() {
+            Readiness::Ready => ("200 OK", TEXT, "ready\n".to_owned()),
+            Readiness::NotReady(reason) => {
+                let mut reason = reason.replace(['\r', '\n'], " ");
+                if reason.len() > READY_REASON_BYTES_MAX {
+                    let mut cut = READY_REASON_BYTES_MAX;
+                    while !reason.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    reason.truncate(cut);
+                }
+                (
+                    "503 Service Unavailable",
+                    TEXT,
+                    format!("not ready: {reason}\n"),
+                )
+            }
+        },
+        _ => (
+            "404 Not Found",
+            TEXT,
+            "served here: /metrics, /healthz, /ready\n".to_owned(),
+        ),
+    }
 }
 
 /// Serves `GET /metrics` on `listener` until the task is dropped.
@@ -64,11 +148,12 @@ async fn answer<M: MetricsText>(mut stream: TcpStream, metrics: &M) {
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
         if head.len() >= HTTP_REQUEST_BYTES_MAX {
+            let body = "request head too large\n";
             respond(
                 &mut stream,
                 "431 Request Header Fields Too Large",
                 TEXT,
-                "request head too large\n",
+                (body.len(), body),
             )
             .await;
             return;
@@ -82,39 +167,28 @@ async fn answer<M: MetricsText>(mut stream: TcpStream, metrics: &M) {
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = match (method, path) {
-        ("GET", "/metrics") => match metrics.encode_text() {
-            Ok(body) => (
-                "200 OK",
-                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                body,
-            ),
-            Err(_) => (
-                "500 Internal Server Error",
-                TEXT,
-                "encoding failed\n".to_owned(),
-            ),
-        },
-        ("GET", _) => (
-            "404 Not Found",
-            TEXT,
-            "only /metrics is served here\n".to_owned(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            TEXT,
-            "only GET is served here\n".to_owned(),
-        ),
+    // A query string does not change the answer (`/ready?verbose` is `/ready`).
+    let path = path.split('?').next().unwrap_or_default();
+    let (status, content_type, body) = route(method, path, metrics);
+    let body = if method == "HEAD" {
+        (body.len(), "")
+    } else {
+        (body.len(), body.as_str())
     };
-    respond(&mut stream, status, content_type, &body).await;
+    respond(&mut stream, status, content_type, body).await;
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
-async fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str) {
+/// Writes the response; `body` is `(Content-Length, bytes sent)` (no bytes for `HEAD`).
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    (length, body): (usize, &str),
+) {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
     );
     if stream.write_all(head.as_bytes()).await.is_ok()
         && stream.write_all(body.as_bytes()).await.is_ok()
@@ -132,6 +206,69 @@ mod tests {
         fn encode_text(&self) -> Result<String, fmt::Error> {
             Ok("quire_up 1\n".to_owned())
         }
+    }
+
+    /// Readiness switched by the test.
+    struct Switch(std::sync::Mutex<Readiness>);
+    impl MetricsText for Switch {
+        fn encode_text(&self) -> Result<String, fmt::Error> {
+            Ok(String::new())
+        }
+        fn readiness(&self) -> Readiness {
+            self.0.lock().expect("not poisoned").clone()
+        }
+    }
+
+    #[test]
+    fn routes_answer_healthz_ready_and_404() {
+        let (status, _, body) = route("GET", "/healthz", &Fixed);
+        assert_eq!((status, body.as_str()), ("200 OK", "ok\n"));
+        let (status, _, body) = route("HEAD", "/healthz", &Fixed);
+        assert_eq!((status, body.as_str()), ("200 OK", "ok\n"));
+        let (status, _, body) = route("GET", "/ready", &Fixed);
+        assert_eq!((status, body.as_str()), ("200 OK", "ready\n"));
+        let not = Switch(std::sync::Mutex::new(Readiness::NotReady(
+            "the log has failed:\nEIO".into(),
+        )));
+        let (status, _, body) = route("GET", "/ready", &not);
+        assert_eq!(status, "503 Service Unavailable");
+        assert_eq!(body, "not ready: the log has failed: EIO\n");
+        let long = Switch(std::sync::Mutex::new(Readiness::NotReady(
+            "é".repeat(READY_REASON_BYTES_MAX),
+        )));
+        let (_, _, body) = route("GET", "/ready", &long);
+        assert!(body.len() <= READY_REASON_BYTES_MAX + "not ready: \n".len());
+        for path in ["/", "/health", "/readyz", "/metrics/x"] {
+            assert_eq!(route("GET", path, &Fixed).0, "404 Not Found", "{path}");
+        }
+        assert_eq!(route("PUT", "/ready", &Fixed).0, "405 Method Not Allowed");
+    }
+
+    #[tokio::test]
+    async fn ready_follows_the_server_and_head_has_no_body() {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = l.local_addr().expect("addr");
+        let state = Arc::new(Switch(std::sync::Mutex::new(Readiness::NotReady(
+            "no master known".into(),
+        ))));
+        let task = tokio::spawn(serve_metrics(l, state.clone()));
+        let not = get(addr, "GET /ready HTTP/1.1\r\n\r\n").await;
+        assert!(
+            not.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{not}"
+        );
+        assert!(
+            not.ends_with("\r\n\r\nnot ready: no master known\n"),
+            "{not}"
+        );
+        *state.0.lock().expect("not poisoned") = Readiness::Ready;
+        let ready = get(addr, "GET /ready?x=1 HTTP/1.1\r\n\r\n").await;
+        assert!(ready.starts_with("HTTP/1.1 200 OK\r\n"), "{ready}");
+        let head = get(addr, "HEAD /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("Content-Length: 3\r\n"), "{head}");
+        assert!(head.ends_with("\r\n\r\n"), "{head}");
+        task.abort();
     }
 
     async fn get(addr: std::net::SocketAddr, request: &str) -> String {

@@ -15,7 +15,7 @@ use crate::config::NodeSettings;
 #[derive(Debug, Parser)]
 #[command(
     name = "quire-node",
-    version,
+    version = quire_net::build_info::VERSION_LINE,
     about = "Quire event store: a WAL served over TCP"
 )]
 pub struct Cli {

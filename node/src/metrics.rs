@@ -8,8 +8,12 @@
 //! bytes made durable, batches (each one group commit: one write), fsyncs and the fsync
 //! latency histogram, truncations, whether the log failed.
 //!
-//! `GET /metrics` is served by quire-net's [`quire_net::serve_metrics`] (one responder for
-//! node and broker).
+//! Besides its own, the node exports quire-net's [`StandardMetrics`]: `quire_build_info`
+//! and the standard `process_*` metrics.
+//!
+//! `GET /metrics`, `/healthz` and `/ready` are served by quire-net's
+//! [`quire_net::serve_metrics`] (one responder for node and broker). The store is ready
+//! while its WAL is open and has not failed ([`Metrics::readiness`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -22,8 +26,20 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use quire_net::{AcceptMetrics, BudgetMetrics, MetricsText, ResponseMetrics};
+use quire_net::{
+    AcceptMetrics, BudgetMetrics, MetricsText, Readiness, ResponseMetrics, StandardMetrics,
+};
 use quire_wal::{Wal, FSYNC_US_BUCKETS};
+
+/// The `reason` labels of `quire_appends_rejected_total` exported (as 0) from start.
+pub const APPEND_REJECT_REASONS: [&str; 6] = [
+    "stale_epoch",
+    "log_mismatch",
+    "log_failed",
+    "overloaded",
+    "invalid",
+    "internal",
+];
 
 /// A label set with one label.
 pub type Label = [(&'static str, &'static str); 1];
@@ -32,6 +48,10 @@ pub type Label = [(&'static str, &'static str); 1];
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// `quire_build_info` and the `process_*` metrics (unprefixed registry).
+    standard: StandardMetrics,
+    /// The WAL, for readiness (`None` until [`Metrics::register_wal`]).
+    wal: Option<Wal>,
     /// Open client connections.
     pub connections_open: Gauge,
     /// Connections accepted since start.
@@ -104,8 +124,15 @@ impl Metrics {
             tail_cut: Gauge::default(),
             hwm: Gauge::default(),
             registry: Registry::default(),
+            standard: StandardMetrics::new(),
+            wal: None,
         };
         m.hwm.set(-1);
+        // Known reasons read 0 from the start (a rate or an alert needs the series to
+        // exist before the first rejection).
+        for reason in APPEND_REJECT_REASONS {
+            let _ = m.appends_rejected.get_or_create(&[("reason", reason)]);
+        }
         let r = &mut registry;
         r.register(
             "connections_open",
@@ -189,10 +216,30 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Adds the WAL's counters, read at each scrape.
+    /// Adds the WAL's counters, read at each scrape, and makes readiness follow it.
     pub fn register_wal(&mut self, wal: Wal) {
+        self.wal = Some(wal.clone());
         self.registry
             .register_collector(Box::new(WalCollector { wal }));
+    }
+
+    /// Whether the store should get traffic (`GET /ready`): its WAL is open (registered)
+    /// and has not failed. A failed log is fail-stop for the process: it stays not ready
+    /// until the store is restarted on a good disk. Reads the WAL's lock-free counters; the
+    /// reason (under the WAL's state lock) is read only once the log has failed, when no
+    /// append takes that lock any more.
+    #[must_use]
+    pub fn readiness(&self) -> Readiness {
+        let Some(wal) = &self.wal else {
+            return Readiness::NotReady("the log is not open".into());
+        };
+        if !wal.stats().failed {
+            return Readiness::Ready;
+        }
+        Readiness::NotReady(match wal.failure() {
+            Some(e) => format!("the log has failed (fail-stop; restart on a good disk): {e}"),
+            None => "the log has failed (fail-stop; restart on a good disk)".to_owned(),
+        })
     }
 
     /// Counts a rejected frame.
@@ -233,6 +280,7 @@ impl Metrics {
     pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        self.standard.encode_into(&mut out)?;
         Ok(out)
     }
 }
@@ -246,6 +294,10 @@ impl Default for Metrics {
 impl MetricsText for Metrics {
     fn encode_text(&self) -> Result<String, fmt::Error> {
         self.encode()
+    }
+
+    fn readiness(&self) -> Readiness {
+        Metrics::readiness(self)
     }
 }
 

@@ -133,8 +133,9 @@ async fn a_failed_log_refuses_appends_and_keeps_serving_reads() {
         .unwrap();
         let c = StoreClient::connect(node.local_addr()).await.unwrap();
 
-        // Durable before the fault.
+        // Durable before the fault; the store is ready (`GET /ready`).
         let ok = c.append(append(2, None, &["a", "b"])).await.unwrap();
+        assert_eq!(node.metrics().readiness(), quire_net::Readiness::Ready);
         assert!(matches!(ok, AppendOutcome::Persisted(p) if p.through_offset == Some(Offset(1))));
 
         // The next fdatasync fails: the append it covers is refused, never acked.
@@ -149,6 +150,13 @@ async fn a_failed_log_refuses_appends_and_keeps_serving_reads() {
                 );
             }
             AppendOutcome::Persisted(p) => panic!("acked an append whose fsync failed: {p:?}"),
+        }
+        // Not ready from now on, naming why.
+        match node.metrics().readiness() {
+            quire_net::Readiness::NotReady(why) => {
+                assert!(why.contains("the log has failed"), "{why}");
+            }
+            quire_net::Readiness::Ready => panic!("a failed log reads as ready"),
         }
         // And every later one, at once.
         for _ in 0..3 {

@@ -16,6 +16,7 @@
 //! - [`proxy`]: a fault-injecting TCP [`Proxy`] (pass, delay, drop, black-hole, per
 //!   direction), and [`netfault`]: [`StoreLinks`], one proxy between each broker and each
 //!   store, to cut one broker off from chosen stores.
+//! - [`http`]: a bounded GET on a metrics port and the metric names of a scrape;
 //! - [`history`]: every produce attempt with its outcome ([`History`]) and the one checker
 //!   of a run — the simulation's own (`quire_sim::Checker`) — via [`Cluster::check`].
 //!
@@ -30,6 +31,7 @@ pub mod client;
 pub mod cluster;
 pub mod disk;
 pub mod history;
+pub mod http;
 pub mod load;
 pub mod netfault;
 pub mod process;

@@ -27,7 +27,11 @@ use crate::units::{parse_duration, parse_size};
 /// produce` prints acknowledgements there only with --format jsonl, its summary always
 /// to stderr), logs and errors to stderr; a failed command exits non-zero.
 #[derive(Debug, Parser)]
-#[command(name = "quire", version, propagate_version = true)]
+#[command(
+    name = "quire",
+    version = quire_net::build_info::VERSION_LINE,
+    propagate_version = true
+)]
 pub struct Cli {
     /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = ArgAction::Count, global = true)]

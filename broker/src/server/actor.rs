@@ -52,6 +52,7 @@ use crate::durable::{self, ClusterFile};
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
 use crate::retention::TrimPlanner;
 use crate::state::{Applied, BrokerState, Dedup};
+use quire_net::Readiness;
 
 mod handoff;
 mod retention;
@@ -68,6 +69,9 @@ pub const DRAIN_BATCH_MAX: usize = 1024;
 pub const TAKEOVER_FETCH_EVENTS_MAX: u32 = 4096;
 /// Most payload bytes asked of a store in one read.
 pub const READ_BYTES_MAX: u32 = 8 << 20;
+/// A slave counts as ready (`GET /ready`) while its applied state is at most this many
+/// events behind the HWM its master last sent.
+pub const SLAVE_READY_LAG_EVENTS_MAX: u64 = 4096;
 /// Payload bytes one fetch response carries at most (it must fit in a frame).
 pub const FETCH_BYTES_MAX: usize = FRAME_BYTES_MAX / 2;
 
@@ -174,6 +178,9 @@ pub(crate) struct Actor {
     durable_counter: u64,
     highest_epoch_seen: Epoch,
     last_master_contact: Option<Instant>,
+    /// The HWM the master's last accepted append carried (for readiness: how far this
+    /// slave's applied state is behind it).
+    master_hwm_heard: Option<Offset>,
     internal_tx: mpsc::Sender<Internal>,
     metrics: Arc<Metrics>,
     /// See [`ActorInit::message_event_bytes_max`].
@@ -306,6 +313,7 @@ impl Actor {
             durable_counter,
             highest_epoch_seen: Epoch::ZERO,
             last_master_contact: None,
+            master_hwm_heard: None,
             internal_tx,
             metrics,
             message_event_bytes_max,
@@ -649,6 +657,7 @@ impl Actor {
             return;
         };
         let mut out = Vec::new();
+        let heard_hwm = req.hwm;
         let events = req.events.into_iter().map(from_proto_event).collect();
         f.handle(
             FollowerInput::Append {
@@ -666,6 +675,7 @@ impl Actor {
             match c {
                 FollowerCommand::Has { .. } => {
                     self.last_master_contact = Some(Instant::now());
+                    self.master_hwm_heard = self.master_hwm_heard.max(heard_hwm);
                     reply.send(
                         request_id,
                         HeartbeatAck {
@@ -989,6 +999,7 @@ impl Actor {
             Role::Follower(f) => f.master_epoch().max(self.highest_epoch_seen),
             _ => self.highest_epoch_seen,
         };
+        self.metrics.set_readiness(self.readiness());
         self.metrics.set_status(StatusSnapshot {
             is_master,
             epoch: epoch.0,
@@ -1007,6 +1018,58 @@ impl Actor {
                 })
                 .collect(),
         });
+    }
+
+    /// Whether this broker should get client traffic (`GET /ready`; docs/operations.md
+    /// "Health checks"):
+    /// - a master is ready once it serves (its epoch-start event is stabilized) and while it
+    ///   is not handing off;
+    /// - a slave is ready while it heard from a master within the election timeout and its
+    ///   applied state is at most [`SLAVE_READY_LAG_EVENTS_MAX`] events behind the HWM that
+    ///   master last sent;
+    /// - a broker taking over is not ready.
+    fn readiness(&self) -> Readiness {
+        match &self.role {
+            Role::Master(m) if !m.serving => Readiness::NotReady(format!(
+                "master of epoch {}, not serving yet: its epoch-start event is not stabilized",
+                m.core.epoch()
+            )),
+            Role::Master(m) if self.is_handing_off() => Readiness::NotReady(format!(
+                "master of epoch {}, handing off to another broker",
+                m.core.epoch()
+            )),
+            Role::Master(_) => Readiness::Ready,
+            Role::TakingOver(t) => Readiness::NotReady(format!(
+                "taking over (epoch {}): no master serves",
+                t.core.epoch()
+            )),
+            Role::Switching => Readiness::NotReady("changing role".to_owned()),
+            Role::Follower(f) => {
+                let Some(heard) = self.last_master_contact else {
+                    return Readiness::NotReady("slave: no master known yet".to_owned());
+                };
+                let silent = heard.elapsed();
+                if silent >= self.cfg.election_timeout {
+                    return Readiness::NotReady(format!(
+                        "slave: the master of epoch {} has been silent for {} ms (election timeout {} ms)",
+                        f.master_epoch(),
+                        silent.as_millis(),
+                        self.cfg.election_timeout.as_millis()
+                    ));
+                }
+                let behind = match (self.master_hwm_heard, f.applied()) {
+                    (None, _) => 0,
+                    (Some(h), None) => h.0 + 1,
+                    (Some(h), Some(a)) => h.0.saturating_sub(a.0),
+                };
+                if behind > SLAVE_READY_LAG_EVENTS_MAX {
+                    return Readiness::NotReady(format!(
+                        "slave: catching up, {behind} events behind the master's HWM (ready within {SLAVE_READY_LAG_EVENTS_MAX})"
+                    ));
+                }
+                Readiness::Ready
+            }
+        }
     }
 
     // ------------------------------------------------------------------ takeover

@@ -35,7 +35,9 @@ use crate::durable::{self, ClusterFile, DirLock};
 use crate::metrics::Metrics;
 use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
-pub use actor::{BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
+pub use actor::{
+    BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX, SLAVE_READY_LAG_EVENTS_MAX,
+};
 pub use conn::{CONN_REQUESTS_MAX, CONN_RESPONSE_BYTES_MAX, WRITE_QUEUE_FRAMES_MAX};
 pub use recent::RECENT_BYTES_MAX_DEFAULT;
 pub use slots::{RECONNECT_BACKOFF_MAX, SLOT_QUEUE_MAX};
