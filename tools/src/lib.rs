@@ -79,6 +79,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
         }
+        Command::Cluster(ClusterCommand::Audit(args)) => {
+            let report = cluster::audit::run(&args.to_config()?)?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+            if let Some(exit) = cluster::audit::verdict_exit(&report) {
+                return Err(exit.into());
+            }
+        }
         Command::Bench(BenchCommand::Cluster(args)) => {
             let report = bench::cluster::run(&args.to_config()?)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
