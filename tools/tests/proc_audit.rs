@@ -72,7 +72,7 @@ fn produce(c: &Cluster, sequence: &mut u64, count: u64) -> u64 {
     last
 }
 
-fn store<'a>(report: &'a Value, index: u64) -> &'a Value {
+fn store(report: &Value, index: u64) -> &Value {
     report["stores"]
         .as_array()
         .unwrap()
