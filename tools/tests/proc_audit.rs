@@ -113,7 +113,11 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     for i in 0..3 {
         c.wait_store_holds(i, Offset(h));
     }
-    let a = audit(&["--brokers", &brokers(&c)]);
+    // The master may append an event of its own (a checkpoint) at any time, which a store
+    // holds a moment later: audit again until healthy, bounded.
+    let a = wait_audit(&["--brokers", &brokers(&c)], |a| {
+        a.report["verdict"] == "healthy"
+    });
     assert_eq!(a.report["verdict"], "healthy", "{}", a.report);
     assert_eq!(a.exit_code, 0);
     let reported = a.report["hwm"].as_u64().unwrap();
@@ -153,7 +157,7 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     assert_eq!(b.exit_code, 4);
     assert_eq!(store(&b.report, 2)["reachable"], false);
     assert!(b.report["under_quorum"].as_array().unwrap().is_empty());
-    assert_eq!(store(&b.report, 0)["end"].as_u64(), Some(next - 1));
+    assert!(store(&b.report, 0)["end"].as_u64() >= Some(next - 1));
 
     // (c) A bit flipped in a sealed segment of the stopped store 2.
     let dir = c.stores[2].dir.clone();
@@ -185,6 +189,14 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     );
     assert_eq!(s2["missing"][0].as_u64(), Some(r.offset), "{s2}");
     assert!(cc.report["under_quorum"].as_array().unwrap().is_empty());
+    // The offline digests (over the scan) and the online ones (served by the stores) agree
+    // wherever store 2 validly holds the log: one implementation.
+    assert_eq!(
+        cc.report["divergences"],
+        serde_json::json!([]),
+        "{}",
+        cc.report
+    );
     // The text form names the same corruption (printed for the test's log).
     let text = run_bounded(
         Command::new(env!("CARGO_BIN_EXE_quire"))
