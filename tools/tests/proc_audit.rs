@@ -9,7 +9,8 @@
 //!     store), its directory audited offline next to the live stores: the corruption is
 //!     named at the flipped record's offset, store 2 validly ends just before it, degraded;
 //! (d) the bit flipped back and store 2 restarted; store 1 SIGSTOPped while more is
-//!     produced, the brokers killed (so nothing catches store 1 up) and store 1 continued:
+//!     produced, the brokers killed (so nothing but what its socket buffered reaches store 1)
+//!     and store 1 continued:
 //!     audited over `--stores` only, degraded, store 1's end behind and the range it lacks
 //!     named, held by stores 0 and 2.
 //!
@@ -227,7 +228,9 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     c.wait_store_holds(2, Offset(h));
     let pid = c.stores[1].pid().unwrap();
     stop(pid);
-    let behind = produce(&c, &mut sequence, 200);
+    // 1 MiB: more than store 1's socket receive buffer takes while it is stopped (what the
+    // kernel buffered reaches it after SIGCONT, even with the brokers gone).
+    let behind = produce(&c, &mut sequence, 1000);
     // One more batch so the stores hear an HWM covering the batches above.
     produce(&c, &mut sequence, 20);
     c.wait_store_holds(0, Offset(behind));
@@ -256,10 +259,7 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     );
     let s1 = store(&d.report, 1);
     let end1 = s1["end"].as_u64().unwrap();
-    assert!(
-        end1 < behind - 150,
-        "store 1 stopped before the last batches: {s1}"
-    );
+    assert!(end1 < behind, "store 1 is behind {behind}: {s1}");
     assert_eq!(
         s1["missing"],
         serde_json::json!([end1 + 1, hwm_seen]),

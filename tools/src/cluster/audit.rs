@@ -24,6 +24,11 @@
 //! start, end, epoch boundaries and divergence points; in each piece the stores that
 //! agree form groups.
 //!
+//! Cost: nothing but digests and ids crosses the wire, but a store computes each digest
+//! from its WAL, so it reads its common range with the others once (online digests are
+//! remembered per store, up to [`DIGEST_CACHE_ENTRIES_MAX`], and reused across pairs), plus
+//! a few records per bisection step and epoch boundary.
+//!
 //! # Verdict and exit status
 //! - **healthy** (0): every voter answered and holds every offset up to the HWM, no
 //!   two stores diverge at or below the HWM, no corruption.
@@ -53,9 +58,10 @@
 //! `under_quorum` lists ranges `[from, to]` at or below the HWM held by fewer than a
 //! quorum of voters.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -219,24 +225,47 @@ impl MemLog {
     }
 }
 
+/// Digests remembered per online store: the chunks of the common range are asked once per
+/// store, not once per pair of stores it is compared with.
+pub const DIGEST_CACHE_ENTRIES_MAX: usize = 1 << 16;
+
 /// Where a store's log is read from.
 #[derive(Debug)]
 enum Log {
     Mem(MemLog),
-    Remote(StoreClient),
+    Remote(StoreClient, Mutex<HashMap<(u64, u64), Digest>>),
 }
 
 impl Log {
+    fn remote(client: StoreClient) -> Log {
+        Log::Remote(client, Mutex::new(HashMap::new()))
+    }
+
     /// The digest of `from..=to`, a range of at most `RANGE_DIGEST_OFFSETS_MAX` offsets.
     async fn digest(&self, from: u64, to: u64) -> Result<Digest, String> {
         debug_assert!(from <= to && to - from < RANGE_DIGEST_OFFSETS_MAX);
         match self {
             Log::Mem(m) => Ok(m.digest(from, to)),
-            Log::Remote(c) => c
-                .range_digest(Offset(from), Offset(to))
-                .await
-                .map(|r| Digest::from(&r))
-                .map_err(|e| e.to_string()),
+            Log::Remote(c, cache) => {
+                let lock = || {
+                    cache
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                };
+                if let Some(d) = lock().get(&(from, to)) {
+                    return Ok(*d);
+                }
+                let d = c
+                    .range_digest(Offset(from), Offset(to))
+                    .await
+                    .map(|r| Digest::from(&r))
+                    .map_err(|e| e.to_string())?;
+                let mut cache = lock();
+                if cache.len() < DIGEST_CACHE_ENTRIES_MAX {
+                    cache.insert((from, to), d);
+                }
+                Ok(d)
+            }
         }
     }
 
@@ -786,7 +815,7 @@ async fn gather_and_audit(
                 audit.start = Some(tail.first_offset.0);
                 audit.end = tail.last.map(|l| l.offset.0);
                 audit.last_epoch = tail.last.map(|l| l.epoch.0);
-                Some(Log::Remote(client))
+                Some(Log::remote(client))
             }
             Err(e) => {
                 audit.error = Some(e);
