@@ -21,6 +21,8 @@
 //! and errors on stderr; an error is a non-zero exit (1, or 130 after Ctrl-C; clap usage
 //! errors exit 2). `quire wal ...` differs (see [`failure_exit_code`]): its 1 and 2 are
 //! findings, and it exits 3 when it could not read a log or its command line is wrong.
+//! `quire cluster audit` exits with its verdict: 0 healthy, 4 degraded, 5 at risk
+//! ([`cluster::audit::EXIT_DEGRADED`], [`cluster::audit::EXIT_AT_RISK`]).
 
 pub mod bench;
 pub mod cli;

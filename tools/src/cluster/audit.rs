@@ -1405,14 +1405,15 @@ impl Report for AuditReport {
             };
             writeln!(
                 out,
-                "diverge   stores {} and {} at offset {}{}: {} {} ..={} vs {} {} ..={}",
+                "diverge   stores {} and {} at offset {}{}: store {} holds {} and on through {}, \
+                 store {} holds {} and on through {}",
                 d.stores[0],
                 d.stores[1],
                 d.offset,
                 if d.below_hwm {
                     " (at or below the HWM)"
                 } else {
-                    ""
+                    " (above the HWM)"
                 },
                 d.stores[0],
                 side(0),
@@ -1823,6 +1824,68 @@ mod tests {
         assert_eq!(r.hwm_source, "estimate");
         assert_eq!(r.verdict, Verdict::Degraded);
         assert_eq!(r.stores[2].missing, Some([41, 100]));
+    }
+
+    #[test]
+    fn the_text_names_ranges_divergences_and_the_verdict() {
+        let mut s2 = store(2, Some((0, 120)), 1);
+        s2.runs = vec![
+            Run {
+                from: 0,
+                to: 89,
+                epoch: 1,
+            },
+            Run {
+                from: 90,
+                to: 120,
+                epoch: 5,
+            },
+        ];
+        s2.last_epoch = Some(5);
+        let d = Divergence {
+            stores: [0, 2],
+            offset: 90,
+            entries: [
+                Some(EntryJson {
+                    epoch: 1,
+                    offset: 90,
+                    crc: 0xab,
+                }),
+                None,
+            ],
+            suffixes: [[90, 100], [90, 120]],
+            below_hwm: false,
+        };
+        let d12 = Divergence {
+            stores: [1, 2],
+            ..d.clone()
+        };
+        let r = assess_with(
+            vec![store(0, Some((0, 100)), 1), store(1, Some((0, 100)), 1), s2],
+            vec![d, d12],
+            Some(95),
+        );
+        let mut out = Vec::new();
+        r.write_text(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("verdict   degraded (exit 4)"), "{text}");
+        assert!(text.contains("  0..=89  epoch 1: stores 0,1,2"), "{text}");
+        assert!(
+            text.contains("  90..=100  epoch 1: stores 0,1  |  epoch 5: stores 2"),
+            "{text}"
+        );
+        assert!(text.contains("  101..=120  epoch 5: stores 2"), "{text}");
+        assert!(
+            text.contains("diverge   stores 0 and 2 at offset 90 (at or below the HWM)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(epoch 1, offset 90, crc 0x000000ab)"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["verdict"], "degraded");
+        assert_eq!(json["exit_code"], 4);
     }
 
     #[test]
