@@ -8,6 +8,7 @@
 //! (c) a bit flipped in a sealed segment of the stopped store 2 (small segments on that
 //!     store), its directory audited offline next to the live stores: the corruption is
 //!     named at the flipped record's offset, store 2 validly ends just before it, degraded;
+//!     the same read wholly offline (all three directories), the HWM then an estimate;
 //! (d) the bit flipped back and store 2 restarted; store 1 SIGSTOPped while more is
 //!     produced, the brokers killed (so nothing but what its socket buffered reaches store 1)
 //!     and store 1 continued:
@@ -198,6 +199,23 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
         "{}",
         cc.report
     );
+    // Wholly offline (the running stores' directories read as snapshots, nothing
+    // produced meanwhile): the same corruption, the HWM estimated from the voters' logs.
+    let dirs = c
+        .stores
+        .iter()
+        .map(|s| s.dir.display().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let off = audit(&["--data-dir", &dirs]);
+    assert_eq!(off.report["verdict"], "degraded", "{}", off.report);
+    assert_eq!(off.report["hwm_source"], "estimate");
+    assert!(off.report["hwm"].as_u64() >= Some(h), "{}", off.report);
+    assert_eq!(
+        store(&off.report, 2)["corruption"]["offset"].as_u64(),
+        Some(r.offset)
+    );
+    assert_eq!(off.report["voters"], 3);
     // The text form names the same corruption (printed for the test's log).
     let text = run_bounded(
         Command::new(env!("CARGO_BIN_EXE_quire"))
