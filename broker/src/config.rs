@@ -154,7 +154,7 @@ pub fn schema() -> Schema {
         Setting::new(
             "metrics_listen",
             Kind::Text,
-            "Address to serve Prometheus metrics on (GET /metrics); unset: none",
+            "Address to serve GET /metrics (Prometheus), /healthz and /ready on; unset: none",
         ),
         Setting::new("log_format", Kind::Choice(&["pretty", "json"]), "Log line format on stderr")
             .default_value(Value::Text("pretty".to_owned())),

@@ -19,7 +19,8 @@ use std::fmt;
 use quire_proto::{
     AppendRejected, AppendRequest, Body, EncodedBody, Epoch, ErrorCode, ErrorDetail, FenceGranted,
     FenceRefused, FenceRequest, Frame, FrameType, Heartbeat, HeartbeatAck, Incarnation, Offset,
-    PersistedAck, ReadRequest, ReadResponse, StoreId, TailRequest, TailResponse,
+    PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, StoreId,
+    TailRequest, TailResponse,
 };
 use tokio::net::ToSocketAddrs;
 
@@ -249,6 +250,26 @@ impl StoreClient {
         match frame.body {
             Body::TailResponse(t) => Ok(t),
             other => Err(remote_or_unexpected(FrameType::TailRequest, other)),
+        }
+    }
+
+    /// The digest of the entries the store holds at offsets `from..=to` (read-only; see
+    /// `quire_proto::digest`). The range must be non-empty and span at most
+    /// `RANGE_DIGEST_OFFSETS_MAX` offsets.
+    ///
+    /// # Errors
+    /// [`ClientError::Wire`] for a range the codec refuses, a lost connection,
+    /// [`ClientError::Timeout`], [`ClientError::Remote`] (e.g. `UnexpectedFrame` from a store
+    /// too old to serve it).
+    pub async fn range_digest(
+        &self,
+        from: Offset,
+        to: Offset,
+    ) -> Result<RangeDigestResponse, ClientError> {
+        let frame = self.request(RangeDigestRequest { from, to }.into()).await?;
+        match frame.body {
+            Body::RangeDigestResponse(r) => Ok(r),
+            other => Err(remote_or_unexpected(FrameType::RangeDigestRequest, other)),
         }
     }
 

@@ -105,7 +105,10 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::MetadataRequest
         | FrameType::MetadataResponse
         | FrameType::HandoffRequest
-        | FrameType::HandoffResponse => false,
+        | FrameType::HandoffResponse
+        // An operator's audit tool, not a peer: it waits for a place in the pool.
+        | FrameType::RangeDigestRequest
+        | FrameType::RangeDigestResponse => false,
     }
 }
 

@@ -8,8 +8,9 @@
 //!   `limits.idle_timeout`; the connection gets an `ErrorResponse` `ConnectionTimeout`
 //!   with request id 0 and is closed, counted in `quire_connections_timed_out_total`).
 //!   Appends, fences, heartbeats and tail requests go to the
-//!   store actor ([`crate::store`]) in arrival order; reads are served on the blocking pool
-//!   (`pread` through the WAL's reader). A frame that fails to decode after a sound header
+//!   store actor ([`crate::store`]) in arrival order; reads and range digests (read-only,
+//!   for `quire cluster audit`) are served on the blocking pool (`pread` through the WAL's
+//!   reader). A frame that fails to decode after a sound header
 //!   is answered with an `ErrorResponse` for its request id and the reader goes on; a bad
 //!   header (the stream is out of sync) ends the connection after an `ErrorResponse` with
 //!   request id 0, and a peer that closes mid-frame ends it. Each is logged and counted in
@@ -48,9 +49,9 @@ use quire_net::{
     ReadError, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
-    encode_body, Body, ErrorCode, ErrorResponse, Event, EventKind, Flags, ReadRequest,
-    ReadResponse, RequestId, EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX,
-    HEADER_BYTES,
+    encode_body, Body, EntryId, ErrorCode, ErrorResponse, Event, EventKind, Flags, Offset,
+    RangeDigest, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, RequestId,
+    EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_wal::{Wal, WalError};
 use tokio::io::AsyncWriteExt;
@@ -353,6 +354,30 @@ impl Reader {
                 });
                 return;
             }
+            Body::RangeDigestRequest(r) => {
+                metrics.request("range_digest");
+                // The response is small (a fixed size): the request's permits cover it.
+                let reply = self.reply(request_id, in_flight);
+                let wal = self.ctx.wal.clone();
+                let limits = self.ctx.limits.clone();
+                tokio::spawn(async move {
+                    let peer = reply.peer();
+                    let body = match tokio::task::spawn_blocking(move || {
+                        serve_range_digest(&wal, &r, &limits)
+                    })
+                    .await
+                    {
+                        Ok(body) => body,
+                        Err(e) => {
+                            tracing::error!(%peer, error = %e, "range digest task failed");
+                            ErrorResponse::new(ErrorCode::Internal, "the range digest failed")
+                                .into()
+                        }
+                    };
+                    reply.send(body);
+                });
+                return;
+            }
             other => {
                 let frame_type = other.frame_type();
                 tracing::warn!(peer = %self.peer, ?frame_type, "a frame the store does not serve");
@@ -449,6 +474,78 @@ fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
     .into()
 }
 
+/// Serves a range digest from the WAL's durable records (blocking: call on the blocking
+/// pool): reads the entries the store holds in `req.from..=req.to` (at most
+/// `RANGE_DIGEST_OFFSETS_MAX`, which the codec already checked), in reads of at most
+/// `limits.read_events_max` events and `limits.read_bytes_max` payload bytes, and digests
+/// each one's id with the CRC its record carries (recomputed from the fields the reader
+/// checked against that CRC). Changes nothing. The range is clamped to the durable log as
+/// it was when the digest started, so appends meanwhile do not extend it.
+fn serve_range_digest(wal: &Wal, req: &RangeDigestRequest, limits: &Limits) -> Body {
+    let mut first_offset = wal.first_offset();
+    let last = wal.last_durable();
+    let mut digest = RangeDigest::new();
+    let end = match last {
+        Some(l) => l.offset.min(req.to),
+        None => return range_digest_response(first_offset, last, &digest),
+    };
+    let mut next = req.from.max(first_offset);
+    let events_max = limits.read_events_max.max(1);
+    let bytes_max = limits.read_bytes_max as u64;
+    while next <= end {
+        let want = usize::try_from(end.0 - next.0 + 1).unwrap_or(usize::MAX);
+        let records = match wal.read(next, want.min(events_max), bytes_max) {
+            Ok(r) => r,
+            Err(WalError::Trimmed { first, .. }) if digest.count() == 0 => {
+                // A trim ran since `first_offset` was taken: start at the new trim point.
+                first_offset = first_offset.max(first);
+                next = next.max(first);
+                continue;
+            }
+            Err(WalError::OffsetOutOfRange { .. }) => break,
+            Err(e) => {
+                tracing::error!(error = %e, from = %req.from, to = %req.to, "range digest failed");
+                return ErrorResponse::new(
+                    ErrorCode::Internal,
+                    format!("range digest failed: {e}"),
+                )
+                .into();
+            }
+        };
+        if records.is_empty() {
+            break;
+        }
+        for r in records {
+            if r.offset > end {
+                break;
+            }
+            digest.push(EntryId {
+                epoch: r.epoch,
+                offset: r.offset,
+                crc: quire_wal::format::record_crc(r.epoch, r.offset, r.kind, &r.payload),
+            });
+            next = r.offset.next();
+        }
+    }
+    range_digest_response(first_offset, last, &digest)
+}
+
+fn range_digest_response(
+    first_offset: Offset,
+    last: Option<quire_proto::LogPosition>,
+    digest: &RangeDigest,
+) -> Body {
+    RangeDigestResponse {
+        first_offset,
+        last,
+        start: digest.first().map_or(Offset::ZERO, |e| e.offset),
+        count: digest.count(),
+        digest: digest.digest(),
+        last_entry: digest.last(),
+    }
+    .into()
+}
+
 /// Writes the connection's responses until it closes. A peer that takes no bytes for
 /// `stall` ([`WRITE_STALL_TIMEOUT`] outside tests) is logged, counted in `dropped_slow`
 /// (`quire_connections_dropped_slow_total`) and disconnected.
@@ -529,6 +626,60 @@ mod tests {
         let mut out = BytesMut::new();
         encode(&Frame::new(RequestId(1), body), &mut out).expect("encodes");
         out.len()
+    }
+
+    /// A range digest covers what the store holds of the range, clamped to its log, and
+    /// its ids carry the CRCs the WAL records hold (the offline audit reads those from the
+    /// scan: both must give the same digest).
+    #[test]
+    fn a_range_digest_covers_the_held_part_with_the_records_crcs() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = quire_wal::WalConfig::new(dir.path());
+        config.segment_bytes_max = quire_wal::SEGMENT_BYTES_MIN;
+        let (wal, _) = Wal::open(config).expect("opens");
+        let records: Vec<quire_wal::Record> = (0..10u64)
+            .map(|o| quire_wal::Record {
+                epoch: Epoch(if o < 6 { 3 } else { 4 }),
+                offset: Offset(o),
+                kind: EventKind::Message.as_u8(),
+                payload: Bytes::from(vec![o as u8; 100 + o as usize]),
+            })
+            .collect();
+        wal.append(Epoch(4), records).wait().expect("appends");
+        let mut scanned = Vec::new();
+        quire_wal::scan::scan_dir(dir.path(), &mut |r| {
+            if let Some(h) = r.header {
+                scanned.push(EntryId {
+                    epoch: h.epoch,
+                    offset: h.offset,
+                    crc: h.crc,
+                });
+            }
+        })
+        .expect("scans");
+        let limits = Limits::default();
+        let ask = |from: u64, to: u64| match serve_range_digest(
+            &wal,
+            &RangeDigestRequest {
+                from: Offset(from),
+                to: Offset(to),
+            },
+            &limits,
+        ) {
+            Body::RangeDigestResponse(r) => r,
+            other => panic!("not a digest: {other:?}"),
+        };
+        let r = ask(2, 20);
+        let expected = RangeDigest::of(scanned[2..].iter().copied());
+        assert_eq!((r.start, r.count), (Offset(2), 8));
+        assert_eq!(r.digest, expected.digest());
+        assert_eq!(r.last_entry, expected.last());
+        assert_eq!(r.last.map(|l| l.offset), Some(Offset(9)));
+        let one = ask(5, 5);
+        assert_eq!(one.last_entry, Some(scanned[5]));
+        let past = ask(10, 30);
+        assert_eq!((past.count, past.digest, past.last_entry), (0, 0, None));
+        wal.close().expect("closes");
     }
 
     /// A peer that sends requests and never reads the answers is disconnected once a write

@@ -174,6 +174,19 @@ pub enum WireError {
         /// Offset it has.
         actual: Offset,
     },
+    /// A range digest request's `from..=to` is empty (`from > to`) or spans more than
+    /// `RANGE_DIGEST_OFFSETS_MAX` offsets.
+    #[error("{field}: range {from}..={to} is empty or spans more than {max} offsets")]
+    InvalidRange {
+        /// Field holding the range.
+        field: &'static str,
+        /// First offset of the range.
+        from: Offset,
+        /// Last offset of the range.
+        to: Offset,
+        /// Most offsets one request may span.
+        max: u64,
+    },
     /// The offsets a message implies do not fit in a u64.
     #[error("{field}: offsets overflow u64")]
     OffsetOverflow {

@@ -36,8 +36,8 @@ use crate::error_response::ErrorResponse;
 use crate::limits::FRAME_BYTES_MAX;
 use crate::replication::{
     AppendRejected, AppendRequest, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
-    HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, TailRequest, TailResponse,
-    TakeOverNowRequest, TakeOverNowResponse,
+    HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
+    TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
 };
 
 /// Size of the frame header, in bytes.
@@ -206,6 +206,10 @@ bodies! {
     TailRequest = 0x0109, request;
     /// [`TailResponse`]: store → master or tool.
     TailResponse = 0x010A, response;
+    /// [`RangeDigestRequest`]: tool → store (audit; read-only).
+    RangeDigestRequest = 0x010B, request;
+    /// [`RangeDigestResponse`]: store → tool.
+    RangeDigestResponse = 0x010C, response;
     /// [`Heartbeat`]: master → slave.
     Heartbeat = 0x0201, request;
     /// [`HeartbeatAck`]: slave → master.

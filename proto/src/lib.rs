@@ -8,6 +8,7 @@
 //! - every body exchanged between clients, brokers and stores ([`replication`],
 //!   [`client`], [`ErrorResponse`]) and the stable [`ErrorCode`] numbers;
 //! - the payload encodings of the broker's events in the log ([`event_body`]);
+//! - the range digest that compares two stores' logs without their events ([`digest`]);
 //! - every bound, as a named constant ([`limits`]);
 //! - the newtypes of DESIGN.md's vocabulary ([`Offset`], [`Epoch`], …).
 //!
@@ -32,6 +33,7 @@
 mod codec;
 
 pub mod client;
+pub mod digest;
 pub mod error;
 pub mod error_response;
 pub mod event_body;
@@ -45,6 +47,7 @@ pub use client::{
     CursorRequest, CursorResponse, FetchRequest, FetchResponse, HandoffRequest, HandoffResponse,
     MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, StoreInfo,
 };
+pub use digest::{EntryId, RangeDigest};
 pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
@@ -60,8 +63,9 @@ pub use frame::{
 pub use limits::*;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
-    HeartbeatAck, PersistedAck, ReadRequest, ReadResponse, RejectReason, TailCut, TailRequest,
-    TailResponse, TakeOverNowRequest, TakeOverNowResponse, EVENT_OVERHEAD_BYTES,
+    HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
+    RejectReason, TailCut, TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
+    EVENT_OVERHEAD_BYTES,
 };
 pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
 

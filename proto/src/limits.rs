@@ -24,6 +24,11 @@ pub const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
 /// Most events in one `AppendRequest` or `ReadResponse`.
 pub const EVENTS_PER_FRAME_MAX: usize = 65_536;
 
+/// Most offsets one `RangeDigestRequest` may span (`to - from + 1`). A store reads every
+/// record of the range from its WAL to answer, so this bounds one request's work (at most
+/// this many records, read in chunks of bounded bytes); a longer range is asked as several.
+pub const RANGE_DIGEST_OFFSETS_MAX: u64 = 65_536;
+
 /// Most messages in one `ProduceRequest` or `FetchResponse`.
 pub const MESSAGES_PER_FRAME_MAX: usize = 65_536;
 

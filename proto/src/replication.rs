@@ -10,6 +10,7 @@
 //! | [`FenceRequest`] | [`FenceGranted`], [`FenceRefused`], `ErrorResponse` `NotVoter` |
 //! | [`ReadRequest`] | [`ReadResponse`] |
 //! | [`TailRequest`] | [`TailResponse`] |
+//! | [`RangeDigestRequest`] | [`RangeDigestResponse`] (read-only, for audits) |
 //! | [`Heartbeat`] | [`HeartbeatAck`] |
 //! | [`TakeOverNowRequest`] | [`TakeOverNowResponse`] (graceful handoff, master → slave) |
 //!
@@ -21,8 +22,9 @@
 use bytes::Bytes;
 
 use crate::codec::{BodyWriter, Reader};
+use crate::digest::EntryId;
 use crate::error::WireError;
-use crate::limits::EVENTS_PER_FRAME_MAX;
+use crate::limits::{EVENTS_PER_FRAME_MAX, RANGE_DIGEST_OFFSETS_MAX};
 use crate::types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
 
 /// Bytes one event takes on the wire before its payload: epoch u64, kind u8, length u32.
@@ -414,6 +416,83 @@ pub struct TailResponse {
     pub first_offset: Offset,
 }
 
+/// Tool → store: the digest of the entries the store holds at offsets `from..=to`
+/// (`quire cluster audit`). Read-only: it changes no state of the store (no promise, no
+/// append, no HWM), and it is served from the WAL's durable records like a read.
+///
+/// The range must not be empty and may span at most [`RANGE_DIGEST_OFFSETS_MAX`] offsets
+/// (`to - from + 1`); the codec refuses any other ([`WireError::InvalidRange`], answered
+/// with `ErrorResponse` `Malformed`).
+///
+/// ```text
+/// off   size   field
+/// 0     8      from                  u64: first offset of the range
+/// 8     8      to                    u64: last offset of the range (inclusive)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDigestRequest {
+    /// First offset of the range.
+    pub from: Offset,
+    /// Last offset of the range, inclusive.
+    pub to: Offset,
+}
+
+impl RangeDigestRequest {
+    /// Offsets the range spans, or `None` if it is empty or longer than
+    /// [`RANGE_DIGEST_OFFSETS_MAX`].
+    #[must_use]
+    pub fn span(&self) -> Option<u64> {
+        let span = self.to.0.checked_sub(self.from.0)?.checked_add(1)?;
+        (span <= RANGE_DIGEST_OFFSETS_MAX).then_some(span)
+    }
+
+    fn check(&self) -> Result<(), WireError> {
+        match self.span() {
+            Some(_) => Ok(()),
+            None => Err(WireError::InvalidRange {
+                field: "range digest",
+                from: self.from,
+                to: self.to,
+                max: RANGE_DIGEST_OFFSETS_MAX,
+            }),
+        }
+    }
+}
+
+/// Store → tool: the digest ([`crate::digest`]) of the entries it holds in the requested
+/// range, and its own bounds.
+///
+/// The digest covers the store's durable entries at offsets in
+/// `max(from, first_offset) ..= min(to, last.offset)`: `count` entries starting at
+/// `start`. `count` is 0 (and `digest` 0, `last_entry` `None`) when the store holds
+/// nothing in the range (trimmed below `first_offset`, or past its end).
+///
+/// ```text
+/// off   size   field
+/// 0     8      first_offset          u64: lowest offset the store still serves
+/// 8     1|17   last                  Option<LogPosition>: the store's last durable entry
+/// ..    8      start                 u64: first offset digested (0 when count is 0)
+/// ..    8      count                 u64: entries digested, ≤ RANGE_DIGEST_OFFSETS_MAX
+/// ..    4      digest                u32: CRC-32C over the entries' 20-byte ids
+/// ..    1|21   last_entry            Option<EntryId>: tag u8, then epoch u64, offset u64,
+///                                    crc u32 of the last entry digested
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDigestResponse {
+    /// Lowest offset the store can still serve (0 if never trimmed).
+    pub first_offset: Offset,
+    /// The store's last durable entry (`None`: empty log).
+    pub last: Option<LogPosition>,
+    /// First offset digested (0 when `count` is 0).
+    pub start: Offset,
+    /// Entries digested.
+    pub count: u64,
+    /// Their digest.
+    pub digest: u32,
+    /// The last entry digested.
+    pub last_entry: Option<EntryId>,
+}
+
 /// Master → slave broker, every `heartbeat_ms`.
 ///
 /// ```text
@@ -696,6 +775,84 @@ impl TailResponse {
             incarnation: Incarnation(r.u64("tail incarnation")?),
             voter: r.bool("tail voter")?,
             first_offset: r.offset("tail first_offset")?,
+        })
+    }
+}
+
+impl RangeDigestRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        self.check()?;
+        w.u64(self.from.0);
+        w.u64(self.to.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let req = RangeDigestRequest {
+            from: r.offset("range digest from")?,
+            to: r.offset("range digest to")?,
+        };
+        req.check()?;
+        Ok(req)
+    }
+}
+
+impl RangeDigestResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        if self.count > RANGE_DIGEST_OFFSETS_MAX {
+            return Err(WireError::CountTooLarge {
+                field: "range digest count",
+                count: self.count,
+                max: RANGE_DIGEST_OFFSETS_MAX,
+            });
+        }
+        w.u64(self.first_offset.0);
+        w.opt_position(self.last);
+        w.u64(self.start.0);
+        w.u64(self.count);
+        w.u32(self.digest);
+        match self.last_entry {
+            None => w.u8(0),
+            Some(e) => {
+                w.u8(1);
+                w.u64(e.epoch.0);
+                w.u64(e.offset.0);
+                w.u32(e.crc);
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let first_offset = r.offset("range digest first_offset")?;
+        let last = r.opt_position("range digest last")?;
+        let start = r.offset("range digest start")?;
+        let count = r.u64("range digest count")?;
+        if count > RANGE_DIGEST_OFFSETS_MAX {
+            return Err(WireError::CountTooLarge {
+                field: "range digest count",
+                count,
+                max: RANGE_DIGEST_OFFSETS_MAX,
+            });
+        }
+        let digest = r.u32("range digest digest")?;
+        let field = "range digest last_entry";
+        let last_entry = if r.tag(field)? {
+            Some(EntryId {
+                epoch: r.epoch(field)?,
+                offset: r.offset(field)?,
+                crc: r.u32(field)?,
+            })
+        } else {
+            None
+        };
+        Ok(RangeDigestResponse {
+            first_offset,
+            last,
+            start,
+            count,
+            digest,
+            last_entry,
         })
     }
 }

@@ -161,6 +161,33 @@ pub(crate) fn samples() -> Vec<Body> {
             events: vec![],
         }
         .into(),
+        RangeDigestRequest {
+            from: Offset(10),
+            to: Offset(10 + RANGE_DIGEST_OFFSETS_MAX - 1),
+        }
+        .into(),
+        RangeDigestResponse {
+            first_offset: Offset(10),
+            last: Some(pos(3, 102)),
+            start: Offset(10),
+            count: 93,
+            digest: 0xdead_beef,
+            last_entry: Some(EntryId {
+                epoch: Epoch(3),
+                offset: Offset(102),
+                crc: 7,
+            }),
+        }
+        .into(),
+        RangeDigestResponse {
+            first_offset: Offset(0),
+            last: None,
+            start: Offset(0),
+            count: 0,
+            digest: 0,
+            last_entry: None,
+        }
+        .into(),
         TailRequest.into(),
         TailResponse {
             last: Some(pos(3, 102)),
@@ -1381,4 +1408,89 @@ fn golden_bytes_match_the_protocol_document() {
     ));
     assert_eq!(&took[4..6], &[0x04, 0x02]);
     assert_eq!(&took[24..], &[2, 0]);
+}
+
+/// The range digest frames (docs/protocol.md, "Range digest"): golden bytes, and the
+/// bounds the decoder enforces on a request's range.
+#[test]
+fn range_digest_frames_match_the_protocol_document() {
+    let req = encoded(&Frame::new(
+        RequestId(5),
+        RangeDigestRequest {
+            from: Offset(0x0102),
+            to: Offset(0x0203),
+        },
+    ));
+    assert_eq!(&req[4..6], &[0x0B, 0x01]);
+    #[rustfmt::skip]
+    let body: &[u8] = &[
+        0x02, 0x01, 0, 0, 0, 0, 0, 0, // from
+        0x03, 0x02, 0, 0, 0, 0, 0, 0, // to
+    ];
+    assert_eq!(&req[24..], body);
+    let resp = encoded(&Frame::new(
+        RequestId(5),
+        RangeDigestResponse {
+            first_offset: Offset(1),
+            last: Some(pos(2, 9)),
+            start: Offset(3),
+            count: 4,
+            digest: 0x0a0b_0c0d,
+            last_entry: Some(EntryId {
+                epoch: Epoch(2),
+                offset: Offset(6),
+                crc: 0x0102_0304,
+            }),
+        },
+    ));
+    assert_eq!(&resp[4..6], &[0x0C, 0x01]);
+    #[rustfmt::skip]
+    let body: &[u8] = &[
+        1, 0, 0, 0, 0, 0, 0, 0,     // first_offset
+        1,                          // last: some
+        2, 0, 0, 0, 0, 0, 0, 0,     //   epoch
+        9, 0, 0, 0, 0, 0, 0, 0,     //   offset
+        3, 0, 0, 0, 0, 0, 0, 0,     // start
+        4, 0, 0, 0, 0, 0, 0, 0,     // count
+        0x0d, 0x0c, 0x0b, 0x0a,     // digest
+        1,                          // last_entry: some
+        2, 0, 0, 0, 0, 0, 0, 0,     //   epoch
+        6, 0, 0, 0, 0, 0, 0, 0,     //   offset
+        4, 3, 2, 1,                 //   crc
+    ];
+    assert_eq!(&resp[24..], body);
+
+    // The encoder refuses an empty or too long range; so does the decoder, with the
+    // stream still in sync (answered `Malformed`).
+    let mut out = BytesMut::new();
+    for (from, to) in [(5, 4), (0, RANGE_DIGEST_OFFSETS_MAX)] {
+        let bad = Frame::new(
+            RequestId(1),
+            RangeDigestRequest {
+                from: Offset(from),
+                to: Offset(to),
+            },
+        );
+        assert!(matches!(
+            encode(&bad, &mut out),
+            Err(WireError::InvalidRange { .. })
+        ));
+        let mut body = Vec::new();
+        body.extend_from_slice(&from.to_le_bytes());
+        body.extend_from_slice(&to.to_le_bytes());
+        let raw = raw_frame(FrameType::RangeDigestRequest.as_u16(), 0, 9, &body);
+        let cause = bad_frame_cause(decode_one(&raw));
+        assert!(matches!(cause, WireError::InvalidRange { .. }), "{cause:?}");
+        assert_eq!(cause.error_code(), ErrorCode::Malformed);
+    }
+    let max = RangeDigestRequest {
+        from: Offset(u64::MAX - RANGE_DIGEST_OFFSETS_MAX + 1),
+        to: Offset(u64::MAX),
+    };
+    assert_eq!(max.span(), Some(RANGE_DIGEST_OFFSETS_MAX));
+    let all = RangeDigestRequest {
+        from: Offset(0),
+        to: Offset(u64::MAX),
+    };
+    assert_eq!(all.span(), None, "no overflow");
 }

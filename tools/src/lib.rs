@@ -24,6 +24,8 @@
 //! and errors on stderr; an error is a non-zero exit (1, or 130 after Ctrl-C; clap usage
 //! errors exit 2). `quire wal ...` differs (see [`failure_exit_code`]): its 1 and 2 are
 //! findings, and it exits 3 when it could not read a log or its command line is wrong.
+//! `quire cluster audit` exits with its verdict: 0 healthy, 4 degraded, 5 at risk
+//! ([`cluster::audit::EXIT_DEGRADED`], [`cluster::audit::EXIT_AT_RISK`]).
 
 pub mod bench;
 pub mod cli;
@@ -96,6 +98,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             args.brokers.resolve(None, &env)?;
             let status = cluster::status::run(&args.to_config())?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
+        }
+        Command::Cluster(ClusterCommand::Audit(mut args)) => {
+            if args.stores.is_empty() && args.data_dirs.is_empty() {
+                args.brokers.resolve(None, &env)?;
+            }
+            let report = cluster::audit::run(&args.to_config()?)?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+            if let Some(exit) = cluster::audit::verdict_exit(&report) {
+                return Err(exit.into());
+            }
         }
         Command::Bench(BenchCommand::Cluster(mut args)) => {
             args.brokers.resolve(Some(&mut args.connect), &env)?;

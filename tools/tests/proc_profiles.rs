@@ -137,6 +137,24 @@ impl Client {
             status["master"]["id"].as_u64().is_some(),
             "{what}: {status}"
         );
+
+        // The audit finds the stores through the same brokers. Its verdict may be
+        // "degraded" (exit 4) for a moment while a store catches up; either way it read
+        // all three stores.
+        let mut args = vec!["cluster", "audit", "-f", "json"];
+        args.extend_from_slice(extra);
+        let out = self.run(&args);
+        assert!(
+            matches!(out.status.code(), Some(0 | 4)),
+            "{what}: audit: {}",
+            text(&out.stderr)
+        );
+        let audit: Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+        assert_eq!(
+            audit["stores"].as_array().map(Vec::len),
+            Some(3),
+            "{what}: {audit}"
+        );
     }
 }
 

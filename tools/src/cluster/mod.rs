@@ -1,4 +1,4 @@
-//! The cluster-facing commands: `quire cluster ...` ([`status`], [`handoff`]) and the pieces that
+//! The cluster-facing commands: `quire cluster ...` ([`status`], [`handoff`], [`audit`]) and the pieces that
 //! `quire produce`, `quire consume` and `quire bench cluster` share — the `--brokers`
 //! and `--profile` options ([`BrokersArgs`], filled in from `QUIRE_*` variables and
 //! profiles by [`crate::settings`]), finding the master with a note on stderr when it cannot be
@@ -9,6 +9,7 @@
 //! starts a local cluster as child processes (`quire node run` / `quire broker run`, see
 //! [`crate::servers`]) for `quire cluster up` and `quire demo`.
 
+pub mod audit;
 pub mod handoff;
 pub mod master;
 pub mod status;
@@ -40,6 +41,16 @@ pub enum ClusterCommand {
     /// batches, waits until its HWM covers all it accepted, tells the slave to take over
     /// and becomes a slave itself. Producers see a short pause, no error.
     Handoff(handoff::HandoffArgs),
+
+    /// Which store holds which offsets, where their logs diverge, whether a quorum of voters
+    /// holds every offset up to the high-water mark, and what a takeover would adopt now.
+    ///
+    /// Reads the stores online (--brokers, --stores: read-only range digests over the wire)
+    /// or offline (--data-dir: a read-only scan of a store's directory, never repaired or
+    /// locked; a running store's directory is read as a snapshot). Logs are compared by
+    /// digests of offset ranges, bisected down to the first offset where they differ.
+    /// Exit status: 0 healthy, 4 degraded, 5 at risk, 1 when no store could be read.
+    Audit(audit::AuditArgs),
 }
 
 /// The `--brokers` and `--profile` options of every command that talks to a running
