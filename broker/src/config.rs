@@ -343,6 +343,10 @@ impl BrokerConfig {
         let listen = r
             .text("listen")
             .map_or_else(|| my_addr.clone(), str::to_owned);
+        quire_net::layers::check_host_port(&listen).map_err(|m| r.invalid("listen", m))?;
+        if let Some(addr) = r.text("metrics_listen") {
+            quire_net::layers::check_host_port(addr).map_err(|m| r.invalid("metrics_listen", m))?;
+        }
         let heartbeat = r.duration("heartbeat").unwrap_or_default();
         if heartbeat < Duration::from_millis(HEARTBEAT_MS_MIN) {
             return Err(r.invalid(

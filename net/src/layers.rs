@@ -801,7 +801,15 @@ fn read_value(s: &Setting, g: &Given) -> Result<Value, SettingsError> {
                     ": a unit is required (a bare number is only accepted for 0)".to_owned(),
                 ));
             }
-            let d = parse_duration(&text).map_err(|e| bad(s.kind.accepted(), format!(": {e}")))?;
+            // The parser's own message says a bare number means seconds, which is the
+            // client's rule; a server setting wants a unit (above).
+            let d = parse_duration(&text).map_err(|e| match e {
+                crate::units::UnitsError::UnknownUnit { unit, .. } => bad(
+                    s.kind.accepted(),
+                    format!(": unknown unit {unit:?} (accepted: ns, us, ms, s, m, h)"),
+                ),
+                e => bad(s.kind.accepted(), format!(": {e}")),
+            })?;
             if d.as_nanos() % step.nanos() != 0 {
                 return Err(bad(
                     s.kind.accepted(),
@@ -1162,9 +1170,60 @@ pub fn process_env(prefix: &str) -> Result<Vec<(String, String)>, SettingsError>
     Ok(out)
 }
 
+/// Checks that `addr` has the form a listener binds to: `host:port`, with a port in
+/// 0..=65535 (0 picks a free one) and a non-empty host (a name, an IPv4 address, or an
+/// IPv6 address in brackets). Names are not resolved here; that happens at bind time.
+///
+/// # Errors
+/// A message saying what is wrong, for [`Resolved::invalid`]-style errors that name the
+/// setting.
+pub fn check_host_port(addr: &str) -> Result<(), String> {
+    let accepted = "a host:port address like 127.0.0.1:7101 or [::1]:7101";
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!("{addr:?} has no port: {accepted}"));
+    };
+    if host.is_empty() || host == "[]" {
+        return Err(format!("{addr:?} has no host: {accepted}"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(format!(
+            "{addr:?}: an IPv6 host goes in brackets: {accepted}"
+        ));
+    }
+    if port.parse::<u16>().is_err() {
+        return Err(format!(
+            "{addr:?}: the port must be a number in 0..=65535: {accepted}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_port_takes_what_a_listener_binds_to() {
+        for good in [
+            "127.0.0.1:7101",
+            "localhost:0",
+            "[::1]:65535",
+            "0.0.0.0:9101",
+        ] {
+            assert_eq!(check_host_port(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("localhost", "no port"),
+            (":7101", "no host"),
+            ("127.0.0.1:99999", "0..=65535"),
+            ("127.0.0.1:http", "0..=65535"),
+            ("::1:7101", "brackets"),
+            ("nonsense", "no port"),
+        ] {
+            let err = check_host_port(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
 
     #[derive(Debug)]
     struct Test;

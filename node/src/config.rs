@@ -289,6 +289,10 @@ impl NodeConfig {
         config
             .check()
             .map_err(|(key, message)| r.invalid(key, message))?;
+        quire_net::layers::check_host_port(&config.listen).map_err(|m| r.invalid("listen", m))?;
+        if let Some(addr) = &config.metrics_listen {
+            quire_net::layers::check_host_port(addr).map_err(|m| r.invalid("metrics_listen", m))?;
+        }
         Ok(config)
     }
 
