@@ -100,8 +100,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
         }
         Command::Cluster(ClusterCommand::Audit(mut args)) => {
-            if args.stores.is_empty() && args.data_dirs.is_empty() {
-                args.brokers.resolve(None, &env)?;
+            // The brokers' view (voter set, HWM) is what makes a partial audit honest, so
+            // it is taken from QUIRE_BROKERS or the profile whenever one is there. Only an
+            // audit of named stores or directories may go on without one.
+            let named = !args.stores.is_empty() || !args.data_dirs.is_empty();
+            match args.brokers.resolve(None, &env) {
+                Ok(_) => {}
+                Err(e) if named && args.brokers.profile.is_none() => {
+                    tracing::debug!("{e:#}; auditing only the stores and directories named");
+                }
+                Err(e) => return Err(e),
             }
             let report = cluster::audit::run(&args.to_config()?)?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;

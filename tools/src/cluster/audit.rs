@@ -744,6 +744,14 @@ async fn gather_and_audit(
 ) -> anyhow::Result<AuditReport> {
     let mut probes: Vec<Probe> = Vec::new();
     let mut notes = Vec::new();
+    if view.is_none() {
+        notes.push(
+            "no broker answered (or none was named): the voter set is taken to be the stores \
+             audited here, so a store left out is not counted; name the brokers (-b, \
+             QUIRE_BROKERS or a profile) to audit against the cluster's own voter set"
+                .to_owned(),
+        );
+    }
     // Slots the brokers name, then stores given directly.
     let mut addrs: Vec<(String, Option<&status::StoreStatus>)> = Vec::new();
     if let Some(v) = view {
