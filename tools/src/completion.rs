@@ -46,8 +46,13 @@ fn source() -> String {
 /// None today (clap_complete panics rather than failing); kept for a writer that fails.
 pub fn write_completion(shell: Shell, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut command = Cli::command();
-    clap_complete::generate(shell, &mut command, BIN_NAME, out);
-    out.flush().context("writing the completion script")
+    // clap_complete panics when its writer fails (a closed pipe: `| head`), so the script
+    // is built in memory and written here, where a failure is an error.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, BIN_NAME, &mut script);
+    out.write_all(&script)
+        .and_then(|()| out.flush())
+        .context("writing the completion script")
 }
 
 /// Writes the man page of `quire` itself (roff) to `out`.
