@@ -35,6 +35,7 @@
 pub mod cli;
 pub mod config;
 mod conn;
+pub mod engine;
 pub mod failpoints;
 pub mod identity;
 pub mod metrics;
