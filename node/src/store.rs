@@ -1,24 +1,17 @@
-//! The store actor: the one task that decides appends, fences and heartbeats for the
-//! store, in one order across all connections, and owns the order of WAL submissions.
+//! The store actor: a thin tokio driver of the store engine ([`crate::engine`]), the one
+//! task that owns the order of requests and WAL submissions across all connections.
 //!
-//! Connections send [`Command`]s through a bounded channel ([`STORE_QUEUE_MAX`]). For each
-//! command the actor consults the pure rules ([`crate::replica::Replica`]) against the WAL's
-//! accepted log, carries the decision out — a durable promise first (on the blocking pool),
-//! then `Wal::append`, which returns at once with a future — and keeps the WAL's futures in
-//! submission order. The WAL resolves them in that order, each after the fdatasync that
-//! covers it (group commit: one fsync covers many appends).
-//!
-//! Answers that wait for durability are **waiters**, each tagged with the sequence number
-//! of the latest WAL submission at the time it was created: an accepted append waits for
-//! its own submission; an append whose events were all present already, and a granted
-//! fence, wait for the latest submission (so everything accepted before them is durable).
-//! When submission `s` resolves `Ok`, every waiter tagged `<= s` is answered. When it
-//! resolves with an error, the log has failed (fail-stop): those appends are answered
-//! `LogFailed`, and a fence is granted with the last *durable* entry.
+//! Connections send [`Command`]s through a bounded channel ([`STORE_QUEUE_MAX`]). The actor
+//! feeds each to the engine with the real [`Wal`] as its log, and executes what the engine
+//! asks: a durable promise or learner role (on the blocking pool, before the next request),
+//! `Wal::append` (which returns at once with a future), a retention trim, clearing the
+//! tail-cut mark, and answers. It keeps the WAL's futures in submission order; the WAL
+//! resolves them in that order, each after the fdatasync that covers it, and the actor
+//! reports each resolution to the engine, which releases the waiting answers.
 //!
 //! Answers go out through each connection's [`Reply`], which never blocks the actor.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -26,26 +19,22 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use quire_proto::{
-    AppendRejected, AppendRequest, Body, BrokerId, Epoch, ErrorCode, ErrorResponse, EventBody,
-    EventKind, FenceGranted, FenceRefused, FenceRequest, Heartbeat, HeartbeatAck, LogPosition,
-    Offset, PersistedAck, RejectReason, TailCut, TailResponse,
+    AppendRequest, Body, ErrorCode, ErrorResponse, FenceRequest, Heartbeat, Offset, RejectReason,
+    TailCut,
 };
 use quire_wal::format::{record_bytes, HEADER_BYTES};
 use quire_wal::{Append, PromisedEpoch, Record, Wal, WalError};
 use tokio::sync::mpsc;
 
 use crate::conn::Reply;
+use crate::engine::{self, Engine, Mutations};
 use crate::identity::{Identity, Role};
 use crate::metrics::Metrics;
-use crate::replica::{AcceptPlan, AppendDecision, FenceDecision, Replica};
+use crate::replica::Replica;
 
 /// Commands queued for the store actor at most; connections wait (and stop reading)
 /// beyond it.
 pub const STORE_QUEUE_MAX: usize = 8192;
-
-/// Trim events remembered at most while they wait to be stabilized; beyond it the oldest
-/// is forgotten (a later trim point supersedes it: the master's trim points only grow).
-pub const PENDING_TRIMS_MAX: usize = 64;
 
 /// A request for the store actor, with where to answer it.
 #[derive(Debug)]
@@ -83,45 +72,27 @@ impl StoreHandle {
     }
 }
 
-/// One WAL submission on its way to durability.
+/// One WAL append (a part of engine submission `seq`) on its way to durability.
 #[derive(Debug)]
 struct Submission {
     seq: u64,
+    /// The last WAL append of submission `seq`.
+    last: bool,
     state: SubmissionState,
 }
 
 #[derive(Debug)]
 enum SubmissionState {
     Pending(Append),
-    Done(Option<Result<Offset, WalError>>),
+    Done(Option<Result<(), WalError>>),
 }
 
-/// An answer that waits until submission `needed` resolves.
+/// What a request waiting for its answer was, for the metrics.
 #[derive(Debug)]
-enum Waiter {
-    Persisted {
-        needed: u64,
-        reply: Reply,
-        epoch: Epoch,
-        through: Option<Offset>,
-        events: u64,
-        payload_bytes: u64,
-    },
-    Fence {
-        needed: u64,
-        reply: Reply,
-        epoch: Epoch,
-        last: Option<LogPosition>,
-        tail_cut: Option<TailCut>,
-    },
-}
-
-impl Waiter {
-    fn needed(&self) -> u64 {
-        match self {
-            Waiter::Persisted { needed, .. } | Waiter::Fence { needed, .. } => *needed,
-        }
-    }
+enum Asked {
+    Append { events: u64, payload_bytes: u64 },
+    Fence,
+    Other,
 }
 
 /// The actor's state. See the module docs.
@@ -132,98 +103,17 @@ pub(crate) struct Store {
     identity: Identity,
     /// `None` only while a promise is being written on the blocking pool.
     promised_file: Option<PromisedEpoch>,
-    replica: Replica,
+    engine: Engine<u64>,
+    /// Requests the engine has not answered yet, by token.
+    asked: HashMap<u64, (Reply, Asked)>,
+    next_token: u64,
     submissions: VecDeque<Submission>,
-    waiters: VecDeque<Waiter>,
-    /// Sequence number of the latest WAL submission (0: none yet).
-    last_seq: u64,
+    /// The highest submission reported to the engine.
+    reported: u64,
     metrics: Arc<Metrics>,
-    /// Retention bookkeeping; see [`Retention`].
-    retention: Retention,
-    /// The tail-cut mark (`crate::tail_cut`), reported in every grant until it is cleared.
-    tail_cut: Option<TailCut>,
     /// Retention trims running on the blocking pool: each holds a handle to the WAL (and
     /// with it the data directory's lock), so the actor waits for them before it ends.
     trims: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// Retention on a store: Trim events seen in accepted appends wait here until they are
-/// stabilized, then the WAL deletes the whole segments below their trim point.
-///
-/// An entry of this store's log is known stabilized when it is at or below both the HWM
-/// and the end of the last append accepted from a master of the same epoch (an accepted
-/// append means this log matches that master's through its end; the HWM says the
-/// master's log is stabilized through it). `stable` is the highest such offset seen; it
-/// only grows, since a stabilized entry is never replaced.
-#[derive(Debug, Default)]
-struct Retention {
-    /// `(epoch, through)` of the last accepted append.
-    matched: Option<(Epoch, Offset)>,
-    /// Highest offset known stabilized in this log.
-    stable: Option<Offset>,
-    /// `(offset of the Trim event, its epoch, before)`, in log order.
-    pending: VecDeque<(Offset, Epoch, Offset)>,
-    /// The highest trim point handed to the WAL.
-    requested: Offset,
-}
-
-impl Retention {
-    /// Learns the HWM `hwm` of a master of `epoch`; returns whether `stable` rose.
-    fn learn(&mut self, epoch: Epoch, hwm: Option<Offset>) -> bool {
-        let (Some(h), Some((m_epoch, through))) = (hwm, self.matched) else {
-            return false;
-        };
-        if m_epoch != epoch {
-            return false;
-        }
-        let safe = h.min(through);
-        if self.stable.is_some_and(|s| s >= safe) {
-            return false;
-        }
-        self.stable = Some(safe);
-        true
-    }
-
-    /// Remembers the Trim events among `events` (bodies that do not decode are logged and
-    /// ignored: they delete nothing).
-    fn note(&mut self, events: &[quire_proto::Event]) {
-        for e in events.iter().filter(|e| e.kind == EventKind::Trim) {
-            match EventBody::decode(EventKind::Trim, &e.payload) {
-                Ok(EventBody::Trim(t)) => {
-                    if self.pending.len() == PENDING_TRIMS_MAX {
-                        self.pending.pop_front();
-                    }
-                    self.pending.push_back((e.offset, e.epoch, t.before));
-                }
-                Ok(_) | Err(_) => {
-                    tracing::warn!(offset = %e.offset, "a Trim event whose body does not decode");
-                }
-            }
-        }
-    }
-
-    /// The trim point to hand to the WAL now, if any: the highest `before` of a pending
-    /// Trim event that is stabilized and still in the log, capped at `stable`.
-    fn due(&mut self, wal: &Wal) -> Option<Offset> {
-        let stable = self.stable?;
-        let mut best = None;
-        while let Some(&(at, epoch, before)) = self.pending.front() {
-            if at > stable {
-                break;
-            }
-            self.pending.pop_front();
-            // The event must still be the one at `at` (not replaced by a truncation).
-            if wal.entry_epoch(at) == Some(epoch) || at < wal.first_offset() {
-                best = best.max(Some(before.min(stable)));
-            }
-        }
-        let point = best?;
-        if point <= self.requested {
-            return None;
-        }
-        self.requested = point;
-        Some(point)
-    }
 }
 
 impl Store {
@@ -242,24 +132,21 @@ impl Store {
             identity.role,
             promised_file.epoch(),
         );
-        metrics.promised_epoch.set(replica.promised().0);
-        metrics.voter.set(i64::from(replica.role().is_voter()));
-        metrics.tail_cut.set(i64::from(tail_cut.is_some()));
         let (tx, rx) = mpsc::channel(STORE_QUEUE_MAX);
         let store = Store {
             wal,
             data_dir,
             identity,
             promised_file: Some(promised_file),
-            replica,
+            engine: Engine::new(replica, tail_cut, Mutations::default()),
+            asked: HashMap::new(),
+            next_token: 0,
             submissions: VecDeque::new(),
-            waiters: VecDeque::new(),
-            last_seq: 0,
+            reported: 0,
             metrics,
-            retention: Retention::default(),
-            tail_cut,
             trims: Vec::new(),
         };
+        store.gauges();
         (store, StoreHandle { tx }, rx)
     }
 
@@ -271,10 +158,13 @@ impl Store {
                 biased;
                 (seq, result) = next_completion(&mut self.submissions), if !self.submissions.is_empty() => {
                     self.on_completions(seq, result);
-                    self.clear_tail_cut().await;
+                    self.drain().await;
                 }
                 command = rx.recv() => match command {
-                    Some(c) => self.handle(c).await,
+                    Some(c) => {
+                        self.handle(c);
+                        self.drain().await;
+                    }
                     None => break,
                 },
             }
@@ -282,6 +172,7 @@ impl Store {
         while !self.submissions.is_empty() {
             let (seq, result) = next_completion(&mut self.submissions).await;
             self.on_completions(seq, result);
+            self.drain().await;
         }
         // A trim still running holds the WAL open: a restart in the same process (or a
         // shutdown that returns) must not find the directory locked.
@@ -290,136 +181,156 @@ impl Store {
         }
     }
 
-    async fn handle(&mut self, command: Command) {
+    fn handle(&mut self, command: Command) {
+        let token = self.next_token;
+        self.next_token += 1;
         match command {
-            Command::Append(req, reply) => self.on_append(req, reply).await,
-            Command::Fence(req, reply) => self.on_fence(req, reply).await,
+            Command::Append(req, reply) => {
+                let asked = Asked::Append {
+                    events: req.events.len() as u64,
+                    payload_bytes: req.events.iter().map(|e| e.payload.len() as u64).sum(),
+                };
+                self.asked.insert(token, (reply, asked));
+                self.engine.append(token, req, &self.wal);
+            }
+            Command::Fence(req, reply) => {
+                self.asked.insert(token, (reply, Asked::Fence));
+                self.engine.fence(token, req, &self.wal);
+            }
             Command::Heartbeat(hb, reply) => {
-                self.learn_hwm(hb.epoch, hb.hwm);
-                self.retain(hb.epoch, hb.hwm);
-                reply.send(HeartbeatAck {
-                    epoch: self.replica.promised(),
-                    broker: BrokerId(0),
-                    last: self.wal.last(),
+                self.asked.insert(token, (reply, Asked::Other));
+                self.engine.heartbeat(token, &hb, &self.wal);
+            }
+            Command::Tail(reply) => {
+                self.asked.insert(token, (reply, Asked::Other));
+                self.engine.tail(token, &self.wal);
+            }
+        }
+    }
+
+    /// Executes the engine's commands until it has none.
+    async fn drain(&mut self) {
+        loop {
+            let commands = self.engine.take_commands();
+            if commands.is_empty() {
+                break;
+            }
+            for c in commands {
+                self.execute(c).await;
+            }
+        }
+        self.gauges();
+    }
+
+    fn gauges(&self) {
+        let replica = self.engine.replica();
+        self.metrics.promised_epoch.set(replica.promised().0);
+        self.metrics.voter.set(i64::from(replica.role().is_voter()));
+        if let Some(h) = replica.hwm() {
+            self.metrics.hwm.set(i64::try_from(h.0).unwrap_or(i64::MAX));
+        }
+        self.metrics
+            .tail_cut
+            .set(i64::from(self.engine.tail_cut().is_some()));
+    }
+
+    async fn execute(&mut self, command: engine::Command<u64>) {
+        match command {
+            engine::Command::PersistPromise(epoch) => {
+                let r = self.promise(epoch).await.map_err(|e| e.to_string());
+                self.engine.promise_persisted(r, &self.wal);
+            }
+            engine::Command::PersistLearner => {
+                let r = self.become_learner().await.map_err(|e| e.to_string());
+                self.engine.learner_persisted(r);
+            }
+            engine::Command::Submit {
+                seq,
+                epoch,
+                events,
+                truncates: _,
+            } => self.submit(seq, epoch, events),
+            engine::Command::Answer { token, body } => self.answer(token, body),
+            engine::Command::Trim { before } => self.trim(before),
+            engine::Command::ClearTailCut(cut) => {
+                let cleared = self.clear_tail_cut(cut).await;
+                self.engine.tail_cut_cleared(cleared);
+            }
+        }
+    }
+
+    /// Sends `body` to the request `token`, counting it.
+    fn answer(&mut self, token: u64, body: Body) {
+        let Some((reply, asked)) = self.asked.remove(&token) else {
+            debug_assert!(false, "invariant: every token is answered once");
+            return;
+        };
+        let m = &self.metrics;
+        match (&asked, &body) {
+            (
+                Asked::Append {
+                    events,
+                    payload_bytes,
+                },
+                Body::PersistedAck(_),
+            ) => {
+                m.appends_persisted.inc();
+                m.append_events.inc_by(*events);
+                m.append_bytes.inc_by(*payload_bytes);
+            }
+            (Asked::Append { .. }, Body::AppendRejected(r)) => m.reject_append(match r.reason {
+                RejectReason::StaleEpoch => "stale_epoch",
+                RejectReason::LogMismatch => "log_mismatch",
+                RejectReason::LogFailed => "log_failed",
+                RejectReason::Overloaded => "overloaded",
+            }),
+            (Asked::Append { .. }, Body::ErrorResponse(e)) => {
+                m.reject_append(if e.code == ErrorCode::Malformed {
+                    "invalid"
+                } else {
+                    "internal"
                 });
             }
-            Command::Tail(reply) => reply.send(TailResponse {
-                last: self.wal.last_durable(),
-                promised: self.replica.promised(),
-                hwm: self.replica.hwm(),
-                store_id: self.replica.store_id(),
-                incarnation: self.replica.incarnation(),
-                voter: self.replica.role().is_voter(),
-                first_offset: self.wal.first_offset(),
-            }),
-        }
-    }
-
-    fn rejected(&self, reason: RejectReason) -> AppendRejected {
-        self.metrics.reject_append(match reason {
-            RejectReason::StaleEpoch => "stale_epoch",
-            RejectReason::LogMismatch => "log_mismatch",
-            RejectReason::LogFailed => "log_failed",
-            RejectReason::Overloaded => "overloaded",
-        });
-        AppendRejected {
-            reason,
-            promised: self.replica.promised(),
-            last: self.wal.last(),
-        }
-    }
-
-    async fn on_append(&mut self, req: AppendRequest, reply: Reply) {
-        if self.wal.is_failed() {
-            reply.send(self.rejected(RejectReason::LogFailed));
-            return;
-        }
-        let plan = match self.replica.decide_append(&req, &self.wal) {
-            AppendDecision::Accept(plan) => plan,
-            AppendDecision::Reject(reason) => {
-                tracing::debug!(peer = %reply.peer(), epoch = %req.epoch, prev = ?req.prev, ?reason, "append rejected");
-                reply.send(self.rejected(reason));
-                return;
+            (Asked::Fence, Body::FenceGranted(_)) => m.fence("granted"),
+            (Asked::Fence, Body::FenceRefused(_)) => m.fence("refused"),
+            (Asked::Fence, Body::ErrorResponse(e)) if e.code == ErrorCode::NotVoter => {
+                m.fence("not_voter");
             }
-            AppendDecision::Invalid(problem) => {
-                tracing::warn!(peer = %reply.peer(), epoch = %req.epoch, %problem, "invalid append");
-                self.metrics.reject_append("invalid");
-                reply.send(ErrorResponse::new(ErrorCode::Malformed, problem));
-                return;
-            }
-        };
-        if let Some(epoch) = plan.promise {
-            if let Err(e) = self.promise(epoch).await {
-                tracing::error!(error = %e, %epoch, "cannot store the promised epoch");
-                self.metrics.reject_append("internal");
-                reply.send(ErrorResponse::new(
-                    ErrorCode::Internal,
-                    format!("cannot store the promised epoch: {e}"),
-                ));
-                return;
-            }
+            _ => {}
         }
-        if let Some(through) = plan.through {
-            self.retention.matched = Some((req.epoch, through));
-        }
-        self.retention.note(&req.events);
-        let (epoch, hwm) = (req.epoch, req.hwm);
-        self.learn_hwm(epoch, hwm);
-        self.submit(req, plan, reply);
-        // After the submission, so a Trim event in this very append is in the log.
-        self.retain(epoch, hwm);
+        reply.send(body);
     }
 
     /// The answer to an append the WAL refused at once with `e`.
     fn refusal(&self, e: &WalError) -> Body {
         match e {
-            WalError::Failed { .. } => self.rejected(RejectReason::LogFailed).into(),
-            WalError::TooLarge { what: "queue", .. } => {
-                self.rejected(RejectReason::Overloaded).into()
-            }
+            WalError::Failed { .. } => self
+                .engine
+                .rejected(RejectReason::LogFailed, &self.wal)
+                .into(),
+            WalError::TooLarge { what: "queue", .. } => self
+                .engine
+                .rejected(RejectReason::Overloaded, &self.wal)
+                .into(),
             WalError::Closed => {
-                self.metrics.reject_append("internal");
                 ErrorResponse::new(ErrorCode::ShuttingDown, "the store is shutting down").into()
             }
             WalError::TooLarge { .. } => {
-                self.metrics.reject_append("invalid");
                 ErrorResponse::new(ErrorCode::Malformed, e.to_string()).into()
             }
             _ => {
                 tracing::error!(error = %e, "the WAL refused an accepted append");
-                self.metrics.reject_append("internal");
                 ErrorResponse::new(ErrorCode::Internal, e.to_string()).into()
             }
         }
     }
 
-    fn submit(&mut self, req: AppendRequest, plan: AcceptPlan, reply: Reply) {
-        let events = req.events.len() as u64;
-        let payload_bytes: u64 = req.events.iter().map(|e| e.payload.len() as u64).sum();
-        let epoch = req.epoch;
-        let Some(from) = plan.write_from else {
-            // Everything is present already: answer once the accepted log is durable.
-            self.wait(Waiter::Persisted {
-                needed: self.last_seq,
-                reply,
-                epoch,
-                through: plan.through,
-                events,
-                payload_bytes,
-            });
-            return;
-        };
-        if plan.truncates {
-            tracing::info!(
-                epoch = %epoch,
-                from = %req.events[from].offset,
-                "truncating the log's suffix for a higher epoch"
-            );
-        }
-        let records: Vec<Record> = req
-            .events
+    /// Hands submission `seq` to the WAL. One WAL append must fit in one segment; a
+    /// catch-up append may be larger than a small segment, so it is written as several
+    /// consecutive WAL appends, resolved together once the last is durable.
+    fn submit(&mut self, seq: u64, epoch: quire_proto::Epoch, events: Vec<quire_proto::Event>) {
+        let records: Vec<Record> = events
             .into_iter()
-            .skip(from)
             .map(|e| Record {
                 epoch: e.epoch,
                 offset: e.offset,
@@ -427,217 +338,77 @@ impl Store {
                 payload: e.payload,
             })
             .collect();
-        // One WAL append must fit in one segment; a catch-up append may be larger than a
-        // small segment, so it is written as several consecutive WAL appends, answered
-        // together once the last is durable.
         let chunks = split_for_segments(
             records,
             self.wal.segment_bytes(),
             self.wal.alignment_bytes(),
         );
-        for chunk in chunks {
+        let n = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
             let mut append = self.wal.append(epoch, chunk);
             // Validation errors resolve at once and change nothing (chunks before this one
             // are written; the master resends what it has no ack for).
             let state = match append.try_result() {
                 None => SubmissionState::Pending(append),
-                Some(Ok(last)) => SubmissionState::Done(Some(Ok(last))),
+                Some(Ok(_)) => SubmissionState::Done(Some(Ok(()))),
                 Some(Err(e)) => {
                     let body = self.refusal(&e);
-                    reply.send(body);
+                    self.engine.refused(seq, body);
+                    self.submissions.push_back(Submission {
+                        seq,
+                        last: true,
+                        state: SubmissionState::Done(Some(Ok(()))),
+                    });
                     return;
                 }
             };
-            self.last_seq += 1;
             self.submissions.push_back(Submission {
-                seq: self.last_seq,
+                seq,
+                last: i + 1 == n,
                 state,
             });
         }
-        self.wait(Waiter::Persisted {
-            needed: self.last_seq,
-            reply,
-            epoch,
-            through: plan.through,
-            events,
-            payload_bytes,
-        });
     }
 
-    /// Queues `waiter`, or answers it now if nothing is in flight.
-    fn wait(&mut self, waiter: Waiter) {
-        debug_assert!(self
-            .waiters
-            .back()
-            .is_none_or(|w| w.needed() <= waiter.needed()));
-        if self.submissions.is_empty() {
-            self.answer(waiter, true);
-        } else {
-            self.waiters.push_back(waiter);
+    /// Reports one WAL append's resolution to the engine: a failure at once, success
+    /// once the last append of its submission resolved.
+    fn report(&mut self, seq: u64, last: bool, result: &Result<(), WalError>) {
+        if seq <= self.reported {
+            return;
         }
+        match result {
+            Err(e) => {
+                tracing::error!(error = %e, "WAL append failed: the log is failed and takes no more appends");
+            }
+            Ok(()) if !last => return,
+            Ok(()) => {}
+        }
+        self.reported = seq;
+        self.engine.resolved(seq, result.is_ok(), &self.wal);
     }
 
-    /// Submission `seq` resolved with `result`; so may the next ones already have.
-    fn on_completions(&mut self, seq: u64, result: Result<Offset, WalError>) {
-        let popped = self.submissions.pop_front();
-        assert_eq!(
-            popped.map(|s| s.seq),
-            Some(seq),
-            "invariant: submissions resolve in order"
-        );
+    /// The oldest WAL append resolved with `result`; so may the next ones already have.
+    fn on_completions(&mut self, seq: u64, result: Result<(), WalError>) {
+        let popped = self
+            .submissions
+            .pop_front()
+            .expect("invariant: a completion has a submission");
+        assert_eq!(popped.seq, seq, "invariant: submissions resolve in order");
         let mut resolved = 1u64;
-        self.on_completion(seq, &result);
+        self.report(seq, popped.last, &result);
         // Appends made durable by the same fsync resolve together: take them now.
         while let Some(front) = self.submissions.front_mut() {
             let r = match &mut front.state {
-                SubmissionState::Pending(a) => a.try_result(),
+                SubmissionState::Pending(a) => a.try_result().map(|r| r.map(|_| ())),
                 SubmissionState::Done(r) => r.take(),
             };
             let Some(r) = r else { break };
-            let seq = front.seq;
+            let (seq, last) = (front.seq, front.last);
             self.submissions.pop_front();
             resolved += 1;
-            self.on_completion(seq, &r);
+            self.report(seq, last, &r);
         }
         self.metrics.group_commit_appends.observe(resolved as f64);
-    }
-
-    fn on_completion(&mut self, seq: u64, result: &Result<Offset, WalError>) {
-        if let Err(e) = result {
-            tracing::error!(error = %e, "WAL append failed: the log is failed and takes no more appends");
-        }
-        while self.waiters.front().is_some_and(|w| w.needed() <= seq) {
-            let w = self.waiters.pop_front().expect("invariant: front exists");
-            self.answer(w, result.is_ok());
-        }
-    }
-
-    /// Answers a waiter whose submission resolved (`durable`: `Ok`).
-    fn answer(&mut self, waiter: Waiter, durable: bool) {
-        match waiter {
-            Waiter::Persisted {
-                reply,
-                epoch,
-                through,
-                events,
-                payload_bytes,
-                ..
-            } => {
-                if durable {
-                    self.metrics.appends_persisted.inc();
-                    self.metrics.append_events.inc_by(events);
-                    self.metrics.append_bytes.inc_by(payload_bytes);
-                    reply.send(PersistedAck {
-                        epoch,
-                        through_offset: through,
-                        store_id: self.replica.store_id(),
-                        incarnation: self.replica.incarnation(),
-                        voter: self.replica.role().is_voter(),
-                    });
-                } else {
-                    reply.send(self.rejected(RejectReason::LogFailed));
-                }
-            }
-            Waiter::Fence {
-                reply,
-                epoch,
-                last,
-                tail_cut,
-                ..
-            } => {
-                let last = if durable {
-                    last
-                } else {
-                    self.wal.last_durable()
-                };
-                self.metrics.fence("granted");
-                reply.send(FenceGranted {
-                    epoch,
-                    last,
-                    store_id: self.replica.store_id(),
-                    incarnation: self.replica.incarnation(),
-                    tail_cut,
-                });
-            }
-        }
-    }
-
-    async fn on_fence(&mut self, req: FenceRequest, reply: Reply) {
-        match self.replica.decide_fence(&req) {
-            FenceDecision::NotVoter => {
-                self.metrics.fence("not_voter");
-                reply.send(ErrorResponse::not_voter(
-                    self.replica.store_id(),
-                    self.replica.incarnation(),
-                ));
-            }
-            FenceDecision::BecomeLearner => {
-                tracing::warn!(
-                    peer = %reply.peer(),
-                    expected = ?req.expected,
-                    store_id = self.replica.store_id().0,
-                    incarnation = self.replica.incarnation().0,
-                    "a broker expects another store identity at this address: becoming a learner for good"
-                );
-                if let Err(e) = self.become_learner().await {
-                    tracing::error!(error = %e, "cannot record the learner role");
-                    reply.send(ErrorResponse::new(
-                        ErrorCode::Internal,
-                        format!("cannot record the learner role: {e}"),
-                    ));
-                    return;
-                }
-                self.metrics.fence("not_voter");
-                reply.send(ErrorResponse::not_voter(
-                    self.replica.store_id(),
-                    self.replica.incarnation(),
-                ));
-            }
-            FenceDecision::Refuse => {
-                self.metrics.fence("refused");
-                reply.send(FenceRefused {
-                    promised: self.replica.promised(),
-                });
-            }
-            FenceDecision::Grant { promise } => {
-                if let Some(epoch) = promise {
-                    if let Err(e) = self.promise(epoch).await {
-                        tracing::error!(error = %e, %epoch, "cannot store the promised epoch");
-                        reply.send(ErrorResponse::new(
-                            ErrorCode::Internal,
-                            format!("cannot store the promised epoch: {e}"),
-                        ));
-                        return;
-                    }
-                    tracing::info!(%epoch, "fenced: appends below this epoch are refused from now on");
-                }
-                self.wait(Waiter::Fence {
-                    needed: self.last_seq,
-                    reply,
-                    epoch: req.epoch,
-                    last: self.wal.last(),
-                    tail_cut: self.tail_cut,
-                });
-            }
-        }
-    }
-
-    fn learn_hwm(&mut self, epoch: Epoch, hwm: Option<Offset>) {
-        if self.replica.learn_hwm(epoch, hwm) {
-            if let Some(h) = self.replica.hwm() {
-                self.metrics.hwm.set(i64::try_from(h.0).unwrap_or(i64::MAX));
-            }
-        }
-    }
-
-    /// Retention: learns what is stabilized from the HWM of a master of `epoch` and trims
-    /// the log if a Trim event became stabilized.
-    fn retain(&mut self, epoch: Epoch, hwm: Option<Offset>) {
-        if self.retention.learn(epoch, hwm) {
-            if let Some(before) = self.retention.due(&self.wal) {
-                self.trim(before);
-            }
-        }
     }
 
     /// Deletes the whole segments below `before` on the blocking pool (unlinks and a
@@ -660,33 +431,27 @@ impl Store {
         self.trims.push(task);
     }
 
-    /// Clears the tail-cut mark once the durable log holds an entry of an epoch above the
-    /// promised epoch at the cut (`crate::tail_cut::clears`): the file is removed durably on
-    /// the blocking pool first, then the grants stop carrying it. A failure keeps the mark
-    /// (the safe side) and the next completion retries.
-    async fn clear_tail_cut(&mut self) {
-        let Some(cut) = self.tail_cut else {
-            return;
-        };
-        let last = self.wal.last_durable();
-        if !crate::tail_cut::clears(cut, last.map(|l| l.epoch)) {
-            return;
-        }
+    /// Removes the tail-cut mark durably on the blocking pool; whether it is gone.
+    async fn clear_tail_cut(&mut self, cut: TailCut) -> bool {
         let dir = self.data_dir.clone();
         let cleared = tokio::task::spawn_blocking(move || crate::tail_cut::clear(&dir)).await;
         match cleared {
             Ok(Ok(())) => {
-                tracing::info!(cut_offset = %cut.offset, cut_promised = %cut.promised, last = ?last, "caught up with a later master: tail-cut mark cleared");
-                self.tail_cut = None;
-                self.metrics.tail_cut.set(0);
+                tracing::info!(cut_offset = %cut.offset, cut_promised = %cut.promised, last = ?self.wal.last_durable(), "caught up with a later master: tail-cut mark cleared");
+                true
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot clear the tail-cut mark"),
-            Err(e) => tracing::warn!(error = %e, "the tail-cut clearing task failed"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot clear the tail-cut mark");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the tail-cut clearing task failed");
+                false
+            }
         }
     }
-
-    /// Raises the promised epoch durably (on the blocking pool), then in memory.
-    async fn promise(&mut self, epoch: Epoch) -> Result<(), WalError> {
+    /// Raises the promised epoch durably (on the blocking pool), the engine records it in memory.
+    async fn promise(&mut self, epoch: quire_proto::Epoch) -> Result<(), WalError> {
         let dir = self.wal.dir().to_path_buf();
         let file = self.promised_file.take();
         let (file, result) = tokio::task::spawn_blocking(move || {
@@ -712,10 +477,7 @@ impl Store {
             )
         });
         self.promised_file = file;
-        result?;
-        self.replica.promise(epoch);
-        self.metrics.promised_epoch.set(epoch.0);
-        Ok(())
+        result
     }
 
     /// Records the learner role in the identity file (on the blocking pool), then in
@@ -736,23 +498,19 @@ impl Store {
                 })
             })?;
         self.identity = learner;
-        self.replica.become_learner();
-        self.metrics.voter.set(0);
         Ok(())
     }
 }
 
-/// Waits for the oldest submission to resolve.
-async fn next_completion(
-    submissions: &mut VecDeque<Submission>,
-) -> (u64, Result<Offset, WalError>) {
+/// Waits for the oldest WAL append to resolve.
+async fn next_completion(submissions: &mut VecDeque<Submission>) -> (u64, Result<(), WalError>) {
     poll_fn(|cx| {
         let front = submissions
             .front_mut()
             .expect("invariant: polled only with submissions in flight");
         let seq = front.seq;
         match &mut front.state {
-            SubmissionState::Pending(a) => Pin::new(a).poll(cx).map(|r| (seq, r)),
+            SubmissionState::Pending(a) => Pin::new(a).poll(cx).map(|r| (seq, r.map(|_| ()))),
             SubmissionState::Done(r) => Poll::Ready((
                 seq,
                 r.take()
