@@ -40,7 +40,6 @@ pub mod identity;
 pub mod metrics;
 mod node;
 pub mod replica;
-mod small_file;
 mod store;
 pub mod tail_cut;
 
