@@ -26,7 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use quire_proto::{Incarnation, StoreId};
 
-use crate::small_file::{self, IoFailure};
+use quire_wal::small_file::{self, IoFailure};
 
 /// File name of the identity file inside a data directory.
 pub const IDENTITY_FILE_NAME: &str = "identity";

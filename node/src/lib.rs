@@ -41,7 +41,6 @@ pub mod identity;
 pub mod metrics;
 mod node;
 pub mod replica;
-mod small_file;
 mod store;
 pub mod tail_cut;
 

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use quire_proto::{Epoch, Offset, TailCut};
 
-use crate::small_file::{self, IoFailure};
+use quire_wal::small_file::{self, IoFailure};
 
 /// File name of the mark inside a data directory.
 pub const TAIL_CUT_FILE_NAME: &str = "tail_cut";

@@ -10,7 +10,8 @@
 //! Modules: [`format`] (record bytes), [`segment`] (files, directory, preallocation),
 //! [`scan`] (recovery rules, read-only), [`recovery`] (open-time cut, offline repair and
 //! inspection), `index`, `reader`, [`disk`] (the I/O trait and its io_uring, sync and
-//! fault-injecting implementations), `commit` (the commit thread), [`promised`].
+//! fault-injecting implementations), `commit` (the commit thread), [`promised`], [`small_file`] (the one durable small-file
+//! implementation, also used by the node's identity and tail-cut files).
 //!
 //! ```no_run
 //! use quire_proto::{Epoch, Offset};
@@ -35,6 +36,7 @@ mod reader;
 pub mod recovery;
 pub mod scan;
 pub mod segment;
+pub mod small_file;
 mod stats;
 mod wal;
 

@@ -11,20 +11,22 @@
 //!
 //! `crc32c` covers bytes 0..16. A store writes `promised_epoch.tmp`, fsyncs it, renames it
 //! over `promised_epoch` and fsyncs the directory — only then may the fence be acked. A
-//! missing file means epoch 0 (nothing promised).
+//! missing file means epoch 0 (nothing promised). Reading and replacing go through
+//! [`crate::small_file`], the one small-file implementation (shared with the node's
+//! `identity` and `tail_cut`); the magic and version are checked before the checksum here,
+//! as they always were (any damage reads as [`CorruptionKind::PromisedEpochFile`]).
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use quire_proto::Epoch;
 
 use crate::error::{CorruptionKind, WalError};
-use crate::segment::fsync_dir;
+use crate::small_file::{self, IoFailure};
 use crate::Position;
 
 /// File name of the promised epoch.
 pub const PROMISED_EPOCH_NAME: &str = "promised_epoch";
+#[cfg(test)]
 const TMP_NAME: &str = "promised_epoch.tmp";
 const MAGIC: [u8; 4] = *b"QPEP";
 const VERSION: u8 = 1;
@@ -44,15 +46,11 @@ impl PromisedEpoch {
     /// [`WalError::Corruption`] if the file is damaged; I/O errors.
     pub fn load(dir: &Path) -> Result<PromisedEpoch, WalError> {
         let path = dir.join(PROMISED_EPOCH_NAME);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(PromisedEpoch {
-                    dir: dir.to_path_buf(),
-                    epoch: Epoch::ZERO,
-                });
-            }
-            Err(e) => return Err(WalError::io("read", &path, e)),
+        let Some(bytes) = small_file::read(dir, PROMISED_EPOCH_NAME).map_err(io_error)? else {
+            return Ok(PromisedEpoch {
+                dir: dir.to_path_buf(),
+                epoch: Epoch::ZERO,
+            });
         };
         let damaged = || WalError::Corruption {
             segment: path.clone(),
@@ -63,15 +61,10 @@ impl PromisedEpoch {
         if bytes.len() != FILE_BYTES || bytes[0..4] != MAGIC || bytes[4] != VERSION {
             return Err(damaged());
         }
-        let crc = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
-        if crc32c::crc32c(&bytes[..16]) != crc {
-            return Err(damaged());
-        }
-        let mut e = [0u8; 8];
-        e.copy_from_slice(&bytes[8..16]);
+        let b = small_file::check::<FILE_BYTES>(&bytes, MAGIC, VERSION).map_err(|_| damaged())?;
         Ok(PromisedEpoch {
             dir: dir.to_path_buf(),
-            epoch: Epoch(u64::from_le_bytes(e)),
+            epoch: Epoch(small_file::u64_at(b, 8)),
         })
     }
 
@@ -98,33 +91,22 @@ impl PromisedEpoch {
             return Ok(());
         }
         let mut bytes = [0u8; FILE_BYTES];
-        bytes[0..4].copy_from_slice(&MAGIC);
-        bytes[4] = VERSION;
         bytes[8..16].copy_from_slice(&epoch.0.to_le_bytes());
-        let crc = crc32c::crc32c(&bytes[..16]);
-        bytes[16..20].copy_from_slice(&crc.to_le_bytes());
-        let tmp = self.dir.join(TMP_NAME);
-        let path = self.dir.join(PROMISED_EPOCH_NAME);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(|e| WalError::io("create", &tmp, e))?;
-        f.write_all(&bytes)
-            .map_err(|e| WalError::io("write", &tmp, e))?;
-        f.sync_all().map_err(|e| WalError::io("fsync", &tmp, e))?;
-        drop(f);
-        fs::rename(&tmp, &path).map_err(|e| WalError::io("rename", &path, e))?;
-        fsync_dir(&self.dir)?;
+        small_file::seal(&mut bytes, MAGIC, VERSION);
+        small_file::replace(&self.dir, PROMISED_EPOCH_NAME, &bytes).map_err(io_error)?;
         self.epoch = epoch;
         Ok(())
     }
 }
 
+fn io_error(f: IoFailure) -> WalError {
+    WalError::io(f.op, f.path, f.source)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn store_load_and_refuse_to_go_down() {
@@ -154,5 +136,22 @@ mod tests {
         fs::write(&path, &b).unwrap();
         let err = PromisedEpoch::load(dir.path()).unwrap_err();
         assert!(err.is_corruption(), "{err}");
+    }
+
+    /// The file is byte for byte what the pre-unification code wrote (golden bytes), so
+    /// existing data directories keep opening.
+    #[test]
+    fn golden_bytes_are_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = PromisedEpoch::load(dir.path()).unwrap();
+        p.store(Epoch(0x0102_0304_0506_0708)).unwrap();
+        let b = fs::read(dir.path().join(PROMISED_EPOCH_NAME)).unwrap();
+        let mut want = [0u8; FILE_BYTES];
+        want[0..4].copy_from_slice(b"QPEP");
+        want[4] = 1;
+        want[8..16].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        let crc = crc32c::crc32c(&want[..16]);
+        want[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(b, want);
     }
 }

@@ -1,4 +1,5 @@
-//! The small durable files of a store's data directory (`identity`, `tail_cut`): a fixed
+//! The small durable files of a store's data directory (`promised_epoch`, and the node's
+//! `identity` and `tail_cut`) — the one implementation all of them use: a fixed
 //! layout that starts with a 4-byte magic and a version byte and ends with a CRC-32C of
 //! everything before it, replaced atomically and durably.
 //!
@@ -16,9 +17,12 @@ const CRC_BYTES: usize = 4;
 /// A failed system call: what was being done, on which path, and the OS error. Each file's
 /// module maps it into its own error type.
 #[derive(Debug)]
-pub(crate) struct IoFailure {
+pub struct IoFailure {
+    /// The operation that failed (`"create"`, `"fsync"`, ...).
     pub op: &'static str,
+    /// The path it failed on.
     pub path: PathBuf,
+    /// The OS error.
     pub source: io::Error,
 }
 
@@ -32,7 +36,14 @@ fn failure<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Io
 
 /// Writes `magic` and `version` at the start of `b` and the CRC-32C of all but the last 4
 /// bytes into those last 4 bytes. `b` holds the file's fields in between.
-pub(crate) fn seal(b: &mut [u8], magic: [u8; 4], version: u8) {
+///
+/// # Panics
+/// If `b` is shorter than 9 bytes (magic, version, checksum).
+pub fn seal(b: &mut [u8], magic: [u8; 4], version: u8) {
+    assert!(
+        b.len() >= 4 + 1 + CRC_BYTES,
+        "invariant: a small file holds magic, version and crc"
+    );
     let crc_at = b.len() - CRC_BYTES;
     b[0..4].copy_from_slice(&magic);
     b[4] = version;
@@ -45,7 +56,7 @@ pub(crate) fn seal(b: &mut [u8], magic: [u8; 4], version: u8) {
 ///
 /// # Errors
 /// What is wrong, for the caller's `Corrupt` error.
-pub(crate) fn check<const N: usize>(
+pub fn check<const N: usize>(
     b: &[u8],
     magic: [u8; 4],
     version: u8,
@@ -65,8 +76,11 @@ pub(crate) fn check<const N: usize>(
     Ok(b)
 }
 
-/// The little-endian u64 at byte `at` of `b` (in bounds: callers read fixed layouts).
-pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
+/// The little-endian u64 at byte `at` of `b`.
+///
+/// # Panics
+/// If `at + 8` is past the end of `b` (callers read fixed layouts).
+pub fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut v = [0u8; 8];
     v.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(v)
@@ -76,7 +90,7 @@ pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
 ///
 /// # Errors
 /// Any other I/O error.
-pub(crate) fn read(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, IoFailure> {
+pub fn read(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, IoFailure> {
     let path = dir.join(name);
     match fs::read(&path) {
         Ok(b) => Ok(Some(b)),
@@ -90,7 +104,7 @@ pub(crate) fn read(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, IoFailure>
 ///
 /// # Errors
 /// I/O errors (the old file, if any, is then unchanged).
-pub(crate) fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IoFailure> {
+pub fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IoFailure> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
     let mut f = OpenOptions::new()
@@ -110,7 +124,7 @@ pub(crate) fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IoFail
 ///
 /// # Errors
 /// I/O errors (the file may then still be there).
-pub(crate) fn remove(dir: &Path, name: &str) -> Result<(), IoFailure> {
+pub fn remove(dir: &Path, name: &str) -> Result<(), IoFailure> {
     let path = dir.join(name);
     match fs::remove_file(&path) {
         Ok(()) => {}
@@ -124,7 +138,7 @@ pub(crate) fn remove(dir: &Path, name: &str) -> Result<(), IoFailure> {
 ///
 /// # Errors
 /// I/O errors.
-pub(crate) fn fsync_dir(dir: &Path) -> Result<(), IoFailure> {
+pub fn fsync_dir(dir: &Path) -> Result<(), IoFailure> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(failure("fsync dir", dir))
