@@ -1110,17 +1110,10 @@ impl SimBroker {
         self.held_writes.insert(token, requester);
         let gate = if m.serving { Gate::Open } else { Gate::Held };
         let mut cmds = Vec::new();
-        m.writes.on_request(
-            &mut m.core,
-            &self.state,
-            gate,
-            Arrival {
-                token,
-                request: WriteRequest::Produce(req),
-                received_ms: now_ms,
-            },
-            &mut cmds,
-        );
+        let request = WriteRequest::Produce(req);
+        let arrival = Arrival::new(token, request, now_ms);
+        m.writes
+            .on_request(&mut m.core, &self.state, gate, arrival, &mut cmds);
         self.execute_writes(cmds, out);
         self.flush(now_ms, out);
     }

@@ -59,6 +59,17 @@ pub enum WriteRequest {
     CommitCursor(CommitCursorRequest),
 }
 
+impl Arrival {
+    /// Request `token` asking `request`, arrived at `received_ms`.
+    pub fn new(token: RequestToken, request: WriteRequest, received_ms: u64) -> Arrival {
+        Arrival {
+            token,
+            request,
+            received_ms,
+        }
+    }
+}
+
 impl WriteRequest {
     /// What kind of write this is.
     pub fn kind(&self) -> WriteKind {

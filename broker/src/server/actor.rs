@@ -1797,18 +1797,14 @@ impl Actor {
                 received: r.received,
             },
         );
+        let arrival = Arrival {
+            token,
+            request,
+            received_ms,
+        };
         let mut out = Vec::new();
-        m.writes.on_request(
-            &mut m.core,
-            &self.state,
-            gate,
-            Arrival {
-                token,
-                request,
-                received_ms,
-            },
-            &mut out,
-        );
+        m.writes
+            .on_request(&mut m.core, &self.state, gate, arrival, &mut out);
         self.execute_writes(out, None);
     }
 
