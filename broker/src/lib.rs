@@ -17,6 +17,7 @@
 pub mod config;
 pub mod core;
 pub mod durable;
+pub mod engine;
 pub mod metrics;
 pub mod retention;
 pub mod server;

@@ -7,15 +7,14 @@
 //! file — the simulation starts after the cluster's bootstrap); an election timeout starts a
 //! takeover; `BecomeMaster` starts a master with an epoch-start event naming the voters; a
 //! higher epoch in any answer or a rival's append turns a master or a takeover back into a
-//! slave. Produce requests are planned as the actor plans them: a batch already applied is
-//! answered from the idempotent-producer table with its offsets, a batch in flight gets the
-//! same answer as the first attempt, and the master answers only once a batch is
-//! stabilized. A restart forgets everything but the epoch counter and the cluster file.
+//! slave. Produce requests go through the broker's own write path
+//! ([`quire_broker::engine::Writes`], the code the broker's actor drives): a batch already
+//! applied is answered from the idempotent-producer table with its offsets, a batch in
+//! flight gets the same answer as the first attempt, and the master answers only once a
+//! batch is stabilized. A restart forgets everything but the epoch counter and the cluster file.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bytes::{Bytes, BytesMut};
-use quire_broker::core::event::EVENT_OVERHEAD_BYTES;
 use quire_broker::core::takeover::TakeoverMutation;
 use quire_broker::core::{
     AdoptedLog, AppendCommand, AppendEvents, AppendId, ClusterConfig, ElectionConfig, Event,
@@ -23,10 +22,13 @@ use quire_broker::core::{
     MasterCommand, MasterConfig, MasterCore, MasterInput, RejectReason, ReplicationLimits, SlotId,
     SlotKind, StoreIdentity, TakeoverCommand, TakeoverConfig, TakeoverCore, TakeoverInput,
 };
-use quire_broker::state::{BrokerState, Dedup};
+use quire_broker::engine::{
+    Arrival, Gate, Reply, RequestToken, WriteCommand, WriteLimits, WriteRequest, Writes,
+};
+use quire_broker::state::BrokerState;
 use quire_proto::{
-    encode_message_event, message_event_bytes, AppendRejected, AppendRequest, BrokerId, Epoch,
-    EpochStartEvent, EventBody, EventKind, FenceRequest, Offset, Voter,
+    AppendRejected, AppendRequest, BrokerId, Epoch, EpochStartEvent, ErrorCode, EventBody,
+    EventKind, FenceRequest, Offset, ProduceRequest, Voter,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ProduceError, ReadPurpose};
@@ -57,46 +59,20 @@ pub(crate) struct BrokerParams {
     pub(crate) verbose: bool,
 }
 
-/// A produce request a master holds.
-#[derive(Clone, Debug)]
-struct ProduceReq {
-    client: NodeId,
-    boot: u32,
-    request: u64,
-    producer_id: u64,
-    sequence: u64,
-    topic: String,
-    messages: Vec<Bytes>,
-    deadline_ms: u64,
-}
-
-/// A waiting producer.
+/// Where the answer to a write request the engine holds goes.
 #[derive(Clone, Copy, Debug)]
-struct Waiter {
+struct Requester {
     client: NodeId,
     boot: u32,
     request: u64,
-    deadline_ms: u64,
-}
-
-/// A batch proposed and not yet stabilized.
-#[derive(Debug)]
-struct Pending {
-    base: Offset,
-    count: u64,
-    batch: (u64, u64),
-    waiters: Vec<Waiter>,
 }
 
 #[derive(Debug)]
 struct MasterRun {
     core: MasterCore,
     serving: bool,
-    /// Keyed by the batch's last offset.
-    pending: BTreeMap<Offset, Pending>,
-    /// `(producer_id, first sequence)` → last offset of the batch in flight.
-    inflight_batches: BTreeMap<(u64, u64), Offset>,
-    blocked: VecDeque<ProduceReq>,
+    /// The broker engine's write path.
+    writes: Writes,
 }
 
 #[derive(Debug)]
@@ -137,6 +113,9 @@ pub(crate) struct SimBroker {
     clock_rate_ppm: u64,
     /// Times a mutation changed what this broker did.
     pub(crate) mutated: u64,
+    /// Write requests the engine holds, by token.
+    held_writes: BTreeMap<RequestToken, Requester>,
+    next_token: u64,
 }
 
 fn to_proto_event(e: &Event) -> quire_proto::Event {
@@ -199,6 +178,8 @@ impl SimBroker {
             clock_offset_ms: rng.range(0, 10_000),
             clock_rate_ppm: rng.range(950_000, 1_050_000),
             mutated: 0,
+            held_writes: BTreeMap::new(),
+            next_token: 0,
         }
     }
 
@@ -436,17 +417,18 @@ impl SimBroker {
                 topic,
                 messages,
             } => {
-                let req = ProduceReq {
+                let requester = Requester {
                     client: from,
                     boot: from_boot,
                     request,
+                };
+                let req = ProduceRequest {
+                    topic,
                     producer_id,
                     sequence,
-                    topic,
                     messages,
-                    deadline_ms: now_ms + self.params.produce_timeout_ms,
                 };
-                self.on_produce(req, now_ms, out);
+                self.on_produce(requester, req, now_ms, out);
             }
             Msg::Fetch {
                 request,
@@ -913,9 +895,7 @@ impl SimBroker {
                 self.role = Some(Role::Master(Box::new(MasterRun {
                     core,
                     serving: false,
-                    pending: BTreeMap::new(),
-                    inflight_batches: BTreeMap::new(),
-                    blocked: VecDeque::new(),
+                    writes: Writes::new(self.write_limits()),
                 })));
                 self.dispatch_master(cmds, now_ms, out);
             }
@@ -1058,23 +1038,8 @@ impl SimBroker {
             epoch: m.core.epoch(),
             events,
         });
-        while let Some(entry) = m.pending.first_entry() {
-            if *entry.key() > through {
-                break;
-            }
-            let p = entry.remove();
-            m.inflight_batches.remove(&p.batch);
-            for w in p.waiters {
-                out.answer(
-                    w.client,
-                    w.boot,
-                    Msg::ProduceOk {
-                        request: w.request,
-                        base_offset: p.base,
-                    },
-                );
-            }
-        }
+        let mut cmds = Vec::new();
+        m.writes.on_stabilized(through, &mut cmds);
         if !m.serving && m.core.hwm() >= Some(m.core.epoch_start()) {
             m.serving = true;
             out.seen.push(Seen::Note(format!(
@@ -1083,6 +1048,7 @@ impl SimBroker {
                 m.core.epoch().0
             )));
         }
+        self.execute_writes(cmds, out);
         self.retry_blocked(now_ms, out);
     }
 
@@ -1097,38 +1063,13 @@ impl SimBroker {
             m.core.epoch().0,
             promised.0
         )));
-        let MasterRun {
-            core,
-            pending,
-            blocked,
-            ..
-        } = *m;
+        let MasterRun { core, writes, .. } = *m;
         let local = core.into_local_log();
         let f = self.new_follower(now_ms, local, promised);
         self.role = Some(Role::Follower(Box::new(f)));
-        let hint = self.hint();
-        for p in pending.into_values() {
-            for w in p.waiters {
-                out.answer(
-                    w.client,
-                    w.boot,
-                    Msg::ProduceFailed {
-                        request: w.request,
-                        error: ProduceError::NotMaster { hint },
-                    },
-                );
-            }
-        }
-        for r in blocked {
-            out.answer(
-                r.client,
-                r.boot,
-                Msg::ProduceFailed {
-                    request: r.request,
-                    error: ProduceError::NotMaster { hint },
-                },
-            );
-        }
+        let mut cmds = Vec::new();
+        writes.fail_all(None, &mut cmds);
+        self.execute_writes(cmds, out);
     }
 
     /// Where this broker believes the master is.
@@ -1145,60 +1086,47 @@ impl SimBroker {
 
     // ---------------------------------------------------------------- produce
 
-    fn on_produce(&mut self, req: ProduceReq, now_ms: u64, out: &mut Out) {
+    fn on_produce(
+        &mut self,
+        requester: Requester,
+        req: ProduceRequest,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
         let hint = self.hint();
         let Some(Role::Master(m)) = self.role.as_mut() else {
             out.answer(
-                req.client,
-                req.boot,
+                requester.client,
+                requester.boot,
                 Msg::ProduceFailed {
-                    request: req.request,
+                    request: requester.request,
                     error: ProduceError::NotMaster { hint },
                 },
             );
             return;
         };
-        if !m.serving || !m.blocked.is_empty() {
-            if m.blocked.len() >= BLOCKED_REQUESTS_MAX {
-                out.answer(
-                    req.client,
-                    req.boot,
-                    Msg::ProduceFailed {
-                        request: req.request,
-                        error: ProduceError::Overloaded,
-                    },
-                );
-            } else {
-                m.blocked.push_back(req);
-            }
-            return;
-        }
-        if let Some(req) = self.try_write(req, out) {
-            if let Some(Role::Master(m)) = self.role.as_mut() {
-                m.blocked.push_back(req);
-            }
-        }
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        self.held_writes.insert(token, requester);
+        let gate = if m.serving { Gate::Open } else { Gate::Held };
+        let mut cmds = Vec::new();
+        let request = WriteRequest::Produce(req);
+        let arrival = Arrival::new(token, request, now_ms);
+        m.writes
+            .on_request(&mut m.core, &self.state, gate, arrival, &mut cmds);
+        self.execute_writes(cmds, out);
         self.flush(now_ms, out);
     }
 
     fn retry_blocked(&mut self, now_ms: u64, out: &mut Out) {
-        loop {
-            let Some(Role::Master(m)) = self.role.as_mut() else {
-                return;
-            };
-            if !m.serving {
-                return;
-            }
-            let Some(r) = m.blocked.pop_front() else {
-                break;
-            };
-            if let Some(r) = self.try_write(r, out) {
-                if let Some(Role::Master(m)) = self.role.as_mut() {
-                    m.blocked.push_front(r);
-                }
-                break;
-            }
-        }
+        let Some(Role::Master(m)) = self.role.as_mut() else {
+            return;
+        };
+        let gate = if m.serving { Gate::Open } else { Gate::Held };
+        let mut cmds = Vec::new();
+        m.writes
+            .retry_blocked(&mut m.core, &self.state, gate, &mut cmds);
+        self.execute_writes(cmds, out);
         self.flush(now_ms, out);
     }
 
@@ -1206,152 +1134,67 @@ impl SimBroker {
         let Some(Role::Master(m)) = self.role.as_mut() else {
             return;
         };
+        if !m.writes.take_needs_flush() {
+            return;
+        }
         let mut cmds = Vec::new();
         m.core.flush(&mut cmds);
         self.dispatch_master(cmds, now_ms, out);
     }
 
-    /// Plans and proposes a produce (the actor's `plan_produce` + `try_write`). Returns
-    /// the request if there is no room for it yet.
-    fn try_write(&mut self, r: ProduceReq, out: &mut Out) -> Option<ProduceReq> {
-        let Some(Role::Master(m)) = self.role.as_mut() else {
-            return None;
-        };
-        let fail = |out: &mut Out, r: &ProduceReq, error| {
-            out.answer(
-                r.client,
-                r.boot,
-                Msg::ProduceFailed {
+    /// The write path's bounds: the broker's, with the simulation's timeout and a smaller
+    /// queue of blocked requests.
+    fn write_limits(&self) -> WriteLimits {
+        WriteLimits {
+            message_bytes_max: quire_proto::MESSAGE_BYTES_MAX,
+            inflight_bytes_max: self.params.limits.inflight_bytes_max,
+            produce_timeout_ms: self.params.produce_timeout_ms,
+            blocked_requests_max: BLOCKED_REQUESTS_MAX,
+        }
+    }
+
+    /// Sends the write path's answers to the simulated clients.
+    fn execute_writes(&mut self, cmds: Vec<WriteCommand>, out: &mut Out) {
+        for c in cmds {
+            let WriteCommand::Answer { token, reply, .. } = c else {
+                continue;
+            };
+            let Some(r) = self.held_writes.remove(&token) else {
+                continue;
+            };
+            let msg = match reply {
+                Reply::Produced { base_offset, .. } => Msg::ProduceOk {
                     request: r.request,
-                    error,
+                    base_offset,
                 },
-            );
-        };
-        let n = r.messages.len() as u64;
-        match self.state.dedup(r.producer_id, r.sequence, n) {
-            Dedup::Duplicate { base_offset } => {
-                out.answer(
-                    r.client,
-                    r.boot,
-                    Msg::ProduceOk {
-                        request: r.request,
-                        base_offset,
+                Reply::CursorCommitted => continue,
+                Reply::NotMaster => Msg::ProduceFailed {
+                    request: r.request,
+                    error: ProduceError::NotMaster { hint: self.hint() },
+                },
+                Reply::Error(e) => Msg::ProduceFailed {
+                    request: r.request,
+                    error: match e.code {
+                        ErrorCode::Overloaded => ProduceError::Overloaded,
+                        ErrorCode::SequenceGap => ProduceError::SequenceGap,
+                        ErrorCode::Timeout | ErrorCode::NoQuorum => ProduceError::Timeout,
+                        other => panic!("a simulated produce got {other:?}: {}", e.message),
                     },
-                );
-                return None;
-            }
-            Dedup::Conflict { .. } => {
-                fail(out, &r, ProduceError::SequenceGap);
-                return None;
-            }
-            Dedup::New | Dedup::Partial { .. } => {}
+                },
+            };
+            out.answer(r.client, r.boot, msg);
         }
-        if let Some(&last) = m.inflight_batches.get(&(r.producer_id, r.sequence)) {
-            match m.pending.get_mut(&last) {
-                Some(p) if p.count == n => p.waiters.push(Waiter {
-                    client: r.client,
-                    boot: r.boot,
-                    request: r.request,
-                    deadline_ms: r.deadline_ms,
-                }),
-                _ => fail(out, &r, ProduceError::SequenceGap),
-            }
-            return None;
-        }
-        let inflight_last = m
-            .inflight_batches
-            .range((r.producer_id, 0)..=(r.producer_id, u64::MAX))
-            .filter_map(|(&(_, seq), last)| m.pending.get(last).map(|e| seq + e.count - 1))
-            .max();
-        if inflight_last.is_some_and(|l| r.sequence <= l) {
-            fail(out, &r, ProduceError::SequenceGap);
-            return None;
-        }
-        let bytes: u64 = r
-            .messages
-            .iter()
-            .map(|msg| EVENT_OVERHEAD_BYTES + message_event_bytes(r.topic.len(), msg.len()) as u64)
-            .sum();
-        if m.core.unstable_bytes() + bytes > self.params.limits.inflight_bytes_max {
-            return Some(r);
-        }
-        let mut base = None;
-        let mut last = None;
-        let mut buf = BytesMut::new();
-        for (i, msg) in r.messages.iter().enumerate() {
-            encode_message_event(
-                &r.topic,
-                r.producer_id,
-                r.sequence + i as u64,
-                msg,
-                &mut buf,
-            )
-            .expect("invariant: simulated messages are small and topics valid");
-            let payload = buf.split().freeze();
-            match m.core.propose_deferred(EventKind::Message.as_u8(), payload) {
-                Ok(o) => {
-                    base.get_or_insert(o);
-                    last = Some(o);
-                }
-                Err(e) => panic!("a proposal with room was refused: {e}"),
-            }
-        }
-        let (Some(base), Some(last)) = (base, last) else {
-            return None;
-        };
-        let batch = (r.producer_id, r.sequence);
-        m.inflight_batches.insert(batch, last);
-        m.pending.insert(
-            last,
-            Pending {
-                base,
-                count: n,
-                batch,
-                waiters: vec![Waiter {
-                    client: r.client,
-                    boot: r.boot,
-                    request: r.request,
-                    deadline_ms: r.deadline_ms,
-                }],
-            },
-        );
-        None
     }
 
     fn expire_writes(&mut self, now_ms: u64, out: &mut Out) {
         let Some(Role::Master(m)) = self.role.as_mut() else {
             return;
         };
-        for p in m.pending.values_mut() {
-            p.waiters.retain(|w| {
-                let expired = w.deadline_ms <= now_ms;
-                if expired {
-                    out.answer(
-                        w.client,
-                        w.boot,
-                        Msg::ProduceFailed {
-                            request: w.request,
-                            error: ProduceError::Timeout,
-                        },
-                    );
-                }
-                !expired
-            });
-        }
-        m.blocked.retain(|r| {
-            let expired = r.deadline_ms <= now_ms;
-            if expired {
-                out.answer(
-                    r.client,
-                    r.boot,
-                    Msg::ProduceFailed {
-                        request: r.request,
-                        error: ProduceError::Timeout,
-                    },
-                );
-            }
-            !expired
-        });
+        // The simulated master does not count reachable voters: an expired write times out.
+        let q = m.core.cluster().ack_quorum;
+        let mut cmds = Vec::new();
+        m.writes.expire(now_ms, q, q, &mut cmds);
+        self.execute_writes(cmds, out);
     }
 }
 

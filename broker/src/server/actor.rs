@@ -20,7 +20,7 @@
 //! event. A broker that knows no identity but finds a non-empty store never bootstraps: it
 //! stays a slave until a master's stream teaches it the voters.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,12 +28,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use quire_client::{ClientError, FenceOutcome};
 use quire_proto::{
-    encode_body, encode_message_event, message_event_bytes, AppendRejected, AppendRequest, Body,
-    BrokerId, BrokerInfo, CommitCursorRequest, CommitCursorResponse, CursorCommitEvent,
+    encode_body, AppendRejected, AppendRequest, Body, BrokerId, BrokerInfo, CommitCursorResponse,
     CursorRequest, CursorResponse, Epoch, EpochStartEvent, ErrorCode, ErrorResponse, EventBody,
     EventKind, FetchRequest, FetchResponse, Frame, HeartbeatAck, LogPosition, MetadataResponse,
-    Offset, ProduceRequest, ProduceResponse, RequestId, StoreInfo, Voter, FRAME_BYTES_MAX,
-    MESSAGES_PER_FRAME_MAX,
+    Offset, ProduceResponse, RequestId, StoreInfo, Voter, FRAME_BYTES_MAX, MESSAGES_PER_FRAME_MAX,
 };
 use tokio::sync::mpsc;
 
@@ -41,7 +39,6 @@ use super::conn::{Permits, Request, Responder};
 use super::recent::{RecentEvents, RECENT_BYTES_MAX_DEFAULT};
 use super::slots::{AppendMeta, Internal, SlotHandle, SlotSend};
 use crate::config::BrokerConfig;
-use crate::core::event::EVENT_OVERHEAD_BYTES;
 use crate::core::{
     AdoptedLog, AppendCommand, AppendEvents, ClusterConfig, ElectionConfig, Event, FenceRefusal,
     FollowerCommand, FollowerConfig, FollowerCore, FollowerInput, LocalLog, MasterCommand,
@@ -49,9 +46,12 @@ use crate::core::{
     SlotLink, StoreIdentity, TakeoverCommand, TakeoverConfig, TakeoverCore, TakeoverInput,
 };
 use crate::durable::{self, ClusterFile};
+use crate::engine::{
+    Arrival, Gate, Reply, RequestToken, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,
+};
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
 use crate::retention::TrimPlanner;
-use crate::state::{Applied, BrokerState, Dedup};
+use crate::state::{Applied, BrokerState};
 use quire_net::Readiness;
 
 mod handoff;
@@ -80,7 +80,6 @@ pub const FETCH_BYTES_MAX: usize = FRAME_BYTES_MAX / 2;
 struct Waiter {
     request_id: RequestId,
     reply: Responder,
-    received: Instant,
     deadline: Instant,
     permits: Permits,
 }
@@ -93,25 +92,6 @@ impl Waiter {
     }
 }
 
-/// What a pending batch of events is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PendingKind {
-    Produce,
-    CommitCursor,
-}
-
-/// Events proposed by this master and not yet stabilized, answered together.
-#[derive(Debug)]
-struct Pending {
-    kind: PendingKind,
-    base: Offset,
-    count: u64,
-    /// `(producer_id, first sequence)` for an idempotent produce.
-    batch: Option<(u64, u64)>,
-    proposed: Instant,
-    waiters: Vec<Waiter>,
-}
-
 /// The master's bookkeeping around its core.
 #[derive(Debug)]
 struct MasterRun {
@@ -119,17 +99,12 @@ struct MasterRun {
     serving: bool,
     /// When the failover this master ended began (for the failover duration metric).
     failover_from: Instant,
-    /// Keyed by the batch's last offset.
-    pending: BTreeMap<Offset, Pending>,
-    /// `(producer_id, first sequence)` → last offset of an idempotent batch in flight.
-    inflight_batches: BTreeMap<(u64, u64), Offset>,
-    /// Requests waiting for `serving` or for room below the in-flight bound, in order.
-    blocked: VecDeque<Request>,
+    /// The write path (produces and cursor commits), decided by the engine.
+    writes: Writes,
     /// Per store slot: the identity and voter flag of its last ack.
     store_answers: Vec<Option<(StoreIdentity, bool)>>,
     /// Per store slot: when it last acked as a voter with its bound identity.
     voted_at: Vec<Option<Instant>>,
-    needs_flush: bool,
 }
 
 /// A takeover in progress.
@@ -209,6 +184,20 @@ pub(crate) struct Actor {
     /// The broker state missed events it could not rebuild (no checkpoint yet): it must not
     /// take over until a checkpoint repairs it.
     state_gap: bool,
+    /// Write requests handed to the engine and not yet answered.
+    held_writes: BTreeMap<RequestToken, HeldWrite>,
+    next_token: u64,
+    /// When each batch in flight was proposed, by its last offset (quorum-wait metric).
+    proposed_at: BTreeMap<Offset, Instant>,
+}
+
+/// A write request the engine holds by its token: what answers it.
+#[derive(Debug)]
+struct HeldWrite {
+    request_id: RequestId,
+    reply: Responder,
+    permits: Permits,
+    received: Instant,
 }
 
 impl std::fmt::Debug for Actor {
@@ -333,6 +322,9 @@ impl Actor {
             checkpoint_retry_at: None,
             trim_proposed: None,
             state_gap: false,
+            held_writes: BTreeMap::new(),
+            next_token: 0,
+            proposed_at: BTreeMap::new(),
             cfg,
         };
         actor.role = Role::Follower(Box::new(actor.new_follower(LocalLog::empty(), Epoch::ZERO)));
@@ -1482,12 +1474,9 @@ impl Actor {
                     core,
                     serving: false,
                     failover_from: t.failover_from,
-                    pending: BTreeMap::new(),
-                    inflight_batches: BTreeMap::new(),
-                    blocked: VecDeque::new(),
+                    writes: Writes::new(self.write_limits()),
                     store_answers: vec![None; self.store_count],
                     voted_at: vec![None; self.store_count],
-                    needs_flush: false,
                 }));
                 self.dispatch_master(out);
             }
@@ -1704,42 +1693,8 @@ impl Actor {
         let Role::Master(m) = &mut self.role else {
             return;
         };
-        let mut done = Vec::new();
-        while let Some(entry) = m.pending.first_entry() {
-            if *entry.key() > through {
-                break;
-            }
-            done.push(entry.remove());
-        }
-        for p in done {
-            if let Some(batch) = p.batch {
-                m.inflight_batches.remove(&batch);
-            }
-            self.metrics
-                .quorum_wait
-                .observe(now.duration_since(p.proposed).as_secs_f64());
-            for w in p.waiters {
-                match p.kind {
-                    PendingKind::Produce => {
-                        self.metrics.produce_messages_acked.inc_by(p.count);
-                        self.metrics
-                            .produce_latency
-                            .observe(now.duration_since(w.received).as_secs_f64());
-                        w.reply.send(
-                            w.request_id,
-                            ProduceResponse {
-                                base_offset: p.base,
-                                count: u32::try_from(p.count).unwrap_or(u32::MAX),
-                            }
-                            .into(),
-                        );
-                    }
-                    PendingKind::CommitCursor => {
-                        w.reply.send(w.request_id, CommitCursorResponse.into());
-                    }
-                }
-            }
-        }
+        let mut out = Vec::new();
+        m.writes.on_stabilized(through, &mut out);
         if !m.serving && m.core.hwm() >= Some(m.core.epoch_start()) {
             m.serving = true;
             let took = now.duration_since(m.failover_from);
@@ -1747,6 +1702,7 @@ impl Actor {
             self.metrics.failover_duration.observe(took.as_secs_f64());
             tracing::info!(epoch = %m.core.epoch(), hwm = ?m.core.hwm(), took_ms = took.as_millis() as u64, "master is serving");
         }
+        self.execute_writes(out, None);
         self.advance_handoff();
         self.retry_blocked();
     }
@@ -1789,33 +1745,12 @@ impl Actor {
         if no_quorum.is_none() {
             tracing::warn!(epoch = %m.core.epoch(), %promised, "fenced by a higher epoch: stepping down to slave; nothing more is acked");
         }
-        let MasterRun {
-            core,
-            pending,
-            blocked,
-            ..
-        } = *m;
+        let MasterRun { core, writes, .. } = *m;
         let local = core.into_local_log();
         self.role = Role::Follower(Box::new(self.new_follower(local, promised)));
-        for p in pending.into_values() {
-            for w in p.waiters {
-                match (&no_quorum, p.kind) {
-                    (Some(why), kind) => {
-                        if kind == PendingKind::Produce {
-                            self.metrics.produce_error("no_quorum");
-                        }
-                        w.reply.error(
-                            w.request_id,
-                            ErrorResponse::new(ErrorCode::NoQuorum, why.clone()),
-                        );
-                    }
-                    (None, _) => self.not_master(&w.reply, w.request_id),
-                }
-            }
-        }
-        for r in blocked {
-            self.not_master(&r.reply, r.request_id);
-        }
+        let mut out = Vec::new();
+        writes.fail_all(no_quorum.as_deref(), &mut out);
+        self.execute_writes(out, None);
         for f in std::mem::take(&mut self.fetch_waiters) {
             self.not_master(&f.waiter.reply, f.waiter.request_id);
         }
@@ -1826,10 +1761,9 @@ impl Actor {
         let Role::Master(m) = &mut self.role else {
             return;
         };
-        if !m.needs_flush {
+        if !m.writes.take_needs_flush() {
             return;
         }
-        m.needs_flush = false;
         let mut out = Vec::new();
         m.core.flush(&mut out);
         self.dispatch_master(out);
@@ -1838,7 +1772,8 @@ impl Actor {
     // ------------------------------------------------------------------ produce
 
     fn on_write_request(&mut self, r: Request) {
-        let handing_off = self.is_handing_off() || self.trim_barrier.is_some();
+        let gate = self.write_gate();
+        let received_ms = self.ms_at(r.received);
         let Role::Master(m) = &mut self.role else {
             if matches!(r.body, Body::ProduceRequest(_)) {
                 self.metrics.produce_error("not_master");
@@ -1846,237 +1781,140 @@ impl Actor {
             self.not_master(&r.reply, r.request_id);
             return;
         };
-        if !m.serving || !m.blocked.is_empty() || handing_off {
-            if m.blocked.len() >= BLOCKED_REQUESTS_MAX {
-                self.metrics.produce_error("overloaded");
-                r.reply.error(
-                    r.request_id,
-                    ErrorResponse::new(ErrorCode::Overloaded, "too many requests waiting"),
-                );
-                return;
-            }
-            m.blocked.push_back(r);
-            return;
+        let request = match r.body {
+            Body::ProduceRequest(p) => WriteRequest::Produce(p),
+            Body::CommitCursorRequest(c) => WriteRequest::CommitCursor(c),
+            _ => return,
+        };
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        self.held_writes.insert(
+            token,
+            HeldWrite {
+                request_id: r.request_id,
+                reply: r.reply,
+                permits: r.permits,
+                received: r.received,
+            },
+        );
+        let arrival = Arrival {
+            token,
+            request,
+            received_ms,
+        };
+        let mut out = Vec::new();
+        m.writes
+            .on_request(&mut m.core, &self.state, gate, arrival, &mut out);
+        self.execute_writes(out, None);
+    }
+
+    /// Whether the write path may propose now.
+    fn write_gate(&self) -> Gate {
+        let open = self.is_serving() && !self.is_handing_off() && self.trim_barrier.is_none();
+        if open {
+            Gate::Open
+        } else {
+            Gate::Held
         }
-        if let Some(r) = self.try_write(r) {
-            if let Role::Master(m) = &mut self.role {
-                m.blocked.push_back(r);
+    }
+
+    /// The engine's write bounds from the settings.
+    fn write_limits(&self) -> WriteLimits {
+        WriteLimits {
+            message_bytes_max: self.cfg.message_bytes_max,
+            inflight_bytes_max: self.limits.inflight_bytes_max,
+            produce_timeout_ms: u64::try_from(self.cfg.produce_timeout.as_millis())
+                .unwrap_or(u64::MAX),
+            blocked_requests_max: BLOCKED_REQUESTS_MAX,
+        }
+    }
+
+    /// `t` in ms on the engine's clock (since the actor started).
+    fn ms_at(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Carries out the write path's commands. `not_master` replaces the usual `NotMaster`
+    /// answer (a handoff names its target).
+    fn execute_writes(&mut self, out: Vec<WriteCommand>, not_master: Option<&ErrorResponse>) {
+        let now = Instant::now();
+        for c in out {
+            match c {
+                WriteCommand::Proposed { last } => {
+                    self.proposed_at.insert(last, now);
+                }
+                WriteCommand::Stabilized {
+                    last,
+                    kind,
+                    count,
+                    waiters,
+                } => {
+                    if let Some(t) = self.proposed_at.remove(&last) {
+                        self.metrics
+                            .quorum_wait
+                            .observe(now.duration_since(t).as_secs_f64());
+                    }
+                    if kind == WriteKind::Produce {
+                        self.metrics
+                            .produce_messages_acked
+                            .inc_by(count * waiters as u64);
+                    }
+                }
+                WriteCommand::Answer {
+                    token,
+                    kind,
+                    reply,
+                    error_label,
+                } => {
+                    let Some(h) = self.held_writes.remove(&token) else {
+                        continue;
+                    };
+                    if let Some(label) = error_label {
+                        self.metrics.produce_error(label);
+                    }
+                    let body: Body = match reply {
+                        Reply::Produced { base_offset, count } => {
+                            if kind == WriteKind::Produce {
+                                self.metrics
+                                    .produce_latency
+                                    .observe(now.duration_since(h.received).as_secs_f64());
+                            }
+                            ProduceResponse { base_offset, count }.into()
+                        }
+                        Reply::CursorCommitted => CommitCursorResponse.into(),
+                        Reply::NotMaster => match not_master {
+                            Some(e) => e.clone().into(),
+                            None => {
+                                let (epoch, master) = self.master_hint();
+                                ErrorResponse::not_master(epoch, master).into()
+                            }
+                        },
+                        Reply::Error(e) => e.into(),
+                    };
+                    h.reply.answer(h.request_id, body, h.permits);
+                }
             }
+        }
+        if !matches!(self.role, Role::Master(_)) {
+            self.proposed_at.clear();
         }
     }
 
     /// Retries blocked requests in order while they fit.
     fn retry_blocked(&mut self) {
-        if self.is_handing_off() || self.trim_barrier.is_some() {
-            return;
-        }
-        loop {
-            let Role::Master(m) = &mut self.role else {
-                return;
-            };
-            if !m.serving {
-                return;
-            }
-            let Some(r) = m.blocked.pop_front() else {
-                return;
-            };
-            if let Some(r) = self.try_write(r) {
-                if let Role::Master(m) = &mut self.role {
-                    m.blocked.push_front(r);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Proposes a produce or a cursor commit. Returns the request if there is no room for
-    /// it below the in-flight bound yet.
-    fn try_write(&mut self, r: Request) -> Option<Request> {
-        let deadline = r.received + self.cfg.produce_timeout;
+        let gate = self.write_gate();
         let Role::Master(m) = &mut self.role else {
-            self.not_master(&r.reply, r.request_id);
-            return None;
+            return;
         };
-        let inflight_max = self.limits.inflight_bytes_max;
-        let message_bytes_max = self.cfg.message_bytes_max;
-        let (kind, payloads, batch) = match &r.body {
-            Body::ProduceRequest(p) => {
-                if let Some((i, msg)) = p
-                    .messages
-                    .iter()
-                    .enumerate()
-                    .find(|(_, msg)| msg.len() > message_bytes_max)
-                {
-                    self.metrics.produce_error("message_too_large");
-                    r.reply.error(
-                        r.request_id,
-                        ErrorResponse::new(
-                            ErrorCode::MessageTooLarge,
-                            format!(
-                                "message {i} of the batch has {} bytes, more than this broker's message_bytes_max ({message_bytes_max})",
-                                msg.len()
-                            ),
-                        ),
-                    );
-                    return None;
-                }
-                match plan_produce(&self.state, m, p) {
-                    Plan::Reply(body) => {
-                        if let Body::ErrorResponse(e) = &body {
-                            self.metrics.produce_error(error_label(e.code));
-                        } else {
-                            self.metrics
-                                .produce_latency
-                                .observe(r.received.elapsed().as_secs_f64());
-                        }
-                        r.reply.send(r.request_id, body);
-                        return None;
-                    }
-                    Plan::Attach(last) => {
-                        if let Some(p) = m.pending.get_mut(&last) {
-                            p.waiters.push(Waiter {
-                                request_id: r.request_id,
-                                reply: r.reply,
-                                received: r.received,
-                                deadline,
-                                permits: r.permits,
-                            });
-                        }
-                        return None;
-                    }
-                    Plan::Write => {}
-                }
-                let bytes: u64 = p
-                    .messages
-                    .iter()
-                    .map(|msg| {
-                        EVENT_OVERHEAD_BYTES + message_event_bytes(p.topic.len(), msg.len()) as u64
-                    })
-                    .sum();
-                if bytes > inflight_max {
-                    self.metrics.produce_error("message_too_large");
-                    r.reply.error(
-                        r.request_id,
-                        ErrorResponse::new(
-                            ErrorCode::MessageTooLarge,
-                            format!("the batch takes {bytes} bytes, more than the {inflight_max} bytes a master keeps in flight"),
-                        ),
-                    );
-                    return None;
-                }
-                if m.core.unstable_bytes() + bytes > inflight_max {
-                    return Some(r);
-                }
-                match encode_batch(p) {
-                    Ok(payloads) => (
-                        PendingKind::Produce,
-                        payloads,
-                        (p.producer_id != 0).then_some((p.producer_id, p.sequence)),
-                    ),
-                    Err(e) => {
-                        self.metrics.produce_error("message_too_large");
-                        r.reply.error(
-                            r.request_id,
-                            ErrorResponse::new(ErrorCode::MessageTooLarge, e.to_string()),
-                        );
-                        return None;
-                    }
-                }
-            }
-            Body::CommitCursorRequest(CommitCursorRequest {
-                topic,
-                cursor,
-                offset,
-            }) => {
-                let body = EventBody::CursorCommit(CursorCommitEvent {
-                    topic: topic.clone(),
-                    cursor: cursor.clone(),
-                    offset: *offset,
-                });
-                match body.to_payload() {
-                    Ok(p) => {
-                        if m.core.unstable_bytes() + EVENT_OVERHEAD_BYTES + p.len() as u64
-                            > inflight_max
-                        {
-                            return Some(r);
-                        }
-                        (PendingKind::CommitCursor, vec![p], None)
-                    }
-                    Err(e) => {
-                        r.reply.error(
-                            r.request_id,
-                            ErrorResponse::new(ErrorCode::InvalidName, e.to_string()),
-                        );
-                        return None;
-                    }
-                }
-            }
-            _ => return None,
-        };
-        let event_kind = match kind {
-            PendingKind::Produce => EventKind::Message,
-            PendingKind::CommitCursor => EventKind::CursorCommit,
-        };
-        let count = payloads.len() as u64;
-        let mut base = None;
-        let mut last = None;
-        for p in payloads {
-            match m.core.propose_deferred(event_kind.as_u8(), p) {
-                Ok(o) => {
-                    base.get_or_insert(o);
-                    last = Some(o);
-                }
-                Err(e) => {
-                    // Room was checked above; only a step-down gets here, and then before
-                    // the first event.
-                    tracing::warn!(error = %e, "proposal refused");
-                    if base.is_none() {
-                        self.not_master(&r.reply, r.request_id);
-                        return None;
-                    }
-                    break;
-                }
-            }
-        }
-        let (Some(base), Some(last)) = (base, last) else {
-            r.reply.error(
-                r.request_id,
-                ErrorResponse::new(
-                    ErrorCode::Malformed,
-                    "a produce request needs at least one message",
-                ),
-            );
-            return None;
-        };
-        m.needs_flush = true;
-        if let Some(b) = batch {
-            m.inflight_batches.insert(b, last);
-        }
-        m.pending.insert(
-            last,
-            Pending {
-                kind,
-                base,
-                count,
-                batch,
-                proposed: Instant::now(),
-                waiters: vec![Waiter {
-                    request_id: r.request_id,
-                    reply: r.reply,
-                    received: r.received,
-                    deadline,
-                    permits: r.permits,
-                }],
-            },
-        );
-        None
+        let mut out = Vec::new();
+        m.writes
+            .retry_blocked(&mut m.core, &self.state, gate, &mut out);
+        self.execute_writes(out, None);
     }
 
-    /// Fails the writes that waited past their deadline: `NoQuorum` when fewer than Qa
-    /// voting stores are connected, `Timeout` otherwise. Their events may still be
-    /// stabilized later, but these requests are never answered again (a retry with the
-    /// same producer id and sequence gets the offsets if they were).
+    /// Fails the writes that waited past their deadline (see [`Writes::expire`]).
     fn expire_writes(&mut self, now: Instant) {
+        let now_ms = self.ms_at(now);
         let Role::Master(m) = &mut self.role else {
             return;
         };
@@ -2089,50 +1927,10 @@ impl Actor {
                     && m.voted_at[i].is_some_and(|t| now.saturating_duration_since(t) < window)
             })
             .count();
-        let no_quorum = up_voters < self.cluster.ack_quorum;
-        let (code, label, why) = if no_quorum {
-            (
-                ErrorCode::NoQuorum,
-                "no_quorum",
-                format!(
-                    "not enough stores: {up_voters} voting stores reachable, {} needed; the outcome is unknown (retry with the same producer id and sequence)",
-                    self.cluster.ack_quorum
-                ),
-            )
-        } else {
-            (
-                ErrorCode::Timeout,
-                "timeout",
-                "not stabilized in time; the outcome is unknown (retry with the same producer id and sequence)".to_owned(),
-            )
-        };
-        let mut failed = Vec::new();
-        for p in m.pending.values_mut() {
-            let mut i = 0;
-            while i < p.waiters.len() {
-                if p.waiters[i].deadline <= now {
-                    failed.push(p.waiters.swap_remove(i));
-                } else {
-                    i += 1;
-                }
-            }
-        }
-        let mut keep = VecDeque::with_capacity(m.blocked.len());
-        for r in m.blocked.drain(..) {
-            if r.received + self.cfg.produce_timeout <= now {
-                self.metrics.produce_error(label);
-                r.reply
-                    .error(r.request_id, ErrorResponse::new(code, why.clone()));
-            } else {
-                keep.push_back(r);
-            }
-        }
-        m.blocked = keep;
-        for w in failed {
-            self.metrics.produce_error(label);
-            w.reply
-                .error(w.request_id, ErrorResponse::new(code, why.clone()));
-        }
+        let mut out = Vec::new();
+        m.writes
+            .expire(now_ms, up_voters, self.cluster.ack_quorum, &mut out);
+        self.execute_writes(out, None);
     }
 
     // ------------------------------------------------------------------ fetch
@@ -2149,7 +1947,6 @@ impl Actor {
         let waiter = Waiter {
             request_id: r.request_id,
             reply: r.reply,
-            received: r.received,
             deadline: r.received + wait,
             permits: r.permits,
         };
@@ -2376,123 +2173,4 @@ struct AppendKey {
     first: Offset,
     count: u64,
     hwm: Option<Offset>,
-}
-
-/// What to do with a produce request.
-enum Plan {
-    /// Answer now.
-    Reply(Body),
-    /// The same batch is in flight: answer with it (its last offset).
-    Attach(Offset),
-    /// Write it.
-    Write,
-}
-
-fn plan_produce(state: &BrokerState, m: &MasterRun, p: &ProduceRequest) -> Plan {
-    let n = p.messages.len() as u64;
-    if n == 0 {
-        return Plan::Reply(
-            ErrorResponse::new(
-                ErrorCode::Malformed,
-                "a produce request needs at least one message",
-            )
-            .into(),
-        );
-    }
-    if p.producer_id == 0 {
-        return Plan::Write;
-    }
-    match state.dedup(p.producer_id, p.sequence, n) {
-        Dedup::Duplicate { base_offset } => {
-            return Plan::Reply(
-                ProduceResponse {
-                    base_offset,
-                    count: u32::try_from(n).unwrap_or(u32::MAX),
-                }
-                .into(),
-            )
-        }
-        Dedup::Conflict { last_sequence } => {
-            return Plan::Reply(
-                ErrorResponse::new(
-                    ErrorCode::SequenceGap,
-                    format!(
-                        "producer {} sequence {} is at or below its last applied sequence {last_sequence} and not a batch the broker remembers",
-                        p.producer_id, p.sequence
-                    ),
-                )
-                .into(),
-            )
-        }
-        Dedup::New | Dedup::Partial { .. } => {}
-    }
-    if let Some(&last) = m.inflight_batches.get(&(p.producer_id, p.sequence)) {
-        let same = m.pending.get(&last).is_some_and(|e| e.count == n);
-        if same {
-            return Plan::Attach(last);
-        }
-        return Plan::Reply(
-            ErrorResponse::new(
-                ErrorCode::SequenceGap,
-                format!(
-                    "producer {} sequence {} is in flight with another message count",
-                    p.producer_id, p.sequence
-                ),
-            )
-            .into(),
-        );
-    }
-    let inflight_last = m
-        .inflight_batches
-        .range((p.producer_id, 0)..=(p.producer_id, u64::MAX))
-        .filter_map(|(&(_, seq), last)| m.pending.get(last).map(|e| seq + e.count - 1))
-        .max();
-    if inflight_last.is_some_and(|l| p.sequence <= l) {
-        return Plan::Reply(
-            ErrorResponse::new(
-                ErrorCode::SequenceGap,
-                format!(
-                    "producer {} sequence {} overlaps a batch in flight (resend batches in order)",
-                    p.producer_id, p.sequence
-                ),
-            )
-            .into(),
-        );
-    }
-    Plan::Write
-}
-
-/// Builds the message events of a produce in one buffer (one copy of each message).
-fn encode_batch(p: &ProduceRequest) -> Result<Vec<Bytes>, quire_proto::WireError> {
-    let total: usize = p
-        .messages
-        .iter()
-        .map(|m| message_event_bytes(p.topic.len(), m.len()))
-        .sum();
-    let mut buf = BytesMut::with_capacity(total);
-    let mut out = Vec::with_capacity(p.messages.len());
-    for (i, msg) in p.messages.iter().enumerate() {
-        encode_message_event(
-            &p.topic,
-            p.producer_id,
-            p.sequence.wrapping_add(i as u64),
-            msg,
-            &mut buf,
-        )?;
-        out.push(buf.split().freeze());
-    }
-    Ok(out)
-}
-
-fn error_label(code: ErrorCode) -> &'static str {
-    match code {
-        ErrorCode::SequenceGap => "sequence_gap",
-        ErrorCode::MessageTooLarge => "message_too_large",
-        ErrorCode::Malformed => "malformed",
-        ErrorCode::NotMaster => "not_master",
-        ErrorCode::NoQuorum => "no_quorum",
-        ErrorCode::Timeout => "timeout",
-        ErrorCode::Overloaded => "overloaded",
-        _ => "other",
-    }
 }

@@ -170,7 +170,8 @@ impl Actor {
                     return;
                 }
                 let next = m.core.next_offset();
-                let drained = m.pending.is_empty() && m.core.hwm().map(Offset::next) == Some(next);
+                let drained =
+                    m.writes.pending_len() == 0 && m.core.hwm().map(Offset::next) == Some(next);
                 let hwm = m.core.hwm();
                 let slot = self
                     .cluster
@@ -322,25 +323,18 @@ impl Actor {
         };
         self.metrics.step_downs.inc();
         tracing::info!(%epoch, to = to.0, "handed over: following");
-        let super::MasterRun {
-            core,
-            pending,
-            blocked,
-            ..
-        } = *m;
+        let super::MasterRun { core, writes, .. } = *m;
         assert!(
-            pending.is_empty(),
+            writes.pending_len() == 0,
             "invariant: a master hands over only with nothing pending"
         );
         let local = core.into_local_log();
         self.role = Role::Follower(Box::new(self.new_follower(local, epoch)));
         let hint = self.broker_info(to);
-        for r in blocked {
-            r.reply.error(
-                r.request_id,
-                ErrorResponse::not_master(self.highest_epoch_seen, hint.clone()),
-            );
-        }
+        let mut out = Vec::new();
+        writes.fail_all(None, &mut out);
+        let refusal = ErrorResponse::not_master(self.highest_epoch_seen, hint.clone());
+        self.execute_writes(out, Some(&refusal));
         for f in std::mem::take(&mut self.fetch_waiters) {
             f.waiter.reply.error(
                 f.waiter.request_id,

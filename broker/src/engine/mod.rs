@@ -1,0 +1,39 @@
+//! The broker engine: the broker's decisions as deterministic values (inputs in, commands
+//! out), with no I/O, no clock, no task and no channel.
+//!
+//! A driver — the tokio actor in [`crate::server`], or the seeded simulation in quire-sim —
+//! owns the sockets, the disk and the clock. It turns what happens (a request arrives, a
+//! batch is stabilized, a timer fires) into calls carrying the time it read (`now_ms`, in
+//! milliseconds on the driver's monotonic clock) and carries out the commands the engine
+//! appends to a caller-owned `Vec`. A request is named by an opaque [`RequestToken`] the
+//! driver allocates and maps to whatever answers it (a connection's responder, a simulated
+//! client); the engine never sees a socket.
+//!
+//! Every engine value is self-contained (no globals, no shared state), so one process can
+//! host one engine per log.
+//!
+//! What lives here so far:
+//! - [`writes::Writes`]: the master's write path — planning a produce (the idempotent
+//!   producer's dedup against the applied table and the batches in flight, the per-message
+//!   and in-flight byte bounds), proposing it to the [`crate::core::MasterCore`], the
+//!   requests blocked until the master serves or has room, answering them when their events
+//!   are stabilized, expiring them, and failing them when the master steps down.
+//!
+//! What does not live here yet (the tokio actor still decides it): the roles and their
+//! changes (follower, takeover, bootstrap, master, step-down), fetch and its long-poll
+//! waiters, graceful handoff, retention and checkpoints, metrics and status.
+
+pub mod writes;
+
+#[cfg(test)]
+mod tests;
+
+pub use writes::{
+    Arrival, Gate, Reply, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,
+};
+
+/// An opaque name for one client request, allocated by the driver (unique among the
+/// requests it has handed to one engine and not yet seen answered). The engine answers it
+/// exactly once, or never if the driver drops the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestToken(pub u64);

@@ -1,0 +1,402 @@
+//! Unit tests of the engine: inputs in, commands out, no runtime.
+
+use bytes::Bytes;
+use quire_proto::{
+    BrokerId, CommitCursorRequest, Epoch, EpochStartEvent, ErrorCode, EventBody, Incarnation,
+    Offset, ProduceRequest, StoreId,
+};
+
+use super::*;
+use crate::core::{
+    AdoptedLog, AppendEvents, ClusterConfig, Log, MasterCommand, MasterConfig, MasterCore,
+    MasterInput, ReplicationLimits, SlotKind, StoreIdentity,
+};
+use crate::state::BrokerState;
+
+const E: Epoch = Epoch(0x1_0001);
+
+fn ident(i: u64) -> StoreIdentity {
+    StoreIdentity {
+        store_id: StoreId(i),
+        incarnation: Incarnation(1),
+    }
+}
+
+fn limits() -> WriteLimits {
+    WriteLimits {
+        message_bytes_max: 1024,
+        inflight_bytes_max: 4096,
+        produce_timeout_ms: 1000,
+        blocked_requests_max: 2,
+    }
+}
+
+/// A master of three stores, its broker state, its write path, and a store model that
+/// acks every append.
+struct H {
+    core: MasterCore,
+    state: BrokerState,
+    writes: Writes,
+    out: Vec<WriteCommand>,
+    /// Appends sent and not yet acked.
+    held: Vec<MasterCommand>,
+}
+
+impl H {
+    fn new() -> H {
+        let cluster = ClusterConfig::with_majorities(
+            (0..3)
+                .map(|i| SlotKind::Store {
+                    identity: Some(ident(i)),
+                })
+                .collect(),
+        );
+        let payload = EventBody::EpochStart(EpochStartEvent {
+            epoch: E,
+            broker: BrokerId(1),
+            voters: Vec::new(),
+        })
+        .to_payload()
+        .expect("invariant: a small epoch-start event encodes");
+        let mut cmds = Vec::new();
+        let core = MasterCore::new(
+            MasterConfig {
+                cluster,
+                limits: ReplicationLimits {
+                    inflight_bytes_max: 4096,
+                    ..ReplicationLimits::default()
+                },
+            },
+            AdoptedLog {
+                epoch: E,
+                log: Log::new(),
+                applied: None,
+            },
+            payload,
+            &mut cmds,
+        )
+        .expect("valid configuration");
+        let mut h = H {
+            core,
+            state: BrokerState::new(),
+            writes: Writes::new(limits()),
+            out: Vec::new(),
+            held: Vec::new(),
+        };
+        h.deliver(cmds, true);
+        h
+    }
+
+    /// Carries out the core's commands: every append is acked by its store when `ack`;
+    /// stabilized events are applied and handed to the write path.
+    fn deliver(&mut self, mut cmds: Vec<MasterCommand>, ack: bool) {
+        while !cmds.is_empty() {
+            let mut next = Vec::new();
+            for c in cmds {
+                match c {
+                    MasterCommand::Append(a) if ack => {
+                        assert!(matches!(a.events, AppendEvents::InMemory(_)));
+                        self.core.handle(
+                            MasterInput::Persisted {
+                                slot: a.slot,
+                                append: a.append,
+                                epoch: a.epoch,
+                                through: a.through(),
+                                identity: ident(a.slot.index() as u64),
+                                voter: true,
+                            },
+                            &mut next,
+                        );
+                    }
+                    MasterCommand::Stabilized { through, events } => {
+                        for e in &events {
+                            self.state.apply(e);
+                        }
+                        self.writes.on_stabilized(through, &mut self.out);
+                    }
+                    _ => {}
+                }
+            }
+            cmds = next;
+        }
+    }
+
+    fn produce(&mut self, token: u64, producer_id: u64, sequence: u64, n: usize, at_ms: u64) {
+        self.request(
+            token,
+            WriteRequest::Produce(produce(producer_id, sequence, n)),
+            at_ms,
+        );
+    }
+
+    fn request(&mut self, token: u64, request: WriteRequest, at_ms: u64) {
+        self.request_gated(token, request, at_ms, Gate::Open);
+    }
+
+    fn request_gated(&mut self, token: u64, request: WriteRequest, at_ms: u64, gate: Gate) {
+        self.writes.on_request(
+            &mut self.core,
+            &self.state,
+            gate,
+            Arrival {
+                token: RequestToken(token),
+                request,
+                received_ms: at_ms,
+            },
+            &mut self.out,
+        );
+    }
+
+    /// Sends what was proposed; stores ack it now when `ack`, at [`H::release`] otherwise.
+    fn flush(&mut self, ack: bool) {
+        if self.writes.take_needs_flush() {
+            let mut cmds = Vec::new();
+            self.core.flush(&mut cmds);
+            if ack {
+                self.deliver(cmds, true);
+            } else {
+                self.held.extend(cmds);
+            }
+        }
+    }
+
+    /// The stores ack the appends held back.
+    fn release(&mut self) {
+        let cmds = std::mem::take(&mut self.held);
+        self.deliver(cmds, true);
+    }
+
+    /// The answers given since the last call, by token.
+    fn answers(&mut self) -> Vec<(u64, Reply)> {
+        self.out
+            .drain(..)
+            .filter_map(|c| match c {
+                WriteCommand::Answer { token, reply, .. } => Some((token.0, reply)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn produce(producer_id: u64, sequence: u64, n: usize) -> ProduceRequest {
+    ProduceRequest {
+        topic: "t".to_owned(),
+        producer_id,
+        sequence,
+        messages: (0..n).map(|i| Bytes::from(vec![i as u8; 10])).collect(),
+    }
+}
+
+fn code(r: &Reply) -> Option<ErrorCode> {
+    match r {
+        Reply::Error(e) => Some(e.code),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_produce_is_answered_when_stabilized() {
+    let mut h = H::new();
+    assert!(h.answers().is_empty());
+    h.produce(1, 7, 0, 3, 0);
+    assert!(h.answers().is_empty(), "nothing before stabilization");
+    h.flush(true);
+    // Offset 0 is the epoch-start event.
+    assert_eq!(
+        h.answers(),
+        vec![(
+            1,
+            Reply::Produced {
+                base_offset: Offset(1),
+                count: 3
+            }
+        )]
+    );
+    assert_eq!(h.writes.pending_len(), 0);
+}
+
+#[test]
+fn a_retry_of_an_applied_batch_is_answered_from_the_table() {
+    let mut h = H::new();
+    h.produce(1, 7, 0, 2, 0);
+    h.flush(true);
+    h.answers();
+    h.produce(2, 7, 0, 2, 5);
+    assert!(!h.writes.take_needs_flush(), "nothing proposed again");
+    assert_eq!(
+        h.answers(),
+        vec![(
+            2,
+            Reply::Produced {
+                base_offset: Offset(1),
+                count: 2
+            }
+        )]
+    );
+    // Part of it is answered with the part's offsets.
+    h.produce(3, 7, 1, 1, 5);
+    assert_eq!(
+        h.answers(),
+        vec![(
+            3,
+            Reply::Produced {
+                base_offset: Offset(2),
+                count: 1
+            }
+        )]
+    );
+}
+
+#[test]
+fn a_retry_of_a_batch_in_flight_gets_the_first_attempts_answer() {
+    let mut h = H::new();
+    h.produce(1, 7, 0, 2, 0);
+    h.flush(false);
+    h.produce(2, 7, 0, 2, 1);
+    assert!(
+        h.answers().is_empty(),
+        "the retry waits with the first attempt"
+    );
+    // Another count for the same sequence, or an overlap, is refused.
+    h.produce(3, 7, 0, 1, 1);
+    h.produce(4, 7, 1, 1, 1);
+    let a = h.answers();
+    assert_eq!(a.len(), 2);
+    assert!(a
+        .iter()
+        .all(|(_, r)| code(r) == Some(ErrorCode::SequenceGap)));
+    // The stores ack: both waiters get the same offsets.
+    h.release();
+    let mut a = h.answers();
+    a.sort_by_key(|(t, _)| *t);
+    let ok = Reply::Produced {
+        base_offset: Offset(1),
+        count: 2,
+    };
+    assert_eq!(a, vec![(1, ok.clone()), (2, ok)]);
+}
+
+#[test]
+fn held_requests_are_released_when_the_gate_opens() {
+    let mut h = H::new();
+    h.request_gated(1, WriteRequest::Produce(produce(0, 0, 1)), 0, Gate::Held);
+    h.request_gated(2, WriteRequest::Produce(produce(0, 0, 1)), 0, Gate::Held);
+    // The bound of blocked requests is 2: the third is refused.
+    h.request_gated(3, WriteRequest::Produce(produce(0, 0, 1)), 0, Gate::Held);
+    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::Overloaded));
+    assert_eq!(h.writes.blocked_len(), 2);
+    // Still held: nothing moves.
+    h.writes
+        .retry_blocked(&mut h.core, &h.state, Gate::Held, &mut h.out);
+    assert_eq!(h.writes.blocked_len(), 2);
+    h.writes
+        .retry_blocked(&mut h.core, &h.state, Gate::Open, &mut h.out);
+    assert_eq!(h.writes.blocked_len(), 0);
+    h.flush(true);
+    let tokens: Vec<u64> = h.answers().into_iter().map(|(t, _)| t).collect();
+    assert_eq!(tokens, vec![1, 2], "in order");
+}
+
+#[test]
+fn a_request_waits_for_in_flight_room_and_goes_when_there_is() {
+    let mut h = H::new();
+    // Three messages of 1000 bytes fill the 4096 in-flight bytes.
+    let big = |seq| ProduceRequest {
+        topic: "t".to_owned(),
+        producer_id: 0,
+        sequence: seq,
+        messages: vec![Bytes::from(vec![1u8; 1000]); 3],
+    };
+    h.request(1, WriteRequest::Produce(big(0)), 0);
+    h.flush(false);
+    h.request(2, WriteRequest::Produce(big(0)), 0);
+    assert_eq!(h.writes.blocked_len(), 1, "no room: it waits");
+    h.release();
+    assert_eq!(h.answers().len(), 1);
+    h.writes
+        .retry_blocked(&mut h.core, &h.state, Gate::Open, &mut h.out);
+    assert_eq!(h.writes.blocked_len(), 0);
+    h.flush(true);
+    assert_eq!(h.answers()[0].0, 2);
+}
+
+#[test]
+fn too_large_messages_and_empty_batches_are_refused() {
+    let mut h = H::new();
+    let p = ProduceRequest {
+        topic: "t".to_owned(),
+        producer_id: 0,
+        sequence: 0,
+        messages: vec![Bytes::from(vec![1u8; 1025])],
+    };
+    h.request(1, WriteRequest::Produce(p), 0);
+    h.produce(2, 7, 0, 0, 0);
+    let a = h.answers();
+    assert_eq!(code(&a[0].1), Some(ErrorCode::MessageTooLarge));
+    assert_eq!(code(&a[1].1), Some(ErrorCode::Malformed));
+}
+
+#[test]
+fn writes_expire_with_timeout_or_no_quorum() {
+    let mut h = H::new();
+    h.produce(1, 7, 0, 1, 0);
+    h.flush(false);
+    h.request_gated(2, WriteRequest::Produce(produce(0, 0, 1)), 500, Gate::Held);
+    h.writes.expire(999, 3, 2, &mut h.out);
+    assert!(h.answers().is_empty(), "not yet due");
+    h.writes.expire(1000, 3, 2, &mut h.out);
+    let a = h.answers();
+    assert_eq!(a, vec![(1, a[0].1.clone())]);
+    assert_eq!(code(&a[0].1), Some(ErrorCode::Timeout));
+    h.writes.expire(1500, 1, 2, &mut h.out);
+    let a = h.answers();
+    assert_eq!(a[0].0, 2);
+    assert_eq!(code(&a[0].1), Some(ErrorCode::NoQuorum));
+}
+
+#[test]
+fn a_step_down_fails_every_waiting_request() {
+    let mut h = H::new();
+    h.produce(1, 7, 0, 1, 0);
+    h.request(
+        2,
+        WriteRequest::CommitCursor(CommitCursorRequest {
+            topic: "t".to_owned(),
+            cursor: "c".to_owned(),
+            offset: Offset(1),
+        }),
+        0,
+    );
+    h.flush(false);
+    h.request_gated(3, WriteRequest::Produce(produce(0, 0, 1)), 0, Gate::Held);
+    let mut out = Vec::new();
+    let writes = std::mem::replace(&mut h.writes, Writes::new(limits()));
+    writes.fail_all(Some("lost quorum"), &mut out);
+    let labels: Vec<(u64, Option<ErrorCode>, Option<&str>)> = out
+        .iter()
+        .filter_map(|c| match c {
+            WriteCommand::Answer {
+                token,
+                reply,
+                error_label,
+                ..
+            } => Some((token.0, code(reply), *error_label)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        vec![
+            (1, Some(ErrorCode::NoQuorum), Some("no_quorum")),
+            (2, Some(ErrorCode::NoQuorum), None),
+            (3, None, None),
+        ]
+    );
+    assert!(matches!(
+        out.last(),
+        Some(WriteCommand::Answer {
+            reply: Reply::NotMaster,
+            ..
+        })
+    ));
+}
