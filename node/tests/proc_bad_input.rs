@@ -5,18 +5,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-
 use std::io::Write as _;
 use std::net::TcpStream as StdStream;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use quire_tests::node::*;
 use quire_client::{AppendOutcome, StoreClient};
 use quire_proto::{
     decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, Offset, RequestId, TailRequest,
     FRAME_BYTES_MAX, HEADER_BYTES,
 };
+use quire_tests::node::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -12,12 +12,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-
 use bytes::Bytes;
-use quire_tests::node::*;
 use quire_client::{AppendOutcome, FenceOutcome, StoreClient};
 use quire_node::failpoints::{compiled_in, FAILPOINTS_ENV};
 use quire_proto::{Epoch, Offset, RejectReason};
+use quire_tests::node::*;
 
 /// Appends one event per call, each waiting for its answer, so that each append is one
 /// batch: one write and one fdatasync of the WAL, in order.

@@ -3,17 +3,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use quire_tests::node::*;
 use quire_client::{AppendOutcome, ClientError, FenceOutcome, StoreClient};
 use quire_proto::{
     AppendRejected, BrokerId, Epoch, Heartbeat, Incarnation, LogPosition, Offset, PersistedAck,
     RejectReason,
 };
+use quire_tests::node::*;
 use tokio::sync::Mutex;
 
 async fn connect(node: &NodeProc) -> StoreClient {

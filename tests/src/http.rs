@@ -70,7 +70,10 @@ mod tests {
         assert_eq!(metric(SCRAPE, "quire_hwm"), Some(42.0));
         assert_eq!(metric(SCRAPE, "quire_hwm_lag"), Some(7.0));
         assert_eq!(
-            metric(SCRAPE, "quire_rejected_frames_total{reason=\"body_checksum\"}"),
+            metric(
+                SCRAPE,
+                "quire_rejected_frames_total{reason=\"body_checksum\"}"
+            ),
             Some(3.0)
         );
         assert_eq!(metric(SCRAPE, "quire_rejected_frames_total"), None);

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::Proc;
 use bytes::Bytes;
 use quire_proto::{AppendRequest, Epoch, Event, EventKind, LogPosition, Offset};
-use crate::Proc;
 
 /// How long the node may take to start and print its address.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);

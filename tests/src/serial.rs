@@ -277,7 +277,11 @@ mod tests {
     #[test]
     fn wait_until_fails_naming_what_it_waited_for() {
         let r = std::panic::catch_unwind(|| {
-            wait_until(Duration::from_millis(50), "a condition that never holds", || false);
+            wait_until(
+                Duration::from_millis(50),
+                "a condition that never holds",
+                || false,
+            );
         });
         let msg = r.expect_err("must panic");
         let msg = msg
