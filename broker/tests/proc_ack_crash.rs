@@ -35,6 +35,7 @@ fn tails(cluster: &Cluster) -> Vec<Option<Offset>> {
 
 #[test]
 fn proc_master_killed_after_stabilized_before_ack_retry_gets_the_original_offset() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let master = cluster.settle();

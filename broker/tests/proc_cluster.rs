@@ -126,6 +126,7 @@ fn metadata(addr: &str) -> MetadataResponse {
 
 #[test]
 fn proc_cluster_elects_a_master_produces_and_survives_a_store_kill() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let master = cluster.settle();
@@ -203,6 +204,7 @@ fn proc_cluster_elects_a_master_produces_and_survives_a_store_kill() {
 
 #[test]
 fn proc_master_kill_the_slave_takes_over_with_every_acked_message() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let first = cluster.settle();
@@ -251,6 +253,7 @@ fn proc_master_kill_the_slave_takes_over_with_every_acked_message() {
 
 #[test]
 fn proc_a_restarted_broker_rebuilds_everything_from_the_stores() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     cluster.settle();

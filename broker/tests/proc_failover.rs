@@ -80,6 +80,7 @@ fn signal(b: &quire_tests::BrokerNode, sig: i32) {
 /// not the broker, was wrong. `quire_tests::stop` closes that window.
 #[test]
 fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let old = cluster.settle();
@@ -146,6 +147,7 @@ fn proc_a_stopped_master_wakes_up_fenced_acks_nothing_and_follows() {
 
 #[test]
 fn proc_three_brokers_two_slaves_race_and_one_wins() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     let first = cluster.settle();
@@ -177,6 +179,7 @@ fn proc_three_brokers_two_slaves_race_and_one_wins() {
 
 #[test]
 fn proc_repeated_master_kills_under_load_lose_nothing() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     cluster.settle();

@@ -14,6 +14,7 @@ use quire_tests::{
 
 #[test]
 fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
+    let _t = quire_tests::proc_test();
     let timing = Timing {
         produce_timeout_ms: 1_500,
         ..Timing::default()
@@ -84,6 +85,7 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
 
 #[test]
 fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
+    let _t = quire_tests::proc_test();
     let timing = Timing {
         produce_timeout_ms: 1_500,
         ..Timing::default()
@@ -134,6 +136,7 @@ fn proc_stopped_stores_fail_the_produce_with_no_quorum_and_it_resumes() {
 
 #[test]
 fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     cluster.produce_acked(&produce_request("t", 9, 0, 20));
@@ -202,6 +205,7 @@ fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
 
 #[test]
 fn proc_cursors_metrics_and_bad_frames() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let master = cluster.settle();
@@ -328,6 +332,7 @@ fn proc_cursors_metrics_and_bad_frames() {
 
 #[test]
 fn proc_a_wiped_store_is_a_learner_and_never_counts() {
+    let _t = quire_tests::proc_test();
     let timing = Timing {
         produce_timeout_ms: 1_500,
         ..Timing::default()

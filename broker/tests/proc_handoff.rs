@@ -14,6 +14,7 @@ use quire_tests::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Ti
 
 #[test]
 fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     let old = cluster.settle();
@@ -99,6 +100,7 @@ fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
 /// delivery reported.
 #[test]
 fn proc_handoff_through_the_client_producer_surfaces_no_error() {
+    let _t = quire_tests::proc_test();
     use quire_client::{Producer, ProducerConfig};
 
     let mut cluster = Cluster::new(3, 3, Timing::default());
@@ -176,6 +178,7 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
 /// writes that waited during the attempt are acknowledged afterwards.
 #[test]
 fn proc_handoff_to_a_dead_slave_fails_in_bounded_time_and_the_master_serves_on() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     let old = cluster.settle();

@@ -40,6 +40,7 @@ fn wait_follows(cluster: &mut Cluster, id: u16, master: u16) {
 
 #[test]
 fn proc_new_master_killed_during_takeover_loses_nothing_and_never_reuses_an_epoch() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, Timing::default());
     cluster.start_all();
     let first = cluster.settle();

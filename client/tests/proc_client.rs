@@ -165,6 +165,7 @@ async fn consume(
 
 #[test]
 fn proc_producers_and_consumers_survive_a_master_kill() {
+    let _t = quire_tests::proc_test();
     let mut cluster = start_cluster();
     let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -5,19 +5,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-mod common;
-
 use std::io::Write as _;
 use std::net::TcpStream as StdStream;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use common::*;
 use quire_client::{AppendOutcome, StoreClient};
 use quire_proto::{
     decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, Offset, RequestId, TailRequest,
     FRAME_BYTES_MAX, HEADER_BYTES,
 };
+use quire_tests::node::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -142,6 +140,7 @@ fn xorshift(seed: &mut u64) -> u64 {
 
 #[test]
 fn proc_bad_frames_and_idle_connections_leave_the_node_serving() {
+    let _t = quire_tests::proc_test();
     ensure_open_files(IDLE_CONNECTIONS as u64 + 512);
     let dir = TestDir::new();
     init(&dir.data(), false);
@@ -321,6 +320,7 @@ fn proc_bad_frames_and_idle_connections_leave_the_node_serving() {
 
 #[test]
 fn proc_a_peer_that_never_reads_is_dropped_and_others_go_on() {
+    let _t = quire_tests::proc_test();
     // Small write queue and socket buffers so the non-reading peer fills them fast; the
     // smallest in-flight byte bound allowed (one maximal frame).
     let dir = TestDir::new();

@@ -12,13 +12,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-mod common;
-
 use bytes::Bytes;
-use common::*;
 use quire_client::{AppendOutcome, FenceOutcome, StoreClient};
 use quire_node::failpoints::{compiled_in, FAILPOINTS_ENV};
 use quire_proto::{Epoch, Offset, RejectReason};
+use quire_tests::node::*;
 
 /// Appends one event per call, each waiting for its answer, so that each append is one
 /// batch: one write and one fdatasync of the WAL, in order.
@@ -53,6 +51,7 @@ const CASES: [Case; 2] = [
 
 #[test]
 fn a_failed_fdatasync_or_write_is_never_acknowledged_and_the_acked_prefix_survives() {
+    let _t = quire_tests::proc_test();
     if !compiled_in() {
         refuses_to_start_without_the_feature();
         return;
@@ -173,7 +172,7 @@ fn one_case(case: &Case) {
 fn refuses_to_start_without_the_feature() {
     let dir = TestDir::new();
     init(&dir.data(), false);
-    let mut child = std::process::Command::new(BIN)
+    let mut child = std::process::Command::new(bin())
         .args(["run", "--data-dir"])
         .arg(dir.data())
         .args(["--listen", "127.0.0.1:0"])

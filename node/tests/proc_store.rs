@@ -3,18 +3,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use quire_client::{AppendOutcome, ClientError, FenceOutcome, StoreClient};
 use quire_proto::{
     AppendRejected, BrokerId, Epoch, Heartbeat, Incarnation, LogPosition, Offset, PersistedAck,
     RejectReason,
 };
+use quire_tests::node::*;
 use tokio::sync::Mutex;
 
 async fn connect(node: &NodeProc) -> StoreClient {
@@ -140,6 +138,7 @@ async fn settle(
 
 #[test]
 fn proc_appends_from_three_connections_survive_kill_9() {
+    let _t = quire_tests::proc_test();
     let dir = TestDir::new();
     init(&dir.data(), false);
     let node = NodeProc::start(&dir);
@@ -246,6 +245,7 @@ fn proc_appends_from_three_connections_survive_kill_9() {
 
 #[test]
 fn proc_fence_refuses_lower_epochs_also_after_restart() {
+    let _t = quire_tests::proc_test();
     let dir = TestDir::new();
     init(&dir.data(), false);
     let mut node = NodeProc::start(&dir);
@@ -331,6 +331,7 @@ fn proc_fence_refuses_lower_epochs_also_after_restart() {
 
 #[test]
 fn proc_log_matching_and_truncation_survive_restart() {
+    let _t = quire_tests::proc_test();
     let dir = TestDir::new();
     init(&dir.data(), false);
     let mut node = NodeProc::start(&dir);
@@ -445,6 +446,7 @@ fn proc_log_matching_and_truncation_survive_restart() {
 
 #[test]
 fn proc_identity_mismatch_makes_a_learner_also_after_restart() {
+    let _t = quire_tests::proc_test();
     let dir = TestDir::new();
     init(&dir.data(), false);
     let mut node = NodeProc::start(&dir);
@@ -495,6 +497,7 @@ fn proc_identity_mismatch_makes_a_learner_also_after_restart() {
 
 #[test]
 fn proc_learner_from_init_and_cli_refusals() {
+    let _t = quire_tests::proc_test();
     // init --learner: a learner from the start.
     let dir = TestDir::new();
     init(&dir.data(), true);

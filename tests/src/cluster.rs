@@ -256,6 +256,7 @@ impl Drop for Cluster {
         for s in &mut self.stores {
             s.kill9();
         }
+        crate::serial::forget_dir(self.root.path());
         if std::env::var_os("QUIRE_TEST_KEEP").is_some() {
             self.root.disable_cleanup(true);
             eprintln!("QUIRE_TEST_KEEP: kept {}", self.root.path().display());
@@ -270,6 +271,7 @@ impl Cluster {
             .prefix("quire-test-")
             .tempdir()
             .expect("temp dir");
+        crate::serial::register_dir(root.path().to_owned());
         let store_config = root.path().join("store.toml");
         std::fs::write(&store_config, "[wal]\nsegment_bytes_max = 16777216\n")
             .expect("store config");

@@ -420,10 +420,10 @@ pub fn master_hwm(cluster: &Cluster) -> Option<u64> {
     let id = cluster.wait_for_master();
     let master = cluster.brokers.iter().find(|b| b.id == id)?;
     let text = master.scrape();
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix("quire_hwm ")?.trim().parse::<i64>().ok())
-        .and_then(|v| u64::try_from(v).ok())
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a whole offset
+    crate::http::metric(&text, "quire_hwm")
+        .filter(|v| *v >= 0.0)
+        .map(|v| v as u64)
 }
 
 /// Waits (at most `bound`) until the master's HWM is above `offset`, and returns it: the

@@ -1,5 +1,6 @@
 //! A bounded HTTP/1.1 GET against a server's metrics port (`/metrics`, `/healthz`,
-//! `/ready`), and the metric names in a Prometheus text scrape.
+//! `/ready`), and the one Prometheus text parser of the tests: a sample's value
+//! ([`metric`]) and the metric names in a scrape ([`metric_names`]).
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -37,4 +38,45 @@ pub fn metric_names(scrape: &str) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// The value of the sample `sample` — a metric name with its labels exactly as the server
+/// prints them (`quire_hwm`, `quire_rejected_frames_total{reason="body_checksum"}`) — in a
+/// Prometheus text scrape, or `None` if no such sample is in it. Comment lines are skipped.
+///
+/// # Panics
+/// If the sample is there but its value is not a number (a broken scrape fails the test).
+pub fn metric(scrape: &str, sample: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .map(|v| {
+            let v = v.split_whitespace().next().unwrap_or_default();
+            v.parse()
+                .unwrap_or_else(|e| panic!("{sample}: value {v:?} is not a number: {e}"))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric;
+
+    const SCRAPE: &str = "# HELP quire_hwm the HWM\n# TYPE quire_hwm gauge\nquire_hwm 42\n\
+        quire_hwm_lag 7\nquire_rejected_frames_total{reason=\"body_checksum\"} 3\n";
+
+    #[test]
+    fn a_sample_is_found_by_its_whole_name_and_labels() {
+        assert_eq!(metric(SCRAPE, "quire_hwm"), Some(42.0));
+        assert_eq!(metric(SCRAPE, "quire_hwm_lag"), Some(7.0));
+        assert_eq!(
+            metric(
+                SCRAPE,
+                "quire_rejected_frames_total{reason=\"body_checksum\"}"
+            ),
+            Some(3.0)
+        );
+        assert_eq!(metric(SCRAPE, "quire_rejected_frames_total"), None);
+        assert_eq!(metric(SCRAPE, "quire_missing"), None);
+    }
 }

@@ -16,7 +16,12 @@
 //! - [`proxy`]: a fault-injecting TCP [`Proxy`] (pass, delay, drop, black-hole, per
 //!   direction), and [`netfault`]: [`StoreLinks`], one proxy between each broker and each
 //!   store, to cut one broker off from chosen stores.
-//! - [`http`]: a bounded GET on a metrics port and the metric names of a scrape;
+//! - [`serial`]: [`proc_test`], the guard every multi-process test starts with (one at a
+//!   time, a hard time bound), and [`wait_until`] / [`wait_for`], bounded waits on a condition;
+//! - [`node`]: one `quire-node` alone ([`node::NodeProc`]) and appends built from
+//!   quire-proto types, for the node's multi-process tests;
+//! - [`http`]: a bounded GET on a metrics port, and the one metrics parser of the tests
+//!   ([`http::metric`], [`http::metric_names`]);
 //! - [`history`]: every produce attempt with its outcome ([`History`]) and the one checker
 //!   of a run — the simulation's own (`quire_sim::Checker`) — via [`Cluster::check`].
 //!
@@ -34,8 +39,10 @@ pub mod history;
 pub mod http;
 pub mod load;
 pub mod netfault;
+pub mod node;
 pub mod process;
 pub mod proxy;
+pub mod serial;
 
 use std::time::Duration;
 
@@ -49,6 +56,7 @@ pub use process::{
     Proc,
 };
 pub use proxy::{Direction, Fault, Proxy, ProxyStats};
+pub use serial::{proc_test, proc_test_bounded, wait_for, wait_until, ProcTest, PROC_TEST_BOUND};
 
 /// How long any single wait of the harness may take.
 pub const WAIT: Duration = Duration::from_secs(30);

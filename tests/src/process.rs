@@ -188,12 +188,15 @@ pub fn wait_bounded(mut child: Child, bound: Duration) -> std::process::Output {
             .take()
             .map(|s| Box::new(s) as Box<dyn Read + Send>),
     );
+    crate::serial::register_child(child.id());
     let deadline = Instant::now() + bound;
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for a child") {
+            crate::serial::forget_child(child.id());
             break status;
         }
         if Instant::now() >= deadline {
+            crate::serial::forget_child(child.id());
             let _ = child.kill();
             let _ = child.wait();
             let stderr = err.join().unwrap_or_default();
@@ -315,6 +318,11 @@ impl Proc {
     /// # Panics
     /// If the process cannot start or prints no address in time (its log tail is shown).
     pub fn start(name: &str, mut cmd: Command, log: PathBuf) -> (Proc, String) {
+        assert!(
+            crate::serial::held(),
+            "{name}: a test that starts servers begins with `let _t = quire_tests::proc_test();` \
+             (one multi-process test at a time, with a time bound: see quire_tests::serial)"
+        );
         let err = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -327,6 +335,7 @@ impl Proc {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        crate::serial::register_child(child.id());
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -372,6 +381,7 @@ impl Proc {
     /// SIGKILL and reap (nothing if it is not running).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
+            crate::serial::forget_child(c.id());
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -381,6 +391,8 @@ impl Proc {
     /// of whether it exited with status 0, or `None` (and SIGKILL) if it did not exit.
     pub fn terminate(&mut self, bound: Duration) -> Option<bool> {
         let mut c = self.child.take()?;
+        // Bounded here; the watchdog need not kill it (and must not, once reaped).
+        crate::serial::forget_child(c.id());
         signal(c.id(), libc::SIGTERM);
         let deadline = Instant::now() + bound;
         loop {

@@ -153,9 +153,7 @@ fn error_then(s: &mut StdStream) -> (RequestId, ErrorCode, bool) {
 
 /// The value of a metric line `name value` in a scrape (0 if absent).
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().expect("a number"))
+    quire_tests::http::metric(text, name).unwrap_or(0.0)
 }
 
 /// Each kind of broken frame, one connection each: a typed error, the connection closed
@@ -481,6 +479,7 @@ fn scrape_metrics(addr: &str) -> String {
 
 #[test]
 fn bad_clients_leave_the_broker_up_bounded_and_serving() {
+    let _t = quire_tests::proc_test();
     ensure_open_files(4 * TRICKLERS as u64 + 1024);
     let mut cluster = Cluster::new(3, 1, Timing::default());
     cluster.broker(1).add_args(&[
@@ -567,6 +566,7 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
 /// timeout), while a master-like client keeps appending and getting persisted acks.
 #[test]
 fn bad_clients_leave_a_store_up_bounded_and_appending() {
+    let _t = quire_tests::proc_test();
     ensure_open_files(4 * TRICKLERS as u64 + 1024);
     let mut cluster = Cluster::new(1, 1, Timing::default());
     cluster.set_store_config(&format!(
@@ -784,6 +784,7 @@ const STORE_CONN_BYTES_MAX: usize = 2 * FRAME_BYTES_MAX;
 /// them, and still answers another client.
 #[test]
 fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(1, 1, Timing::default());
     cluster.set_store_config(&format!(
         "metrics_listen = \"127.0.0.1:0\"\n\
@@ -849,6 +850,7 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
 /// reading them, and a producer is still acknowledged.
 #[test]
 fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 1, Timing::default());
     cluster.start_all();
     cluster.settle();
@@ -1008,6 +1010,7 @@ fn sweep_refused(
 /// and its peer reserve together.
 #[test]
 fn idle_connections_beyond_connections_max_are_refused_and_replication_goes_on() {
+    let _t = quire_tests::proc_test();
     ensure_open_files(8 * FLOOD as u64 + 1024);
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.set_store_config(&format!(

@@ -24,6 +24,7 @@ const SEGMENT_BYTES: u64 = 64 << 10;
 
 #[test]
 fn a_bit_flip_in_a_sealed_segment_is_reported_as_corruption_and_never_served() {
+    let _t = quire_tests::proc_test();
     let mut rng = Rng::from_env_or_clock("proc_bit_flip");
     let mut c = Cluster::new(3, 2, Timing::default());
     let victim = 2;

@@ -63,6 +63,7 @@ fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn the_dashboard_queries_only_metrics_the_servers_export() {
+    let _t = quire_tests::proc_test();
     let text = std::fs::read_to_string(deploy_dir().join("grafana/quire.json")).expect("dashboard");
     let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard parses");
     let queries = dashboard_queries(&dashboard);
@@ -101,6 +102,7 @@ fn the_dashboard_queries_only_metrics_the_servers_export() {
 
 #[test]
 fn the_systemd_units_verify() {
+    let _t = quire_tests::proc_test();
     let units = ["quire-node.service", "quire-broker.service"];
     let dir = tempfile::tempdir().expect("temp dir");
     let mut paths = Vec::new();
@@ -169,6 +171,7 @@ fn the_systemd_units_verify() {
 
 #[test]
 fn prometheus_yml_parses_and_scrapes_stores_and_brokers() {
+    let _t = quire_tests::proc_test();
     let path = deploy_dir().join("prometheus.yml");
     let text = std::fs::read_to_string(&path).expect("prometheus.yml");
     for job in [

@@ -23,6 +23,7 @@ const PRODUCERS: u64 = 3;
 
 #[test]
 fn an_fsync_or_write_eio_fails_one_stores_log_and_the_cluster_continues() {
+    let _t = quire_tests::proc_test();
     let mut c = Cluster::new(3, 2, Timing::default());
     let victim = 2;
     let log = c.stores[victim].dir.with_extension("log");

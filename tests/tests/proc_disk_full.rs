@@ -27,6 +27,7 @@ const LEAVE_FREE_BYTES: u64 = 5 << 19; // 2.5 MiB: two segments fit, a third doe
 
 #[test]
 fn a_full_disk_stops_one_store_and_after_space_is_freed_it_catches_up() {
+    let _t = quire_tests::proc_test();
     let mut c = Cluster::new(3, 2, Timing::default());
     let victim = 2;
     let config = c.root.path().join("store-small-segments.toml");

@@ -65,6 +65,7 @@ fn check_standard_metrics(who: &str, addr: &str) {
 
 #[test]
 fn stores_and_brokers_answer_healthz_and_ready_by_their_state() {
+    let _t = quire_tests::proc_test();
     // A long election timeout: no master can exist in the moment after a broker starts.
     let timing = Timing {
         election_timeout_ms: 1500,
@@ -169,6 +170,7 @@ fn stores_and_brokers_answer_healthz_and_ready_by_their_state() {
 
 #[test]
 fn version_names_the_commit() {
+    let _t = quire_tests::proc_test();
     for bin in [node_bin(), broker_bin(), quire_bin()] {
         let out = run_bounded(Command::new(&bin).arg("--version"), Duration::from_secs(10));
         assert!(out.status.success(), "{}", bin.display());

@@ -38,6 +38,7 @@ fn timing() -> Timing {
 
 #[test]
 fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, timing());
     cluster.start_all();
     cluster.settle();
@@ -106,6 +107,7 @@ fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
 
 #[test]
 fn proc_twenty_store_kills_under_load_lose_no_acknowledged_message() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 3, timing());
     cluster.start_all();
     let first_master = cluster.settle();

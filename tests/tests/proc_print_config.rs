@@ -42,6 +42,7 @@ fn settings(out: &Output) -> HashMap<String, (Option<String>, String)> {
 
 #[test]
 fn the_node_prints_each_setting_and_its_source() {
+    let _t = quire_tests::proc_test();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("node.toml");
     std::fs::write(
@@ -144,6 +145,7 @@ fn the_node_prints_each_setting_and_its_source() {
 
 #[test]
 fn the_broker_prints_each_setting_and_its_source() {
+    let _t = quire_tests::proc_test();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("broker.toml");
     std::fs::write(

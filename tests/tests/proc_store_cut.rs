@@ -162,6 +162,7 @@ fn minority_cut_timing() -> Timing {
 
 #[test]
 fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, minority_cut_timing());
     let links = StoreLinks::install(&mut cluster);
     cluster.start_all();
@@ -249,6 +250,7 @@ fn proc_minority_cut_producing_continues_and_the_cut_store_catches_up() {
 
 #[test]
 fn proc_majority_cut_the_old_master_acks_nothing_and_a_slave_takes_over() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     let links = StoreLinks::install(&mut cluster);
     cluster.start_all();

@@ -29,6 +29,7 @@ const TRUNCATIONS: usize = 8;
 
 #[test]
 fn a_store_with_a_torn_tail_recovers_catches_up_and_verifies_clean() {
+    let _t = quire_tests::proc_test();
     let mut rng = Rng::from_env_or_clock("proc_torn_tail");
     let mut c = Cluster::new(3, 2, Timing::default());
     let victim = 2;

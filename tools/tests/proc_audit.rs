@@ -97,6 +97,7 @@ fn brokers(c: &Cluster) -> String {
 
 #[test]
 fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
+    let _t = quire_tests::proc_test();
     let mut c = Cluster::new(3, 2, Timing::default());
     let small = c.root.path().join("store-small-segments.toml");
     std::fs::write(

@@ -16,6 +16,7 @@ const RUN_WAIT: Duration = Duration::from_secs(240);
 
 #[test]
 fn the_report_runs_every_benchmark_and_gives_ratios_to_the_disk() {
+    let _t = quire_tests::proc_test();
     let dir = tempfile::Builder::new()
         .prefix("quire-report-test-")
         .tempdir()

@@ -277,6 +277,7 @@ fn offsets(lines: &[Value]) -> Vec<u64> {
 
 #[test]
 fn cluster_commands_against_a_cluster_started_by_the_quire_binary() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::start();
 
     // Generated messages: one jsonl line per ack, distinct offsets, in send order.

@@ -83,6 +83,7 @@ impl Drop for Guard {
 
 #[test]
 fn a_detached_cluster_serves_then_goes_down_leaving_verifiable_logs() {
+    let _t = quire_tests::proc_test();
     let guard = Guard {
         dir: tempfile::Builder::new()
             .prefix("quire-up-test-")

@@ -19,6 +19,7 @@ const RUN_WAIT: Duration = Duration::from_secs(180);
 
 #[test]
 fn the_demo_loses_and_duplicates_nothing_across_a_master_kill() {
+    let _t = quire_tests::proc_test();
     let out = run_bounded(
         Command::new(env!("CARGO_BIN_EXE_quire"))
             .args([

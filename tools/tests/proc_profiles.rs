@@ -160,6 +160,7 @@ impl Client {
 
 #[test]
 fn client_commands_take_their_brokers_from_a_profile_a_variable_or_a_flag() {
+    let _t = quire_tests::proc_test();
     let mut cluster = Cluster::new(3, 2, Timing::default());
     cluster.start_all();
     let master = cluster.wait_for_master();
@@ -313,6 +314,7 @@ fn client_commands_take_their_brokers_from_a_profile_a_variable_or_a_flag() {
 
 #[test]
 fn cluster_up_with_a_profile_writes_one_that_produce_uses_alone() {
+    let _t = quire_tests::proc_test();
     let root = tempfile::tempdir().unwrap();
     let client = Client::new(root.path(), "up");
     let dir = root.path().join("cluster");

@@ -1,8 +1,9 @@
-//! Harness for the multi-process tests: runs the real `quire-node` binary on 127.0.0.1 with
-//! ephemeral ports, in a temporary directory, and kills it (and removes the directory) on
-//! drop, also when the test panics. Every wait is bounded.
+//! One store alone, for the node's multi-process tests (`node/tests/proc_*.rs`): runs the
+//! real `quire-node` binary on 127.0.0.1 with ephemeral ports, in a temporary directory,
+//! and kills it (and removes the directory) on drop, also when the test panics. Every wait
+//! is bounded. Also: appends and events built from quire-proto types, and a bounded
+//! runtime for an async test body ([`block_on`]).
 
-#![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::fs;
@@ -12,18 +13,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::Proc;
 use bytes::Bytes;
 use quire_proto::{AppendRequest, Epoch, Event, EventKind, LogPosition, Offset};
-use quire_tests::Proc;
 
 /// How long the node may take to start and print its address.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bound of one whole test body.
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(45);
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_quire-node");
+/// The `quire-node` binary (see [`crate::node_bin`]).
+pub fn bin() -> PathBuf {
+    crate::node_bin()
+}
 
 /// A temporary directory with a store data directory (`data/`) and the node's log file.
+#[derive(Debug)]
 pub struct TestDir {
     pub root: tempfile::TempDir,
 }
@@ -62,7 +67,7 @@ pub const SMALL_CONFIG: &str = "[wal]\nsegment_bytes_max = 4194304\n";
 
 /// Runs `quire-node ARGS` to completion (bounded) and returns its output.
 pub fn run_cli(args: &[&str]) -> Output {
-    quire_tests::run_bounded(Command::new(BIN).args(args), START_TIMEOUT)
+    crate::run_bounded(Command::new(bin()).args(args), START_TIMEOUT)
 }
 
 /// `quire-node init --data-dir DIR [--learner]`, which must succeed.
@@ -82,6 +87,7 @@ pub fn init(dir: &Path, learner: bool) {
 
 /// A running `quire-node run` (a process of the workspace's harness, quire-tests), killed
 /// with SIGKILL on drop.
+#[derive(Debug)]
 pub struct NodeProc {
     proc: Proc,
     pub addr: SocketAddr,
@@ -115,7 +121,7 @@ impl NodeProc {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> NodeProc {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.args([
             "run",
             "--data-dir",
@@ -217,15 +223,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> String {
     body.to_owned()
 }
 
+/// The value of the sample `prefix` (a name with its labels, as printed) in a scrape, or 0
+/// if absent: [`crate::http::metric`].
 pub fn metric_value(body: &str, prefix: &str) -> f64 {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let rest = l.strip_prefix(prefix)?;
-            let rest = rest.strip_prefix(' ')?;
-            rest.trim().parse().ok()
-        })
-        .unwrap_or(0.0)
+    crate::http::metric(body, prefix).unwrap_or(0.0)
 }
 
 /// Runs an async test body on a fresh runtime, bounded by [`TEST_TIMEOUT`].
