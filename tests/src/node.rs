@@ -33,7 +33,17 @@ pub struct TestDir {
     pub root: tempfile::TempDir,
 }
 
+impl Default for TestDir {
+    fn default() -> TestDir {
+        TestDir::new()
+    }
+}
+
 impl TestDir {
+    /// A new, empty temporary directory (removed on drop).
+    ///
+    /// # Panics
+    /// If the temp dir cannot be created.
     pub fn new() -> TestDir {
         TestDir {
             root: tempfile::Builder::new()
