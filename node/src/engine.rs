@@ -710,11 +710,11 @@ impl<T> Engine<T> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use quire_proto::{Incarnation, StoreId};
 
     use super::*;
     use crate::identity::Role;
+    use crate::replica::tests::append;
 
     /// An in-memory log: accepted entry epochs, how many are durable, failed or not.
     #[derive(Default)]
@@ -760,28 +760,6 @@ mod tests {
             None,
             Mutations::default(),
         )
-    }
-
-    fn append(epoch: u64, prev: Option<(u64, u64)>, event_epochs: &[u64]) -> AppendRequest {
-        let first = prev.map_or(0, |(_, o)| o + 1);
-        AppendRequest {
-            epoch: Epoch(epoch),
-            prev: prev.map(|(e, o)| LogPosition {
-                epoch: Epoch(e),
-                offset: Offset(o),
-            }),
-            events: event_epochs
-                .iter()
-                .enumerate()
-                .map(|(i, &e)| Event {
-                    epoch: Epoch(e),
-                    offset: Offset(first + i as u64),
-                    kind: EventKind::Message,
-                    payload: Bytes::from_static(b"x"),
-                })
-                .collect(),
-            hwm: None,
-        }
     }
 
     fn fence(epoch: u64) -> FenceRequest {

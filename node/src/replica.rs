@@ -283,7 +283,7 @@ fn check_epochs(req: &AppendRequest) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use bytes::Bytes;
     use quire_proto::{Event, EventKind};
@@ -323,7 +323,12 @@ mod tests {
         }
     }
 
-    fn append(epoch: u64, prev: Option<(u64, u64)>, event_epochs: &[u64]) -> AppendRequest {
+    /// An append of one-byte message events with the given epochs, after `prev` (epoch, offset).
+    pub(crate) fn append(
+        epoch: u64,
+        prev: Option<(u64, u64)>,
+        event_epochs: &[u64],
+    ) -> AppendRequest {
         let first = prev.map_or(0, |(_, o)| o + 1);
         AppendRequest {
             epoch: Epoch(epoch),
