@@ -272,6 +272,7 @@ impl World {
             brokers: n_brokers,
             limits,
             election_timeout_ms_min,
+            heartbeat_ms,
             fetch_events_max: {
                 let drawn = rng.range(16, 256) as u32;
                 config.fetch_events_max.unwrap_or(drawn)

@@ -213,7 +213,7 @@ fn mutation_forget_epoch_is_caught() {
 /// the HWM already reached; docs/testing.md.)
 #[test]
 fn mutation_through_end_is_caught() {
-    let (_, found) = caught_within(Mutation::ThroughEnd, 4_000, false);
+    let (_, found) = caught_within(Mutation::ThroughEnd, 20_000, false);
     assert!(found
         .iter()
         .any(|v| matches!(v, Violation::AckClaimsUnheld { .. })));

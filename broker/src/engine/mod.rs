@@ -13,21 +13,32 @@
 //! host one engine per log.
 //!
 //! What lives here so far:
+//! - [`broker::Engine`]: the roles and their changes — follower, takeover, the cluster's
+//!   bootstrap, master, step-down on a higher epoch, check-quorum, the graceful handoff's
+//!   step-down — with the broker state every role applies stabilized events to, and the
+//!   master's write path inside it.
 //! - [`writes::Writes`]: the master's write path — planning a produce (the idempotent
 //!   producer's dedup against the applied table and the batches in flight, the per-message
 //!   and in-flight byte bounds), proposing it to the [`crate::core::MasterCore`], the
 //!   requests blocked until the master serves or has room, answering them when their events
 //!   are stabilized, expiring them, and failing them when the master steps down.
 //!
-//! What does not live here yet (the tokio actor still decides it): the roles and their
-//! changes (follower, takeover, bootstrap, master, step-down), fetch and its long-poll
-//! waiters, graceful handoff, retention and checkpoints, metrics and status.
+//! What does not live here yet (the tokio actor still decides it, through the engine's
+//! accessors): fetch and its long-poll waiters, the phases of a graceful handoff, retention
+//! and checkpoints, metrics and status.
 
+pub mod broker;
 pub mod writes;
 
 #[cfg(test)]
+mod broker_tests;
+#[cfg(test)]
 mod tests;
 
+pub use broker::{
+    Command, Engine, EngineConfig, FenceAnswer, InboundAnswer, Mutations, RoleView, SlotAnswer,
+    TailAnswer,
+};
 pub use writes::{
     Arrival, Gate, Reply, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,
 };

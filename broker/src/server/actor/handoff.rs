@@ -24,8 +24,9 @@ use quire_proto::{
     Offset, RequestId, TakeOverNowRequest, TakeOverNowResponse,
 };
 
-use super::{Actor, Role};
+use super::Actor;
 use crate::core::SlotKind;
+use crate::engine::RoleView;
 use crate::server::conn::{Request, Responder};
 use crate::server::slots::Internal;
 
@@ -85,8 +86,8 @@ impl Actor {
         let Body::HandoffRequest(HandoffRequest { to }) = r.body else {
             return;
         };
-        let epoch = match &self.role {
-            Role::Master(m) if m.serving => m.core.epoch(),
+        let epoch = match self.engine.role() {
+            RoleView::Master(core, true) => core.epoch(),
             _ => {
                 self.not_master(&r.reply, r.request_id);
                 return;
@@ -101,7 +102,8 @@ impl Actor {
         }
         let is_slave = to != self.me
             && self
-                .cluster
+                .engine
+                .cluster()
                 .slots
                 .iter()
                 .any(|k| matches!(k, SlotKind::Slave { broker } if *broker == to));
@@ -126,6 +128,7 @@ impl Actor {
             deadline: now + self.handoff_timeout(),
             phase: HandoffPhase::Draining,
         });
+        self.sync_write_hold();
         self.advance_handoff();
     }
 
@@ -134,15 +137,24 @@ impl Actor {
         let Body::TakeOverNowRequest(TakeOverNowRequest { from_epoch, .. }) = r.body else {
             return;
         };
-        let follows = matches!(&self.role, Role::Follower(f) if f.master_epoch() == from_epoch);
-        if !follows || !self.knows_identities() {
+        let follows =
+            matches!(self.engine.role(), RoleView::Follower(f) if f.master_epoch() == from_epoch);
+        let knows_identities = (0..self.store_count).any(|i| {
+            self.engine
+                .cluster()
+                .expected_identity(Self::slot_of(i))
+                .is_some()
+        });
+        if !follows || !knows_identities {
             self.not_master(&r.reply, r.request_id);
             return;
         }
         tracing::info!(%from_epoch, "the master hands over: taking over now");
         r.reply
             .send(r.request_id, TakeOverNowResponse { broker: self.me }.into());
-        self.start_takeover();
+        let now = self.now_ms();
+        self.engine.take_over_now(now);
+        self.run_commands();
     }
 
     /// Moves a handoff on. Called after stabilization, after an inbound append, on every
@@ -155,26 +167,24 @@ impl Actor {
         let (epoch, to) = (h.epoch, h.to);
         match h.phase {
             HandoffPhase::Draining => {
-                let Role::Master(m) = &self.role else {
+                let Some(core) = self
+                    .engine
+                    .master_core()
+                    .filter(|core| core.epoch() == epoch)
+                else {
                     self.finish_handoff(Err(ErrorResponse::new(
                         ErrorCode::NotMaster,
                         "this broker stopped being master during the handoff",
                     )));
                     return;
                 };
-                if m.core.epoch() != epoch {
-                    self.finish_handoff(Err(ErrorResponse::new(
-                        ErrorCode::NotMaster,
-                        "this broker stopped being master during the handoff",
-                    )));
-                    return;
-                }
-                let next = m.core.next_offset();
+                let next = core.next_offset();
                 let drained =
-                    m.writes.pending_len() == 0 && m.core.hwm().map(Offset::next) == Some(next);
-                let hwm = m.core.hwm();
+                    self.engine.writes_pending() == 0 && core.hwm().map(Offset::next) == Some(next);
+                let hwm = core.hwm();
                 let slot = self
-                    .cluster
+                    .engine
+                    .cluster()
                     .slots
                     .iter()
                     .position(|k| matches!(k, SlotKind::Slave { broker } if *broker == to));
@@ -239,7 +249,7 @@ impl Actor {
                 }
             }
             HandoffPhase::SteppedDown { next } => {
-                if let Role::Follower(f) = &self.role {
+                if let RoleView::Follower(f) = self.engine.role() {
                     let new = f.master_epoch();
                     if new > epoch && f.hwm() >= Some(next) {
                         self.finish_handoff(Ok(new));
@@ -315,32 +325,17 @@ impl Actor {
     /// Steps down voluntarily (if still master of `epoch`): follow with the whole log, and
     /// send every waiting write to the target.
     fn hand_over(&mut self, to: BrokerId, epoch: Epoch) {
-        if !matches!(&self.role, Role::Master(m) if m.core.epoch() == epoch) {
-            return;
-        }
-        let Role::Master(m) = std::mem::replace(&mut self.role, Role::Switching) else {
-            return;
-        };
-        self.metrics.step_downs.inc();
-        tracing::info!(%epoch, to = to.0, "handed over: following");
-        let super::MasterRun { core, writes, .. } = *m;
-        assert!(
-            writes.pending_len() == 0,
-            "invariant: a master hands over only with nothing pending"
-        );
-        let local = core.into_local_log();
-        self.role = Role::Follower(Box::new(self.new_follower(local, epoch)));
         let hint = self.broker_info(to);
-        let mut out = Vec::new();
-        writes.fail_all(None, &mut out);
-        let refusal = ErrorResponse::not_master(self.highest_epoch_seen, hint.clone());
-        self.execute_writes(out, Some(&refusal));
-        for f in std::mem::take(&mut self.fetch_waiters) {
-            f.waiter.reply.error(
-                f.waiter.request_id,
-                ErrorResponse::not_master(self.highest_epoch_seen, hint.clone()),
-            );
+        self.not_master_override = Some(ErrorResponse::not_master(
+            self.engine.highest_epoch_seen(),
+            hint,
+        ));
+        let now = self.now_ms();
+        if self.engine.hand_over(epoch, now) {
+            tracing::info!(%epoch, to = to.0, "handed over: following");
         }
+        self.run_commands();
+        self.not_master_override = None;
     }
 
     /// Answers the requester and forgets the handoff.
@@ -348,6 +343,7 @@ impl Actor {
         let Some(h) = self.handoff.take() else {
             return;
         };
+        self.sync_write_hold();
         match outcome {
             Ok(new) => {
                 let pause = h.started.elapsed();

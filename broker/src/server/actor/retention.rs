@@ -31,11 +31,11 @@ use quire_proto::{
     ErrorResponse, EventBody, EventKind, Offset, TrimEvent, EVENT_PAYLOAD_BYTES_MAX,
 };
 
-use super::{Actor, Role};
+use super::Actor;
 use crate::core::event::EVENT_OVERHEAD_BYTES;
 use crate::core::{AppendCommand, Event, MasterInput};
+use crate::engine::RoleView;
 use crate::retention::TrimPlanner;
-use crate::state::{Applied, BrokerState};
 
 /// Shortest time a checkpoint barrier may hold writes before it is given up (it is retried
 /// at a later tick); the bound is ten heartbeats, at least this.
@@ -60,48 +60,30 @@ impl Actor {
     pub(super) fn retention_applied(&mut self, event: &Event) {
         self.planner
             .stabilized(event.offset, event.payload.len() as u64);
-        if self.state.trim_point() > self.planner.trim_point() {
-            self.planner.trimmed(self.state.trim_point());
+        let trim_point = self.engine.state().trim_point();
+        if trim_point > self.planner.trim_point() {
+            self.planner.trimmed(trim_point);
         }
     }
 
-    /// The next event to apply is not the one after the state's last: the log now starts
-    /// at a checkpoint (a slave sent the log from the trim point). Rebuilds the state from
-    /// `event` if it is a checkpoint and returns what applying it did; otherwise the state
-    /// has a gap until a later checkpoint, and `None`.
-    pub(super) fn rebuild_at(&mut self, event: &Event) -> Option<Applied> {
-        let expected = self.state.applied().map_or(Offset::ZERO, Offset::next);
-        if event.offset < expected {
-            tracing::error!(offset = %event.offset, %expected, "an event below the applied offset was given to apply again; ignored");
-            return None;
-        }
-        let Some(state) = BrokerState::from_checkpoint(event) else {
-            if !self.state_gap {
-                tracing::error!(offset = %event.offset, %expected, "the log skips events and this one is not a checkpoint: the broker state waits for the next checkpoint");
-            }
-            self.state_gap = true;
-            return None;
-        };
-        tracing::info!(checkpoint = %event.offset, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint");
-        self.state = state;
-        self.state_gap = false;
-        self.recent.clear();
-        let mut planner = TrimPlanner::new(self.cfg.retention, event.offset);
-        planner.trimmed(self.state.trim_point());
+    /// The engine rebuilt the broker state from the checkpoint at `checkpoint` (the log
+    /// now starts there): the planner starts over from it.
+    pub(super) fn retention_rebuilt(&mut self, checkpoint: Offset) {
+        let mut planner = TrimPlanner::new(self.cfg.retention, checkpoint);
+        planner.trimmed(self.engine.state().trim_point());
         self.planner = planner;
-        Some(Applied::Other)
     }
 
     /// On a heartbeat tick: a serving master starts a checkpoint barrier when the policy
     /// allows a higher trim point; every other broker only takes the planner's mark.
     pub(super) fn retention_tick(&mut self, now_ms: u64) {
         let handing_off = self.is_handing_off();
-        let Role::Master(m) = &self.role else {
+        let RoleView::Master(_, serving) = self.engine.role() else {
             self.trim_barrier = None;
             self.planner.mark(now_ms);
             return;
         };
-        if !m.serving || handing_off {
+        if !serving || handing_off {
             self.planner.mark(now_ms);
             return;
         }
@@ -120,7 +102,8 @@ impl Actor {
             self.planner.mark(now_ms);
             return;
         }
-        if self.trim_proposed > self.state.applied() {
+        let state = self.engine.state();
+        if self.trim_proposed > state.applied() {
             // The last checkpoint is not applied yet.
             self.planner.mark(now_ms);
             return;
@@ -128,12 +111,11 @@ impl Actor {
         let Some(point) = self.planner.plan(now_ms) else {
             return;
         };
-        let trim_point = self.state.trim_point();
-        let to = self
-            .state
+        let trim_point = state.trim_point();
+        let to = state
             .checkpoint_at_or_below(point)
             .filter(|&c| c > trim_point);
-        let before = match (to, self.state.last_checkpoint()) {
+        let before = match (to, state.last_checkpoint()) {
             (Some(c), _) => c,
             // No checkpoint above the trim point: take one, trimming nothing more yet.
             (None, None) => trim_point,
@@ -144,6 +126,7 @@ impl Actor {
             before,
             since: Instant::now(),
         });
+        self.sync_write_hold();
         self.retention_barrier_check();
     }
 
@@ -160,19 +143,21 @@ impl Actor {
             self.trim_barrier = None;
             return;
         }
-        let Role::Master(m) = &mut self.role else {
+        let Some(core) = self.engine.master_core() else {
             self.trim_barrier = None;
+            self.sync_write_hold();
             return;
         };
-        let next = m.core.next_offset();
-        let applied_next = self.state.applied().map_or(Offset::ZERO, Offset::next);
-        if m.core.hwm().map_or(Offset::ZERO, Offset::next) != next || applied_next != next {
+        let state = self.engine.state();
+        let next = core.next_offset();
+        let applied_next = state.applied().map_or(Offset::ZERO, Offset::next);
+        if core.hwm().map_or(Offset::ZERO, Offset::next) != next || applied_next != next {
             return;
         }
         self.trim_barrier = None;
         let body = EventBody::Trim(TrimEvent {
             before,
-            checkpoint: Some(Box::new(self.state.snapshot())),
+            checkpoint: Some(Box::new(state.snapshot())),
         });
         let payload = match body.to_payload() {
             Ok(p) if p.len() <= EVENT_PAYLOAD_BYTES_MAX => Some(p),
@@ -194,19 +179,24 @@ impl Actor {
         };
         if let Some(payload) = payload {
             let bytes = EVENT_OVERHEAD_BYTES + payload.len() as u64;
-            let mut out = Vec::new();
-            match m.core.propose(EventKind::Trim.as_u8(), payload, &mut out) {
-                Ok(offset) => {
+            let mut proposed = None;
+            let now = self.now_ms();
+            self.engine.with_master(now, |core, _, out| {
+                proposed = Some(core.propose(EventKind::Trim.as_u8(), payload, out));
+            });
+            match proposed {
+                Some(Ok(offset)) => {
                     self.trim_proposed = Some(offset);
                     self.planner.trimmed(before);
                     let paused_us = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX);
                     tracing::info!(%before, checkpoint = %offset, bytes, paused_us, "retention: proposed a trim point with a checkpoint");
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, %before, "retention: checkpoint not proposed; planned again later");
                 }
+                None => {}
             }
-            self.dispatch_master(out);
+            self.run_commands();
         }
         self.retry_blocked();
     }
@@ -216,12 +206,9 @@ impl Actor {
     /// from; a store that lags below what the stores still hold cannot catch up.
     pub(super) fn on_read_trimmed(&mut self, cmd: &AppendCommand, first_offset: Offset) {
         let slot = cmd.slot;
-        let is_store = self.is_store(slot);
-        let checkpoint = self.state.trim_point();
-        let Role::Master(m) = &mut self.role else {
-            return;
-        };
-        if m.core.epoch() != cmd.epoch {
+        let is_store = slot.index() < self.store_count;
+        let checkpoint = self.engine.state().trim_point();
+        if self.engine.master_epoch() != Some(cmd.epoch) {
             return;
         }
         if is_store {
@@ -233,18 +220,17 @@ impl Actor {
             return;
         }
         tracing::info!(%slot, from = %cmd.first, %checkpoint, "a slave needs trimmed events: sending it the log from the checkpoint at the trim point");
-        let mut out = Vec::new();
-        m.core.handle(
-            MasterInput::SlaveToCheckpoint { slot, checkpoint },
-            &mut out,
-        );
-        self.dispatch_master(out);
+        let now = self.now_ms();
+        self.engine.with_master(now, |core, _, out| {
+            core.handle(MasterInput::SlaveToCheckpoint { slot, checkpoint }, out);
+        });
+        self.run_commands();
     }
 
     /// The `Trimmed` answer for a read from `from`, if `from` is below the applied trim point
     /// (the first offset a reader may ask for).
     pub(super) fn trimmed_answer(&self, from: Offset) -> Option<ErrorResponse> {
-        let first = self.state.trim_point();
+        let first = self.engine.state().trim_point();
         (from < first).then(|| ErrorResponse::trimmed(from, first))
     }
 }

@@ -1,0 +1,629 @@
+//! Unit tests of the broker engine's roles: every role change, driven by inputs alone, with
+//! a small model of three stores and one slave broker answering by hand.
+
+use bytes::Bytes;
+use quire_proto::{
+    AppendRejected, AppendRequest, BrokerId, Epoch, ErrorCode, FenceGranted, Incarnation,
+    LogPosition, Offset, ProduceRequest, RejectReason as WireReason, StoreId,
+};
+
+use super::*;
+use crate::core::{
+    AppendCommand, AppendEvents, AppendId, ClusterConfig, ReplicationLimits, SlotId, SlotKind,
+    StoreIdentity,
+};
+
+const STORES: usize = 3;
+const ELECTION_MS: u64 = 300;
+const HEARTBEAT_MS: u64 = 50;
+/// The slave broker's slot (after the stores).
+const SLAVE: SlotId = SlotId(3);
+
+fn ident(i: usize) -> StoreIdentity {
+    StoreIdentity {
+        store_id: StoreId(0x100 + i as u64),
+        incarnation: Incarnation(7),
+    }
+}
+
+fn store(i: usize) -> SlotId {
+    SlotId(u16::try_from(i).expect("few stores"))
+}
+
+/// Broker 1 of two, with three stores; `known` says whether its cluster file names the
+/// stores' identities (false: a new cluster, bootstrap).
+fn config(known: bool) -> EngineConfig {
+    let mut slots: Vec<SlotKind> = (0..STORES)
+        .map(|i| SlotKind::Store {
+            identity: known.then(|| ident(i)),
+        })
+        .collect();
+    slots.push(SlotKind::Slave {
+        broker: BrokerId(2),
+    });
+    EngineConfig {
+        me: BrokerId(1),
+        brokers: vec![BrokerId(1), BrokerId(2)],
+        cluster: ClusterConfig::with_majorities(slots),
+        election_timeout_ms: ELECTION_MS,
+        heartbeat_ms: HEARTBEAT_MS,
+        takeover_timeout_ms: 1000,
+        check_quorum: true,
+        write_limits: WriteLimits {
+            message_bytes_max: 1024,
+            inflight_bytes_max: 1 << 20,
+            produce_timeout_ms: 500,
+            blocked_requests_max: 16,
+        },
+        limits: ReplicationLimits::default(),
+        takeover_fetch_events_max: 64,
+        follower_retained_bytes_max: 1 << 20,
+        seed: 42,
+        mutations: Mutations::default(),
+    }
+}
+
+/// The engine, its clock, and every command it gave out so far (in order).
+struct H {
+    engine: Engine,
+    now: u64,
+    seen: Vec<Command>,
+}
+
+impl H {
+    fn new(known: bool) -> H {
+        let mut engine = Engine::new(config(known), 0, 0);
+        for i in 0..=STORES {
+            engine.link(SlotId(u16::try_from(i).expect("few")), true, 0);
+        }
+        H {
+            engine,
+            now: 0,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Commands queued since the last call (also kept in `seen`).
+    fn take(&mut self) -> Vec<Command> {
+        let c = self.engine.take_commands();
+        self.seen.extend(c.iter().cloned());
+        c
+    }
+
+    /// Ticks until a command matching `want` comes out; returns every command of that
+    /// step. Panics after 100 ticks.
+    fn tick_until(&mut self, want: impl Fn(&Command) -> bool) -> Vec<Command> {
+        for _ in 0..100 {
+            self.now += HEARTBEAT_MS;
+            self.engine.tick(self.now);
+            let out = self.take();
+            if out.iter().any(&want) {
+                return out;
+            }
+        }
+        panic!("no wanted command in 100 ticks: {:?}", self.seen);
+    }
+
+    /// From a fresh follower with identities known to a takeover whose fences are out.
+    /// Returns the takeover's epoch.
+    fn start_fencing(&mut self) -> Epoch {
+        let out = self.tick_until(|c| matches!(c, Command::PersistEpochCounter { .. }));
+        let counter = out
+            .iter()
+            .find_map(|c| match c {
+                Command::PersistEpochCounter { counter } => Some(*counter),
+                _ => None,
+            })
+            .expect("a counter to persist");
+        assert!(
+            out.iter().any(|c| matches!(c, Command::TakingOver { .. })),
+            "{out:?}"
+        );
+        assert!(
+            !out.iter().any(|c| matches!(c, Command::SendFence { .. })),
+            "no fence before the epoch counter is durable: {out:?}"
+        );
+        self.engine.epoch_persisted(counter, true, self.now);
+        let out = self.take();
+        let fences: Vec<Epoch> = out
+            .iter()
+            .filter_map(|c| match c {
+                Command::SendFence { epoch, .. } => Some(*epoch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(fences.len(), STORES, "{out:?}");
+        fences[0]
+    }
+
+    /// Every store grants `epoch` with an empty log.
+    fn grant_all(&mut self, epoch: Epoch) -> Vec<Command> {
+        for i in 0..STORES {
+            self.engine.fence_answer(
+                store(i),
+                epoch,
+                FenceAnswer::Granted(FenceGranted {
+                    epoch,
+                    last: None,
+                    store_id: ident(i).store_id,
+                    incarnation: ident(i).incarnation,
+                    tail_cut: None,
+                }),
+                self.now,
+            );
+        }
+        self.take()
+    }
+
+    /// Acks every append in `out` from every store (persisted through what it carried)
+    /// and from the slave.
+    fn ack(&mut self, out: &[Command]) -> Vec<Command> {
+        let appends: Vec<&AppendCommand> = out
+            .iter()
+            .filter_map(|c| match c {
+                Command::Append(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        for a in appends {
+            let answer = if a.slot == SLAVE {
+                SlotAnswer::SlaveHas { epoch: a.epoch }
+            } else {
+                let id = ident(a.slot.index());
+                SlotAnswer::Persisted {
+                    epoch: a.epoch,
+                    through: a.through(),
+                    identity: id,
+                    voter: true,
+                }
+            };
+            self.engine
+                .append_answer(a.slot, a.append, a.epoch, a.through(), answer, self.now);
+        }
+        self.take()
+    }
+
+    /// A fresh broker all the way to a serving master. Returns its epoch.
+    fn become_serving(&mut self) -> Epoch {
+        let epoch = self.start_fencing();
+        let out = self.grant_all(epoch);
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::BecameMaster { epoch: e } if *e == epoch)),
+            "{out:?}"
+        );
+        assert!(
+            !self.engine.is_serving(),
+            "not serving before the epoch start is stabilized"
+        );
+        let out = self.ack(&out);
+        assert!(
+            out.iter()
+                .any(|c| matches!(c, Command::Serving { epoch: e, .. } if *e == epoch)),
+            "{out:?}"
+        );
+        assert!(self.engine.is_serving());
+        epoch
+    }
+
+    fn produce(&mut self, token: u64, sequence: u64) -> Vec<Command> {
+        let req = WriteRequest::Produce(ProduceRequest {
+            topic: "t".into(),
+            producer_id: 9,
+            sequence,
+            messages: vec![Bytes::from_static(b"m")],
+        });
+        assert!(self
+            .engine
+            .write(RequestToken(token), req, self.now, self.now));
+        self.engine.flush(self.now);
+        self.take()
+    }
+}
+
+fn answers(out: &[Command]) -> Vec<(RequestToken, Reply)> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::Write(WriteCommand::Answer { token, reply, .. }) => {
+                Some((*token, reply.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_silent_follower_takes_over_only_after_its_epoch_counter_is_durable() {
+    let mut h = H::new(true);
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+    let epoch = h.start_fencing();
+    assert_eq!(epoch.broker(), BrokerId(1));
+    assert!(matches!(h.engine.role(), RoleView::TakingOver(e) if e == epoch));
+    assert_eq!(h.engine.durable_counter(), epoch.0 >> 16);
+}
+
+#[test]
+fn a_takeover_becomes_master_and_serves_once_its_epoch_start_is_stabilized() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    assert_eq!(h.engine.master_epoch(), Some(epoch));
+    let applied = h.engine.state().applied();
+    assert_eq!(
+        applied,
+        Some(Offset::ZERO),
+        "the epoch-start event is applied"
+    );
+    assert_eq!(h.engine.master_hint(h.now), (epoch, Some(BrokerId(1))));
+}
+
+#[test]
+fn a_produce_is_answered_only_once_a_quorum_persisted_it() {
+    let mut h = H::new(true);
+    h.become_serving();
+    let out = h.produce(1, 0);
+    assert!(
+        answers(&out).is_empty(),
+        "no answer before the quorum: {out:?}"
+    );
+    let out = h.ack(&out);
+    assert_eq!(
+        answers(&out),
+        vec![(
+            RequestToken(1),
+            Reply::Produced {
+                base_offset: Offset(1),
+                count: 1
+            }
+        )]
+    );
+}
+
+#[test]
+fn a_takeover_that_does_not_finish_in_time_is_abandoned() {
+    let mut h = H::new(true);
+    let epoch = h.start_fencing();
+    // No store answers.
+    let out = h.tick_until(|c| matches!(c, Command::Abandoned { .. }));
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::Abandoned { epoch: e, why } if *e == epoch && why == "timed out")),
+        "{out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+}
+
+#[test]
+fn a_takeover_refused_with_a_higher_epoch_steps_back_and_remembers_it() {
+    let mut h = H::new(true);
+    let epoch = h.start_fencing();
+    let rival = Epoch(epoch.0 + (5 << 16) + 1);
+    for i in 0..STORES {
+        h.engine.fence_answer(
+            store(i),
+            epoch,
+            FenceAnswer::Refused { promised: rival },
+            h.now,
+        );
+    }
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(c, Command::Abandoned { .. })),
+        "{out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+    assert_eq!(h.engine.highest_epoch_seen(), rival);
+    // The next takeover goes above the rival.
+    let next = h.start_fencing();
+    assert!(next > rival, "{next} above {rival}");
+}
+
+#[test]
+fn a_failed_epoch_counter_write_sends_no_fence() {
+    let mut h = H::new(true);
+    let out = h.tick_until(|c| matches!(c, Command::PersistEpochCounter { .. }));
+    let Some(Command::PersistEpochCounter { counter }) = out
+        .iter()
+        .find(|c| matches!(c, Command::PersistEpochCounter { .. }))
+    else {
+        unreachable!("tick_until found it")
+    };
+    h.engine.epoch_persisted(*counter, false, h.now);
+    let out = h.take();
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::SendFence { .. })),
+        "{out:?}"
+    );
+    assert!(
+        out.iter().any(|c| matches!(c, Command::Abandoned { .. })),
+        "{out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+}
+
+#[test]
+fn a_fenced_master_steps_down_and_its_waiting_writes_get_not_master() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    let out = h.produce(1, 0);
+    let a = out
+        .iter()
+        .find_map(|c| match c {
+            Command::Append(a) if a.slot == store(0) => Some(a.clone()),
+            _ => None,
+        })
+        .expect("an append to store 0");
+    let higher = Epoch(epoch.0 + (1 << 16) + 1);
+    h.engine.append_answer(
+        a.slot,
+        a.append,
+        a.epoch,
+        a.through(),
+        SlotAnswer::Rejected(AppendRejected {
+            reason: WireReason::StaleEpoch,
+            promised: higher,
+            last: None,
+        }),
+        h.now,
+    );
+    let out = h.take();
+    assert_eq!(answers(&out), vec![(RequestToken(1), Reply::NotMaster)]);
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::LeftMaster { epoch: e, promised } if *e == epoch && *promised == higher)),
+        "{out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+    assert!(!h.engine.write(
+        RequestToken(2),
+        WriteRequest::Produce(ProduceRequest {
+            topic: "t".into(),
+            producer_id: 9,
+            sequence: 1,
+            messages: vec![Bytes::from_static(b"m")],
+        }),
+        h.now,
+        h.now
+    ));
+}
+
+#[test]
+fn a_master_that_hears_too_few_stores_for_an_election_timeout_steps_down_with_no_quorum() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    let _ = h.produce(1, 0); // never acked
+    let out = h.tick_until(|c| matches!(c, Command::LeftMaster { .. }));
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::LeftMaster { epoch: e, promised } if *e == epoch && *promised == epoch)),
+        "{out:?}"
+    );
+    let codes: Vec<ErrorCode> = answers(&out)
+        .into_iter()
+        .filter_map(|(_, r)| match r {
+            Reply::Error(e) => Some(e.code),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        codes == vec![ErrorCode::NoQuorum] || codes.is_empty(),
+        "the waiting write gets NoQuorum (or timed out before): {out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+}
+
+#[test]
+fn a_master_meeting_a_higher_epochs_append_follows_it() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    let rival = Epoch(epoch.0 + (1 << 16) + 1);
+    let applied = h.engine.state().applied();
+    let log_last = h.engine.master_core().and_then(|c| c.log().last());
+    let answer = h.engine.inbound_append(
+        AppendId(77),
+        AppendRequest {
+            epoch: rival,
+            prev: log_last,
+            events: Vec::new(),
+            hwm: applied,
+        },
+        h.now,
+    );
+    assert!(
+        matches!(answer, InboundAnswer::Has { epoch: e, .. } if e == rival),
+        "{answer:?}"
+    );
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(c, Command::LeftMaster { .. })),
+        "{out:?}"
+    );
+    assert_eq!(h.engine.master_hint(h.now), (rival, Some(rival.broker())));
+}
+
+#[test]
+fn an_older_masters_append_is_refused_with_the_masters_epoch() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    let answer = h.engine.inbound_append(
+        AppendId(1),
+        AppendRequest {
+            epoch: Epoch(1),
+            prev: None,
+            events: Vec::new(),
+            hwm: None,
+        },
+        h.now,
+    );
+    let InboundAnswer::Rejected(r) = answer else {
+        panic!("{answer:?}")
+    };
+    assert_eq!((r.reason, r.promised), (WireReason::StaleEpoch, epoch));
+    assert_eq!(h.engine.master_epoch(), Some(epoch));
+}
+
+#[test]
+fn a_handoff_steps_the_master_down_to_a_follower_of_its_own_epoch() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    assert!(
+        !h.engine.hand_over(Epoch(epoch.0 + 1), h.now),
+        "only for its own epoch"
+    );
+    assert!(h.engine.hand_over(epoch, h.now));
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(c, Command::LeftMaster { .. })),
+        "{out:?}"
+    );
+    let RoleView::Follower(f) = h.engine.role() else {
+        panic!("a follower after a handoff")
+    };
+    assert_eq!(f.master_epoch(), epoch);
+}
+
+#[test]
+fn a_new_cluster_bootstraps_only_when_every_store_is_an_empty_voter() {
+    let mut h = H::new(false);
+    let out = h.tick_until(|c| matches!(c, Command::ReadTail { .. }));
+    let generation = out
+        .iter()
+        .find_map(|c| match c {
+            Command::ReadTail { generation, .. } => Some(*generation),
+            _ => None,
+        })
+        .expect("a probe");
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::SendFence { .. })),
+        "{out:?}"
+    );
+    for i in 0..STORES {
+        h.engine.tail_answer(
+            store(i),
+            generation,
+            Ok(TailAnswer {
+                last: None,
+                voter: true,
+            }),
+            h.now,
+        );
+    }
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(
+            c,
+            Command::TakingOver {
+                bootstrap: true,
+                ..
+            }
+        )),
+        "{out:?}"
+    );
+    let counter = out
+        .iter()
+        .find_map(|c| match c {
+            Command::PersistEpochCounter { counter } => Some(*counter),
+            _ => None,
+        })
+        .expect("a counter");
+    h.engine.epoch_persisted(counter, true, h.now);
+    let out = h.take();
+    let epoch = out
+        .iter()
+        .find_map(|c| match c {
+            Command::SendFence {
+                epoch,
+                expected: None,
+                ..
+            } => Some(*epoch),
+            _ => None,
+        })
+        .expect("fences that expect no identity");
+    let out = h.grant_all(epoch);
+    let Some(Command::PersistIdentities {
+        identities,
+        bootstrap_epoch,
+    }) = out
+        .iter()
+        .find(|c| matches!(c, Command::PersistIdentities { .. }))
+    else {
+        panic!("the identities are made durable first: {out:?}")
+    };
+    assert_eq!(*bootstrap_epoch, Some(epoch));
+    assert_eq!(
+        identities,
+        &(0..STORES).map(|i| Some(ident(i))).collect::<Vec<_>>()
+    );
+    assert!(
+        !out.iter()
+            .any(|c| matches!(c, Command::BecameMaster { .. })),
+        "{out:?}"
+    );
+    h.engine.identities_persisted(Some(epoch), true, h.now);
+    let out = h.take();
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::BecameMaster { .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_broker_that_knows_no_voter_never_fences_a_non_empty_store() {
+    let mut h = H::new(false);
+    let out = h.tick_until(|c| matches!(c, Command::ReadTail { .. }));
+    let generation = out
+        .iter()
+        .find_map(|c| match c {
+            Command::ReadTail { generation, .. } => Some(*generation),
+            _ => None,
+        })
+        .expect("a probe");
+    h.engine.tail_answer(
+        store(0),
+        generation,
+        Ok(TailAnswer {
+            last: Some(LogPosition {
+                epoch: Epoch(0x1_0002),
+                offset: Offset(4),
+            }),
+            voter: true,
+        }),
+        h.now,
+    );
+    for i in 1..STORES {
+        h.engine.tail_answer(
+            store(i),
+            generation,
+            Ok(TailAnswer {
+                last: None,
+                voter: true,
+            }),
+            h.now,
+        );
+    }
+    let out = h.take();
+    assert!(
+        !out.iter()
+            .any(|c| matches!(c, Command::TakingOver { .. } | Command::SendFence { .. })),
+        "{out:?}"
+    );
+    assert!(matches!(h.engine.role(), RoleView::Follower(_)));
+}
+
+#[test]
+fn held_writes_wait_until_the_driver_releases_them() {
+    let mut h = H::new(true);
+    h.become_serving();
+    h.engine.hold_writes(true);
+    let out = h.produce(1, 0);
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::Append(a) if matches!(&a.events, AppendEvents::InMemory(e) if !e.is_empty()))),
+        "nothing proposed while held: {out:?}"
+    );
+    h.engine.hold_writes(false);
+    h.engine.retry_blocked(h.now);
+    h.engine.flush(h.now);
+    let out = h.take();
+    let out = h.ack(&out);
+    assert_eq!(answers(&out).len(), 1, "{out:?}");
+}
