@@ -544,7 +544,7 @@ fn check_cli(cluster: &Cluster, producer: &Producer, first: Offset) {
 
 /// A broker state too large for one checkpoint event (40,000 cursors with 255-byte topic and
 /// cursor names, committed by any client in seconds) cannot be trimmed. The master says so
-/// once and waits `CHECKPOINT_RETRY_AFTER` (60 s) before it tries again; before, it paused
+/// once and waits `CHECKPOINT_RETRY_AFTER_MS` (60 s) before it tries again; before, it paused
 /// writes, encoded the ~20 MB state and logged the error at every heartbeat tick (ten
 /// times a second), and producers kept being served either way.
 #[test]

@@ -154,6 +154,7 @@ impl SimBroker {
             takeover_fetch_events_max: p.fetch_events_max,
             follower_retained_bytes_max: p.follower_retained_bytes_max,
             seed: self.seed ^ u64::from(self.boot),
+            retention: quire_broker::retention::RetentionPolicy::default(),
             mutations: Mutations {
                 adopt_longest: p.adopt_longest,
             },

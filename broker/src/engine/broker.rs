@@ -21,8 +21,9 @@
 //! random number (the follower's election jitter is seeded by [`EngineConfig::seed`]) or
 //! touches a socket or a file, so quire-sim drives this very code.
 //!
-//! Not here yet (the tokio actor still decides them, through the accessors below): fetch
-//! and its long-poll waiters, graceful handoff's phases, retention and checkpoints.
+//! Retention (trim points with checkpoints, [`retention`]) is the engine's too. Not here
+//! yet (the tokio actor still decides them, through the accessors below): fetch and its
+//! long-poll waiters, and the phases of a graceful handoff.
 
 use std::collections::BTreeSet;
 
@@ -39,7 +40,12 @@ use crate::core::{
     MasterConfig, MasterCore, MasterInput, RejectReason, ReplicationLimits, SlotId, SlotKind,
     StoreIdentity, TakeoverCommand, TakeoverConfig, TakeoverCore, TakeoverInput,
 };
+use crate::retention::RetentionPolicy;
 use crate::state::{Applied, BrokerState};
+
+mod retention;
+
+pub use retention::{CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS};
 
 /// Everything an [`Engine`] is configured with. Times are in milliseconds.
 #[derive(Clone, Debug)]
@@ -71,6 +77,8 @@ pub struct EngineConfig {
     pub follower_retained_bytes_max: u64,
     /// Seeds the follower's election jitter.
     pub seed: u64,
+    /// Retention: how much of the log the master keeps before it proposes a trim point.
+    pub retention: RetentionPolicy,
     /// Planted bugs for the simulator's mutation tests; all off in a real broker.
     #[doc(hidden)]
     pub mutations: Mutations,
@@ -325,8 +333,10 @@ pub struct Engine {
     probe_generation: u64,
     probe_started_ms: u64,
     bootstrap_refusal_logged: bool,
-    /// The driver holds writes (a handoff drains, a checkpoint barrier).
-    writes_held: bool,
+    /// A graceful handoff (run by the driver) drains or has asked the target: writes wait
+    /// and no checkpoint is taken.
+    handing_off: bool,
+    retention: retention::Retention,
     /// The latest `now_ms` an input carried.
     now_ms: u64,
     out: Vec<Command>,
@@ -338,6 +348,7 @@ impl Engine {
     #[must_use]
     pub fn new(cfg: EngineConfig, durable_counter: u64, now_ms: u64) -> Engine {
         let cluster = cfg.cluster.clone();
+        let cfg_retention = cfg.retention;
         let store_count = cluster
             .slots
             .iter()
@@ -362,7 +373,8 @@ impl Engine {
             probe_generation: 0,
             probe_started_ms: now_ms,
             bootstrap_refusal_logged: false,
-            writes_held: false,
+            handing_off: false,
+            retention: retention::Retention::new(cfg_retention),
             now_ms,
             out: Vec::new(),
         };
@@ -510,11 +522,11 @@ impl Engine {
         (known.max(self.highest_epoch_seen), last)
     }
 
-    /// Holds (`true`) or releases the master's writes for a reason the driver owns (a
-    /// handoff draining, a checkpoint barrier). Releasing does not retry the blocked
-    /// requests: call [`Engine::retry_blocked`].
-    pub fn hold_writes(&mut self, held: bool) {
-        self.writes_held = held;
+    /// Says whether a graceful handoff (run by the driver) is draining or has asked its
+    /// target: while it is, writes wait and no checkpoint is taken. Ending it does not
+    /// retry the blocked requests: call [`Engine::retry_blocked`].
+    pub fn set_handing_off(&mut self, handing_off: bool) {
+        self.handing_off = handing_off;
     }
 
     // ------------------------------------------------------------------ inputs
@@ -556,6 +568,7 @@ impl Engine {
             }
             Role::Switching => {}
         }
+        self.retention_tick();
     }
 
     /// The driver's link to `slot` came up or went down.
@@ -1087,7 +1100,7 @@ impl Engine {
     }
 
     fn write_gate(&self) -> Gate {
-        if self.is_serving() && !self.writes_held {
+        if self.is_serving() && !self.handing_off && !self.retention.holds_writes() {
             Gate::Open
         } else {
             Gate::Held
@@ -1156,6 +1169,7 @@ impl Engine {
             } else {
                 match self.rebuild_at(e) {
                     Some(a) => {
+                        self.retention_rebuilt(e.offset);
                         if !applied.is_empty() {
                             self.out.push(Command::Applied {
                                 events: std::mem::take(&mut applied),
@@ -1178,6 +1192,7 @@ impl Engine {
                 Applied::EpochStart { voters, .. } => self.learn_voters(&voters),
                 _ => {}
             }
+            self.retention_applied(e);
             applied.push(e.clone());
         }
         if !applied.is_empty() {
@@ -1520,6 +1535,7 @@ impl Engine {
                 } => self.lose_quorum(voters_heard, ack_quorum),
             }
         }
+        self.retention_barrier_check();
     }
 
     fn on_stabilized(&mut self, through: Offset, events: &[Event]) {

@@ -59,6 +59,7 @@ fn config(known: bool) -> EngineConfig {
         takeover_fetch_events_max: 64,
         follower_retained_bytes_max: 1 << 20,
         seed: 42,
+        retention: crate::retention::RetentionPolicy::default(),
         mutations: Mutations::default(),
     }
 }
@@ -611,19 +612,125 @@ fn a_broker_that_knows_no_voter_never_fences_a_non_empty_store() {
 }
 
 #[test]
-fn held_writes_wait_until_the_driver_releases_them() {
+fn writes_wait_while_a_handoff_drains_and_go_once_it_ends() {
     let mut h = H::new(true);
     h.become_serving();
-    h.engine.hold_writes(true);
+    h.engine.set_handing_off(true);
     let out = h.produce(1, 0);
     assert!(
         !out.iter().any(|c| matches!(c, Command::Append(a) if matches!(&a.events, AppendEvents::InMemory(e) if !e.is_empty()))),
         "nothing proposed while held: {out:?}"
     );
-    h.engine.hold_writes(false);
+    h.engine.set_handing_off(false);
     h.engine.retry_blocked(h.now);
     h.engine.flush(h.now);
     let out = h.take();
     let out = h.ack(&out);
     assert_eq!(answers(&out).len(), 1, "{out:?}");
+}
+
+/// The Trim events among the appends in `out`, as (offset, body).
+fn trims_sent(out: &[Command]) -> Vec<(Offset, quire_proto::TrimEvent)> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::Append(a) if a.slot == store(0) => match &a.events {
+                AppendEvents::InMemory(events) => Some(events.clone()),
+                AppendEvents::FromStore { .. } => None,
+            },
+            _ => None,
+        })
+        .flatten()
+        .filter(|e| e.kind == quire_proto::EventKind::Trim.as_u8())
+        .filter_map(|e| {
+            match quire_proto::EventBody::decode(quire_proto::EventKind::Trim, &e.payload) {
+                Ok(quire_proto::EventBody::Trim(t)) => Some((e.offset, t)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_rises() {
+    let mut cfg = config(true);
+    cfg.retention = crate::retention::RetentionPolicy {
+        bytes_max: Some(10),
+        age_ms_max: None,
+    };
+    let mut h = H {
+        engine: Engine::new(cfg, 0, 0),
+        now: 0,
+        seen: Vec::new(),
+    };
+    for i in 0..=STORES {
+        h.engine
+            .link(SlotId(u16::try_from(i).expect("few")), true, 0);
+    }
+    h.become_serving();
+    assert_eq!(h.engine.state().trim_point(), Offset::ZERO);
+    // Each tick marks how far the log reached; past 10 bytes it plans a trim; the
+    // checkpoint is taken once nothing is in flight (here at once) and goes out as an
+    // ordinary event.
+    let mut trims = Vec::new();
+    for seq in 0..40 {
+        let out = h.produce(seq, seq);
+        h.ack(&out);
+        h.now += HEARTBEAT_MS;
+        h.engine.tick(h.now);
+        h.engine.flush(h.now);
+        let out = h.take();
+        trims.extend(trims_sent(&out));
+        h.ack(&out);
+        if h.engine.state().trim_point() > Offset::ZERO {
+            break;
+        }
+    }
+    assert!(
+        !trims.is_empty(),
+        "a Trim event was proposed: {:?}",
+        h.seen.len()
+    );
+    let (offset, first) = &trims[0];
+    assert!(
+        first.checkpoint.is_some(),
+        "every trim point carries a checkpoint"
+    );
+    assert!(*offset > Offset::ZERO);
+    let trim_point = h.engine.state().trim_point();
+    assert!(trim_point > Offset::ZERO, "a later trim point was applied");
+    assert_eq!(h.engine.trimmed_below(Offset::ZERO), Some(trim_point));
+    assert_eq!(h.engine.trimmed_below(trim_point), None);
+}
+
+#[test]
+fn no_checkpoint_is_taken_while_a_handoff_drains() {
+    let mut cfg = config(true);
+    cfg.retention = crate::retention::RetentionPolicy {
+        bytes_max: Some(10),
+        age_ms_max: None,
+    };
+    let mut h = H {
+        engine: Engine::new(cfg, 0, 0),
+        now: 0,
+        seen: Vec::new(),
+    };
+    for i in 0..=STORES {
+        h.engine
+            .link(SlotId(u16::try_from(i).expect("few")), true, 0);
+    }
+    h.become_serving();
+    for seq in 0..40 {
+        let out = h.produce(seq, seq);
+        h.ack(&out);
+        h.engine.set_handing_off(true);
+        h.now += HEARTBEAT_MS;
+        h.engine.tick(h.now);
+        let out = h.take();
+        assert!(
+            trims_sent(&out).is_empty(),
+            "no Trim proposed during a handoff"
+        );
+        h.ack(&out);
+        h.engine.set_handing_off(false);
+    }
 }

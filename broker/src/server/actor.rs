@@ -41,11 +41,9 @@ use crate::engine::{
     RoleView, SlotAnswer, TailAnswer, WriteCommand, WriteKind, WriteLimits, WriteRequest,
 };
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
-use crate::retention::TrimPlanner;
 use quire_net::Readiness;
 
 mod handoff;
-mod retention;
 
 /// Longest long-poll a fetch may ask for, in milliseconds.
 pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
@@ -106,14 +104,6 @@ pub(crate) struct Actor {
     fetch_waiters: Vec<FetchWaiter>,
     /// A graceful handoff this broker runs as the handing master.
     handoff: Option<handoff::Handoff>,
-    /// Retention: where the master may trim the log (fed by every applied event).
-    planner: TrimPlanner,
-    /// Retention: the master holds writes until nothing is in flight, to take a checkpoint.
-    trim_barrier: Option<retention::TrimBarrier>,
-    /// After a checkpoint too large to propose: no trim is planned before this instant.
-    checkpoint_retry_at: Option<Instant>,
-    /// Retention: offset of the last checkpoint this master proposed.
-    trim_proposed: Option<Offset>,
     /// Write requests handed to the engine and not yet answered.
     held_writes: BTreeMap<RequestToken, HeldWrite>,
     next_token: u64,
@@ -207,6 +197,7 @@ impl Actor {
             takeover_fetch_events_max: TAKEOVER_FETCH_EVENTS_MAX,
             follower_retained_bytes_max: crate::core::follower::FOLLOWER_RETAINED_BYTES_MAX_DEFAULT,
             seed,
+            retention: cfg.retention,
             mutations: Mutations::default(),
         };
         Actor {
@@ -222,10 +213,6 @@ impl Actor {
             start: Instant::now(),
             fetch_waiters: Vec::new(),
             handoff: None,
-            planner: TrimPlanner::new(cfg.retention, Offset::ZERO),
-            trim_barrier: None,
-            checkpoint_retry_at: None,
-            trim_proposed: None,
             held_writes: BTreeMap::new(),
             next_token: 0,
             proposed_at: BTreeMap::new(),
@@ -319,10 +306,10 @@ impl Actor {
         self.engine.is_serving()
     }
 
-    /// Tells the engine whether writes wait for the actor (a handoff or a checkpoint).
+    /// Tells the engine whether a handoff holds writes.
     fn sync_write_hold(&mut self) {
-        let held = self.is_handing_off() || self.trim_barrier.is_some();
-        self.engine.hold_writes(held);
+        let handing_off = self.is_handing_off();
+        self.engine.set_handing_off(handing_off);
     }
 
     // ------------------------------------------------------------------ requests
@@ -551,7 +538,7 @@ impl Actor {
                 self.engine.takeover_read(slot, epoch, events, now);
             }
             Internal::ReadTrimmed { cmd, first_offset } => {
-                self.on_read_trimmed(&cmd, first_offset);
+                self.engine.read_trimmed(&cmd, first_offset, now);
             }
             Internal::ReadForAppend { cmd, outcome } => match outcome {
                 Ok(events) => {
@@ -605,7 +592,6 @@ impl Actor {
         let now_ms = self.now_ms();
         self.engine.tick(now_ms);
         self.run_commands();
-        self.retention_tick(now_ms);
         self.advance_handoff();
         self.sync_write_hold();
         self.expire_fetches(now);
@@ -734,7 +720,6 @@ impl Actor {
             // A draining handoff goes on as soon as its HWM covers what it accepted.
             self.advance_handoff();
         }
-        self.retention_barrier_check();
         if self.engine.master_epoch().is_none() {
             self.proposed_at.clear();
         }
@@ -855,7 +840,6 @@ impl Actor {
                         self.message_event_bytes_max
                             .fetch_max(e.payload.len(), Ordering::Relaxed);
                     }
-                    self.retention_applied(e);
                 }
                 for e in events {
                     self.recent.push(e);
@@ -864,12 +848,7 @@ impl Actor {
                     self.wake_fetches(Some(&topics));
                 }
             }
-            Command::StateRebuilt { checkpoint } => {
-                self.recent.clear();
-                if let Some(at) = checkpoint {
-                    self.retention_rebuilt(at);
-                }
-            }
+            Command::StateRebuilt { .. } => self.recent.clear(),
             Command::Write(w) => self.execute_write(w),
             Command::TakingOver { .. } | Command::Abandoned { .. } => {}
             Command::BecameMaster { .. } => {}
@@ -1111,8 +1090,8 @@ impl Actor {
 
     /// Answers a fetch from memory, from a store, or parks it until messages arrive.
     fn serve_fetch(&mut self, req: FetchRequest, waiter: Waiter, expired: bool) {
-        if let Some(trimmed) = self.trimmed_answer(req.from_offset) {
-            waiter.answer(trimmed.into());
+        if let Some(first) = self.engine.trimmed_below(req.from_offset) {
+            waiter.answer(ErrorResponse::trimmed(req.from_offset, first).into());
             return;
         }
         let state = self.engine.state();

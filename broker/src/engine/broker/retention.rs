@@ -1,0 +1,263 @@
+//! Retention in the broker engine (docs/protocol.md "Retention"): the master proposes trim
+//! points as Trim events through the ordinary quorum path, each carrying a **checkpoint** of
+//! the broker state; reads below the applied trim point are answered `Trimmed`; a broker
+//! whose log starts at a checkpoint rebuilds its state there.
+//!
+//! ```text
+//!   apply_events ──> planner.stabilized (every broker, every applied event)
+//!   heartbeat tick ─> master serving: planner.plan(now) = p
+//!                       c = the highest checkpoint <= p above the trim point
+//!                       c found, or no checkpoint above the trim point yet:
+//!                         barrier: writes wait until nothing is in flight (HWM = log end)
+//!                         then propose Trim{before: c (or the trim point), checkpoint:
+//!                         the state through the offset before this event}
+//!                     otherwise: planner.mark(now)
+//!   Trim stabilized ─> BrokerState::trim_point rises ─> Fetch below it: Trimmed{first}
+//!                   ─> stores delete whole segments below min(before, their HWM)
+//!   a slave needs events a store deleted ─> the master sends it the log from the trim
+//!                     point (a checkpoint) ─> the slave rebuilds its state from it
+//! ```
+//!
+//! Why trim points are checkpoints: a store deletes only whole segments below the point, so
+//! the event at the point is always still held; a broker that starts there loads the
+//! state before it and applies the rest, and the topics' message offsets it lacks are all
+//! below the point, where no broker serves them. Why the barrier: a checkpoint must be the
+//! state through exactly the offset before its own event, so nothing may be in flight when
+//! it is taken; the pause lasts one quorum round trip, once per trim.
+
+use quire_proto::{EventBody, EventKind, Offset, TrimEvent, EVENT_PAYLOAD_BYTES_MAX};
+
+use super::{Engine, Role};
+use crate::core::event::EVENT_OVERHEAD_BYTES;
+use crate::core::{AppendCommand, Event, MasterInput};
+use crate::retention::TrimPlanner;
+
+/// Shortest time a checkpoint barrier may hold writes before it is given up (it is retried
+/// at a later tick), in ms; the bound is ten heartbeats, at least this.
+pub const TRIM_BARRIER_MIN_MS: u64 = 1000;
+
+/// How long a master waits before it plans a trim again after a checkpoint that could not
+/// be proposed (the broker state too large for one event), in ms. Without it the master
+/// paused writes, encoded the whole state and logged an error at every heartbeat tick.
+pub const CHECKPOINT_RETRY_AFTER_MS: u64 = 60_000;
+
+/// A checkpoint the master is waiting to take: writes wait until nothing is in flight.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TrimBarrier {
+    /// The trim point the Trim event will carry.
+    before: Offset,
+    /// When the barrier started (ms).
+    since_ms: u64,
+}
+
+/// The master's retention bookkeeping.
+#[derive(Debug)]
+pub(super) struct Retention {
+    /// Where the master may trim the log (fed by every applied event, on every broker).
+    planner: TrimPlanner,
+    /// The master holds writes until nothing is in flight, to take a checkpoint.
+    barrier: Option<TrimBarrier>,
+    /// After a checkpoint too large to propose: no trim is planned before this (ms).
+    retry_at_ms: Option<u64>,
+    /// Offset of the last checkpoint this master proposed.
+    proposed: Option<Offset>,
+}
+
+impl Retention {
+    pub(super) fn new(policy: crate::retention::RetentionPolicy) -> Retention {
+        Retention {
+            planner: TrimPlanner::new(policy, Offset::ZERO),
+            barrier: None,
+            retry_at_ms: None,
+            proposed: None,
+        }
+    }
+
+    /// Whether a checkpoint barrier holds writes.
+    pub(super) fn holds_writes(&self) -> bool {
+        self.barrier.is_some()
+    }
+}
+
+impl Engine {
+    /// Feeds one applied event to the trim planner (right after applying it).
+    pub(super) fn retention_applied(&mut self, event: &Event) {
+        let planner = &mut self.retention.planner;
+        planner.stabilized(event.offset, event.payload.len() as u64);
+        let trim_point = self.state.trim_point();
+        if trim_point > planner.trim_point() {
+            planner.trimmed(trim_point);
+        }
+    }
+
+    /// The state was rebuilt from the checkpoint at `checkpoint`: the planner starts over.
+    pub(super) fn retention_rebuilt(&mut self, checkpoint: Offset) {
+        let mut planner = TrimPlanner::new(self.cfg.retention, checkpoint);
+        planner.trimmed(self.state.trim_point());
+        self.retention.planner = planner;
+    }
+
+    /// On a heartbeat tick: a serving master starts a checkpoint barrier when the policy
+    /// allows a higher trim point; every other broker only takes the planner's mark.
+    pub(super) fn retention_tick(&mut self) {
+        let now = self.now_ms;
+        let serving = self.is_serving();
+        let r = &mut self.retention;
+        if !matches!(self.role, Role::Master(_)) {
+            r.barrier = None;
+            r.planner.mark(now);
+            return;
+        }
+        if !serving || self.handing_off {
+            r.planner.mark(now);
+            return;
+        }
+        if let Some(b) = r.barrier {
+            let bound = (self.cfg.heartbeat_ms * 10).max(TRIM_BARRIER_MIN_MS);
+            if now.saturating_sub(b.since_ms) >= bound {
+                tracing::warn!(before = %b.before, "retention: writes stayed in flight too long for a checkpoint; retried later");
+                r.barrier = None;
+                r.planner.mark(now);
+                self.retry_blocked(now);
+                return;
+            }
+            r.planner.mark(now);
+            return;
+        }
+        if r.retry_at_ms.is_some_and(|t| now < t) {
+            // The last checkpoint could not be proposed: wait before building another.
+            r.planner.mark(now);
+            return;
+        }
+        if r.proposed > self.state.applied() {
+            // The last checkpoint is not applied yet.
+            r.planner.mark(now);
+            return;
+        }
+        let Some(point) = r.planner.plan(now) else {
+            return;
+        };
+        let trim_point = self.state.trim_point();
+        let to = self
+            .state
+            .checkpoint_at_or_below(point)
+            .filter(|&c| c > trim_point);
+        let before = match (to, self.state.last_checkpoint()) {
+            (Some(c), _) => c,
+            // No checkpoint above the trim point: take one, trimming nothing more yet.
+            (None, None) => trim_point,
+            // A checkpoint waits for the planner's point to pass it.
+            (None, Some(_)) => return,
+        };
+        r.barrier = Some(TrimBarrier {
+            before,
+            since_ms: now,
+        });
+        self.retention_barrier_check();
+    }
+
+    /// Takes the checkpoint a barrier waits for once nothing is in flight: proposes the Trim
+    /// event with the state through the offset right before it, then lets writes go.
+    pub(super) fn retention_barrier_check(&mut self) {
+        let Some(barrier) = self.retention.barrier else {
+            return;
+        };
+        let now = self.now_ms;
+        if self.handing_off {
+            // A handing master proposes nothing more; the new master trims later.
+            self.retention.barrier = None;
+            return;
+        }
+        let Role::Master(m) = &mut self.role else {
+            self.retention.barrier = None;
+            return;
+        };
+        let next = m.core.next_offset();
+        let applied_next = self.state.applied().map_or(Offset::ZERO, Offset::next);
+        if m.core.hwm().map_or(Offset::ZERO, Offset::next) != next || applied_next != next {
+            return;
+        }
+        let r = &mut self.retention;
+        r.barrier = None;
+        let body = EventBody::Trim(TrimEvent {
+            before: barrier.before,
+            checkpoint: Some(Box::new(self.state.snapshot())),
+        });
+        let payload = match body.to_payload() {
+            Ok(p) if p.len() <= EVENT_PAYLOAD_BYTES_MAX => Some(p),
+            Ok(p) => {
+                tracing::error!(
+                    bytes = p.len(),
+                    max = EVENT_PAYLOAD_BYTES_MAX,
+                    retry_after_s = CHECKPOINT_RETRY_AFTER_MS / 1000,
+                    "retention: the broker state is too large for a checkpoint; nothing is trimmed"
+                );
+                r.retry_at_ms = Some(now.saturating_add(CHECKPOINT_RETRY_AFTER_MS));
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, retry_after_s = CHECKPOINT_RETRY_AFTER_MS / 1000, "retention: cannot encode a checkpoint; nothing is trimmed");
+                r.retry_at_ms = Some(now.saturating_add(CHECKPOINT_RETRY_AFTER_MS));
+                None
+            }
+        };
+        if let Some(payload) = payload {
+            let bytes = EVENT_OVERHEAD_BYTES + payload.len() as u64;
+            let mut out = Vec::new();
+            match m.core.propose(EventKind::Trim.as_u8(), payload, &mut out) {
+                Ok(offset) => {
+                    r.proposed = Some(offset);
+                    r.planner.trimmed(barrier.before);
+                    let paused_ms = now.saturating_sub(barrier.since_ms);
+                    tracing::info!(before = %barrier.before, checkpoint = %offset, bytes, paused_ms, "retention: proposed a trim point with a checkpoint");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, before = %barrier.before, "retention: checkpoint not proposed; planned again later");
+                }
+            }
+            self.dispatch_master(out);
+        }
+        self.retry_blocked(now);
+    }
+
+    /// A read for the append `cmd` found the store no longer holds the events from its
+    /// first offset (retention deleted them; the store's log now starts at
+    /// `first_offset`). A slave is sent the log from the trim point instead, a checkpoint it
+    /// rebuilds its state from; a store that lags below what the stores still hold cannot
+    /// catch up.
+    pub fn read_trimmed(&mut self, cmd: &AppendCommand, first_offset: Offset, now_ms: u64) {
+        self.at(now_ms);
+        let slot = cmd.slot;
+        let is_store = self.is_store(slot);
+        let checkpoint = self.state.trim_point();
+        let Role::Master(m) = &mut self.role else {
+            return;
+        };
+        if m.core.epoch() != cmd.epoch {
+            return;
+        }
+        if is_store {
+            tracing::error!(%slot, from = %cmd.first, %first_offset, "a store lags below the first offset the other stores hold (retention deleted it): it cannot catch up; replace its data as for a lost disk (docs/operations.md)");
+            return;
+        }
+        if checkpoint == Offset::ZERO || checkpoint < first_offset {
+            tracing::warn!(%slot, from = %cmd.first, %first_offset, %checkpoint, "a slave needs trimmed events and no checkpoint covers them yet");
+            return;
+        }
+        tracing::info!(%slot, from = %cmd.first, %checkpoint, "a slave needs trimmed events: sending it the log from the checkpoint at the trim point");
+        let mut out = Vec::new();
+        m.core.handle(
+            MasterInput::SlaveToCheckpoint { slot, checkpoint },
+            &mut out,
+        );
+        self.dispatch_master(out);
+    }
+
+    /// The `Trimmed` answer's first offset for a read from `from`, if `from` is below the
+    /// applied trim point (the first offset a reader may ask for).
+    #[must_use]
+    pub fn trimmed_below(&self, from: Offset) -> Option<Offset> {
+        let first = self.state.trim_point();
+        (from < first).then_some(first)
+    }
+}
