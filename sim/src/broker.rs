@@ -636,6 +636,9 @@ impl SimBroker {
                     }),
                 }
             }
+            Command::AskTakeOver { .. } | Command::HandoffDone { .. } => {
+                unreachable!("the simulated workload asks for no graceful handoff")
+            }
             Command::StateRebuilt { .. } => {
                 unreachable!("a simulated run never trims: no checkpoint to rebuild from")
             }

@@ -21,9 +21,9 @@
 //! random number (the follower's election jitter is seeded by [`EngineConfig::seed`]) or
 //! touches a socket or a file, so quire-sim drives this very code.
 //!
-//! Retention (trim points with checkpoints, [`retention`]) is the engine's too. Not here
-//! yet (the tokio actor still decides them, through the accessors below): fetch and its
-//! long-poll waiters, and the phases of a graceful handoff.
+//! Retention (trim points with checkpoints, `retention.rs`) and graceful handoff
+//! (`handoff.rs`) are the engine's too. Not here yet (the tokio actor still decides it,
+//! through the accessors below): fetch and its long-poll waiters.
 
 use std::collections::BTreeSet;
 
@@ -43,8 +43,10 @@ use crate::core::{
 use crate::retention::RetentionPolicy;
 use crate::state::{Applied, BrokerState};
 
+mod handoff;
 mod retention;
 
+pub use handoff::{HandoffDone, HandoffFailure, HANDOFF_TIMEOUT_MIN_MS};
 pub use retention::{CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS};
 
 /// Everything an [`Engine`] is configured with. Times are in milliseconds.
@@ -187,6 +189,23 @@ pub enum Command {
         epoch: Epoch,
         /// The failover's duration.
         failover_ms: u64,
+    },
+    /// Ask broker `to` to take over now (graceful handoff: `TakeOverNowRequest{from_epoch:
+    /// epoch, hwm}`); then [`Engine::take_over_answer`].
+    AskTakeOver {
+        /// The target.
+        to: BrokerId,
+        /// The handing master's epoch.
+        epoch: Epoch,
+        /// Its HWM.
+        hwm: Option<Offset>,
+    },
+    /// Answer the handoff request `token`.
+    HandoffDone {
+        /// The request.
+        token: RequestToken,
+        /// The new master, or why the handoff failed.
+        outcome: Result<HandoffDone, HandoffFailure>,
     },
     /// The broker stopped being master of `epoch` and follows (`promised` is the epoch it
     /// now knows). Waiting writes have been answered through [`Command::Write`]; other
@@ -333,9 +352,8 @@ pub struct Engine {
     probe_generation: u64,
     probe_started_ms: u64,
     bootstrap_refusal_logged: bool,
-    /// A graceful handoff (run by the driver) drains or has asked the target: writes wait
-    /// and no checkpoint is taken.
-    handing_off: bool,
+    /// A graceful handoff this broker runs as the handing master.
+    handoff: Option<handoff::Handoff>,
     retention: retention::Retention,
     /// The latest `now_ms` an input carried.
     now_ms: u64,
@@ -373,7 +391,7 @@ impl Engine {
             probe_generation: 0,
             probe_started_ms: now_ms,
             bootstrap_refusal_logged: false,
-            handing_off: false,
+            handoff: None,
             retention: retention::Retention::new(cfg_retention),
             now_ms,
             out: Vec::new(),
@@ -499,6 +517,9 @@ impl Engine {
     pub fn master_hint(&self, now_ms: u64) -> (Epoch, Option<BrokerId>) {
         match &self.role {
             Role::Master(_) => (self.highest_epoch_seen, Some(self.cfg.me)),
+            Role::Follower(_) if self.handed_over_to().is_some() => {
+                (self.highest_epoch_seen, self.handed_over_to())
+            }
             Role::Follower(f) => {
                 let recent = self.last_master_contact_ms.is_some_and(|t| {
                     now_ms.saturating_sub(t) < self.cfg.election_timeout_ms.saturating_mul(2)
@@ -520,13 +541,6 @@ impl Engine {
         };
         self.see_epoch(epoch);
         (known.max(self.highest_epoch_seen), last)
-    }
-
-    /// Says whether a graceful handoff (run by the driver) is draining or has asked its
-    /// target: while it is, writes wait and no checkpoint is taken. Ending it does not
-    /// retry the blocked requests: call [`Engine::retry_blocked`].
-    pub fn set_handing_off(&mut self, handing_off: bool) {
-        self.handing_off = handing_off;
     }
 
     // ------------------------------------------------------------------ inputs
@@ -569,6 +583,7 @@ impl Engine {
             Role::Switching => {}
         }
         self.retention_tick();
+        self.advance_handoff();
     }
 
     /// The driver's link to `slot` came up or went down.
@@ -686,6 +701,7 @@ impl Engine {
                 FollowerCommand::StartTakeover { .. } => {}
             }
         }
+        self.advance_handoff();
         answer
     }
 
@@ -737,11 +753,19 @@ impl Engine {
         }
     }
 
-    /// The master handing off asked this broker to take over now (graceful handoff);
-    /// the driver has checked that this broker follows that master.
-    pub fn take_over_now(&mut self, now_ms: u64) {
+    /// The master of `from_epoch`, handing off, asks this broker to take over now
+    /// (graceful handoff). Starts an ordinary takeover and returns `true` if this broker
+    /// follows that master and knows the voters; otherwise does nothing and returns `false`
+    /// (the driver answers `NotMaster`).
+    pub fn take_over_now(&mut self, from_epoch: Epoch, now_ms: u64) -> bool {
         self.at(now_ms);
+        let follows = matches!(&self.role, Role::Follower(f) if f.master_epoch() == from_epoch);
+        if !follows || !self.knows_identities() {
+            return false;
+        }
+        tracing::info!(%from_epoch, "the master hands over: taking over now");
         self.start_takeover();
+        true
     }
 
     /// The epoch counter write for `counter` completed (`ok`) or failed.
@@ -1100,7 +1124,7 @@ impl Engine {
     }
 
     fn write_gate(&self) -> Gate {
-        if self.is_serving() && !self.handing_off && !self.retention.holds_writes() {
+        if self.is_serving() && !self.is_handing_off() && !self.retention.holds_writes() {
             Gate::Open
         } else {
             Gate::Held
@@ -1558,6 +1582,7 @@ impl Engine {
         }
         self.push_writes(out);
         self.retry_blocked(now);
+        self.advance_handoff();
     }
 
     /// The check-quorum rule gave up ([`MasterCommand::QuorumLost`]): step down without a

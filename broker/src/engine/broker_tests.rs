@@ -52,7 +52,8 @@ fn config(known: bool) -> EngineConfig {
         write_limits: WriteLimits {
             message_bytes_max: 1024,
             inflight_bytes_max: 1 << 20,
-            produce_timeout_ms: 500,
+            // Longer than a handoff's bound: a write held by a failed handoff goes out.
+            produce_timeout_ms: 5000,
             blocked_requests_max: 16,
         },
         limits: ReplicationLimits::default(),
@@ -611,24 +612,6 @@ fn a_broker_that_knows_no_voter_never_fences_a_non_empty_store() {
     assert!(matches!(h.engine.role(), RoleView::Follower(_)));
 }
 
-#[test]
-fn writes_wait_while_a_handoff_drains_and_go_once_it_ends() {
-    let mut h = H::new(true);
-    h.become_serving();
-    h.engine.set_handing_off(true);
-    let out = h.produce(1, 0);
-    assert!(
-        !out.iter().any(|c| matches!(c, Command::Append(a) if matches!(&a.events, AppendEvents::InMemory(e) if !e.is_empty()))),
-        "nothing proposed while held: {out:?}"
-    );
-    h.engine.set_handing_off(false);
-    h.engine.retry_blocked(h.now);
-    h.engine.flush(h.now);
-    let out = h.take();
-    let out = h.ack(&out);
-    assert_eq!(answers(&out).len(), 1, "{out:?}");
-}
-
 /// The Trim events among the appends in `out`, as (offset, body).
 fn trims_sent(out: &[Command]) -> Vec<(Offset, quire_proto::TrimEvent)> {
     out.iter()
@@ -702,35 +685,196 @@ fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_ri
     assert_eq!(h.engine.trimmed_below(trim_point), None);
 }
 
+fn handoff_outcomes(out: &[Command]) -> Vec<Result<HandoffDone, HandoffFailure>> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::HandoffDone { outcome, .. } => Some(outcome.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
-fn no_checkpoint_is_taken_while_a_handoff_drains() {
-    let mut cfg = config(true);
-    cfg.retention = crate::retention::RetentionPolicy {
-        bytes_max: Some(10),
-        age_ms_max: None,
-    };
-    let mut h = H {
-        engine: Engine::new(cfg, 0, 0),
-        now: 0,
-        seen: Vec::new(),
-    };
-    for i in 0..=STORES {
-        h.engine
-            .link(SlotId(u16::try_from(i).expect("few")), true, 0);
-    }
-    h.become_serving();
-    for seq in 0..40 {
-        let out = h.produce(seq, seq);
-        h.ack(&out);
-        h.engine.set_handing_off(true);
+fn a_handoff_drains_asks_the_target_steps_down_and_ends_when_the_new_master_serves() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    let first = h.produce(1, 0); // in flight
+    h.engine
+        .handoff_request(RequestToken(100), BrokerId(2), h.now);
+    assert!(h.engine.is_handing_off());
+    let out = h.produce(2, 1);
+    assert!(
+        !out.iter().any(|c| matches!(c, Command::Append(a) if matches!(&a.events, AppendEvents::InMemory(e) if !e.is_empty()))),
+        "nothing new is proposed while the handoff drains: {out:?}"
+    );
+    // The first write stabilizes: drained, so the target is asked.
+    let out = h.ack(&first);
+    assert_eq!(answers(&out).len(), 1, "{out:?}");
+    assert!(
+        out.iter()
+            .any(|c| matches!(c, Command::AskTakeOver { to, epoch: e, .. } if *to == BrokerId(2) && *e == epoch)),
+        "{out:?}"
+    );
+    let next = h
+        .engine
+        .master_core()
+        .map(crate::core::MasterCore::next_offset)
+        .expect("still master until the target answers");
+    h.engine.take_over_answer(epoch, Ok(()), h.now);
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(c, Command::LeftMaster { .. })),
+        "{out:?}"
+    );
+    assert_eq!(answers(&out), vec![(RequestToken(2), Reply::NotMaster)]);
+    assert_eq!(
+        h.engine.master_hint(h.now).1,
+        Some(BrokerId(2)),
+        "the hint names the target"
+    );
+    assert!(
+        handoff_outcomes(&out).is_empty(),
+        "not done before the new master serves"
+    );
+    // The target's first append carries its epoch-start event at `next`, stabilized.
+    let new = Epoch((2 << 16) | 2);
+    let start = quire_proto::EventBody::EpochStart(quire_proto::EpochStartEvent {
+        epoch: new,
+        broker: BrokerId(2),
+        voters: Vec::new(),
+    })
+    .to_payload()
+    .expect("a small event encodes");
+    let prev = Some(LogPosition {
+        epoch,
+        offset: Offset(next.0 - 1),
+    });
+    let answer = h.engine.inbound_append(
+        AppendId(5),
+        AppendRequest {
+            epoch: new,
+            prev,
+            events: vec![quire_proto::Event {
+                epoch: new,
+                offset: next,
+                kind: quire_proto::EventKind::EpochStart,
+                payload: start,
+            }],
+            hwm: Some(next),
+        },
+        h.now,
+    );
+    assert!(matches!(answer, InboundAnswer::Has { .. }), "{answer:?}");
+    let out = h.take();
+    let done = handoff_outcomes(&out);
+    assert!(
+        matches!(done.as_slice(), [Ok(HandoffDone { epoch: e, .. })] if *e == new),
+        "{out:?}"
+    );
+    assert!(!h.engine.is_handing_off());
+}
+
+#[test]
+fn a_handoff_to_an_unreachable_target_fails_in_bounded_time_and_the_master_serves_on() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    h.engine.link(SLAVE, false, h.now);
+    h.engine
+        .handoff_request(RequestToken(100), BrokerId(2), h.now);
+    let out = h.produce(1, 0);
+    assert!(answers(&out).is_empty());
+    // The stores go on acking (heartbeats included); the handoff's deadline passes.
+    let mut produced = Vec::new();
+    let mut done = Vec::new();
+    for _ in 0..100 {
         h.now += HEARTBEAT_MS;
         h.engine.tick(h.now);
+        h.engine.flush(h.now);
         let out = h.take();
-        assert!(
-            trims_sent(&out).is_empty(),
-            "no Trim proposed during a handoff"
-        );
-        h.ack(&out);
-        h.engine.set_handing_off(false);
+        done.extend(handoff_outcomes(&out));
+        let acked = h.ack(&out);
+        produced.extend(answers(&acked));
+        if !done.is_empty() && !produced.is_empty() {
+            break;
+        }
     }
+    assert_eq!(
+        done,
+        vec![Err(HandoffFailure::TargetUnreachable(BrokerId(2)))]
+    );
+    assert_eq!(h.engine.master_epoch(), Some(epoch));
+    // The held write went out once the handoff was over.
+    assert!(
+        matches!(
+            produced.as_slice(),
+            [(RequestToken(1), Reply::Produced { .. })]
+        ),
+        "{produced:?}"
+    );
+}
+
+#[test]
+fn a_handoff_is_refused_by_a_slave_for_a_second_one_and_to_an_unknown_broker() {
+    let mut h = H::new(true);
+    h.engine
+        .handoff_request(RequestToken(1), BrokerId(2), h.now);
+    assert_eq!(
+        handoff_outcomes(&h.take()),
+        vec![Err(HandoffFailure::NotMaster)]
+    );
+    h.become_serving();
+    h.engine
+        .handoff_request(RequestToken(2), BrokerId(9), h.now);
+    assert_eq!(
+        handoff_outcomes(&h.take()),
+        vec![Err(HandoffFailure::NotABroker(BrokerId(9)))]
+    );
+    h.engine.link(SLAVE, false, h.now);
+    h.engine
+        .handoff_request(RequestToken(3), BrokerId(2), h.now);
+    h.engine
+        .handoff_request(RequestToken(4), BrokerId(2), h.now);
+    assert_eq!(
+        handoff_outcomes(&h.take()),
+        vec![Err(HandoffFailure::AlreadyRunning)]
+    );
+}
+
+#[test]
+fn a_slave_takes_over_now_only_for_the_master_it_follows() {
+    let mut h = H::new(true);
+    assert!(
+        !h.engine.take_over_now(Epoch(0x5_0002), h.now),
+        "it follows no master"
+    );
+    let master = Epoch((3 << 16) | 2);
+    let start = quire_proto::EventBody::EpochStart(quire_proto::EpochStartEvent {
+        epoch: master,
+        broker: BrokerId(2),
+        voters: Vec::new(),
+    })
+    .to_payload()
+    .expect("a small event encodes");
+    let answer = h.engine.inbound_append(
+        AppendId(1),
+        AppendRequest {
+            epoch: master,
+            prev: None,
+            events: vec![quire_proto::Event {
+                epoch: master,
+                offset: Offset::ZERO,
+                kind: quire_proto::EventKind::EpochStart,
+                payload: start,
+            }],
+            hwm: Some(Offset::ZERO),
+        },
+        h.now,
+    );
+    assert!(matches!(answer, InboundAnswer::Has { .. }), "{answer:?}");
+    assert!(h.engine.take_over_now(master, h.now));
+    let out = h.take();
+    assert!(
+        out.iter().any(|c| matches!(c, Command::TakingOver { .. })),
+        "{out:?}"
+    );
 }

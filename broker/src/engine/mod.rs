@@ -14,9 +14,9 @@
 //!
 //! What lives here so far:
 //! - [`broker::Engine`]: the roles and their changes — follower, takeover, the cluster's
-//!   bootstrap, master, step-down on a higher epoch, check-quorum, the graceful handoff's
-//!   step-down — with the broker state every role applies stabilized events to, and the
-//!   master's write path inside it.
+//!   bootstrap, master, step-down on a higher epoch, check-quorum, graceful handoff — and
+//!   retention with its checkpoints, with the broker state every role applies stabilized
+//!   events to and the master's write path inside it.
 //! - [`writes::Writes`]: the master's write path — planning a produce (the idempotent
 //!   producer's dedup against the applied table and the batches in flight, the per-message
 //!   and in-flight byte bounds), proposing it to the [`crate::core::MasterCore`], the
@@ -24,8 +24,7 @@
 //!   are stabilized, expiring them, and failing them when the master steps down.
 //!
 //! What does not live here yet (the tokio actor still decides it, through the engine's
-//! accessors): fetch and its long-poll waiters, the phases of a graceful handoff, retention
-//! and checkpoints, metrics and status.
+//! accessors): fetch and its long-poll waiters, metrics and status.
 
 pub mod broker;
 pub mod writes;
@@ -36,8 +35,8 @@ mod broker_tests;
 mod tests;
 
 pub use broker::{
-    Command, Engine, EngineConfig, FenceAnswer, InboundAnswer, Mutations, RoleView, SlotAnswer,
-    TailAnswer,
+    Command, Engine, EngineConfig, FenceAnswer, HandoffDone, HandoffFailure, InboundAnswer,
+    Mutations, RoleView, SlotAnswer, TailAnswer,
 };
 pub use writes::{
     Arrival, Gate, Reply, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,

@@ -102,16 +102,13 @@ pub(crate) struct Actor {
     message_event_bytes_max: Arc<AtomicUsize>,
     start: Instant,
     fetch_waiters: Vec<FetchWaiter>,
-    /// A graceful handoff this broker runs as the handing master.
-    handoff: Option<handoff::Handoff>,
+    /// Handoff requests the engine holds, by token.
+    handoff_requests: BTreeMap<RequestToken, (RequestId, Responder)>,
     /// Write requests handed to the engine and not yet answered.
     held_writes: BTreeMap<RequestToken, HeldWrite>,
     next_token: u64,
     /// When each batch in flight was proposed, by its last offset (quorum-wait metric).
     proposed_at: BTreeMap<Offset, Instant>,
-    /// While set, the `NotMaster` answers the engine asks for carry this (a handoff names
-    /// its target).
-    not_master_override: Option<ErrorResponse>,
 }
 
 /// A write request the engine holds by its token: what answers it.
@@ -212,11 +209,10 @@ impl Actor {
             message_event_bytes_max,
             start: Instant::now(),
             fetch_waiters: Vec::new(),
-            handoff: None,
+            handoff_requests: BTreeMap::new(),
             held_writes: BTreeMap::new(),
             next_token: 0,
             proposed_at: BTreeMap::new(),
-            not_master_override: None,
             cfg,
         }
     }
@@ -288,11 +284,6 @@ impl Actor {
 
     /// The master as far as this broker knows, for `NotMaster` hints and metadata.
     fn master_hint(&self) -> (Epoch, Option<BrokerInfo>) {
-        if matches!(self.engine.role(), RoleView::Follower(_)) {
-            if let Some(hint) = self.handoff_hint() {
-                return (self.engine.highest_epoch_seen(), Some(hint));
-            }
-        }
         let (epoch, master) = self.engine.master_hint(self.now_ms());
         (epoch, master.and_then(|b| self.broker_info(b)))
     }
@@ -306,16 +297,9 @@ impl Actor {
         self.engine.is_serving()
     }
 
-    /// Tells the engine whether a handoff holds writes.
-    fn sync_write_hold(&mut self) {
-        let handing_off = self.is_handing_off();
-        self.engine.set_handing_off(handing_off);
-    }
-
     // ------------------------------------------------------------------ requests
 
     fn on_request(&mut self, r: Request) {
-        self.sync_write_hold();
         match r.body {
             Body::AppendRequest(_) => self.on_inbound_append(r),
             Body::Heartbeat(ref h) => {
@@ -443,13 +427,11 @@ impl Actor {
             InboundAnswer::Rejected(rejected) => reply.send(request_id, rejected.into()),
             InboundAnswer::NotFollowing => self.not_master(&reply, request_id),
         }
-        self.advance_handoff();
     }
 
     // ------------------------------------------------------------------ internal messages
 
     fn on_internal(&mut self, m: Internal) {
-        self.sync_write_hold();
         let now = self.now_ms();
         match m {
             Internal::SlotUp { slot } => self.engine.link(slot, true, now),
@@ -563,7 +545,9 @@ impl Actor {
                     .map_err(|e| tracing::debug!(%slot, error = %e, "bootstrap probe: no tail"));
                 self.engine.tail_answer(slot, generation, answer, now);
             }
-            Internal::HandoffAnswer { epoch, outcome } => self.on_handoff_answer(epoch, outcome),
+            Internal::HandoffAnswer { to, epoch, outcome } => {
+                self.on_handoff_answer(to, epoch, outcome);
+            }
             Internal::EpochPersisted { counter, outcome } => {
                 if let Err(e) = &outcome {
                     tracing::error!(error = %e, counter, "cannot make the epoch counter durable");
@@ -587,13 +571,10 @@ impl Actor {
     // ------------------------------------------------------------------ tick
 
     fn on_tick(&mut self) {
-        self.sync_write_hold();
         let now = Instant::now();
         let now_ms = self.now_ms();
         self.engine.tick(now_ms);
         self.run_commands();
-        self.advance_handoff();
-        self.sync_write_hold();
         self.expire_fetches(now);
         self.publish_status();
     }
@@ -659,10 +640,12 @@ impl Actor {
                 "master of epoch {}, not serving yet: its epoch-start event is not stabilized",
                 core.epoch()
             )),
-            RoleView::Master(core, true) if self.is_handing_off() => Readiness::NotReady(format!(
-                "master of epoch {}, handing off to another broker",
-                core.epoch()
-            )),
+            RoleView::Master(core, true) if self.engine.is_handing_off() => {
+                Readiness::NotReady(format!(
+                    "master of epoch {}, handing off to another broker",
+                    core.epoch()
+                ))
+            }
             RoleView::Master(..) => Readiness::Ready,
             RoleView::TakingOver(epoch) => {
                 Readiness::NotReady(format!("taking over (epoch {epoch}): no master serves"))
@@ -698,7 +681,6 @@ impl Actor {
 
     /// Carries out the commands the engine queued, until it queues no more.
     fn run_commands(&mut self) {
-        let mut stabilized = false;
         loop {
             let commands = self.engine.take_commands();
             if commands.is_empty() {
@@ -706,19 +688,8 @@ impl Actor {
             }
             let mut encoded: Vec<(AppendKey, Arc<quire_proto::EncodedBody>)> = Vec::new();
             for c in commands {
-                stabilized |= matches!(
-                    c,
-                    Command::Applied {
-                        master: Some(_),
-                        ..
-                    }
-                );
                 self.run_command(c, &mut encoded);
             }
-        }
-        if stabilized && self.handoff.is_some() {
-            // A draining handoff goes on as soon as its HWM covers what it accepted.
-            self.advance_handoff();
         }
         if self.engine.master_epoch().is_none() {
             self.proposed_at.clear();
@@ -858,12 +829,12 @@ impl Actor {
                     .failover_duration
                     .observe(Duration::from_millis(failover_ms).as_secs_f64());
             }
+            Command::AskTakeOver { to, epoch, hwm } => self.ask_take_over(to, epoch, hwm),
+            Command::HandoffDone { token, outcome } => self.handoff_done(token, outcome),
             Command::LeftMaster { .. } => {
                 self.metrics.step_downs.inc();
-                let refusal = self.not_master_override.clone().unwrap_or_else(|| {
-                    let (epoch, master) = self.master_hint();
-                    ErrorResponse::not_master(epoch, master)
-                });
+                let (epoch, master) = self.master_hint();
+                let refusal = ErrorResponse::not_master(epoch, master);
                 for f in std::mem::take(&mut self.fetch_waiters) {
                     f.waiter.reply.error(f.waiter.request_id, refusal.clone());
                 }
@@ -924,13 +895,10 @@ impl Actor {
                         ProduceResponse { base_offset, count }.into()
                     }
                     Reply::CursorCommitted => CommitCursorResponse.into(),
-                    Reply::NotMaster => match &self.not_master_override {
-                        Some(e) => e.clone().into(),
-                        None => {
-                            let (epoch, master) = self.master_hint();
-                            ErrorResponse::not_master(epoch, master).into()
-                        }
-                    },
+                    Reply::NotMaster => {
+                        let (epoch, master) = self.master_hint();
+                        ErrorResponse::not_master(epoch, master).into()
+                    }
                     Reply::Error(e) => e.into(),
                 };
                 h.reply.answer(h.request_id, body, h.permits);
@@ -967,14 +935,6 @@ impl Actor {
         );
         let now = self.now_ms();
         self.engine.write(token, request, received_ms, now);
-        self.run_commands();
-    }
-
-    /// Retries blocked requests in order while they fit.
-    fn retry_blocked(&mut self) {
-        self.sync_write_hold();
-        let now = self.now_ms();
-        self.engine.retry_blocked(now);
         self.run_commands();
     }
 

@@ -92,6 +92,7 @@ pub(crate) enum Internal {
     },
     /// The target's answer to a handoff's `TakeOverNowRequest` (sent in `epoch`).
     HandoffAnswer {
+        to: quire_proto::BrokerId,
         epoch: Epoch,
         outcome: Result<quire_proto::Body, String>,
     },

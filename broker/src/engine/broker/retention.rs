@@ -102,13 +102,14 @@ impl Engine {
     pub(super) fn retention_tick(&mut self) {
         let now = self.now_ms;
         let serving = self.is_serving();
+        let handing_off = self.is_handing_off();
         let r = &mut self.retention;
         if !matches!(self.role, Role::Master(_)) {
             r.barrier = None;
             r.planner.mark(now);
             return;
         }
-        if !serving || self.handing_off {
+        if !serving || handing_off {
             r.planner.mark(now);
             return;
         }
@@ -163,7 +164,7 @@ impl Engine {
             return;
         };
         let now = self.now_ms;
-        if self.handing_off {
+        if self.is_handing_off() {
             // A handing master proposes nothing more; the new master trims later.
             self.retention.barrier = None;
             return;
