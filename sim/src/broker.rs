@@ -155,6 +155,7 @@ impl SimBroker {
             follower_retained_bytes_max: p.follower_retained_bytes_max,
             seed: self.seed ^ u64::from(self.boot),
             retention: quire_broker::retention::RetentionPolicy::default(),
+            recent_bytes_max: quire_broker::engine::recent::RECENT_BYTES_MAX_DEFAULT,
             mutations: Mutations {
                 adopt_longest: p.adopt_longest,
             },
@@ -639,8 +640,8 @@ impl SimBroker {
             Command::AskTakeOver { .. } | Command::HandoffDone { .. } => {
                 unreachable!("the simulated workload asks for no graceful handoff")
             }
-            Command::StateRebuilt { .. } => {
-                unreachable!("a simulated run never trims: no checkpoint to rebuild from")
+            Command::FetchAnswer { .. } | Command::FetchFromStore { .. } => {
+                unreachable!("simulated consumers read the applied log, not the engine's fetch")
             }
             Command::Write(w) => self.execute_write(w, now_ms, out),
             Command::TakingOver { epoch, .. } => out.seen.push(Seen::Note(format!(

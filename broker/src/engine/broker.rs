@@ -21,9 +21,8 @@
 //! random number (the follower's election jitter is seeded by [`EngineConfig::seed`]) or
 //! touches a socket or a file, so quire-sim drives this very code.
 //!
-//! Retention (trim points with checkpoints, `retention.rs`) and graceful handoff
-//! (`handoff.rs`) are the engine's too. Not here yet (the tokio actor still decides it,
-//! through the accessors below): fetch and its long-poll waiters.
+//! Retention (trim points with checkpoints, `retention.rs`), graceful handoff
+//! (`handoff.rs`) and fetch with its long-poll waiters (`fetch.rs`) are the engine's too.
 
 use std::collections::BTreeSet;
 
@@ -32,6 +31,7 @@ use quire_proto::{
     FenceGranted, LogPosition, Offset, Voter,
 };
 
+use super::recent::RecentEvents;
 use super::{Arrival, Gate, RequestToken, WriteCommand, WriteLimits, WriteRequest, Writes};
 use crate::core::takeover::TakeoverMutation;
 use crate::core::{
@@ -42,12 +42,20 @@ use crate::core::{
 };
 use crate::retention::RetentionPolicy;
 use crate::state::{Applied, BrokerState};
+use quire_net::Readiness;
 
+mod fetch;
 mod handoff;
 mod retention;
 
+pub use fetch::{FetchReply, StoreFetch, FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
+
 pub use handoff::{HandoffDone, HandoffFailure, HANDOFF_TIMEOUT_MIN_MS};
 pub use retention::{CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS};
+
+/// A slave counts as ready (`GET /ready`) while its applied state is at most this many
+/// events behind the HWM its master last sent.
+pub const SLAVE_READY_LAG_EVENTS_MAX: u64 = 4096;
 
 /// Everything an [`Engine`] is configured with. Times are in milliseconds.
 #[derive(Clone, Debug)]
@@ -81,6 +89,9 @@ pub struct EngineConfig {
     pub seed: u64,
     /// Retention: how much of the log the master keeps before it proposes a trim point.
     pub retention: RetentionPolicy,
+    /// Bound of the window of recent stabilized events fetches are served from, in
+    /// accounted bytes ([`super::recent::RECENT_BYTES_MAX_DEFAULT`]).
+    pub recent_bytes_max: u64,
     /// Planted bugs for the simulator's mutation tests; all off in a real broker.
     #[doc(hidden)]
     pub mutations: Mutations,
@@ -142,23 +153,28 @@ pub enum Command {
     /// Send this append (its events in memory, or to read from a store first); the
     /// answer comes back through [`Engine::append_answer`].
     Append(AppendCommand),
-    /// These stabilized events were applied to the broker state, in order. `topics` are
-    /// the topics of the messages among them; `master` is this broker's epoch when it
-    /// stabilized them as master (`None` on a follower).
+    /// These stabilized events were applied to the broker state, in order; `master` is
+    /// this broker's epoch when it stabilized them as master (`None` on a follower).
     Applied {
         /// The events.
         events: Vec<Event>,
-        /// Topics that got messages.
-        topics: BTreeSet<String>,
         /// The master epoch that stabilized them here.
         master: Option<Epoch>,
     },
-    /// The broker state was rebuilt from the retention checkpoint at `checkpoint` (the log
-    /// now starts there), or reset to empty (`None`, only after a core bug); what the
-    /// driver derived from the state before starts over.
-    StateRebuilt {
-        /// The checkpoint's offset.
-        checkpoint: Option<Offset>,
+    /// Answer the fetch `token`.
+    FetchAnswer {
+        /// The request.
+        token: RequestToken,
+        /// The answer.
+        reply: FetchReply,
+    },
+    /// Answer the fetch `token` by reading a store (the messages are older than the
+    /// window).
+    FetchFromStore {
+        /// The request.
+        token: RequestToken,
+        /// What to read and how to answer.
+        read: StoreFetch,
     },
     /// A write-path command (answers and metrics).
     Write(WriteCommand),
@@ -208,8 +224,7 @@ pub enum Command {
         outcome: Result<HandoffDone, HandoffFailure>,
     },
     /// The broker stopped being master of `epoch` and follows (`promised` is the epoch it
-    /// now knows). Waiting writes have been answered through [`Command::Write`]; other
-    /// waiting requests (fetches) are the driver's to answer.
+    /// now knows). Waiting writes and fetches have been answered.
     LeftMaster {
         /// The master's epoch.
         epoch: Epoch,
@@ -355,6 +370,10 @@ pub struct Engine {
     /// A graceful handoff this broker runs as the handing master.
     handoff: Option<handoff::Handoff>,
     retention: retention::Retention,
+    /// Stabilized events kept in memory for fetches.
+    recent: RecentEvents,
+    /// Fetches waiting for messages.
+    parked: Vec<fetch::Parked>,
     /// The latest `now_ms` an input carried.
     now_ms: u64,
     out: Vec<Command>,
@@ -367,6 +386,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig, durable_counter: u64, now_ms: u64) -> Engine {
         let cluster = cfg.cluster.clone();
         let cfg_retention = cfg.retention;
+        let cfg_recent = cfg.recent_bytes_max;
         let store_count = cluster
             .slots
             .iter()
@@ -393,6 +413,8 @@ impl Engine {
             bootstrap_refusal_logged: false,
             handoff: None,
             retention: retention::Retention::new(cfg_retention),
+            recent: RecentEvents::new(cfg_recent),
+            parked: Vec::new(),
             now_ms,
             out: Vec::new(),
         };
@@ -532,6 +554,56 @@ impl Engine {
         }
     }
 
+    /// Whether this broker should get client traffic (`GET /ready`; docs/operations.md
+    /// "Health checks"):
+    /// - a master is ready once it serves (its epoch-start event is stabilized) and while it
+    ///   is not handing off;
+    /// - a slave is ready while it heard from a master within the election timeout and its
+    ///   applied state is at most [`SLAVE_READY_LAG_EVENTS_MAX`] events behind the HWM that
+    ///   master last sent;
+    /// - a broker taking over is not ready.
+    #[must_use]
+    pub fn readiness(&self, now_ms: u64) -> Readiness {
+        match self.role() {
+            RoleView::Master(core, false) => Readiness::NotReady(format!(
+                "master of epoch {}, not serving yet: its epoch-start event is not stabilized",
+                core.epoch()
+            )),
+            RoleView::Master(core, true) if self.is_handing_off() => Readiness::NotReady(format!(
+                "master of epoch {}, handing off to another broker",
+                core.epoch()
+            )),
+            RoleView::Master(..) => Readiness::Ready,
+            RoleView::TakingOver(epoch) => {
+                Readiness::NotReady(format!("taking over (epoch {epoch}): no master serves"))
+            }
+            RoleView::Follower(f) => {
+                let Some(heard) = self.last_master_contact_ms else {
+                    return Readiness::NotReady("slave: no master known yet".to_owned());
+                };
+                let silent = now_ms.saturating_sub(heard);
+                let timeout = self.cfg.election_timeout_ms;
+                if silent >= timeout {
+                    return Readiness::NotReady(format!(
+                        "slave: the master of epoch {} has been silent for {silent} ms (election timeout {timeout} ms)",
+                        f.master_epoch(),
+                    ));
+                }
+                let behind = match (self.master_hwm_heard, f.applied()) {
+                    (None, _) => 0,
+                    (Some(h), None) => h.0 + 1,
+                    (Some(h), Some(a)) => h.0.saturating_sub(a.0),
+                };
+                if behind > SLAVE_READY_LAG_EVENTS_MAX {
+                    return Readiness::NotReady(format!(
+                        "slave: catching up, {behind} events behind the master's HWM (ready within {SLAVE_READY_LAG_EVENTS_MAX})"
+                    ));
+                }
+                Readiness::Ready
+            }
+        }
+    }
+
     /// The answer to a heartbeat from a broker of epoch `epoch`: the epoch this broker
     /// knows and its last entry.
     pub fn heartbeat(&mut self, epoch: Epoch) -> (Epoch, Option<LogPosition>) {
@@ -584,6 +656,7 @@ impl Engine {
         }
         self.retention_tick();
         self.advance_handoff();
+        self.expire_fetches();
     }
 
     /// The driver's link to `slot` came up or went down.
@@ -1098,6 +1171,7 @@ impl Engine {
         let mut out = Vec::new();
         writes.fail_all(None, &mut out);
         self.push_writes(out);
+        self.refuse_parked_fetches();
         self.out.push(Command::LeftMaster {
             epoch,
             promised: epoch,
@@ -1161,7 +1235,7 @@ impl Engine {
                 // the master's stream rebuilds.
                 tracing::error!(error = %e, "cannot follow with this log: starting from an empty one");
                 self.state = BrokerState::new();
-                self.out.push(Command::StateRebuilt { checkpoint: None });
+                self.recent.clear();
                 FollowerCore::new(
                     self.follower_config(),
                     LocalLog::empty(),
@@ -1194,16 +1268,7 @@ impl Engine {
                 match self.rebuild_at(e) {
                     Some(a) => {
                         self.retention_rebuilt(e.offset);
-                        if !applied.is_empty() {
-                            self.out.push(Command::Applied {
-                                events: std::mem::take(&mut applied),
-                                topics: std::mem::take(&mut topics),
-                                master,
-                            });
-                        }
-                        self.out.push(Command::StateRebuilt {
-                            checkpoint: Some(e.offset),
-                        });
+                        self.recent.clear();
                         a
                     }
                     None => continue,
@@ -1217,15 +1282,16 @@ impl Engine {
                 _ => {}
             }
             self.retention_applied(e);
+            self.recent.push(e.clone());
             applied.push(e.clone());
         }
         if !applied.is_empty() {
             self.out.push(Command::Applied {
                 events: applied,
-                topics,
                 master,
             });
         }
+        self.wake_fetches(&topics);
     }
 
     /// The next event to apply is not the one after the state's last: the log now starts
@@ -1622,6 +1688,7 @@ impl Engine {
         let mut out = Vec::new();
         writes.fail_all(no_quorum.as_deref(), &mut out);
         self.push_writes(out);
+        self.refuse_parked_fetches();
         self.out.push(Command::LeftMaster { epoch, promised });
     }
 

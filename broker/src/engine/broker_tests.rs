@@ -12,6 +12,7 @@ use crate::core::{
     AppendCommand, AppendEvents, AppendId, ClusterConfig, ReplicationLimits, SlotId, SlotKind,
     StoreIdentity,
 };
+use quire_net::Readiness;
 
 const STORES: usize = 3;
 const ELECTION_MS: u64 = 300;
@@ -61,6 +62,7 @@ fn config(known: bool) -> EngineConfig {
         follower_retained_bytes_max: 1 << 20,
         seed: 42,
         retention: crate::retention::RetentionPolicy::default(),
+        recent_bytes_max: 1 << 20,
         mutations: Mutations::default(),
     }
 }
@@ -876,5 +878,128 @@ fn a_slave_takes_over_now_only_for_the_master_it_follows() {
     assert!(
         out.iter().any(|c| matches!(c, Command::TakingOver { .. })),
         "{out:?}"
+    );
+}
+
+fn fetch_replies(out: &[Command]) -> Vec<(RequestToken, FetchReply)> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::FetchAnswer { token, reply } => Some((*token, reply.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn fetch_req(from: u64, wait_ms: u32) -> quire_proto::FetchRequest {
+    quire_proto::FetchRequest {
+        topic: "t".into(),
+        from_offset: Offset(from),
+        max_messages: 10,
+        max_bytes: 1 << 20,
+        wait_ms,
+    }
+}
+
+#[test]
+fn a_fetch_gets_stabilized_messages_and_a_slave_refuses_it() {
+    let mut h = H::new(true);
+    h.engine
+        .fetch(RequestToken(1), fetch_req(0, 0), h.now, h.now);
+    assert_eq!(
+        fetch_replies(&h.take()),
+        vec![(RequestToken(1), FetchReply::NotMaster)]
+    );
+    h.become_serving();
+    let out = h.produce(2, 0);
+    h.engine
+        .fetch(RequestToken(3), fetch_req(0, 0), h.now, h.now);
+    let replies = fetch_replies(&h.take());
+    let [(RequestToken(3), FetchReply::Messages(m))] = replies.as_slice() else {
+        panic!("{replies:?}")
+    };
+    assert!(m.messages.is_empty(), "nothing before it is stabilized");
+    h.ack(&out);
+    h.engine
+        .fetch(RequestToken(4), fetch_req(0, 0), h.now, h.now);
+    let replies = fetch_replies(&h.take());
+    let [(RequestToken(4), FetchReply::Messages(m))] = replies.as_slice() else {
+        panic!("{replies:?}")
+    };
+    assert_eq!(m.messages, vec![(Offset(1), Bytes::from_static(b"m"))]);
+    assert_eq!(m.next_offset, Offset(2));
+}
+
+#[test]
+fn a_long_poll_is_woken_by_a_message_answered_empty_at_its_deadline_and_refused_on_step_down() {
+    let mut h = H::new(true);
+    let epoch = h.become_serving();
+    h.engine
+        .fetch(RequestToken(1), fetch_req(0, 200), h.now, h.now);
+    assert!(fetch_replies(&h.take()).is_empty(), "parked");
+    let out = h.produce(2, 0);
+    let out = h.ack(&out);
+    let replies = fetch_replies(&out);
+    assert!(
+        matches!(replies.as_slice(), [(RequestToken(1), FetchReply::Messages(m))] if m.messages.len() == 1),
+        "woken by the message: {replies:?}"
+    );
+    // A poll with nothing to read is answered empty once its wait runs out.
+    h.engine
+        .fetch(RequestToken(3), fetch_req(2, 120), h.now, h.now);
+    let mut replies = Vec::new();
+    for _ in 0..5 {
+        h.now += HEARTBEAT_MS;
+        h.engine.tick(h.now);
+        let out = h.take();
+        replies.extend(fetch_replies(&out));
+        h.ack(&out);
+    }
+    assert!(
+        matches!(replies.as_slice(), [(RequestToken(3), FetchReply::Messages(m))] if m.messages.is_empty()),
+        "{replies:?}"
+    );
+    // A parked poll gets NotMaster when the master steps down.
+    h.engine
+        .fetch(RequestToken(4), fetch_req(2, 10_000), h.now, h.now);
+    assert!(fetch_replies(&h.take()).is_empty());
+    let rival = Epoch(epoch.0 + (1 << 16) + 1);
+    h.engine.inbound_append(
+        AppendId(9),
+        AppendRequest {
+            epoch: rival,
+            prev: None,
+            events: Vec::new(),
+            hwm: None,
+        },
+        h.now,
+    );
+    assert_eq!(
+        fetch_replies(&h.take()),
+        vec![(RequestToken(4), FetchReply::NotMaster)]
+    );
+}
+
+#[test]
+fn readiness_follows_the_role() {
+    let mut h = H::new(true);
+    assert!(
+        matches!(h.engine.readiness(h.now), Readiness::NotReady(_)),
+        "no master known"
+    );
+    let epoch = h.start_fencing();
+    assert!(
+        matches!(h.engine.readiness(h.now), Readiness::NotReady(m) if m.contains("taking over"))
+    );
+    let out = h.grant_all(epoch);
+    assert!(
+        matches!(h.engine.readiness(h.now), Readiness::NotReady(m) if m.contains("not serving yet"))
+    );
+    h.ack(&out);
+    assert_eq!(h.engine.readiness(h.now), Readiness::Ready);
+    h.engine.link(SLAVE, false, h.now);
+    h.engine
+        .handoff_request(RequestToken(1), BrokerId(2), h.now);
+    assert!(
+        matches!(h.engine.readiness(h.now), Readiness::NotReady(m) if m.contains("handing off"))
     );
 }

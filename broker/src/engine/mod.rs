@@ -27,6 +27,7 @@
 //! accessors): fetch and its long-poll waiters, metrics and status.
 
 pub mod broker;
+pub mod recent;
 pub mod writes;
 
 #[cfg(test)]
@@ -35,8 +36,9 @@ mod broker_tests;
 mod tests;
 
 pub use broker::{
-    Command, Engine, EngineConfig, FenceAnswer, HandoffDone, HandoffFailure, InboundAnswer,
-    Mutations, RoleView, SlotAnswer, TailAnswer,
+    Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffDone, HandoffFailure,
+    InboundAnswer, Mutations, RoleView, SlotAnswer, StoreFetch, TailAnswer, FETCH_BYTES_MAX,
+    FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX,
 };
 pub use writes::{
     Arrival, Gate, Reply, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,

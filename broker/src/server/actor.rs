@@ -21,34 +21,31 @@ use bytes::{Bytes, BytesMut};
 use quire_client::{ClientError, FenceOutcome};
 use quire_proto::{
     encode_body, AppendRequest, Body, BrokerId, BrokerInfo, CommitCursorResponse, CursorRequest,
-    CursorResponse, Epoch, ErrorCode, ErrorResponse, EventBody, EventKind, FetchRequest,
-    FetchResponse, Frame, HeartbeatAck, LogPosition, MetadataResponse, Offset, ProduceResponse,
-    RequestId, StoreInfo, FRAME_BYTES_MAX, MESSAGES_PER_FRAME_MAX,
+    CursorResponse, Epoch, ErrorCode, ErrorResponse, EventBody, EventKind, FetchResponse, Frame,
+    HeartbeatAck, LogPosition, MetadataResponse, Offset, ProduceResponse, RequestId, StoreInfo,
 };
 use tokio::sync::mpsc;
 
 use super::conn::{Permits, Request, Responder};
-use super::recent::{RecentEvents, RECENT_BYTES_MAX_DEFAULT};
 use super::slots::{AppendMeta, Internal, SlotHandle, SlotSend};
 use crate::config::BrokerConfig;
 use crate::core::{
     AppendCommand, AppendEvents, AppendId, ClusterConfig, Event, ReplicationLimits, SlotId,
-    SlotKind, SlotLink, StoreIdentity,
+    SlotKind, StoreIdentity,
 };
 use crate::durable::{self, ClusterFile};
 use crate::engine::{
-    Command, Engine, EngineConfig, FenceAnswer, InboundAnswer, Mutations, Reply, RequestToken,
-    RoleView, SlotAnswer, TailAnswer, WriteCommand, WriteKind, WriteLimits, WriteRequest,
+    Command, Engine, EngineConfig, FenceAnswer, FetchReply, InboundAnswer, Mutations, Reply,
+    RequestToken, RoleView, SlotAnswer, StoreFetch, TailAnswer, WriteCommand, WriteKind,
+    WriteLimits, WriteRequest,
 };
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
 use quire_net::Readiness;
 
 mod handoff;
 
-/// Longest long-poll a fetch may ask for, in milliseconds.
-pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
-/// Fetches waiting for messages at once, at most; more are answered at once (empty).
-pub const FETCH_WAITERS_MAX: usize = 4096;
+pub use crate::engine::{FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
+
 /// Produce and commit requests waiting for the master to serve or for in-flight room.
 pub const BLOCKED_REQUESTS_MAX: usize = 4096;
 /// Requests the actor takes from its queue before flushing proposals to the stores.
@@ -57,18 +54,13 @@ pub const DRAIN_BATCH_MAX: usize = 1024;
 pub const TAKEOVER_FETCH_EVENTS_MAX: u32 = 4096;
 /// Most payload bytes asked of a store in one read.
 pub const READ_BYTES_MAX: u32 = 8 << 20;
-/// A slave counts as ready (`GET /ready`) while its applied state is at most this many
-/// events behind the HWM its master last sent.
-pub const SLAVE_READY_LAG_EVENTS_MAX: u64 = 4096;
-/// Payload bytes one fetch response carries at most (it must fit in a frame).
-pub const FETCH_BYTES_MAX: usize = FRAME_BYTES_MAX / 2;
+pub use crate::engine::broker::SLAVE_READY_LAG_EVENTS_MAX;
 
-/// The answer a waiting request gets.
+/// A fetch the engine holds by its token: what answers it.
 #[derive(Debug)]
 struct Waiter {
     request_id: RequestId,
     reply: Responder,
-    deadline: Instant,
     permits: Permits,
 }
 
@@ -80,13 +72,6 @@ impl Waiter {
     }
 }
 
-/// A fetch waiting for messages.
-#[derive(Debug)]
-struct FetchWaiter {
-    req: FetchRequest,
-    waiter: Waiter,
-}
-
 /// The actor. See the module docs.
 pub(crate) struct Actor {
     cfg: Arc<BrokerConfig>,
@@ -95,13 +80,13 @@ pub(crate) struct Actor {
     cluster_file: ClusterFile,
     slots: Vec<SlotHandle>,
     engine: Engine,
-    recent: RecentEvents,
     internal_tx: mpsc::Sender<Internal>,
     metrics: Arc<Metrics>,
     /// See [`ActorInit::message_event_bytes_max`].
     message_event_bytes_max: Arc<AtomicUsize>,
     start: Instant,
-    fetch_waiters: Vec<FetchWaiter>,
+    /// Fetches handed to the engine and not yet answered.
+    held_fetches: BTreeMap<RequestToken, Waiter>,
     /// Handoff requests the engine holds, by token.
     handoff_requests: BTreeMap<RequestToken, (RequestId, Responder)>,
     /// Write requests handed to the engine and not yet answered.
@@ -195,6 +180,7 @@ impl Actor {
             follower_retained_bytes_max: crate::core::follower::FOLLOWER_RETAINED_BYTES_MAX_DEFAULT,
             seed,
             retention: cfg.retention,
+            recent_bytes_max: crate::engine::recent::RECENT_BYTES_MAX_DEFAULT,
             mutations: Mutations::default(),
         };
         Actor {
@@ -203,12 +189,11 @@ impl Actor {
             cluster_file,
             slots,
             engine: Engine::new(engine_cfg, durable_counter, 0),
-            recent: RecentEvents::new(RECENT_BYTES_MAX_DEFAULT),
             internal_tx,
             metrics,
             message_event_bytes_max,
             start: Instant::now(),
-            fetch_waiters: Vec::new(),
+            held_fetches: BTreeMap::new(),
             handoff_requests: BTreeMap::new(),
             held_writes: BTreeMap::new(),
             next_token: 0,
@@ -571,11 +556,9 @@ impl Actor {
     // ------------------------------------------------------------------ tick
 
     fn on_tick(&mut self) {
-        let now = Instant::now();
         let now_ms = self.now_ms();
         self.engine.tick(now_ms);
         self.run_commands();
-        self.expire_fetches(now);
         self.publish_status();
     }
 
@@ -626,55 +609,9 @@ impl Actor {
         });
     }
 
-    /// Whether this broker should get client traffic (`GET /ready`; docs/operations.md
-    /// "Health checks"):
-    /// - a master is ready once it serves (its epoch-start event is stabilized) and while it
-    ///   is not handing off;
-    /// - a slave is ready while it heard from a master within the election timeout and its
-    ///   applied state is at most [`SLAVE_READY_LAG_EVENTS_MAX`] events behind the HWM that
-    ///   master last sent;
-    /// - a broker taking over is not ready.
+    /// Whether this broker should get client traffic ([`Engine::readiness`]).
     fn readiness(&self) -> Readiness {
-        match self.engine.role() {
-            RoleView::Master(core, false) => Readiness::NotReady(format!(
-                "master of epoch {}, not serving yet: its epoch-start event is not stabilized",
-                core.epoch()
-            )),
-            RoleView::Master(core, true) if self.engine.is_handing_off() => {
-                Readiness::NotReady(format!(
-                    "master of epoch {}, handing off to another broker",
-                    core.epoch()
-                ))
-            }
-            RoleView::Master(..) => Readiness::Ready,
-            RoleView::TakingOver(epoch) => {
-                Readiness::NotReady(format!("taking over (epoch {epoch}): no master serves"))
-            }
-            RoleView::Follower(f) => {
-                let Some(heard) = self.engine.last_master_contact_ms() else {
-                    return Readiness::NotReady("slave: no master known yet".to_owned());
-                };
-                let silent = self.now_ms().saturating_sub(heard);
-                let timeout = ms(self.cfg.election_timeout);
-                if silent >= timeout {
-                    return Readiness::NotReady(format!(
-                        "slave: the master of epoch {} has been silent for {silent} ms (election timeout {timeout} ms)",
-                        f.master_epoch(),
-                    ));
-                }
-                let behind = match (self.engine.master_hwm_heard(), f.applied()) {
-                    (None, _) => 0,
-                    (Some(h), None) => h.0 + 1,
-                    (Some(h), Some(a)) => h.0.saturating_sub(a.0),
-                };
-                if behind > SLAVE_READY_LAG_EVENTS_MAX {
-                    return Readiness::NotReady(format!(
-                        "slave: catching up, {behind} events behind the master's HWM (ready within {SLAVE_READY_LAG_EVENTS_MAX})"
-                    ));
-                }
-                Readiness::Ready
-            }
-        }
+        self.engine.readiness(self.now_ms())
     }
 
     // ------------------------------------------------------------------ engine commands
@@ -805,21 +742,16 @@ impl Actor {
                 }
                 AppendEvents::FromStore { source } => self.read_for_append(cmd.clone(), *source),
             },
-            Command::Applied { events, topics, .. } => {
+            Command::Applied { events, .. } => {
                 for e in &events {
                     if e.kind == EventKind::Message.as_u8() {
                         self.message_event_bytes_max
                             .fetch_max(e.payload.len(), Ordering::Relaxed);
                     }
                 }
-                for e in events {
-                    self.recent.push(e);
-                }
-                if !topics.is_empty() && !self.fetch_waiters.is_empty() {
-                    self.wake_fetches(Some(&topics));
-                }
             }
-            Command::StateRebuilt { .. } => self.recent.clear(),
+            Command::FetchAnswer { token, reply } => self.answer_fetch(token, reply),
+            Command::FetchFromStore { token, read } => self.fetch_from_store(token, read),
             Command::Write(w) => self.execute_write(w),
             Command::TakingOver { .. } | Command::Abandoned { .. } => {}
             Command::BecameMaster { .. } => {}
@@ -833,11 +765,6 @@ impl Actor {
             Command::HandoffDone { token, outcome } => self.handoff_done(token, outcome),
             Command::LeftMaster { .. } => {
                 self.metrics.step_downs.inc();
-                let (epoch, master) = self.master_hint();
-                let refusal = ErrorResponse::not_master(epoch, master);
-                for f in std::mem::take(&mut self.fetch_waiters) {
-                    f.waiter.reply.error(f.waiter.request_id, refusal.clone());
-                }
             }
         }
     }
@@ -1031,115 +958,65 @@ impl Actor {
     // ------------------------------------------------------------------ fetch
 
     fn on_fetch(&mut self, r: Request) {
-        if !self.is_serving() {
-            self.not_master(&r.reply, r.request_id);
-            return;
-        }
         let Body::FetchRequest(req) = r.body else {
             return;
         };
-        let wait = Duration::from_millis(u64::from(req.wait_ms.min(FETCH_WAIT_MS_MAX)));
-        let waiter = Waiter {
-            request_id: r.request_id,
-            reply: r.reply,
-            deadline: r.received + wait,
-            permits: r.permits,
-        };
-        self.serve_fetch(req, waiter, false);
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        self.held_fetches.insert(
+            token,
+            Waiter {
+                request_id: r.request_id,
+                reply: r.reply,
+                permits: r.permits,
+            },
+        );
+        let received_ms = self.ms_at(r.received);
+        let now = self.now_ms();
+        self.engine.fetch(token, req, received_ms, now);
+        self.run_commands();
     }
 
-    /// Answers a fetch from memory, from a store, or parks it until messages arrive.
-    fn serve_fetch(&mut self, req: FetchRequest, waiter: Waiter, expired: bool) {
-        if let Some(first) = self.engine.trimmed_below(req.from_offset) {
-            waiter.answer(ErrorResponse::trimmed(req.from_offset, first).into());
+    /// Answers the fetch `token` ([`Command::FetchAnswer`]).
+    fn answer_fetch(&mut self, token: RequestToken, reply: FetchReply) {
+        let Some(waiter) = self.held_fetches.remove(&token) else {
             return;
-        }
-        let state = self.engine.state();
-        let hwm = match self.engine.master_core() {
-            Some(core) => core.hwm(),
-            None => state.applied(),
         };
-        let max_messages = (req.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
-        let offsets = state.topic_offsets(&req.topic, req.from_offset, max_messages);
-        if offsets.is_empty() {
-            if !expired
-                && waiter.deadline > Instant::now()
-                && self.fetch_waiters.len() < FETCH_WAITERS_MAX
-            {
-                self.fetch_waiters.push(FetchWaiter { req, waiter });
-                return;
+        let body: Body = match reply {
+            FetchReply::Messages(m) => m.into(),
+            FetchReply::Trimmed { from, first } => ErrorResponse::trimmed(from, first).into(),
+            FetchReply::NotMaster => {
+                let (epoch, master) = self.master_hint();
+                ErrorResponse::not_master(epoch, master).into()
             }
-            let next = req
-                .from_offset
-                .max(state.applied().map_or(Offset::ZERO, Offset::next));
-            waiter.answer(
-                FetchResponse {
-                    hwm,
-                    next_offset: next,
-                    messages: Vec::new(),
-                }
-                .into(),
-            );
-            return;
-        }
-        let bytes_max = (req.max_bytes as usize).clamp(1, FETCH_BYTES_MAX);
-        let mut messages: Vec<(Offset, Bytes)> = Vec::new();
-        let mut bytes = 0usize;
-        let mut missed = false;
-        for &o in &offsets {
-            let Some(e) = self.recent.get(o) else {
-                missed = true;
-                break;
-            };
-            let Ok(EventBody::Message(msg)) = EventBody::decode(EventKind::Message, &e.payload)
-            else {
-                continue;
-            };
-            if !messages.is_empty() && bytes + msg.message.len() > bytes_max {
-                break;
-            }
-            bytes += msg.message.len();
-            messages.push((o, msg.message));
-        }
-        if messages.is_empty() && missed {
-            self.fetch_from_store(req, offsets, bytes_max, hwm, waiter);
-            return;
-        }
-        let next_offset = messages.last().map_or(req.from_offset, |(o, _)| o.next());
-        waiter.answer(
-            FetchResponse {
-                hwm,
-                next_offset,
-                messages,
-            }
+            FetchReply::Unavailable => ErrorResponse::new(
+                ErrorCode::Internal,
+                "no store can serve this range now; retry",
+            )
             .into(),
-        );
+        };
+        waiter.answer(body);
     }
 
     /// Serves a fetch of offsets older than the in-memory window by reading a voting store
     /// that holds them.
-    fn fetch_from_store(
-        &mut self,
-        req: FetchRequest,
-        offsets: Vec<Offset>,
-        bytes_max: usize,
-        hwm: Option<Offset>,
-        waiter: Waiter,
-    ) {
+    fn fetch_from_store(&mut self, token: RequestToken, read: StoreFetch) {
+        let Some(waiter) = self.held_fetches.remove(&token) else {
+            return;
+        };
         self.metrics.fetches_from_store.inc();
+        let StoreFetch {
+            source,
+            req,
+            offsets,
+            bytes_max,
+            hwm,
+            trim_point,
+        } = read;
         let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
             return;
         };
-        let source = self.engine.master_core().and_then(|core| {
-            (0..self.store_count).map(Self::slot_of).find(|&s| {
-                self.engine.slot_up(s)
-                    && core.slot_status(s).is_some_and(|st| {
-                        st.link == SlotLink::Up && st.voted_through >= Some(first)
-                    })
-            })
-        });
-        let client = source.and_then(|s| self.slots[s.index()].client());
-        let Some(client) = client else {
+        let Some(client) = self.slots[source.index()].client() else {
             waiter.answer(
                 ErrorResponse::new(
                     ErrorCode::Internal,
@@ -1149,7 +1026,6 @@ impl Actor {
             );
             return;
         };
-        let trim_point = self.engine.state().trim_point();
         tokio::spawn(async move {
             let span = u32::try_from(last.0 - first.0 + 1)
                 .unwrap_or(u32::MAX)
@@ -1212,32 +1088,6 @@ impl Actor {
                 ),
             }
         });
-    }
-
-    /// Re-serves parked fetches (of the `touched` topics, or all).
-    fn wake_fetches(&mut self, touched: Option<&BTreeSet<String>>) {
-        let parked = std::mem::take(&mut self.fetch_waiters);
-        for f in parked {
-            if touched.is_some_and(|t| !t.contains(&f.req.topic)) {
-                self.fetch_waiters.push(f);
-                continue;
-            }
-            self.serve_fetch(f.req, f.waiter, false);
-        }
-    }
-
-    fn expire_fetches(&mut self, now: Instant) {
-        if self.fetch_waiters.iter().all(|f| f.waiter.deadline > now) {
-            return;
-        }
-        let parked = std::mem::take(&mut self.fetch_waiters);
-        for f in parked {
-            if f.waiter.deadline <= now {
-                self.serve_fetch(f.req, f.waiter, true);
-            } else {
-                self.fetch_waiters.push(f);
-            }
-        }
     }
 }
 

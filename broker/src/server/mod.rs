@@ -10,13 +10,11 @@
 //! - [`conn`]: inbound connections (clients, and a master's appends to this slave);
 //! - [`slots`]: outbound connections to every store and every other broker;
 //! - [`actor`]: the one task that owns the role, the cores and the broker state;
-//! - [`recent`]: the window of recent stabilized events consumers are served from.
 //!
 //! [`Broker::start`] binds the listeners, checks the data directory and starts the tasks.
 
 mod actor;
 mod conn;
-mod recent;
 mod slots;
 
 use std::net::SocketAddr;
@@ -35,11 +33,11 @@ use crate::durable::{self, ClusterFile, DirLock};
 use crate::metrics::Metrics;
 use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
+pub use crate::engine::recent::RECENT_BYTES_MAX_DEFAULT;
 pub use actor::{
     BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX, SLAVE_READY_LAG_EVENTS_MAX,
 };
 pub use conn::{CONN_REQUESTS_MAX, CONN_RESPONSE_BYTES_MAX, WRITE_QUEUE_FRAMES_MAX};
-pub use recent::RECENT_BYTES_MAX_DEFAULT;
 pub use slots::{RECONNECT_BACKOFF_MAX, SLOT_QUEUE_MAX};
 
 /// Requests queued for the actor, at most (readers wait beyond it).

@@ -1,0 +1,256 @@
+//! Fetch in the broker engine: a consumer reads a topic's stabilized messages from the
+//! master (docs/protocol.md "Fetch").
+//!
+//! ```text
+//!   fetch(token, req, deadline_ms)
+//!     from below the trim point ─────────────> Trimmed{first}
+//!     messages at or past from in the window ─> Messages (at most max_messages, max_bytes)
+//!     messages older than the window ────────> Command::FetchFromStore: the driver reads a
+//!                                              voting store that holds them and answers
+//!     none yet, wait_ms left ────────────────> parked; woken when a message of the topic is
+//!                                              applied, answered empty at its deadline
+//!   the master leaves (any reason) ─────────> every parked fetch: NotMaster
+//! ```
+//!
+//! Only stabilized events are ever served: the window holds what [`Engine`] applied.
+
+use bytes::Bytes;
+use quire_proto::{
+    EventBody, EventKind, FetchRequest, FetchResponse, Offset, FRAME_BYTES_MAX,
+    MESSAGES_PER_FRAME_MAX,
+};
+
+use super::{Command, Engine, RequestToken};
+use crate::core::{SlotId, SlotLink};
+
+/// Longest long-poll a fetch may ask for, in milliseconds.
+pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
+/// Fetches waiting for messages at once, at most; more are answered at once (empty).
+pub const FETCH_WAITERS_MAX: usize = 4096;
+/// Payload bytes one fetch response carries at most (it must fit in a frame).
+pub const FETCH_BYTES_MAX: usize = FRAME_BYTES_MAX / 2;
+
+/// The answer to a fetch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FetchReply {
+    /// Messages (possibly none: the wait ran out).
+    Messages(FetchResponse),
+    /// `from` is below the trim point `first`: the events are gone.
+    Trimmed {
+        /// The offset asked for.
+        from: Offset,
+        /// The first offset a reader may ask for.
+        first: Offset,
+    },
+    /// This broker is not (or no longer) a serving master.
+    NotMaster,
+    /// The messages are older than the window and no store can serve them now.
+    Unavailable,
+}
+
+/// A fetch the master reads from a store: what the driver needs to read and answer it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreFetch {
+    /// The voting store to read (connected, holding `offsets` as voter).
+    pub source: SlotId,
+    /// The request.
+    pub req: FetchRequest,
+    /// The topic's message offsets to serve, ascending (not empty).
+    pub offsets: Vec<Offset>,
+    /// Payload bytes the answer may carry.
+    pub bytes_max: usize,
+    /// The HWM to report.
+    pub hwm: Option<Offset>,
+    /// The trim point when the read was planned (a store that deleted the range since
+    /// answers `Trimmed` from at least this).
+    pub trim_point: Offset,
+}
+
+/// A fetch waiting for messages.
+#[derive(Clone, Debug)]
+pub(super) struct Parked {
+    token: RequestToken,
+    req: FetchRequest,
+    deadline_ms: u64,
+}
+
+impl Engine {
+    /// A fetch (`token`) that may wait until `received_ms + req.wait_ms` (bounded by
+    /// [`FETCH_WAIT_MS_MAX`]). Answered through [`Command::FetchAnswer`] or
+    /// [`Command::FetchFromStore`], at once or later.
+    pub fn fetch(&mut self, token: RequestToken, req: FetchRequest, received_ms: u64, now_ms: u64) {
+        self.at(now_ms);
+        if !self.is_serving() {
+            self.out.push(Command::FetchAnswer {
+                token,
+                reply: FetchReply::NotMaster,
+            });
+            return;
+        }
+        let deadline_ms = received_ms.saturating_add(u64::from(req.wait_ms.min(FETCH_WAIT_MS_MAX)));
+        self.serve_fetch(token, req, deadline_ms, false);
+    }
+
+    /// Answers a fetch from the window, from a store, or parks it until messages arrive.
+    fn serve_fetch(
+        &mut self,
+        token: RequestToken,
+        req: FetchRequest,
+        deadline_ms: u64,
+        expired: bool,
+    ) {
+        if let Some(first) = self.trimmed_below(req.from_offset) {
+            self.out.push(Command::FetchAnswer {
+                token,
+                reply: FetchReply::Trimmed {
+                    from: req.from_offset,
+                    first,
+                },
+            });
+            return;
+        }
+        let hwm = match self.master_core() {
+            Some(core) => core.hwm(),
+            None => self.state.applied(),
+        };
+        let max_messages = (req.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
+        let offsets = self
+            .state
+            .topic_offsets(&req.topic, req.from_offset, max_messages);
+        if offsets.is_empty() {
+            if !expired && deadline_ms > self.now_ms && self.parked.len() < FETCH_WAITERS_MAX {
+                self.parked.push(Parked {
+                    token,
+                    req,
+                    deadline_ms,
+                });
+                return;
+            }
+            let next = req
+                .from_offset
+                .max(self.state.applied().map_or(Offset::ZERO, Offset::next));
+            self.out.push(Command::FetchAnswer {
+                token,
+                reply: FetchReply::Messages(FetchResponse {
+                    hwm,
+                    next_offset: next,
+                    messages: Vec::new(),
+                }),
+            });
+            return;
+        }
+        let bytes_max = (req.max_bytes as usize).clamp(1, FETCH_BYTES_MAX);
+        let mut messages: Vec<(Offset, Bytes)> = Vec::new();
+        let mut bytes = 0usize;
+        let mut missed = false;
+        for &o in &offsets {
+            let Some(e) = self.recent.get(o) else {
+                missed = true;
+                break;
+            };
+            let Ok(EventBody::Message(msg)) = EventBody::decode(EventKind::Message, &e.payload)
+            else {
+                continue;
+            };
+            if !messages.is_empty() && bytes + msg.message.len() > bytes_max {
+                break;
+            }
+            bytes += msg.message.len();
+            messages.push((o, msg.message));
+        }
+        if messages.is_empty() && missed {
+            self.fetch_from_store(token, req, offsets, bytes_max, hwm);
+            return;
+        }
+        let next_offset = messages.last().map_or(req.from_offset, |(o, _)| o.next());
+        self.out.push(Command::FetchAnswer {
+            token,
+            reply: FetchReply::Messages(FetchResponse {
+                hwm,
+                next_offset,
+                messages,
+            }),
+        });
+    }
+
+    /// Plans a read of offsets older than the window from a voting store that holds them.
+    fn fetch_from_store(
+        &mut self,
+        token: RequestToken,
+        req: FetchRequest,
+        offsets: Vec<Offset>,
+        bytes_max: usize,
+        hwm: Option<Offset>,
+    ) {
+        let Some(&first) = offsets.first() else {
+            return;
+        };
+        let source = self.master_core().and_then(|core| {
+            (0..self.store_count).map(super::slot_of).find(|&s| {
+                self.slot_up(s)
+                    && core.slot_status(s).is_some_and(|st| {
+                        st.link == SlotLink::Up && st.voted_through >= Some(first)
+                    })
+            })
+        });
+        let Some(source) = source else {
+            self.out.push(Command::FetchAnswer {
+                token,
+                reply: FetchReply::Unavailable,
+            });
+            return;
+        };
+        let trim_point = self.state.trim_point();
+        self.out.push(Command::FetchFromStore {
+            token,
+            read: StoreFetch {
+                source,
+                req,
+                offsets,
+                bytes_max,
+                hwm,
+                trim_point,
+            },
+        });
+    }
+
+    /// Serves again the parked fetches of `topics`.
+    pub(super) fn wake_fetches<'a>(&mut self, topics: impl IntoIterator<Item = &'a String>) {
+        if self.parked.is_empty() {
+            return;
+        }
+        let topics: Vec<&String> = topics.into_iter().collect();
+        let (woken, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| topics.contains(&&p.req.topic));
+        self.parked = kept;
+        for p in woken {
+            self.serve_fetch(p.token, p.req, p.deadline_ms, false);
+        }
+    }
+
+    /// Answers the parked fetches whose wait ran out.
+    pub(super) fn expire_fetches(&mut self) {
+        let now = self.now_ms;
+        if self.parked.iter().all(|p| p.deadline_ms > now) {
+            return;
+        }
+        let (due, kept): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.deadline_ms <= now);
+        self.parked = kept;
+        for p in due {
+            self.serve_fetch(p.token, p.req, p.deadline_ms, true);
+        }
+    }
+
+    /// The master left: every parked fetch is answered `NotMaster`.
+    pub(super) fn refuse_parked_fetches(&mut self) {
+        for p in std::mem::take(&mut self.parked) {
+            self.out.push(Command::FetchAnswer {
+                token: p.token,
+                reply: FetchReply::NotMaster,
+            });
+        }
+    }
+}
