@@ -787,10 +787,15 @@ mod tests {
     }
 
     fn engine(promised: u64) -> Engine<u32> {
+        mutant(promised, Mutations::default())
+    }
+
+    /// A voter's engine with `mutations` switched on.
+    fn mutant(promised: u64, mutations: Mutations) -> Engine<u32> {
         Engine::new(
             Replica::new(StoreId(1), Incarnation(1), Role::Voter, Epoch(promised)),
             None,
-            Mutations::default(),
+            mutations,
         )
     }
 
@@ -1112,9 +1117,8 @@ mod tests {
 
     #[test]
     fn the_through_end_mutation_acks_the_log_end() {
-        let mut e = Engine::new(
-            Replica::new(StoreId(1), Incarnation(1), Role::Voter, Epoch(1)),
-            None,
+        let mut e = mutant(
+            1,
             Mutations {
                 through_end: true,
                 ..Mutations::default()
@@ -1153,9 +1157,8 @@ mod tests {
         e.fence(1, other(2), &log);
         assert_eq!(e.take_commands(), vec![Command::PersistLearner]);
 
-        let mut e = Engine::new(
-            Replica::new(StoreId(1), Incarnation(1), Role::Voter, Epoch(1)),
-            None,
+        let mut e = mutant(
+            1,
             Mutations {
                 wiped_votes: true,
                 ..Mutations::default()
