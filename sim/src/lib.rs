@@ -12,8 +12,9 @@
 //! - `world` (internal): the event loop, the seeded network (drop, delay, duplicate,
 //!   reorder, symmetric and one-way partitions), the fault schedule, safety and liveness
 //!   modes;
-//! - `store` (internal): a driver of the store engine over a disk that separates written
-//!   from durable state (crash, torn writes, fsync EIO, ENOSPC, bit flips, wipes);
+//! - `store` (internal): a driver of the store engine, over `disk` (internal): a disk that
+//!   separates written from durable state (crash, torn writes, fsync EIO, ENOSPC, bit
+//!   flips, wipes);
 //! - `broker` (internal): a broker process driving the cores like the broker's actor;
 //! - `client` (internal): idempotent producers and consumers;
 //! - [`checker`]: the rules every run must keep ([`Violation`]).
@@ -28,6 +29,7 @@
 mod broker;
 pub mod checker;
 mod client;
+mod disk;
 mod msg;
 mod out;
 mod rng;

@@ -14,219 +14,26 @@
 //! fdatasync covers it (group commit: one fdatasync covers every record written before it
 //! was issued), failed when the disk fails (fsync EIO, ENOSPC: the log is then failed and
 //! its accepted view falls back to the durable one, as the WAL's does). The engine sees the
-//! disk through [`StoreLog`], implemented by [`SimWal`].
+//! disk through [`quire_node::engine::StoreLog`], implemented by [`SimWal`].
 //!
-//! # The disk, at the level of log entries
-//! The disk holds a sequence of records in file order — entries and truncation markers, as
-//! the WAL writes them — and how many of them are durable. Replaying the records gives the
-//! log. A crash keeps the durable records and a random prefix of the unsynced ones (a torn
-//! write of the last batch cuts it anywhere; the WAL's recovery scan keeps exactly such a
-//! prefix, `quire-wal` tests that byte by byte). The promised epoch and the store's role are
-//! durable values. A bit flip is injected into a stopped store's durable entries; at the
-//! next start the store finds it (a record with a bad checksum followed by valid ones is
-//! corruption to the WAL) and refuses to start, and the operator re-initialises it: a new
-//! identity, which never votes again. A flip in the *last* record cannot be told from a torn
-//! write by the WAL's scan; [`crate::FaultSet::tail_flips`] models that faithfully (the
-//! record is cut as a torn tail) and is off by default — see docs/testing.md.
-//!
-//! # Tail-cut marks
-//! As quire-node's start-up does, a store whose recovery cut a torn tail — a crash that
-//! tore a write in the middle of the unsynced records, or a flip in the last record —
-//! writes a durable tail-cut mark first ([`quire_node::tail_cut::merge`]), and drops one
-//! already satisfied ([`quire_node::tail_cut::clears`]); from then on the engine reports it
-//! in every grant and asks to clear it. A crash that lost every unsynced record with
-//! nothing of them on the medium cuts nothing and leaves no mark.
+//! The disk itself — records written and durable, crashes, torn writes, bit flips, wipes,
+//! recovery at start — is [`crate::disk`].
 //!
 //! Not simulated: retention trims ([`Command::Trim`] is dropped, as a failed trim is; no
 //! simulated broker writes Trim events yet) and a promise or role write that fails.
 
 use std::collections::BTreeMap;
 
-use quire_node::engine::{Command, Engine, Mutations, StoreLog};
+use quire_node::engine::{Command, Engine, Mutations};
 use quire_node::replica::{LogView, Replica};
-use quire_node::{tail_cut, Role};
-use quire_proto::{
-    Body, Epoch, ErrorCode, Event, FenceRequest, Incarnation, LogPosition, Offset, StoreId, TailCut,
-};
+use quire_node::Role;
+use quire_proto::{Body, Epoch, ErrorCode, Event, FenceRequest, Offset};
 
+use crate::disk::{Disk, SimWal, Snapshot};
+pub(crate) use crate::disk::{DiskFault, Identity, StartOutcome};
 use crate::msg::{AppendMeta, Msg, NodeId, ReadPurpose};
 use crate::out::{Later, Out, Seen};
 use crate::rng::SimRng;
-
-/// The store's log as a vector of entries from offset 0 (stores are never trimmed in a
-/// simulated run), with its epoch runs.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct EntryLog {
-    entries: Vec<Event>,
-    /// `(epoch, first offset)` of each run of entries of one epoch, in log order.
-    runs: Vec<(Epoch, Offset)>,
-}
-
-impl EntryLog {
-    /// The entries, by offset.
-    pub(crate) fn entries(&self) -> &[Event] {
-        &self.entries
-    }
-
-    /// Number of entries.
-    pub(crate) fn len(&self) -> u64 {
-        self.entries.len() as u64
-    }
-
-    fn apply(&mut self, record: &Record) {
-        match record {
-            Record::Truncate(at) => {
-                assert!(at.0 <= self.len(), "truncation past the end");
-                self.entries.truncate(at.0 as usize);
-                while self.runs.last().is_some_and(|&(_, first)| first >= *at) {
-                    self.runs.pop();
-                }
-            }
-            Record::Entry(e) => {
-                assert_eq!(e.offset.0, self.len(), "records replay contiguously");
-                if self.runs.last().is_none_or(|&(epoch, _)| epoch != e.epoch) {
-                    self.runs.push((e.epoch, e.offset));
-                }
-                self.entries.push(e.clone());
-            }
-        }
-    }
-
-    /// Cuts the log to its first `len` entries.
-    fn cut(&mut self, len: u64) {
-        self.apply(&Record::Truncate(Offset(len)));
-    }
-
-    /// The epochs of the log as they are now, cheap to keep (one pair per epoch run).
-    fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            runs: self.runs.clone(),
-            len: self.len(),
-        }
-    }
-}
-
-impl LogView for EntryLog {
-    fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
-        let i = usize::try_from(offset.0).ok()?;
-        self.entries.get(i).map(|e| e.epoch)
-    }
-    fn last(&self) -> Option<LogPosition> {
-        self.entries.last().map(|e| LogPosition {
-            epoch: e.epoch,
-            offset: e.offset,
-        })
-    }
-    fn first_offset(&self) -> Offset {
-        Offset::ZERO
-    }
-}
-
-/// The epochs of an [`EntryLog`] at one moment.
-#[derive(Clone, Debug)]
-struct Snapshot {
-    runs: Vec<(Epoch, Offset)>,
-    len: u64,
-}
-
-impl Snapshot {
-    fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
-        if offset.0 >= self.len {
-            return None;
-        }
-        let i = self.runs.partition_point(|&(_, first)| first <= offset);
-        Some(self.runs[i.checked_sub(1)?].0)
-    }
-}
-
-/// One record in file order.
-#[derive(Clone, Debug)]
-enum Record {
-    /// Drop every entry from this offset on (the WAL's truncation marker).
-    Truncate(Offset),
-    /// One entry.
-    Entry(Event),
-}
-
-/// The store's identity file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Identity {
-    pub(crate) store_id: StoreId,
-    pub(crate) incarnation: Incarnation,
-    pub(crate) role: Role,
-}
-
-/// What survives a crash.
-#[derive(Clone, Debug)]
-struct Disk {
-    identity: Identity,
-    /// The promised epoch file.
-    promised: Epoch,
-    /// Records in file order: written (the prefix `..durable` is durable).
-    records: Vec<Record>,
-    durable: usize,
-    /// Replay of `records[..durable]`.
-    durable_log: EntryLog,
-    /// A bit flipped in the durable entry at this offset (injected while stopped).
-    flipped: Option<Offset>,
-    /// A crash tore a write: the next start's recovery cuts a torn tail that begins at this
-    /// offset (and marks the store).
-    torn: Option<Offset>,
-    /// The durable tail-cut mark.
-    tail_cut: Option<TailCut>,
-}
-
-impl Disk {
-    fn new(identity: Identity) -> Disk {
-        Disk {
-            identity,
-            promised: Epoch::ZERO,
-            records: Vec::new(),
-            durable: 0,
-            durable_log: EntryLog::default(),
-            flipped: None,
-            torn: None,
-            tail_cut: None,
-        }
-    }
-}
-
-/// The simulated WAL as the engine sees it: the accepted log (written, durable or not),
-/// the disk's durable log, and whether the log failed.
-#[derive(Debug)]
-struct SimWal {
-    disk: Disk,
-    accepted: EntryLog,
-    failed: Option<DiskFault>,
-}
-
-impl LogView for SimWal {
-    fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
-        self.accepted.entry_epoch(offset)
-    }
-    fn last(&self) -> Option<LogPosition> {
-        self.accepted.last()
-    }
-    fn first_offset(&self) -> Offset {
-        self.accepted.first_offset()
-    }
-}
-
-impl StoreLog for SimWal {
-    fn last_durable(&self) -> Option<LogPosition> {
-        self.disk.durable_log.last()
-    }
-    fn is_failed(&self) -> bool {
-        self.failed.is_some()
-    }
-}
-
-impl SimWal {
-    fn write(&mut self, r: Record) {
-        self.accepted.apply(&r);
-        self.disk.records.push(r);
-    }
-}
 
 /// Who asked, and what: the engine's request token.
 #[derive(Debug)]
@@ -241,30 +48,6 @@ pub(crate) struct Token {
 enum Request {
     Append(AppendMeta),
     Fence(Epoch),
-}
-
-/// How a start after a stop went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum StartOutcome {
-    /// Serving; `cut`: the recovery cut a torn tail and marked the store with this.
-    Started {
-        /// The mark this start wrote, if its recovery cut a tail.
-        cut: Option<TailCut>,
-    },
-    /// The recovery scan found a bad record before valid ones: the store refuses to start.
-    Corrupt {
-        /// The offset of the bad record.
-        offset: Offset,
-    },
-}
-
-/// Why the log failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DiskFault {
-    /// The next fdatasync fails with EIO.
-    FsyncEio,
-    /// The next write fails with ENOSPC.
-    Enospc,
 }
 
 /// One simulated store. See the module docs.
@@ -305,17 +88,13 @@ fn engine_on(disk: &Disk, mutations: Mutations) -> Engine<Token> {
 impl SimStore {
     /// A new, empty, running store with this identity; `mutations` go to its engine.
     pub(crate) fn new(index: u8, identity: Identity, mutations: Mutations) -> SimStore {
-        let disk = Disk::new(identity);
+        let wal = SimWal::new(identity);
         SimStore {
             index,
             up: true,
             boot: 1,
-            engine: engine_on(&disk, mutations),
-            wal: SimWal {
-                disk,
-                accepted: EntryLog::default(),
-                failed: None,
-            },
+            engine: engine_on(&wal.disk, mutations),
+            wal,
             mutations,
             next_token: 0,
             feeding: None,
@@ -346,24 +125,14 @@ impl SimStore {
 
     /// The durable log (what survives a crash for sure).
     #[cfg(test)]
-    pub(crate) fn durable_log(&self) -> &EntryLog {
+    pub(crate) fn durable_log(&self) -> &crate::disk::EntryLog {
         &self.wal.disk.durable_log
     }
 
     /// The durable log this store will vote with after its next start, and whether it will
-    /// carry a tail-cut mark; `None` if the next start will refuse (a flip before the last
-    /// record is corruption).
+    /// carry a tail-cut mark; `None` if the next start will refuse.
     pub(crate) fn voting_log(&self) -> Option<(&[Event], bool)> {
-        let disk = &self.wal.disk;
-        let entries = disk.durable_log.entries();
-        let marked = disk.tail_cut.is_some() || disk.torn.is_some();
-        match disk.flipped {
-            None => Some((entries, marked)),
-            Some(at) if at.0 + 1 == entries.len() as u64 => {
-                Some((&entries[..entries.len() - 1], true))
-            }
-            Some(_) => None,
-        }
+        self.wal.voting_log()
     }
 
     /// Whether the log has failed (fail-stop).
@@ -474,11 +243,7 @@ impl SimStore {
             self.drain(out);
             return;
         }
-        let disk = &mut self.wal.disk;
-        for r in &disk.records[disk.durable..records] {
-            disk.durable_log.apply(r);
-        }
-        disk.durable = records;
+        self.wal.synced(records);
         while self.reported < seq {
             self.reported += 1;
             self.engine.resolved(self.reported, true, &self.wal);
@@ -556,17 +321,11 @@ impl SimStore {
             self.resolve_failed();
             return;
         }
-        let first = events.first().map(|e| e.offset);
-        if let Some(first) = first.filter(|f| f.0 < self.wal.accepted.len()) {
-            assert!(
-                truncates,
-                "invariant: only a truncating submission rewrites"
-            );
-            self.wal.write(Record::Truncate(first));
-        }
-        for e in events {
-            self.wal.write(Record::Entry(e));
-        }
+        let truncated = self.wal.write(events);
+        assert_eq!(
+            truncated, truncates,
+            "invariant: the engine and the WAL agree"
+        );
         if self.fsync.is_none() {
             self.start_fsync(out);
         }
@@ -641,44 +400,10 @@ impl SimStore {
 
     // ---------------------------------------------------------------- faults
 
-    /// The process dies: volatile state is gone; of the unsynced records a random prefix
-    /// survives (a torn write cuts anywhere in it, and the next start cuts the torn record
-    /// and marks the store). With `tear` false the write is not torn: a prefix the draw
-    /// would have torn is lost whole instead (nothing of it on the medium, no mark).
+    /// The process dies: volatile state is gone, the disk keeps what a crash keeps
+    /// ([`SimWal::crash`]; `tear`: whether a write may be torn).
     pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
-        let disk = &mut self.wal.disk;
-        let unsynced = disk.records.len() - disk.durable;
-        // 0: nothing of the unsynced writes reached the medium (the scan ends cleanly);
-        // 1: all of them did; 2: a torn write, some prefix survives and the scan cuts the
-        // partial record after it.
-        let draw = rng.range(0, 2);
-        let keep = match draw {
-            0 => 0,
-            1 => unsynced,
-            _ => {
-                let k = rng.range(0, unsynced as u64) as usize;
-                if tear || k == unsynced {
-                    k
-                } else {
-                    0
-                }
-            }
-        };
-        disk.records.truncate(disk.durable + keep);
-        let mut log = EntryLog::default();
-        for r in &disk.records {
-            log.apply(r);
-        }
-        if draw == 2 && tear && keep < unsynced {
-            disk.torn = Some(Offset(log.len()));
-        }
-        // What survived is on the medium: compact it to one record per entry.
-        disk.records = log.entries().iter().cloned().map(Record::Entry).collect();
-        disk.durable = disk.records.len();
-        if disk.flipped.is_some_and(|o| o.0 >= log.len()) {
-            disk.flipped = None;
-        }
-        disk.durable_log = log;
+        self.wal.crash(rng, tear);
         self.up = false;
         self.armed = None;
         self.reset();
@@ -687,8 +412,6 @@ impl SimStore {
     /// Forgets everything volatile: the engine, the accepted view, the fdatasync in flight.
     fn reset(&mut self) {
         self.engine = engine_on(&self.wal.disk, self.mutations);
-        self.wal.accepted = self.wal.disk.durable_log.clone();
-        self.wal.failed = None;
         self.claims.clear();
         self.feeding = None;
         self.submitted = 0;
@@ -697,64 +420,30 @@ impl SimStore {
         self.generation += 1;
     }
 
-    /// Flips a bit in a stopped store's durable entry. Without `tail_flips`, only entries
-    /// before the last one (sealed data; a flip in the last record reads as a torn write).
-    /// Returns the offset, or `None` if there is no entry to flip.
+    /// Flips a bit in a stopped store's durable entry ([`SimWal::flip_bit`]).
     pub(crate) fn flip_bit(&mut self, tail_flips: bool, rng: &mut SimRng) -> Option<Offset> {
         assert!(!self.up, "bits are flipped in a stopped store");
-        let n = self.wal.disk.durable_log.len();
-        let candidates = if tail_flips { n } else { n.saturating_sub(1) };
-        if candidates == 0 {
-            return None;
-        }
-        let at = Offset(rng.range(0, candidates - 1));
-        self.wal.disk.flipped = Some(at);
-        Some(at)
+        self.wal.flip_bit(tail_flips, rng)
     }
 
-    /// Starts the process on its disk: recovery (as quire-node's start-up: the WAL's scan,
-    /// the tail-cut mark written before the cut), then serving.
+    /// Starts the process on its disk: recovery ([`SimWal::recover`]), then serving with a
+    /// new engine.
     pub(crate) fn start(&mut self) -> StartOutcome {
         assert!(!self.up, "start of a running store");
-        let disk = &mut self.wal.disk;
-        if let Some(at) = disk.flipped {
-            if at.0 + 1 == disk.durable_log.len() {
-                // The WAL's scan sees a bad last record with nothing valid after it: a torn
-                // tail, cut (only reachable with tail flips on), and the store is marked.
-                disk.records.truncate(at.0 as usize);
-                disk.durable = disk.records.len();
-                disk.durable_log.cut(at.0);
-                disk.flipped = None;
-                disk.torn = Some(at);
-            } else {
-                return StartOutcome::Corrupt { offset: at };
-            }
+        let outcome = self.wal.recover();
+        if let StartOutcome::Started { .. } = outcome {
+            self.reset();
+            self.boot += 1;
+            self.up = true;
         }
-        let mut cut = None;
-        if let Some(at) = disk.torn.take() {
-            // The node writes the mark durably before the WAL's cut (the WAL's pre-cut
-            // hook): one atomic step here.
-            let mark = tail_cut::merge(disk.tail_cut, at, disk.promised);
-            disk.tail_cut = Some(mark);
-            cut = Some(mark);
-        }
-        if let Some(mark) = disk.tail_cut {
-            // Caught up before a crash that came before the clearing.
-            if tail_cut::clears(mark, disk.durable_log.last().map(|l| l.epoch)) {
-                disk.tail_cut = None;
-            }
-        }
-        self.reset();
-        self.boot += 1;
-        self.up = true;
-        StartOutcome::Started { cut }
+        outcome
     }
 
     /// The operator replaces the disk and runs `quire-node init`: an empty store with a new
     /// identity (a new store id and incarnation), which starts stopped.
     pub(crate) fn reinitialise(&mut self, new_identity: Identity) {
         assert!(!self.up, "a running store's disk is not replaced");
-        self.wal.disk = Disk::new(new_identity);
+        self.wal.reinitialise(new_identity);
         self.reset();
     }
 
@@ -762,7 +451,7 @@ impl SimStore {
 
     fn start_fsync(&mut self, out: &mut Out) {
         assert!(self.fsync.is_none(), "one fdatasync at a time");
-        self.fsync = Some((self.wal.disk.records.len(), self.submitted));
+        self.fsync = Some((self.wal.written(), self.submitted));
         out.later.push(Later::Fsync {
             store: self.index,
             boot: self.boot,
@@ -770,12 +459,9 @@ impl SimStore {
         });
     }
 
-    /// The disk failed: the log is failed for good (until a restart) and its accepted view
-    /// falls back to the durable one, as the WAL's does; every submission written resolves
-    /// failed.
+    /// The disk failed ([`SimWal::fail`]): every submission written resolves failed.
     fn fail(&mut self, fault: DiskFault, out: &mut Out) {
-        self.wal.failed = Some(fault);
-        self.wal.accepted = self.wal.disk.durable_log.clone();
+        self.wal.fail(fault);
         self.fsync = None;
         self.generation += 1;
         out.seen.push(Seen::Note(format!(
@@ -800,7 +486,7 @@ mod tests {
     use quire_broker::core::AppendId;
     use quire_proto::EventKind;
 
-    use quire_proto::{AppendRequest, RejectReason};
+    use quire_proto::{AppendRequest, Incarnation, LogPosition, RejectReason, StoreId};
 
     use super::*;
     use crate::checker::{Checker, Violation};
