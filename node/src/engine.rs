@@ -37,6 +37,7 @@ use quire_proto::{
     LogPosition, Offset, PersistedAck, RejectReason, TailCut, TailResponse,
 };
 
+use crate::identity::Role;
 use crate::replica::{AcceptPlan, AppendDecision, FenceDecision, LogView, Replica};
 
 /// Trim events remembered at most while they wait to be stabilized; beyond it the oldest
@@ -68,6 +69,13 @@ impl StoreLog for quire_wal::Wal {
 pub struct Mutations {
     /// Ack the store's own accepted log end instead of `prev.offset + events.len()`.
     pub through_end: bool,
+    /// A wiped store votes: fenced by a broker that expects another identity (the one this
+    /// directory had before it was wiped and re-initialised), the store takes that identity
+    /// on instead of becoming a learner, once its durable log reaches the HWM it heard (or
+    /// at once if it heard none), and grants the fence and counts toward Qa under it. Until
+    /// it caught up it answers "not a voter" without recording the learner role. The
+    /// model checker's `wipe-hwm` counterexample.
+    pub wiped_votes: bool,
 }
 
 /// What the driver does for the engine.
@@ -362,6 +370,9 @@ impl<T> Engine<T> {
             FenceDecision::NotVoter => {
                 let body = self.not_voter();
                 self.answer(token, body);
+            }
+            FenceDecision::BecomeLearner if self.mutations.wiped_votes => {
+                self.mutant_wiped_votes(token, req, log);
             }
             FenceDecision::BecomeLearner => {
                 tracing::warn!(
@@ -674,6 +685,28 @@ impl<T> Engine<T> {
         }
     }
 
+    /// The wiped-votes mutation (test-only, see [`Mutations::wiped_votes`]): a fence that
+    /// expects another identity.
+    fn mutant_wiped_votes(&mut self, token: T, req: FenceRequest, log: &impl StoreLog) {
+        let caught_up = self
+            .replica
+            .hwm()
+            .is_none_or(|h| log.last_durable().is_some_and(|l| l.offset >= h));
+        match req.expected {
+            Some((store_id, incarnation)) if caught_up => {
+                // MUTANT (test-only): vote again under the identity the broker expects.
+                let (promised, hwm) = (self.replica.promised(), self.replica.hwm());
+                self.replica = Replica::new(store_id, incarnation, Role::Voter, promised);
+                self.replica.learn_hwm(promised, hwm);
+                self.fence(token, req, log);
+            }
+            _ => {
+                let body = self.not_voter();
+                self.answer(token, body);
+            }
+        }
+    }
+
     fn not_voter(&self) -> ErrorResponse {
         ErrorResponse::not_voter(self.replica.store_id(), self.replica.incarnation())
     }
@@ -713,7 +746,6 @@ mod tests {
     use quire_proto::{Incarnation, StoreId};
 
     use super::*;
-    use crate::identity::Role;
     use crate::replica::tests::append;
 
     /// An in-memory log: accepted entry epochs, how many are durable, failed or not.
@@ -755,10 +787,15 @@ mod tests {
     }
 
     fn engine(promised: u64) -> Engine<u32> {
+        mutant(promised, Mutations::default())
+    }
+
+    /// A voter's engine with `mutations` switched on.
+    fn mutant(promised: u64, mutations: Mutations) -> Engine<u32> {
         Engine::new(
             Replica::new(StoreId(1), Incarnation(1), Role::Voter, Epoch(promised)),
             None,
-            Mutations::default(),
+            mutations,
         )
     }
 
@@ -1080,10 +1117,12 @@ mod tests {
 
     #[test]
     fn the_through_end_mutation_acks_the_log_end() {
-        let mut e = Engine::new(
-            Replica::new(StoreId(1), Incarnation(1), Role::Voter, Epoch(1)),
-            None,
-            Mutations { through_end: true },
+        let mut e = mutant(
+            1,
+            Mutations {
+                through_end: true,
+                ..Mutations::default()
+            },
         );
         let mut log = MemLog::default();
         e.append(1, append(1, None, &[1, 1, 1]), &log);
@@ -1103,5 +1142,66 @@ mod tests {
                 })
             )]
         ));
+    }
+
+    #[test]
+    fn the_wiped_votes_mutation_votes_under_the_expected_identity_once_caught_up() {
+        let expected = Some((StoreId(7), Incarnation(7)));
+        let other = |epoch| FenceRequest {
+            epoch: Epoch(epoch),
+            expected,
+        };
+        // Every rule on: a fence that expects another identity makes the store a learner.
+        let mut e = engine(1);
+        let log = MemLog::default();
+        e.fence(1, other(2), &log);
+        assert_eq!(e.take_commands(), vec![Command::PersistLearner]);
+
+        let mut e = mutant(
+            1,
+            Mutations {
+                wiped_votes: true,
+                ..Mutations::default()
+            },
+        );
+        let mut log = MemLog::default();
+        // It heard an HWM its empty log does not reach: "not a voter", no learner role.
+        let hb = Heartbeat {
+            epoch: Epoch(1),
+            hwm: Some(Offset(0)),
+            master: BrokerId(1),
+        };
+        e.heartbeat(1, &hb, &log);
+        e.fence(2, other(2), &log);
+        let cs = run(&mut e, &mut log);
+        assert!(matches!(
+            answers(&cs)[..],
+            [
+                (1, Body::HeartbeatAck(_)),
+                (
+                    2,
+                    Body::ErrorResponse(ErrorResponse {
+                        code: ErrorCode::NotVoter,
+                        ..
+                    })
+                )
+            ]
+        ));
+        assert_eq!(e.replica().role(), Role::Voter);
+        // Caught up: it takes the expected identity on and grants the fence under it.
+        e.append(3, append(1, None, &[1]), &log);
+        run(&mut e, &mut log);
+        log.durable = 1;
+        e.resolved(1, true, &log);
+        run(&mut e, &mut log);
+        e.fence(4, other(2), &log);
+        assert_eq!(e.take_commands(), vec![Command::PersistPromise(Epoch(2))]);
+        e.promise_persisted(Ok(()), &log);
+        let cs = e.take_commands();
+        let [(4, Body::FenceGranted(g))] = answers(&cs)[..] else {
+            panic!("{cs:?}")
+        };
+        assert_eq!((g.store_id, g.incarnation), (StoreId(7), Incarnation(7)));
+        assert_eq!(g.last, pos(&[1]));
     }
 }

@@ -5,15 +5,16 @@
 //! What runs for real: the broker's pure replication cores ([`quire_broker::core`]:
 //! `FollowerCore`, `TakeoverCore`, `MasterCore`), its broker state
 //! ([`quire_broker::state::BrokerState`], which holds the idempotent-producer table), the
-//! store's decision rules ([`quire_node::replica::Replica`]) and the wire types and event
-//! bodies of quire-proto. What is simulated: everything the real processes do with sockets,
+//! store engine ([`quire_node::engine::Engine`], which every store decision is) and the wire
+//! types and event bodies of quire-proto. What is simulated: everything the real processes do with sockets,
 //! files and clocks — see the modules:
 //!
 //! - `world` (internal): the event loop, the seeded network (drop, delay, duplicate,
 //!   reorder, symmetric and one-way partitions), the fault schedule, safety and liveness
 //!   modes;
-//! - `store` (internal): a store process over a disk that separates written from durable
-//!   state (crash, torn writes, fsync EIO, ENOSPC, bit flips, wipes);
+//! - `store` (internal): a driver of the store engine, over `disk` (internal): a disk that
+//!   separates written from durable state (crash, torn writes, fsync EIO, ENOSPC, bit
+//!   flips, wipes);
 //! - `broker` (internal): a broker process driving the cores like the broker's actor;
 //! - `client` (internal): idempotent producers and consumers;
 //! - [`checker`]: the rules every run must keep ([`Violation`]).
@@ -28,6 +29,7 @@
 mod broker;
 pub mod checker;
 mod client;
+mod disk;
 mod msg;
 mod out;
 mod rng;
@@ -65,12 +67,14 @@ impl FromStr for Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mutation {
     /// Stores ack their own accepted log end as `through_offset` instead of
-    /// `prev.offset + events.len()` (model: `mut-through-end`).
+    /// `prev.offset + events.len()` (model: `mut-through-end`; the store engine's
+    /// `Mutations::through_end`).
     ThroughEnd,
     /// A takeover adopts the longest granted log, ignoring epochs (`mut-adopt-longest`).
     AdoptLongest,
-    /// A wiped store keeps its old identity and votes again once it caught up to the HWM it
-    /// heard (`wipe-hwm`).
+    /// A wiped store votes: fenced by a broker that expects its old identity, it takes
+    /// that identity on once it caught up to the HWM it heard, instead of becoming a
+    /// learner (`wipe-hwm`; the store engine's `Mutations::wiped_votes`).
     WipedVotes,
     /// A restarted broker reads its epoch counter as 0 (`restart-amnesia`).
     ForgetEpoch,

@@ -1,213 +1,53 @@
-//! A simulated event store: quire-node's own decision rules ([`Replica`]) over a simulated
+//! A simulated event store: quire-node's own store engine ([`Engine`]) over a simulated
 //! disk that separates what was written from what is durable.
 //!
 //! # What is real and what is simulated
-//! Every append and fence is decided by [`Replica::decide_append`] and
-//! [`Replica::decide_fence`] — the node's pure rules — against the **accepted** log (written,
-//! durable or not), exactly as the node's store actor does. What the actor does around them
-//! is mirrored here: the promised epoch is made durable before anything else (as one atomic
-//! step; the node writes it with temp + fsync + rename + fsync dir before it goes on),
-//! accepted events are written to the disk and answered only once an fdatasync covers them
-//! (group commit: one fdatasync covers every append written before it was issued), a fence
-//! is granted once everything accepted before it is durable, and a failed write or
-//! fdatasync makes the log fail-stop: every waiting append is answered `LogFailed`, every
-//! later one too, the accepted view falls back to the durable one, and fences are still
-//! answered (with the last durable entry).
+//! Every decision is the engine's — the same [`Engine`] `quire-node`'s store actor drives
+//! over the real WAL: log matching and fences ([`quire_node::replica::Replica`]),
+//! promise-before-write, group-commit waiters, fail-stop, fence answers, tail-cut clearing.
+//! This module is only its driver, as `node/src/store.rs` is the tokio one: it turns
+//! messages into engine requests, executes the engine's commands on the simulated disk
+//! ([`Command::PersistPromise`] and [`Command::PersistLearner`] as one atomic durable step
+//! each — the node writes them with temp + fsync + rename + fsync dir before it goes on;
+//! [`Command::Submit`] as written, unsynced records; [`Command::ClearTailCut`] at once),
+//! turns answers back into messages, and reports each submission resolved: durable once an
+//! fdatasync covers it (group commit: one fdatasync covers every record written before it
+//! was issued), failed when the disk fails (fsync EIO, ENOSPC: the log is then failed and
+//! its accepted view falls back to the durable one, as the WAL's does). The engine sees the
+//! disk through [`quire_node::engine::StoreLog`], implemented by [`SimWal`].
 //!
-//! # The disk, at the level of log entries
-//! The disk holds a sequence of records in file order — entries and truncation markers, as
-//! the WAL writes them — and how many of them are durable. Replaying the records gives the
-//! log. A crash keeps the durable records and a random prefix of the unsynced ones (a torn
-//! write of the last batch cuts it anywhere; the WAL's recovery scan keeps exactly such a
-//! prefix, `quire-wal` tests that byte by byte). The promised epoch and the store's role are
-//! durable values. A bit flip is injected into a stopped store's durable entries; at the
-//! next start the store finds it (a record with a bad checksum followed by valid ones is
-//! corruption to the WAL) and refuses to start, and the operator re-initialises it: a new
-//! identity, which never votes again. A flip in the *last* record cannot be told from a torn
-//! write by the WAL's scan; [`crate::FaultSet::tail_flips`] models that faithfully (the
-//! record is cut as a torn tail) and is off by default — see docs/testing.md.
+//! The disk itself — records written and durable, crashes, torn writes, bit flips, wipes,
+//! recovery at start — is [`crate::disk`].
 //!
-//! # Tail-cut marks
-//! As quire-node does, a store whose recovery cut a torn tail — a crash that tore a write
-//! in the middle of the unsynced records, or a flip in the last record — keeps a durable
-//! tail-cut mark (the first offset cut and its promised epoch then), reports it in every
-//! `FenceGranted`, and clears it once its durable log holds an entry of an epoch above that
-//! promised epoch. A crash that lost every unsynced record with nothing of them on the
-//! medium cuts nothing and leaves no mark.
+//! Not simulated: retention trims ([`Command::Trim`] is dropped, as a failed trim is; no
+//! simulated broker writes Trim events yet) and a promise or role write that fails.
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 
-use quire_node::replica::{AppendDecision, FenceDecision, LogView, Replica};
+use quire_node::engine::{Command, Engine, Mutations};
+use quire_node::replica::{LogView, Replica};
 use quire_node::Role;
-use quire_proto::{
-    AppendRejected, AppendRequest, Epoch, Event, FenceGranted, FenceRequest, Incarnation,
-    LogPosition, Offset, PersistedAck, RejectReason, StoreId, TailCut,
-};
+use quire_proto::{Body, Epoch, ErrorCode, Event, FenceRequest, Offset};
 
+use crate::disk::{Disk, SimWal, Snapshot};
+pub(crate) use crate::disk::{DiskFault, Identity, StartOutcome};
 use crate::msg::{AppendMeta, Msg, NodeId, ReadPurpose};
 use crate::out::{Later, Out, Seen};
 use crate::rng::SimRng;
 
-/// The store's log as a vector of entries from offset 0 (stores are never trimmed in a
-/// simulated run).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct EntryLog {
-    entries: Vec<Event>,
-}
-
-impl EntryLog {
-    /// The entries, by offset.
-    pub(crate) fn entries(&self) -> &[Event] {
-        &self.entries
-    }
-
-    /// Number of entries.
-    pub(crate) fn len(&self) -> u64 {
-        self.entries.len() as u64
-    }
-
-    fn apply(&mut self, record: &Record) {
-        match record {
-            Record::Truncate(at) => {
-                assert!(at.0 <= self.len(), "truncation past the end");
-                self.entries.truncate(at.0 as usize);
-            }
-            Record::Entry(e) => {
-                assert_eq!(e.offset.0, self.len(), "records replay contiguously");
-                self.entries.push(e.clone());
-            }
-        }
-    }
-}
-
-impl LogView for EntryLog {
-    fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
-        let i = usize::try_from(offset.0).ok()?;
-        self.entries.get(i).map(|e| e.epoch)
-    }
-    fn last(&self) -> Option<LogPosition> {
-        self.entries.last().map(|e| LogPosition {
-            epoch: e.epoch,
-            offset: e.offset,
-        })
-    }
-    fn first_offset(&self) -> Offset {
-        Offset::ZERO
-    }
-}
-
-/// One record in file order.
-#[derive(Clone, Debug)]
-enum Record {
-    /// Drop every entry from this offset on (the WAL's truncation marker).
-    Truncate(Offset),
-    /// One entry.
-    Entry(Event),
-}
-
-/// The store's identity file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Identity {
-    pub(crate) store_id: StoreId,
-    pub(crate) incarnation: Incarnation,
-    pub(crate) role: Role,
-}
-
-/// What survives a crash.
-#[derive(Clone, Debug)]
-struct Disk {
-    identity: Identity,
-    /// The promised epoch file.
-    promised: Epoch,
-    /// Records in file order: written (the prefix `..durable` is durable).
-    records: Vec<Record>,
-    durable: usize,
-    /// Replay of `records[..durable]`.
-    durable_log: EntryLog,
-    /// A bit flipped in the durable entry at this offset (injected while stopped).
-    flipped: Option<Offset>,
-    /// A crash tore a write: the next start's recovery cuts a torn tail that begins at this
-    /// offset (and marks the store).
-    torn: Option<Offset>,
-    /// The durable tail-cut mark.
-    tail_cut: Option<TailCut>,
-}
-
-impl Disk {
-    fn new(identity: Identity) -> Disk {
-        Disk {
-            identity,
-            promised: Epoch::ZERO,
-            records: Vec::new(),
-            durable: 0,
-            durable_log: EntryLog::default(),
-            flipped: None,
-            torn: None,
-            tail_cut: None,
-        }
-    }
-}
-
-/// An answer waiting for durability.
+/// Who asked, and what: the engine's request token.
 #[derive(Debug)]
-enum Waiter {
-    Persisted {
-        needed: u64,
-        to: NodeId,
-        to_boot: u32,
-        meta: AppendMeta,
-        through: Option<Offset>,
-    },
-    Fence {
-        needed: u64,
-        to: NodeId,
-        to_boot: u32,
-        epoch: Epoch,
-        last: Option<LogPosition>,
-        tail_cut: Option<TailCut>,
-    },
+pub(crate) struct Token {
+    id: u64,
+    to: NodeId,
+    to_boot: u32,
+    request: Request,
 }
 
-impl Waiter {
-    fn needed(&self) -> u64 {
-        match self {
-            Waiter::Persisted { needed, .. } | Waiter::Fence { needed, .. } => *needed,
-        }
-    }
-}
-
-/// How a start after a stop went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum StartOutcome {
-    /// Serving; `cut`: the recovery cut a torn tail and marked the store with this.
-    Started {
-        /// The mark this start wrote, if its recovery cut a tail.
-        cut: Option<TailCut>,
-    },
-    /// The recovery scan found a bad record before valid ones: the store refuses to start.
-    Corrupt {
-        /// The offset of the bad record.
-        offset: Offset,
-    },
-}
-
-/// Why the log failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum DiskFault {
-    /// The next fdatasync fails with EIO.
-    FsyncEio,
-    /// The next write fails with ENOSPC.
-    Enospc,
-}
-
-/// Rules a test switches off on purpose in the store driver (see [`crate::Mutation`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct StoreMutations {
-    /// Ack the store's own accepted log end instead of `prev.offset + events.len()`.
-    pub(crate) through_end: bool,
-    /// A wiped store keeps its old identity and votes again once it caught up to the HWM
-    /// it heard.
-    pub(crate) wiped_votes: bool,
+#[derive(Clone, Copy, Debug)]
+enum Request {
+    Append(AppendMeta),
+    Fence(Epoch),
 }
 
 /// One simulated store. See the module docs.
@@ -218,50 +58,52 @@ pub(crate) struct SimStore {
     pub(crate) up: bool,
     /// Incarnation of the process (bumped at every start).
     pub(crate) boot: u32,
-    disk: Disk,
-    replica: Replica,
-    accepted: EntryLog,
-    failed: Option<DiskFault>,
-    /// Sequence number of the latest submission (write) and of the latest durable one.
+    wal: SimWal,
+    engine: Engine<Token>,
+    mutations: Mutations,
+    next_token: u64,
+    /// The append being fed to the engine, and whether it was answered while fed.
+    feeding: Option<(u64, bool)>,
+    /// The accepted log as each unanswered append left it, for its ack claim.
+    claims: BTreeMap<u64, Snapshot>,
+    /// The latest submission written, and the latest reported resolved.
     submitted: u64,
-    durable_seq: u64,
+    reported: u64,
     /// An fdatasync in flight covers records `..cover.0` and submissions `..=cover.1`.
     fsync: Option<(usize, u64)>,
     generation: u64,
-    waiters: VecDeque<Waiter>,
     armed: Option<DiskFault>,
-    mutations: StoreMutations,
-    /// The wiped-votes mutation: the identity this store votes with once caught up.
-    mutant_identity: Option<Identity>,
-    /// Acks whose `through` a mutation changed.
+    /// Answers a mutation changed (an ack with another `through`, an answer under another
+    /// identity than the one on disk).
     pub(crate) mutated_acks: u64,
 }
 
+/// The engine of a store that starts on `disk`.
+fn engine_on(disk: &Disk, mutations: Mutations) -> Engine<Token> {
+    let id = disk.identity;
+    let replica = Replica::new(id.store_id, id.incarnation, id.role, disk.promised);
+    Engine::new(replica, disk.tail_cut, mutations)
+}
+
 impl SimStore {
-    /// A new, empty, running store with this identity.
-    pub(crate) fn new(index: u8, identity: Identity, mutations: StoreMutations) -> SimStore {
-        let disk = Disk::new(identity);
+    /// A new, empty, running store with this identity; `mutations` go to its engine.
+    pub(crate) fn new(index: u8, identity: Identity, mutations: Mutations) -> SimStore {
+        let wal = SimWal::new(identity);
         SimStore {
             index,
             up: true,
             boot: 1,
-            replica: Replica::new(
-                identity.store_id,
-                identity.incarnation,
-                identity.role,
-                Epoch::ZERO,
-            ),
-            accepted: EntryLog::default(),
-            disk,
-            failed: None,
+            engine: engine_on(&wal.disk, mutations),
+            wal,
+            mutations,
+            next_token: 0,
+            feeding: None,
+            claims: BTreeMap::new(),
             submitted: 0,
-            durable_seq: 0,
+            reported: 0,
             fsync: None,
             generation: 0,
-            waiters: VecDeque::new(),
             armed: None,
-            mutations,
-            mutant_identity: None,
             mutated_acks: 0,
         }
     }
@@ -270,41 +112,38 @@ impl SimStore {
         NodeId::Store(self.index)
     }
 
-    /// The identity on disk.
+    /// The identity the store answers under: its engine's (the one on disk, unless a
+    /// mutation took another on), role included.
     pub(crate) fn identity(&self) -> Identity {
-        self.disk.identity
+        let r = self.engine.replica();
+        Identity {
+            store_id: r.store_id(),
+            incarnation: r.incarnation(),
+            role: r.role(),
+        }
     }
 
     /// The durable log (what survives a crash for sure).
     #[cfg(test)]
-    pub(crate) fn durable_log(&self) -> &EntryLog {
-        &self.disk.durable_log
+    pub(crate) fn durable_log(&self) -> &crate::disk::EntryLog {
+        &self.wal.disk.durable_log
     }
 
     /// The durable log this store will vote with after its next start, and whether it will
-    /// carry a tail-cut mark; `None` if the next start will refuse (a flip before the last
-    /// record is corruption).
+    /// carry a tail-cut mark; `None` if the next start will refuse.
     pub(crate) fn voting_log(&self) -> Option<(&[Event], bool)> {
-        let entries = self.disk.durable_log.entries();
-        let marked = self.disk.tail_cut.is_some() || self.disk.torn.is_some();
-        match self.disk.flipped {
-            None => Some((entries, marked)),
-            Some(at) if at.0 + 1 == entries.len() as u64 => {
-                Some((&entries[..entries.len() - 1], true))
-            }
-            Some(_) => None,
-        }
+        self.wal.voting_log()
     }
 
     /// Whether the log has failed (fail-stop).
     pub(crate) fn is_failed(&self) -> bool {
-        self.failed.is_some()
+        self.wal.failed.is_some()
     }
 
     /// The promised epoch on disk.
     #[cfg(test)]
     pub(crate) fn promised(&self) -> Epoch {
-        self.disk.promised
+        self.wal.disk.promised
     }
 
     /// Arms a disk fault for the next fdatasync or write (`None` disarms).
@@ -319,96 +158,34 @@ impl SimStore {
 
     // ---------------------------------------------------------------- requests
 
+    fn token(&mut self, to: NodeId, to_boot: u32, request: Request) -> Token {
+        self.next_token += 1;
+        Token {
+            id: self.next_token,
+            to,
+            to_boot,
+            request,
+        }
+    }
+
     /// An append from `from` (incarnation `from_boot`).
     pub(crate) fn on_append(
         &mut self,
         from: NodeId,
         from_boot: u32,
         meta: AppendMeta,
-        req: AppendRequest,
+        req: quire_proto::AppendRequest,
         out: &mut Out,
     ) {
-        self.mutant_refresh();
-        if self.failed.is_some() {
-            out.answer(
-                from,
-                from_boot,
-                self.rejected(meta, RejectReason::LogFailed),
-            );
-            return;
+        let token = self.token(from, from_boot, Request::Append(meta));
+        let id = token.id;
+        self.feeding = Some((id, false));
+        self.engine.append(token, req, &self.wal);
+        self.drain(out);
+        if self.feeding.take() == Some((id, false)) {
+            // Waiting for durability: its ack claims what the accepted log holds now.
+            self.claims.insert(id, self.wal.accepted.snapshot());
         }
-        let plan = match self.replica.decide_append(&req, &self.accepted) {
-            AppendDecision::Accept(plan) => plan,
-            AppendDecision::Reject(reason) => {
-                out.answer(from, from_boot, self.rejected(meta, reason));
-                return;
-            }
-            AppendDecision::Invalid(_) => {
-                out.answer(from, from_boot, Msg::AppendError { meta });
-                return;
-            }
-        };
-        if let Some(epoch) = plan.promise {
-            self.disk.promised = epoch;
-            self.replica.promise(epoch);
-        }
-        self.replica.learn_hwm(req.epoch, req.hwm);
-        let mut through = plan.through;
-        let needed = match plan.write_from {
-            None => self.submitted,
-            Some(from_index) => {
-                if self.armed == Some(DiskFault::Enospc) {
-                    self.armed = None;
-                    self.fail(DiskFault::Enospc, out);
-                    out.answer(
-                        from,
-                        from_boot,
-                        self.rejected(meta, RejectReason::LogFailed),
-                    );
-                    return;
-                }
-                let first = req.events[from_index].offset;
-                if plan.truncates {
-                    self.write(Record::Truncate(first));
-                }
-                for e in req.events.into_iter().skip(from_index) {
-                    self.write(Record::Entry(e));
-                }
-                self.submitted += 1;
-                if self.fsync.is_none() {
-                    self.start_fsync(out);
-                }
-                self.submitted
-            }
-        };
-        if self.mutations.through_end {
-            // MUTANT (test-only): ack the store's own log end.
-            let end = self.accepted.last().map(|l| l.offset);
-            if end != through {
-                self.mutated_acks += 1;
-            }
-            through = end;
-        }
-        if let (Some(t), NodeId::Broker(broker)) = (through, from) {
-            out.seen.push(Seen::AckClaim {
-                store: self.index,
-                broker,
-                boot: from_boot,
-                epoch: meta.epoch,
-                through: t,
-                held: self.accepted.entry_epoch(t),
-            });
-        }
-        self.wait(
-            Waiter::Persisted {
-                needed,
-                to: from,
-                to_boot: from_boot,
-                meta,
-                through,
-            },
-            out,
-        );
     }
 
     /// A fence from `from`.
@@ -419,49 +196,12 @@ impl SimStore {
         req: FenceRequest,
         out: &mut Out,
     ) {
-        self.mutant_refresh();
-        match self.replica.decide_fence(&req) {
-            FenceDecision::NotVoter => out.answer(from, from_boot, self.not_voter(req.epoch)),
-            FenceDecision::BecomeLearner => {
-                self.disk.identity.role = Role::Learner;
-                self.replica.become_learner();
-                self.mutant_identity = None;
-                out.seen.push(Seen::Note(format!(
-                    "{} expected another identity: became a learner",
-                    self.node()
-                )));
-                out.answer(from, from_boot, self.not_voter(req.epoch));
-            }
-            FenceDecision::Refuse => out.answer(
-                from,
-                from_boot,
-                Msg::FenceRefused {
-                    epoch: req.epoch,
-                    promised: self.replica.promised(),
-                },
-            ),
-            FenceDecision::Grant { promise } => {
-                if let Some(epoch) = promise {
-                    self.disk.promised = epoch;
-                    self.replica.promise(epoch);
-                }
-                let last = self.accepted.last();
-                self.wait(
-                    Waiter::Fence {
-                        needed: self.submitted,
-                        to: from,
-                        to_boot: from_boot,
-                        epoch: req.epoch,
-                        last,
-                        tail_cut: self.disk.tail_cut,
-                    },
-                    out,
-                );
-            }
-        }
+        let token = self.token(from, from_boot, Request::Fence(req.epoch));
+        self.engine.fence(token, req, &self.wal);
+        self.drain(out);
     }
 
-    /// A read of durable events.
+    /// A read of durable events (the WAL's reader; no decision of the engine).
     pub(crate) fn on_read(
         &mut self,
         from: NodeId,
@@ -471,7 +211,7 @@ impl SimStore {
         max_events: u64,
         out: &mut Out,
     ) {
-        let log = &self.disk.durable_log;
+        let log = &self.wal.disk.durable_log;
         let events = (first.0 <= log.len()).then(|| {
             let end = log.len().min(first.0.saturating_add(max_events));
             log.entries()[first.0 as usize..end as usize].to_vec()
@@ -491,7 +231,7 @@ impl SimStore {
 
     /// The fdatasync of generation `generation` completed.
     pub(crate) fn on_fsync_done(&mut self, generation: u64, out: &mut Out) {
-        if generation != self.generation || self.failed.is_some() {
+        if generation != self.generation || self.wal.failed.is_some() {
             return;
         }
         let Some((records, seq)) = self.fsync.take() else {
@@ -500,157 +240,218 @@ impl SimStore {
         if self.armed == Some(DiskFault::FsyncEio) {
             self.armed = None;
             self.fail(DiskFault::FsyncEio, out);
+            self.drain(out);
             return;
         }
-        for r in &self.disk.records[self.disk.durable..records] {
-            self.disk.durable_log.apply(r);
+        self.wal.synced(records);
+        while self.reported < seq {
+            self.reported += 1;
+            self.engine.resolved(self.reported, true, &self.wal);
         }
-        self.disk.durable = records;
-        self.durable_seq = seq;
-        self.clear_tail_cut(out);
-        while self
-            .waiters
-            .front()
-            .is_some_and(|w| w.needed() <= self.durable_seq)
-        {
-            let w = self.waiters.pop_front().expect("invariant: front exists");
-            self.answer(w, true, out);
-        }
-        if self.submitted > self.durable_seq {
+        self.drain(out);
+        if self.submitted > self.reported {
             self.start_fsync(out);
         }
     }
 
-    // ---------------------------------------------------------------- faults
+    // ---------------------------------------------------------------- engine commands
 
-    /// The process dies: volatile state is gone; of the unsynced records a random prefix
-    /// survives (a torn write cuts anywhere in it, and the next start cuts the torn record
-    /// and marks the store). With `tear` false the write is not torn: a prefix the draw
-    /// would have torn is lost whole instead (nothing of it on the medium, no mark).
-    pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
-        let unsynced = self.disk.records.len() - self.disk.durable;
-        // 0: nothing of the unsynced writes reached the medium (the scan ends cleanly);
-        // 1: all of them did; 2: a torn write, some prefix survives and the scan cuts the
-        // partial record after it.
-        let draw = rng.range(0, 2);
-        let keep = match draw {
-            0 => 0,
-            1 => unsynced,
-            _ => {
-                let k = rng.range(0, unsynced as u64) as usize;
-                if tear || k == unsynced {
-                    k
-                } else {
-                    0
+    /// Executes the engine's commands until it has none.
+    fn drain(&mut self, out: &mut Out) {
+        loop {
+            let commands = self.engine.take_commands();
+            if commands.is_empty() {
+                break;
+            }
+            for c in commands {
+                self.execute(c, out);
+            }
+        }
+        assert!(
+            !self.engine.is_blocked(),
+            "invariant: the simulated disk persists promises and roles at once"
+        );
+    }
+
+    fn execute(&mut self, command: Command<Token>, out: &mut Out) {
+        match command {
+            Command::PersistPromise(epoch) => {
+                self.wal.disk.promised = epoch;
+                self.engine.promise_persisted(Ok(()), &self.wal);
+            }
+            Command::PersistLearner => {
+                self.wal.disk.identity.role = Role::Learner;
+                out.seen.push(Seen::Note(format!(
+                    "{} expected another identity: became a learner",
+                    self.node()
+                )));
+                self.engine.learner_persisted(Ok(()));
+            }
+            Command::Submit {
+                seq,
+                events,
+                truncates,
+                ..
+            } => self.submit(seq, events, truncates, out),
+            Command::Answer { token, body } => self.answer(token, body, out),
+            Command::Trim { .. } => {}
+            Command::ClearTailCut(cut) => {
+                self.wal.disk.tail_cut = None;
+                out.seen.push(Seen::Note(format!(
+                    "{}: tail-cut mark (offset {}, promised {:#x}) cleared",
+                    self.node(),
+                    cut.offset.0,
+                    cut.promised.0
+                )));
+                self.engine.tail_cut_cleared(true);
+            }
+        }
+    }
+
+    /// Writes submission `seq` (unsynced), or fails the log if a write fault is armed.
+    fn submit(&mut self, seq: u64, events: Vec<Event>, truncates: bool, out: &mut Out) {
+        assert_eq!(seq, self.submitted + 1, "invariant: submissions in order");
+        self.submitted = seq;
+        if self.wal.failed.is_some() || self.armed == Some(DiskFault::Enospc) {
+            if self.wal.failed.is_none() {
+                self.armed = None;
+                self.fail(DiskFault::Enospc, out);
+            }
+            // The WAL refuses every write of a failed log.
+            self.resolve_failed();
+            return;
+        }
+        let truncated = self.wal.write(events);
+        assert_eq!(
+            truncated, truncates,
+            "invariant: the engine and the WAL agree"
+        );
+        if self.fsync.is_none() {
+            self.start_fsync(out);
+        }
+    }
+
+    /// Sends the engine's answer `body` to `token` as a simulated message.
+    fn answer(&mut self, token: Token, body: Body, out: &mut Out) {
+        let Token {
+            id,
+            to,
+            to_boot,
+            request,
+        } = token;
+        let claim = self.claims.remove(&id);
+        if let Some((fed, answered)) = self.feeding.as_mut() {
+            if *fed == id {
+                *answered = true;
+            }
+        }
+        let on_disk = self.wal.disk.identity;
+        let msg = match (request, body) {
+            (Request::Append(meta), Body::PersistedAck(ack)) => {
+                if ack.through_offset != meta.through
+                    || (ack.store_id, ack.incarnation) != (on_disk.store_id, on_disk.incarnation)
+                {
+                    self.mutated_acks += 1;
+                }
+                if let (Some(t), NodeId::Broker(broker)) = (ack.through_offset, to) {
+                    // What the store held at `t` when it accepted the append.
+                    let held = match &claim {
+                        Some(snapshot) => snapshot.entry_epoch(t),
+                        None => self.wal.accepted.entry_epoch(t),
+                    };
+                    out.seen.push(Seen::AckClaim {
+                        store: self.index,
+                        broker,
+                        boot: to_boot,
+                        epoch: meta.epoch,
+                        through: t,
+                        held,
+                    });
+                }
+                Msg::Persisted { meta, ack }
+            }
+            (Request::Append(meta), Body::AppendRejected(rejected)) => {
+                Msg::Rejected { meta, rejected }
+            }
+            (Request::Append(meta), _) => Msg::AppendError { meta },
+            (Request::Fence(_), Body::FenceGranted(g)) => {
+                if (g.store_id, g.incarnation) != (on_disk.store_id, on_disk.incarnation) {
+                    self.mutated_acks += 1;
+                }
+                Msg::FenceGranted(g)
+            }
+            (Request::Fence(epoch), Body::FenceRefused(r)) => Msg::FenceRefused {
+                epoch,
+                promised: r.promised,
+            },
+            (Request::Fence(epoch), Body::ErrorResponse(e)) if e.code == ErrorCode::NotVoter => {
+                let r = self.engine.replica();
+                Msg::NotVoter {
+                    epoch,
+                    store_id: r.store_id(),
+                    incarnation: r.incarnation(),
                 }
             }
+            // An internal error (a promise or role write that failed): not simulated.
+            (Request::Fence(_), other) => unreachable!("a fence answered {other:?}"),
         };
-        self.disk.records.truncate(self.disk.durable + keep);
-        let mut log = EntryLog::default();
-        for r in &self.disk.records {
-            log.apply(r);
-        }
-        if draw == 2 && tear && keep < unsynced {
-            self.disk.torn = Some(Offset(log.len()));
-        }
-        // What survived is on the medium: compact it to one record per entry.
-        self.disk.records = log.entries().iter().cloned().map(Record::Entry).collect();
-        self.disk.durable = self.disk.records.len();
-        if self.disk.flipped.is_some_and(|o| o.0 >= log.len()) {
-            self.disk.flipped = None;
-        }
-        self.disk.durable_log = log;
+        out.answer(to, to_boot, msg);
+    }
+
+    // ---------------------------------------------------------------- faults
+
+    /// The process dies: volatile state is gone, the disk keeps what a crash keeps
+    /// ([`SimWal::crash`]; `tear`: whether a write may be torn).
+    pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
+        self.wal.crash(rng, tear);
         self.up = false;
-        self.waiters.clear();
-        self.fsync = None;
-        self.failed = None;
         self.armed = None;
+        self.reset();
+    }
+
+    /// Forgets everything volatile: the engine, the accepted view, the fdatasync in flight.
+    fn reset(&mut self) {
+        self.engine = engine_on(&self.wal.disk, self.mutations);
+        self.claims.clear();
+        self.feeding = None;
+        self.submitted = 0;
+        self.reported = 0;
+        self.fsync = None;
         self.generation += 1;
     }
 
-    /// Flips a bit in a stopped store's durable entry. Without `tail_flips`, only entries
-    /// before the last one (sealed data; a flip in the last record reads as a torn write).
-    /// Returns the offset, or `None` if there is no entry to flip.
+    /// Flips a bit in a stopped store's durable entry ([`SimWal::flip_bit`]).
     pub(crate) fn flip_bit(&mut self, tail_flips: bool, rng: &mut SimRng) -> Option<Offset> {
         assert!(!self.up, "bits are flipped in a stopped store");
-        let n = self.disk.durable_log.len();
-        let candidates = if tail_flips { n } else { n.saturating_sub(1) };
-        if candidates == 0 {
-            return None;
-        }
-        let at = Offset(rng.range(0, candidates - 1));
-        self.disk.flipped = Some(at);
-        Some(at)
+        self.wal.flip_bit(tail_flips, rng)
     }
 
-    /// Starts the process on its disk: recovery, then serving.
+    /// Starts the process on its disk: recovery ([`SimWal::recover`]), then serving with a
+    /// new engine.
     pub(crate) fn start(&mut self) -> StartOutcome {
         assert!(!self.up, "start of a running store");
-        if let Some(at) = self.disk.flipped {
-            if at.0 + 1 == self.disk.durable_log.len() {
-                // The WAL's scan sees a bad last record with nothing valid after it: a torn
-                // tail, cut (only reachable with tail flips on), and the store is marked.
-                self.disk.records.truncate(at.0 as usize);
-                self.disk.durable = self.disk.records.len();
-                self.disk.durable_log.entries.truncate(at.0 as usize);
-                self.disk.flipped = None;
-                self.disk.torn = Some(at);
-            } else {
-                return StartOutcome::Corrupt { offset: at };
-            }
+        let outcome = self.wal.recover();
+        if let StartOutcome::Started { .. } = outcome {
+            self.reset();
+            self.boot += 1;
+            self.up = true;
         }
-        let mut cut = None;
-        if let Some(at) = self.disk.torn.take() {
-            // The node writes the mark durably before the WAL's cut (the WAL's pre-cut hook):
-            // one atomic step here. A mark already there keeps its lower offset.
-            let offset = self.disk.tail_cut.map_or(at, |c| c.offset.min(at));
-            let mark = TailCut {
-                offset,
-                promised: self.disk.promised,
-            };
-            self.disk.tail_cut = Some(mark);
-            cut = Some(mark);
-        }
-        let id = self.disk.identity;
-        self.replica = Replica::new(id.store_id, id.incarnation, id.role, self.disk.promised);
-        self.accepted = self.disk.durable_log.clone();
-        self.boot += 1;
-        self.up = true;
-        self.submitted = 0;
-        self.durable_seq = 0;
-        StartOutcome::Started { cut }
+        outcome
     }
 
     /// The operator replaces the disk and runs `quire-node init`: an empty store with a new
-    /// identity (a new store id and incarnation), which starts stopped. With the wiped-votes
-    /// mutation the store keeps its old identity instead and votes again once caught up.
+    /// identity (a new store id and incarnation), which starts stopped.
     pub(crate) fn reinitialise(&mut self, new_identity: Identity) {
         assert!(!self.up, "a running store's disk is not replaced");
-        let old = self.disk.identity;
-        if self.mutations.wiped_votes && old.role == Role::Voter {
-            // MUTANT (test-only): the old identity, as a learner until it caught up.
-            self.disk = Disk::new(Identity {
-                role: Role::Learner,
-                ..old
-            });
-            self.mutant_identity = Some(old);
-        } else {
-            self.disk = Disk::new(new_identity);
-            self.mutant_identity = None;
-        }
-        self.generation += 1;
+        self.wal.reinitialise(new_identity);
+        self.reset();
     }
 
     // ---------------------------------------------------------------- helpers
 
-    fn write(&mut self, r: Record) {
-        self.accepted.apply(&r);
-        self.disk.records.push(r);
-    }
-
     fn start_fsync(&mut self, out: &mut Out) {
         assert!(self.fsync.is_none(), "one fdatasync at a time");
-        self.fsync = Some((self.disk.records.len(), self.submitted));
+        self.fsync = Some((self.wal.written(), self.submitted));
         out.later.push(Later::Fsync {
             store: self.index,
             boot: self.boot,
@@ -658,148 +459,23 @@ impl SimStore {
         });
     }
 
-    fn wait(&mut self, w: Waiter, out: &mut Out) {
-        if w.needed() <= self.durable_seq {
-            self.answer(w, true, out);
-        } else {
-            self.waiters.push_back(w);
-        }
-    }
-
+    /// The disk failed ([`SimWal::fail`]): every submission written resolves failed.
     fn fail(&mut self, fault: DiskFault, out: &mut Out) {
-        self.failed = Some(fault);
+        self.wal.fail(fault);
         self.fsync = None;
-        // Every submission is resolved (with the error): nothing waits any more.
-        self.durable_seq = self.submitted;
         self.generation += 1;
-        self.accepted = self.disk.durable_log.clone();
         out.seen.push(Seen::Note(format!(
             "{}: {fault:?}: the log failed (fail-stop)",
             self.node()
         )));
-        while let Some(w) = self.waiters.pop_front() {
-            self.answer(w, false, out);
-        }
+        self.resolve_failed();
     }
 
-    fn answer(&mut self, w: Waiter, durable: bool, out: &mut Out) {
-        match w {
-            Waiter::Persisted {
-                to,
-                to_boot,
-                meta,
-                through,
-                ..
-            } => {
-                if durable {
-                    self.mutant_refresh();
-                    let ack = PersistedAck {
-                        epoch: meta.epoch,
-                        through_offset: through,
-                        store_id: self.replica.store_id(),
-                        incarnation: self.replica.incarnation(),
-                        voter: self.replica.role().is_voter(),
-                    };
-                    out.answer(to, to_boot, Msg::Persisted { meta, ack });
-                } else {
-                    out.answer(to, to_boot, self.rejected(meta, RejectReason::LogFailed));
-                }
-            }
-            Waiter::Fence {
-                to,
-                to_boot,
-                epoch,
-                last,
-                tail_cut,
-                ..
-            } => {
-                let last = if durable {
-                    last
-                } else {
-                    self.disk.durable_log.last()
-                };
-                out.answer(
-                    to,
-                    to_boot,
-                    Msg::FenceGranted(FenceGranted {
-                        epoch,
-                        last,
-                        store_id: self.replica.store_id(),
-                        incarnation: self.replica.incarnation(),
-                        tail_cut,
-                    }),
-                );
-            }
-        }
-    }
-
-    /// Clears the tail-cut mark once the durable log holds an entry of an epoch above the
-    /// promised epoch at the cut: a later master wrote it, and by log matching this store
-    /// then holds that master's adopted log, which has every event the lost records could
-    /// have helped stabilize.
-    fn clear_tail_cut(&mut self, out: &mut Out) {
-        let Some(cut) = self.disk.tail_cut else {
-            return;
-        };
-        if self
-            .disk
-            .durable_log
-            .last()
-            .is_some_and(|l| l.epoch > cut.promised)
-        {
-            self.disk.tail_cut = None;
-            out.seen.push(Seen::Note(format!(
-                "{}: tail-cut mark (offset {}, promised {:#x}) cleared",
-                self.node(),
-                cut.offset.0,
-                cut.promised.0
-            )));
-        }
-    }
-
-    fn rejected(&self, meta: AppendMeta, reason: RejectReason) -> Msg {
-        Msg::Rejected {
-            meta,
-            rejected: AppendRejected {
-                reason,
-                promised: self.replica.promised(),
-                last: self.accepted.last(),
-            },
-        }
-    }
-
-    fn not_voter(&self, epoch: Epoch) -> Msg {
-        Msg::NotVoter {
-            epoch,
-            store_id: self.replica.store_id(),
-            incarnation: self.replica.incarnation(),
-        }
-    }
-
-    /// The wiped-votes mutation: a wiped store that kept its old identity becomes a voter
-    /// again once its log reaches the HWM it heard (or at once if it heard none).
-    fn mutant_refresh(&mut self) {
-        let Some(old) = self.mutant_identity else {
-            return;
-        };
-        let caught_up = self
-            .replica
-            .hwm()
-            .is_none_or(|h| self.disk.durable_log.last().is_some_and(|l| l.offset >= h));
-        if caught_up {
-            self.mutant_identity = None;
-            self.mutated_acks += 1;
-            self.disk.identity = old;
-            let hwm = self.replica.hwm();
-            self.replica = Replica::new(
-                old.store_id,
-                old.incarnation,
-                Role::Voter,
-                self.disk.promised,
-            );
-            if let Some(h) = hwm {
-                self.replica.learn_hwm(self.disk.promised, Some(h));
-            }
+    /// Reports every submission not yet resolved as failed.
+    fn resolve_failed(&mut self) {
+        while self.reported < self.submitted {
+            self.reported += 1;
+            self.engine.resolved(self.reported, false, &self.wal);
         }
     }
 }
@@ -809,6 +485,8 @@ mod tests {
     use bytes::Bytes;
     use quire_broker::core::AppendId;
     use quire_proto::EventKind;
+
+    use quire_proto::{AppendRequest, Incarnation, LogPosition, RejectReason, StoreId};
 
     use super::*;
     use crate::checker::{Checker, Violation};
@@ -852,24 +530,26 @@ mod tests {
                 incarnation: Incarnation(1),
                 role: Role::Voter,
             },
-            StoreMutations {
+            Mutations {
                 through_end,
-                wiped_votes: false,
+                ..Mutations::default()
             },
         )
     }
 
-    /// The claim a store makes when it accepts `req`.
+    /// The claim a store makes when it acks `req` (once durable).
     fn claim(s: &mut SimStore, meta: AppendMeta, req: AppendRequest) -> (Offset, Option<Epoch>) {
         let mut out = Out::default();
         s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
+        let generation = s.generation;
+        s.on_fsync_done(generation, &mut out);
         out.seen
             .into_iter()
             .find_map(|seen| match seen {
                 Seen::AckClaim { through, held, .. } => Some((through, held)),
                 _ => None,
             })
-            .expect("an accepted append makes a claim")
+            .expect("an acked append makes a claim")
     }
 
     /// The checker's ack rule catches a store acking its own log end when the append's
@@ -921,7 +601,7 @@ mod tests {
             // Written, never synced: a truncation and two entries of epoch 2.
             let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1), ev(2, 2)]);
             s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
-            assert_eq!(s.accepted.len(), 3);
+            assert_eq!(s.wal.accepted.len(), 3);
             s.crash(&mut rng, true);
             let StartOutcome::Started { cut } = s.start() else {
                 panic!("the store starts")
@@ -1044,10 +724,13 @@ mod tests {
         let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1)]);
         let mut out = Out::default();
         s.on_append(NodeId::Broker(1), 1, meta, req, &mut out);
-        assert!(s.disk.tail_cut.is_some(), "not before the entry is durable");
+        assert!(
+            s.wal.disk.tail_cut.is_some(),
+            "not before the entry is durable"
+        );
         let generation = s.generation;
         s.on_fsync_done(generation, &mut out);
-        assert_eq!(s.disk.tail_cut, None);
+        assert_eq!(s.wal.disk.tail_cut, None);
         assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((2, false)));
     }
 }

@@ -44,7 +44,7 @@ use crate::client::{Attempt, Batch, Consumer, Producer};
 use crate::msg::{Envelope, Msg, NodeId, ProduceError};
 use crate::out::{Later, Out, Seen};
 use crate::rng::SimRng;
-use crate::store::{DiskFault, Identity, SimStore, StartOutcome, StoreMutations};
+use crate::store::{DiskFault, Identity, SimStore, StartOutcome};
 use crate::{Mode, Mutation, RunReport, RunStats, SimConfig};
 
 /// How often the fault schedule rolls its dice, ms.
@@ -289,7 +289,7 @@ impl World {
         let brokers: Vec<SimBroker> = (0..n_brokers)
             .map(|b| SimBroker::new(b as u8, params.clone(), &mut rng))
             .collect();
-        let store_mutations = StoreMutations {
+        let store_mutations = quire_node::engine::Mutations {
             through_end: mutation == Some(Mutation::ThroughEnd),
             wiped_votes: mutation == Some(Mutation::WipedVotes),
         };

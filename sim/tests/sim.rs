@@ -178,8 +178,10 @@ fn mutation_adopt_longest_is_caught() {
     )));
 }
 
-/// Mutation 3 (`wipe-hwm`): a wiped store that votes again once it caught up to the HWM it
-/// heard lets a zombie master stabilize an event a newer master never adopted.
+/// Mutation 3 (`wipe-hwm`), planted in the real store engine (`Mutations::wiped_votes`): a
+/// wiped, re-initialised store that, fenced by a broker expecting its old identity, takes
+/// that identity on once it caught up to the HWM it heard and grants the fence under it,
+/// lets a takeover adopt a log that lacks stabilized events (first found at seed 148).
 #[test]
 fn mutation_wiped_votes_is_caught() {
     let (_, found) = caught_within(Mutation::WipedVotes, 500, true);
@@ -204,8 +206,8 @@ fn mutation_forget_epoch_is_caught() {
         .any(|v| matches!(v, Violation::EpochReused { .. })));
 }
 
-/// Mutation 1 (`mut-through-end`): stores ack their own accepted log end as
-/// `through_offset`. Caught by the online ack rule: a master whose epoch-start range was
+/// Mutation 1 (`mut-through-end`), planted in the real store engine
+/// (`Mutations::through_end`): stores ack their own accepted log end as `through_offset`. Caught by the online ack rule: a master whose epoch-start range was
 /// trimmed from memory, with no store able to serve it, heartbeats a lagging store with an
 /// *empty* append whose `prev` is the entry before its epoch start — the model checker's
 /// counterexample — and a store holding a zombie master's suffix there acks that suffix as
