@@ -493,6 +493,13 @@ impl BrokerState {
         }
     }
 
+    /// Test-only (quire-sim's `--mutate forget-dedup`): forgets every producer's record,
+    /// as a new master that did not rebuild the table would. Production code never calls it.
+    #[doc(hidden)]
+    pub fn forget_producers(&mut self) {
+        self.producers.clear();
+    }
+
     /// Whether the batch `sequence .. sequence + count` of `producer_id` is already
     /// applied. `producer_id` 0 (not idempotent) and an empty batch are always
     /// [`Dedup::New`].

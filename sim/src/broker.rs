@@ -49,8 +49,8 @@ pub(crate) struct BrokerParams {
     pub(crate) follower_retained_bytes_max: u64,
     /// The store identities bound in every broker's cluster file.
     pub(crate) identities: Vec<StoreIdentity>,
-    /// Test-only: adopt the longest log in takeovers.
-    pub(crate) adopt_longest: bool,
+    /// Test-only: the broker engine's planted bugs.
+    pub(crate) mutations: Mutations,
     /// Test-only: a restarted broker reads its epoch counter as 0.
     pub(crate) forget_epoch: bool,
     /// Report the protocol's steps for the trace.
@@ -156,9 +156,7 @@ impl SimBroker {
             seed: self.seed ^ u64::from(self.boot),
             retention: quire_broker::retention::RetentionPolicy::default(),
             recent_bytes_max: quire_broker::engine::recent::RECENT_BYTES_MAX_DEFAULT,
-            mutations: Mutations {
-                adopt_longest: p.adopt_longest,
-            },
+            mutations: p.mutations,
         }
     }
 

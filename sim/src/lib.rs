@@ -78,15 +78,24 @@ pub enum Mutation {
     WipedVotes,
     /// A restarted broker reads its epoch counter as 0 (`restart-amnesia`).
     ForgetEpoch,
+    /// A new master forgets the idempotent-producer table (it is not rebuilt on takeover;
+    /// the broker engine's `Mutations::forget_dedup`): a retried batch is written twice.
+    ForgetDedup,
+    /// The master counts its adopted log's entries of older epochs toward the HWM before
+    /// its own epoch-start event is on a quorum (Raft §5.4.2, Figure 8; `MasterCore`'s
+    /// test-only switch, the broker engine's `Mutations::hwm_before_epoch_start`).
+    HwmBeforeEpochStart,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 4] = [
+    pub const ALL: [Mutation; 6] = [
         Mutation::ThroughEnd,
         Mutation::AdoptLongest,
         Mutation::WipedVotes,
         Mutation::ForgetEpoch,
+        Mutation::ForgetDedup,
+        Mutation::HwmBeforeEpochStart,
     ];
 
     /// The command-line name.
@@ -97,6 +106,8 @@ impl Mutation {
             Mutation::AdoptLongest => "adopt-longest",
             Mutation::WipedVotes => "wiped-votes",
             Mutation::ForgetEpoch => "forget-epoch",
+            Mutation::ForgetDedup => "forget-dedup",
+            Mutation::HwmBeforeEpochStart => "hwm-before-epoch-start",
         }
     }
 }
@@ -114,7 +125,8 @@ impl FromStr for Mutation {
             .into_iter()
             .find(|m| m.name() == s)
             .ok_or_else(|| {
-                format!("unknown mutation {s:?} (through-end, adopt-longest, wiped-votes, forget-epoch)")
+                let names: Vec<&str> = Mutation::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mutation {s:?} ({})", names.join(", "))
             })
     }
 }

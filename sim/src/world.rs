@@ -282,7 +282,11 @@ impl World {
             produce_timeout_ms: 500,
             follower_retained_bytes_max: rng.range(500, 8_000),
             identities: identities.clone(),
-            adopt_longest: mutation == Some(Mutation::AdoptLongest),
+            mutations: quire_broker::engine::Mutations {
+                adopt_longest: mutation == Some(Mutation::AdoptLongest),
+                forget_dedup: mutation == Some(Mutation::ForgetDedup),
+                hwm_before_epoch_start: mutation == Some(Mutation::HwmBeforeEpochStart),
+            },
             forget_epoch: mutation == Some(Mutation::ForgetEpoch),
             verbose: config.trace,
         };

@@ -206,6 +206,18 @@ fn mutation_forget_epoch_is_caught() {
         .any(|v| matches!(v, Violation::EpochReused { .. })));
 }
 
+/// Mutation 5 (`forget-dedup`): a new master that does not rebuild the idempotent-producer
+/// table writes a retried batch a second time — seen end to end (an acknowledged message
+/// not exactly once at its offset).
+#[test]
+fn mutation_forget_dedup_is_caught() {
+    let (_, found) = caught_within(Mutation::ForgetDedup, 500, true);
+    assert!(found.iter().any(|v| matches!(
+        v,
+        Violation::AckedNotExactlyOnce { .. } | Violation::AckedLost { .. }
+    )));
+}
+
 /// Mutation 1 (`mut-through-end`), planted in the real store engine
 /// (`Mutations::through_end`): stores ack their own accepted log end as `through_offset`. Caught by the online ack rule: a master whose epoch-start range was
 /// trimmed from memory, with no store able to serve it, heartbeats a lagging store with an

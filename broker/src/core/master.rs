@@ -448,6 +448,8 @@ struct SlotState {
 /// give equal commands. Cloning clones the in-memory events' handles, not their payloads.
 #[derive(Clone, Debug)]
 pub struct MasterCore {
+    /// Test-only planted bug ([`MasterCore::set_hwm_before_epoch_start`]).
+    hwm_before_epoch_start: bool,
     cluster: ClusterConfig,
     limits: ReplicationLimits,
     epoch: Epoch,
@@ -545,6 +547,7 @@ impl MasterCore {
             .collect();
         let slot_count = config.cluster.slots.len();
         let mut core = MasterCore {
+            hwm_before_epoch_start: false,
             scratch: Vec::with_capacity(slot_count),
             cluster: config.cluster,
             limits: config.limits,
@@ -768,6 +771,15 @@ impl MasterCore {
     #[must_use]
     pub fn fenced_by(&self) -> Option<Epoch> {
         self.fenced_by
+    }
+
+    /// Test-only (quire-sim's `--mutate hwm-before-epoch-start`): let the HWM rise below
+    /// this master's epoch-start event, counting adopted entries of older epochs as
+    /// stabilized once a quorum holds them — the rule Raft §5.4.2 (Figure 8) forbids.
+    /// Production code never calls it.
+    #[doc(hidden)]
+    pub fn set_hwm_before_epoch_start(&mut self) {
+        self.hwm_before_epoch_start = true;
     }
 
     /// Turns the check-quorum rule on (module docs, "Check-quorum"): from now on, at every
@@ -1037,7 +1049,7 @@ impl MasterCore {
         let Some(h) = quorum_offset(&mut self.scratch, self.cluster.ack_quorum) else {
             return;
         };
-        if h < self.epoch_start || Some(h) <= self.hwm {
+        if (h < self.epoch_start && !self.hwm_before_epoch_start) || Some(h) <= self.hwm {
             return;
         }
         assert!(

@@ -103,6 +103,11 @@ pub struct EngineConfig {
 pub struct Mutations {
     /// A takeover adopts the longest log instead of the one of the highest epoch.
     pub adopt_longest: bool,
+    /// A new master forgets the idempotent-producer table (not rebuilt on takeover).
+    pub forget_dedup: bool,
+    /// The master counts older epochs' entries toward the HWM before its epoch-start
+    /// event is on a quorum (Raft §5.4.2).
+    pub hwm_before_epoch_start: bool,
 }
 
 /// What the engine asks its driver to do. The driver carries each out and feeds the
@@ -1583,6 +1588,12 @@ impl Engine {
             Ok(mut core) => {
                 if self.cfg.check_quorum {
                     core.enable_check_quorum(self.check_quorum_ticks());
+                }
+                if self.cfg.mutations.hwm_before_epoch_start {
+                    core.set_hwm_before_epoch_start();
+                }
+                if self.cfg.mutations.forget_dedup {
+                    self.state.forget_producers();
                 }
                 tracing::info!(%epoch, log_end = %core.next_offset(), "became master; waiting for the epoch-start event to be stabilized");
                 for (i, up) in self.slot_up.iter().enumerate() {
