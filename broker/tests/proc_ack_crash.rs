@@ -54,6 +54,8 @@ fn proc_master_killed_after_stabilized_before_ack_retry_gets_the_original_offset
             std::hint::spin_loop();
         }
         quire_tests::stop(pid);
+        // A sleep on purpose: the appends the master sent before it stopped land on the
+        // stores (nothing says none is left in flight); a read too early is only a miss.
         std::thread::sleep(Duration::from_millis(50));
         let after = tails(&cluster);
         let held: Vec<Offset> = before

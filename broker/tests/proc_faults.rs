@@ -165,6 +165,7 @@ fn proc_a_broker_that_knows_no_voters_never_bootstraps_over_data() {
     cluster.broker(other).start();
     // Several election timeouts pass: it never becomes master over the stores' data, and
     // it does not even fence them (it asks for their tails first).
+    // A sleep on purpose: what is checked is that nothing happens while time passes.
     std::thread::sleep(Duration::from_millis(3_000));
     assert_eq!(
         promised(&cluster),

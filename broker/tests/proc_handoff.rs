@@ -7,7 +7,9 @@
 //! target, and the quire-client producer retries without surfacing it); the target is the
 //! master afterwards and the old master follows it.
 
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use quire_proto::{Body, BrokerId, ErrorCode, HandoffRequest};
 use quire_tests::{check_exactly_once, fetch_all, Client, Cluster, LoadDriver, Timing, WAIT};
@@ -20,7 +22,8 @@ fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
     let old = cluster.settle();
     let target = (1..=3u16).find(|&b| b != old).expect("three brokers");
     let load = LoadDriver::start(&cluster, 1, 4);
-    std::thread::sleep(Duration::from_millis(500));
+    // The handoff happens under load: every producer is being acknowledged by the master.
+    cluster.wait_load_acked(1..5, Some(old), 5);
 
     // A handoff to a broker that is not in the cluster, or asked of a slave, is refused.
     let old_addr = cluster.broker(old).addr.clone();
@@ -45,7 +48,8 @@ fn proc_handoff_under_load_loses_nothing_and_producers_see_no_error() {
     let answered = asked.elapsed();
     assert_eq!(done.master, BrokerId(target));
     assert_eq!(done.epoch.broker(), BrokerId(target));
-    std::thread::sleep(Duration::from_millis(500));
+    // The load goes on through the new master: every producer is acknowledged by it.
+    cluster.wait_load_acked(1..5, Some(target), 5);
     let outcomes = load.stop();
 
     assert_eq!(
@@ -109,13 +113,25 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
     let target = (1..=3u16).rev().find(|&b| b != old).expect("three brokers");
     let addrs: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let old_addr = cluster.broker(old).addr.clone();
-    let handoff = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(400));
-        let mut admin = Client::connect_with(&old_addr, WAIT).expect("connect");
-        admin.request(HandoffRequest {
-            to: BrokerId(target),
+    // Messages delivered so far, over all producers: the handoff starts once the producers
+    // are under way, and they go on until it answered.
+    let delivered_n = Arc::new(AtomicU64::new(0));
+    let handed_over = Arc::new(AtomicBool::new(false));
+    let handoff = {
+        let delivered_n = delivered_n.clone();
+        let handed_over = handed_over.clone();
+        std::thread::spawn(move || {
+            quire_tests::wait_until(WAIT, "the producers' first 200 deliveries", || {
+                delivered_n.load(Ordering::Relaxed) >= 200
+            });
+            let mut admin = Client::connect_with(&old_addr, WAIT).expect("connect");
+            let answer = admin.request(HandoffRequest {
+                to: BrokerId(target),
+            });
+            handed_over.store(true, Ordering::Relaxed);
+            answer
         })
-    });
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -125,6 +141,8 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
         let mut tasks = Vec::new();
         for p in 0..4u64 {
             let addrs = addrs.clone();
+            let delivered_n = delivered_n.clone();
+            let handed_over = handed_over.clone();
             tasks.push(tokio::spawn(async move {
                 let producer = Producer::connect(addrs, ProducerConfig::default())
                     .await
@@ -132,7 +150,17 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
                 let mut out = Vec::new();
                 let start = Instant::now();
                 let mut i = 0u64;
-                while start.elapsed() < Duration::from_millis(1500) {
+                // Two batches of 20 sent after the handoff answered, then stop.
+                let mut batches_after = 0;
+                while batches_after < 2 {
+                    assert!(
+                        start.elapsed() < 2 * WAIT,
+                        "producer {p}: the handoff did not answer within {:?}",
+                        2 * WAIT
+                    );
+                    if handed_over.load(Ordering::Relaxed) {
+                        batches_after += 1;
+                    }
                     let mut batch = Vec::new();
                     for _ in 0..20 {
                         let m = quire_tests::payload(p, i);
@@ -142,6 +170,7 @@ fn proc_handoff_through_the_client_producer_surfaces_no_error() {
                     }
                     for (m, d) in batch {
                         let offset = d.await.unwrap_or_else(|e| panic!("delivery failed: {e}"));
+                        delivered_n.fetch_add(1, Ordering::Relaxed);
                         out.push((m, offset));
                     }
                 }
@@ -192,8 +221,18 @@ fn proc_handoff_to_a_dead_slave_fails_in_bounded_time_and_the_master_serves_on()
             to: BrokerId(target),
         })
         .expect("send");
-    std::thread::sleep(Duration::from_millis(100));
     // A produce sent while the handoff runs waits, then is acknowledged by the same master.
+    // The master logs (at info, the harness's default level) when the handoff begins.
+    let log = cluster
+        .broker(old)
+        .proc
+        .as_ref()
+        .expect("the master runs")
+        .log
+        .clone();
+    quire_tests::wait_until(WAIT, "the master to log that the handoff began", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("handoff requested"))
+    });
     let waiting = producer
         .send(quire_tests::produce_request("t", 1, 0, 5))
         .expect("send");

@@ -404,6 +404,7 @@ fn proc_retention_by_age_trims_old_events() {
             "the cluster never trimmed by age"
         );
         producer.batch(&cluster);
+        // A sleep on purpose: retention trims by age, so time must pass between batches.
         std::thread::sleep(Duration::from_millis(20));
         if let Some(f) = trimmed_first(&fetch(&mut c, Offset::ZERO)) {
             break f;
@@ -632,6 +633,7 @@ fn proc_retention_a_state_too_large_to_checkpoint_is_retried_slowly() {
     // Twenty heartbeat ticks and more writes: no second attempt within the retry delay.
     for _ in 0..10 {
         producer.batch(&cluster);
+        // A sleep on purpose: heartbeat ticks must pass with no second attempt.
         std::thread::sleep(Duration::from_millis(200));
     }
     let attempts = log().matches(TOO_LARGE).count();

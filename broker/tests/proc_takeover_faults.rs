@@ -45,7 +45,8 @@ fn proc_new_master_killed_during_takeover_loses_nothing_and_never_reuses_an_epoc
     cluster.start_all();
     let first = cluster.settle();
     let load = LoadDriver::start(&cluster, 1, 2);
-    std::thread::sleep(Duration::from_millis(400));
+    // The failovers happen under load: both producers are being acknowledged.
+    cluster.wait_load_acked(1..3, Some(first), 5);
     let mut epochs = vec![master_epoch(&mut cluster, first)];
 
     let slaves: Vec<u16> = (1..=3).filter(|&b| b != first).collect();
@@ -85,7 +86,8 @@ fn proc_new_master_killed_during_takeover_loses_nothing_and_never_reuses_an_epoc
 
     // Keep only the victim and the master; kill the master: the victim must take over.
     cluster.broker(first).kill9();
-    std::thread::sleep(Duration::from_millis(300));
+    // The master serves on without it before it is killed in turn.
+    cluster.wait_load_acked(1..3, Some(second), 3);
     cluster.broker(second).kill9();
     let last = cluster.wait_for_master();
     assert_eq!(last, victim);
@@ -95,7 +97,8 @@ fn proc_new_master_killed_during_takeover_loses_nothing_and_never_reuses_an_epoc
         e.counter() > counter,
         "broker {victim} was killed with counter {counter} and now leads {e:?}"
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The load goes on through the last master, so the check covers what it acknowledged.
+    cluster.wait_load_acked(1..3, Some(last), 3);
     let outcomes = load.stop();
     assert!(epochs.windows(2).all(|w| w[0] < w[1]), "epochs {epochs:?}");
 

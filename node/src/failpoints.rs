@@ -2,7 +2,7 @@
 //! fault tests (docs/testing.md).
 //!
 //! Built only with the `failpoints` cargo feature (the workspace's fault tests enable it
-//! through a dev-dependency, so `cargo nextest run --workspace` builds the binary with it;
+//! through a dev-dependency, so `cargo test --workspace` builds the binary with it;
 //! `cargo build --release` does not). With the feature, a node started with the
 //! environment variable [`FAILPOINTS_ENV`] set puts its WAL on a
 //! `quire_wal::disk::FaultDisk` over the configured disk, with the plan the variable

@@ -37,7 +37,11 @@ mod store;
 mod world;
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 pub use checker::{Checker, ProducedBatch, Violation};
 
@@ -184,6 +188,50 @@ impl Default for SimConfig {
     }
 }
 
+impl SimConfig {
+    /// Simulated time one run lasts, in ms: [`SimConfig::duration_ms`] in safety mode;
+    /// [`SimConfig::fault_ms`] plus [`SimConfig::liveness_bound_ms`] in liveness mode (the
+    /// run ends at the liveness deadline). A run that panicked ended earlier.
+    #[must_use]
+    pub fn simulated_ms(&self) -> u64 {
+        match self.mode {
+            Mode::Safety => self.duration_ms,
+            Mode::Liveness => self.fault_ms + self.liveness_bound_ms,
+        }
+    }
+
+    /// The command line that replays `seed` under this configuration: every option the
+    /// `quire-sim` binary takes that differs from its default (mode, mutation, faults,
+    /// duration, end-to-end-only, fetch size). Settings without a flag (`fault_ms`,
+    /// `liveness_bound_ms`) are not named; `trace` is left to the caller.
+    #[must_use]
+    pub fn replay_command(&self, seed: u64) -> String {
+        let mut cmd = format!(
+            "cargo run -p quire-sim --release -- --seed {seed} --mode {}",
+            match self.mode {
+                Mode::Safety => "safety",
+                Mode::Liveness => "liveness",
+            }
+        );
+        if let Some(m) = self.mutation {
+            cmd.push_str(&format!(" --mutate {m}"));
+        }
+        if self.faults.tail_flips {
+            cmd.push_str(" --tail-flips");
+        }
+        if self.duration_ms != SimConfig::default().duration_ms {
+            cmd.push_str(&format!(" --duration-ms {}", self.duration_ms));
+        }
+        if self.end_to_end_only {
+            cmd.push_str(" --end-to-end-only");
+        }
+        if let Some(n) = self.fetch_events_max {
+            cmd.push_str(&format!(" --fetch-events-max {n}"));
+        }
+        cmd
+    }
+}
+
 /// Counters of one run (or a sum of runs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunStats {
@@ -318,5 +366,147 @@ pub fn run(seed: u64, config: &SimConfig) -> RunReport {
                 setup: String::new(),
             }
         }
+    }
+}
+
+/// What [`run_seeds`] did over a range of seeds.
+#[derive(Clone, Debug, Default)]
+pub struct Campaign {
+    /// Seeds run to the end (panicked runs included). With `stop_at_first`, other threads
+    /// may have run seeds past the first failing one: this count (and `stats`) then
+    /// depends on the thread count; `failures` does not.
+    pub seeds_run: u64,
+    /// Every run's counters, summed.
+    pub stats: RunStats,
+    /// The failing runs in seed order; with `stop_at_first`, only the lowest failing seed.
+    pub failures: Vec<RunReport>,
+    /// Wall time of the whole campaign.
+    pub wall: Duration,
+    /// Simulated time of every run summed, in ms ([`SimConfig::simulated_ms`] per run).
+    pub simulated_ms: u64,
+}
+
+impl Campaign {
+    /// Seeds per wall second.
+    #[must_use]
+    pub fn seeds_per_s(&self) -> f64 {
+        self.seeds_run as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Simulated seconds per wall second, over all threads.
+    #[must_use]
+    pub fn simulated_per_wall_s(&self) -> f64 {
+        self.simulated_ms as f64 / 1000.0 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// The lowest failing seed, if any.
+    #[must_use]
+    pub fn first_failure(&self) -> Option<u64> {
+        self.failures.first().map(|r| r.seed)
+    }
+}
+
+/// The machine's available parallelism (1 if unknown): the default thread count of
+/// [`run_seeds`]'s callers.
+#[must_use]
+pub fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Runs every seed of `seeds` under `config` on `jobs` threads (at least 1), each thread
+/// taking the next unclaimed seed, and returns what they found. `on_failure` is called for
+/// each failing run as it is found (in no fixed order: from any thread).
+///
+/// The result does not depend on `jobs`: a run is a pure function of its seed, counters
+/// are summed, and `failures` is sorted by seed. With `stop_at_first`, threads stop taking
+/// seeds once one fails, and only the lowest failing seed is kept: every seed below it was
+/// taken before it (seeds are handed out in order) and every taken seed is run to its end,
+/// so it is the first failing seed `--jobs 1` would find.
+pub fn run_seeds(
+    config: &SimConfig,
+    seeds: Range<u64>,
+    jobs: usize,
+    stop_at_first: bool,
+    on_failure: &(dyn Fn(&RunReport) + Sync),
+) -> Campaign {
+    let started = Instant::now();
+    let next = AtomicU64::new(seeds.start);
+    let stop = AtomicBool::new(false);
+    let found = Mutex::new(Campaign::default());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= seeds.end {
+                    return;
+                }
+                let report = run(seed, config);
+                if !report.passed() {
+                    on_failure(&report);
+                    if stop_at_first {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+                let mut c = found.lock().unwrap_or_else(PoisonError::into_inner);
+                c.seeds_run += 1;
+                c.stats.add(&report.stats);
+                if !report.passed() {
+                    c.failures.push(report);
+                }
+            });
+        }
+    });
+    let mut c = found.into_inner().unwrap_or_else(PoisonError::into_inner);
+    c.failures.sort_by_key(|r| r.seed);
+    if stop_at_first {
+        c.failures.truncate(1);
+    }
+    c.simulated_ms = c.seeds_run * config.simulated_ms();
+    c.wall = started.elapsed();
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mutation_parses_from_its_name() {
+        for m in Mutation::ALL {
+            assert_eq!(m.name().parse::<Mutation>(), Ok(m));
+        }
+        let err = "no-such".parse::<Mutation>().expect_err("unknown");
+        for m in Mutation::ALL {
+            assert!(err.contains(m.name()), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_replay_command_names_every_option_that_differs_from_the_default() {
+        let c = SimConfig::default();
+        assert_eq!(
+            c.replay_command(7),
+            "cargo run -p quire-sim --release -- --seed 7 --mode safety"
+        );
+        let c = SimConfig {
+            mode: Mode::Liveness,
+            mutation: Some(Mutation::ALL[0]),
+            faults: FaultSet { tail_flips: true },
+            duration_ms: 1_234,
+            end_to_end_only: true,
+            fetch_events_max: Some(3),
+            ..SimConfig::default()
+        };
+        assert_eq!(
+            c.replay_command(9),
+            format!(
+                "cargo run -p quire-sim --release -- --seed 9 --mode liveness --mutate {} \
+                 --tail-flips --duration-ms 1234 --end-to-end-only --fetch-events-max 3",
+                Mutation::ALL[0]
+            )
+        );
     }
 }

@@ -1,20 +1,45 @@
 //! `quire-sim`: runs seeds of the deterministic simulation and reports every rule broken,
-//! with the seed that replays it.
+//! with the command that replays it.
 //!
 //! ```text
-//! quire-sim --seeds 10000                      # seeds 0..10000, safety mode
+//! quire-sim --seeds 10000                      # seeds 0..10000, safety mode, every core
+//! quire-sim --seeds 200000 --jobs 2            # a long campaign on 2 threads
 //! quire-sim --seeds 2000 --mode liveness
 //! quire-sim --seed 1234 --trace                # replay one seed, print its trace
 //! quire-sim --mutate through-end --seeds 5000 --until-violation
+//! quire-sim --mutate all --seeds 10000         # each mutation: the first seed that finds it
 //! ```
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::str::FromStr;
 
 use clap::Parser;
-use quire_sim::{run, FaultSet, Mode, Mutation, RunReport, RunStats, SimConfig};
+use quire_sim::{
+    default_jobs, run, run_seeds, Campaign, FaultSet, Mode, Mutation, RunReport, SimConfig,
+};
+
+/// Seeds of a campaign when `--seeds` is not given.
+const SEEDS_DEFAULT: u64 = 100;
+/// Seeds tried per mutation by `--mutate all` when `--seeds` is not given.
+const MUTATION_SEEDS_DEFAULT: u64 = 10_000;
+
+/// `--mutate`: one mutation by name, or `all` of them one after another.
+#[derive(Clone, Copy, Debug)]
+enum MutateArg {
+    One(Mutation),
+    All,
+}
+
+impl FromStr for MutateArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<MutateArg, String> {
+        if s == "all" {
+            Ok(MutateArg::All)
+        } else {
+            s.parse().map(MutateArg::One)
+        }
+    }
+}
 
 /// Deterministic simulation of a Quire cluster with the no-loss checker.
 #[derive(Debug, Parser)]
@@ -23,19 +48,21 @@ struct Args {
     /// Run exactly this seed (replay).
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
-    /// Run this many seeds, from --base on.
-    #[arg(long, default_value_t = 100)]
-    seeds: u64,
+    /// Run this many seeds, from --base on (default 100; with `--mutate all`, the most
+    /// seeds tried per mutation, default 10,000).
+    #[arg(long)]
+    seeds: Option<u64>,
     /// First seed of --seeds.
     #[arg(long, default_value_t = 0)]
     base: u64,
     /// safety (faults all the time) or liveness (faults stop; progress within a bound).
     #[arg(long, default_value = "safety")]
     mode: Mode,
-    /// Switch a protocol rule off (test-only): through-end, adopt-longest, wiped-votes,
-    /// forget-epoch.
+    /// Switch a protocol rule off (test-only), by name (an unknown name is refused with
+    /// the list), or `all`: for each mutation, run seeds until the first that finds it and
+    /// print a table; fails if one is not found within --seeds.
     #[arg(long)]
-    mutate: Option<Mutation>,
+    mutate: Option<MutateArg>,
     /// Let bit flips hit a store's last durable record (read as a torn tail by the WAL).
     #[arg(long)]
     tail_flips: bool,
@@ -54,7 +81,8 @@ struct Args {
     /// Print the trace of failing seeds (of the one seed with --seed).
     #[arg(long)]
     trace: bool,
-    /// Worker threads (default: the machine's parallelism).
+    /// Threads the seeds are spread over (default: the machine's available parallelism).
+    /// The failing seeds found do not depend on it.
     #[arg(long)]
     jobs: Option<usize>,
 }
@@ -63,7 +91,10 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let config = SimConfig {
         mode: args.mode,
-        mutation: args.mutate,
+        mutation: match args.mutate {
+            Some(MutateArg::One(m)) => Some(m),
+            Some(MutateArg::All) | None => None,
+        },
         faults: FaultSet {
             tail_flips: args.tail_flips,
         },
@@ -73,6 +104,7 @@ fn main() -> ExitCode {
         fetch_events_max: args.fetch_events_max,
         ..SimConfig::default()
     };
+    let jobs = args.jobs.unwrap_or_else(default_jobs).max(1);
     if let Some(seed) = args.seed {
         let report = run(seed, &config);
         print_report(&report, &config, true);
@@ -90,55 +122,104 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         };
     }
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let started = Instant::now();
-    let next = AtomicU64::new(args.base);
-    let end = args.base + args.seeds;
-    let stop = AtomicBool::new(false);
-    let totals = Mutex::new((RunStats::default(), Vec::<RunReport>::new()));
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| loop {
-                if stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= end {
-                    return;
-                }
-                let report = run(seed, &config);
-                let mut t = totals
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                t.0.add(&report.stats);
-                if !report.passed() {
-                    print_report(&report, &config, args.trace);
-                    t.1.push(report);
-                    if args.until_violation {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                }
-            });
+    if matches!(args.mutate, Some(MutateArg::All)) {
+        let seeds = args.seeds.unwrap_or(MUTATION_SEEDS_DEFAULT);
+        return find_mutations(&config, args.base..args.base + seeds, jobs);
+    }
+    let seeds = args.seeds.unwrap_or(SEEDS_DEFAULT);
+    let trace = args.trace;
+    let campaign = run_seeds(
+        &config,
+        args.base..args.base + seeds,
+        jobs,
+        args.until_violation,
+        &|r: &RunReport| eprintln!("seed {} failed (report at the end)", r.seed),
+    );
+    for r in &campaign.failures {
+        print_report(r, &config, trace);
+    }
+    print_summary(&campaign, &config, args.base, jobs);
+    if let Some(first) = campaign.first_failure() {
+        println!("first failing seed: {first}");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--mutate all`: for each mutation the simulation knows, the first seed of `seeds` that
+/// breaks a rule with it on; fails if one of them breaks none.
+fn find_mutations(base: &SimConfig, seeds: std::ops::Range<u64>, jobs: usize) -> ExitCode {
+    let mut rows = Vec::new();
+    for m in Mutation::ALL {
+        let config = SimConfig {
+            mutation: Some(m),
+            ..base.clone()
+        };
+        let c = run_seeds(&config, seeds.clone(), jobs, true, &|_: &RunReport| {});
+        let found = c.failures.first().map(|r| {
+            let kinds: Vec<String> = r.violations.iter().map(ToString::to_string).collect();
+            (r.seed, kinds.join("; "))
+        });
+        match &found {
+            Some((seed, what)) => println!(
+                "{m}: found at seed {seed} after {} seeds ({:.1} s): {what}",
+                seed - seeds.start + 1,
+                c.wall.as_secs_f64()
+            ),
+            None => println!(
+                "{m}: NOT FOUND in {} seeds ({:.1} s, the mutation changed {} steps)",
+                c.seeds_run,
+                c.wall.as_secs_f64(),
+                c.stats.mutated
+            ),
         }
-    });
-    let (stats, failures) = totals
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let secs = started.elapsed().as_secs_f64();
+        rows.push((m, found.map(|(seed, _)| seed), c.wall));
+    }
+    println!();
+    println!("| mutation | first seed | seeds tried | wall s |");
+    println!("| --- | --- | --- | --- |");
+    let mut missing = 0;
+    for (m, first, wall) in &rows {
+        match first {
+            Some(seed) => println!(
+                "| `{m}` | {seed} | {} | {:.1} |",
+                seed - seeds.start + 1,
+                wall.as_secs_f64()
+            ),
+            None => {
+                missing += 1;
+                println!(
+                    "| `{m}` | not found | {} | {:.1} |",
+                    seeds.end - seeds.start,
+                    wall.as_secs_f64()
+                );
+            }
+        }
+    }
+    if missing == 0 {
+        println!("every mutation found (mode {:?}, jobs {jobs})", base.mode);
+        ExitCode::SUCCESS
+    } else {
+        println!("{missing} of {} mutations not found", Mutation::ALL.len());
+        ExitCode::FAILURE
+    }
+}
+
+fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
+    let stats = &c.stats;
     println!(
-        "mode {:?}{}: {} seeds from {} in {secs:.1} s ({:.0} seeds/s), {} failed",
+        "mode {:?}{}: {} seeds from {base}, {} failed, {:.1} s wall on {jobs} threads, {:.0} seeds/s, {:.0} simulated s per wall s",
         config.mode,
         config
             .mutation
             .map(|m| format!(", mutation {m}"))
             .unwrap_or_default(),
-        stats.runs,
-        args.base,
-        stats.runs as f64 / secs.max(1e-9),
-        failures.len()
+        c.seeds_run,
+        c.failures.len(),
+        c.wall.as_secs_f64(),
+        c.seeds_per_s(),
+        c.simulated_per_wall_s()
     );
     println!(
         "  batches {} (ok {}, unknown {}, failed {}), messages acked {}, messages checked {}, stabilized offsets {}",
@@ -172,12 +253,6 @@ fn main() -> ExitCode {
         stats.messages_duplicated,
         stats.mutated
     );
-    if let Some(first) = failures.iter().map(|r| r.seed).min() {
-        println!("first failing seed: {first}");
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
 }
 
 fn print_report(report: &RunReport, config: &SimConfig, trace: bool) {
@@ -193,22 +268,5 @@ fn print_report(report: &RunReport, config: &SimConfig, trace: bool) {
     for v in &report.violations {
         println!("  {v}");
     }
-    let mut replay = format!(
-        "cargo run -p quire-sim --release -- --seed {} --mode {}",
-        report.seed,
-        match config.mode {
-            Mode::Safety => "safety",
-            Mode::Liveness => "liveness",
-        }
-    );
-    if let Some(m) = config.mutation {
-        replay.push_str(&format!(" --mutate {m}"));
-    }
-    if config.faults.tail_flips {
-        replay.push_str(" --tail-flips");
-    }
-    if config.duration_ms != SimConfig::default().duration_ms {
-        replay.push_str(&format!(" --duration-ms {}", config.duration_ms));
-    }
-    println!("  replay: {replay} --trace");
+    println!("  replay: {} --trace", config.replay_command(report.seed));
 }

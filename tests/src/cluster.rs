@@ -527,6 +527,28 @@ impl Cluster {
         }
     }
 
+    /// Waits until each producer in `producers` (ids, as given to
+    /// [`LoadDriver::start`](crate::LoadDriver::start)) has had `batches` more batches
+    /// answered ok by broker `by` (by any broker if `None`) than when called: the load made
+    /// progress. Reads [`Cluster::history`].
+    ///
+    /// # Panics
+    /// If that did not happen within [`WAIT`]; the message names the producers and counts.
+    pub fn wait_load_acked(&self, producers: std::ops::Range<u64>, by: Option<u16>, batches: u64) {
+        let start: Vec<(u64, u64)> = producers
+            .map(|p| (p, self.history.ok_batches(p, by)))
+            .collect();
+        let what = format!(
+            "{batches} more acknowledged batches from each producer of {start:?} (producer, batches) by {}",
+            by.map_or_else(|| "any broker".to_owned(), |b| format!("broker {b}"))
+        );
+        crate::wait_until(WAIT, &what, || {
+            start
+                .iter()
+                .all(|&(p, n)| self.history.ok_batches(p, by) >= n + batches)
+        });
+    }
+
     /// Every broker as producer threads see it.
     pub fn broker_handles(&self) -> Vec<BrokerHandle> {
         self.brokers.iter().map(BrokerNode::handle).collect()

@@ -152,6 +152,17 @@ impl History {
         self.lock().clone()
     }
 
+    /// How many batches of producer `producer_id` were answered ok by broker `by` (by any
+    /// broker if `None`): attempts, so a batch acknowledged twice (a retry) counts twice.
+    pub fn ok_batches(&self, producer_id: u64, by: Option<u16>) -> u64 {
+        self.lock()
+            .iter()
+            .filter(|a| a.producer_id == producer_id)
+            .filter(|a| matches!(a.outcome, Outcome::Ok { .. }))
+            .filter(|a| by.is_none_or(|b| a.broker == b))
+            .count() as u64
+    }
+
     /// Counts by outcome.
     pub fn counts(&self) -> OutcomeCounts {
         let attempts = self.lock();

@@ -2,9 +2,9 @@
 //! it prints, SIGKILL on drop (also when the test panics), signals, free ports.
 //!
 //! Where the binaries come from: `target/<profile>/` next to the test executable's
-//! `deps/` directory. `cargo nextest run --workspace` and `cargo test --workspace` build
+//! `deps/` directory. `cargo test --workspace` and `cargo nextest run --workspace` build
 //! them there (every package with integration tests gets its binaries built). A test run
-//! of one package alone (`cargo nextest run -p quire-tests`) may not have built them: then
+//! of one package alone (`cargo test -p quire-tests`) may not have built them: then
 //! [`binary`] runs `cargo build -p PACKAGE --bin NAME` (same profile and target directory)
 //! once, if the file is missing. It does not rebuild a stale binary (a rebuild from inside
 //! a running suite could race the tests that run it); it warns on stderr when the binary

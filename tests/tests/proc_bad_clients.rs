@@ -242,6 +242,13 @@ struct AttackCounts {
     bytes_sent: AtomicU64,
 }
 
+/// Waits (bounded by [`WAIT`]) until `acks`, a count of acknowledged requests another
+/// thread keeps, has grown by `more` from now.
+fn wait_acks(acks: &AtomicU64, more: u64, what: &str) {
+    let from = acks.load(Ordering::Relaxed);
+    wait_until(WAIT, what, || acks.load(Ordering::Relaxed) >= from + more);
+}
+
 /// One connection sending one byte a second of a sound produce frame, reconnecting when
 /// the broker closes it, until `stop`.
 async fn trickle(addr: String, stop: Arc<AtomicBool>, counts: Arc<AttackCounts>) {
@@ -497,9 +504,11 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
 
     // A producer that keeps producing for the whole attack.
     let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicU64::new(0));
     let producer = {
         let addr = addr.clone();
         let stop = stop.clone();
+        let acks = acks.clone();
         std::thread::spawn(move || {
             let mut c = Client::connect(&addr).expect("producer connects");
             let mut seq = 0u64;
@@ -514,6 +523,7 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
                         assert_eq!(r.count, 10);
                         seq += 10;
                         acked_at.push(Instant::now());
+                        acks.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(Err(e)) => failures.push(format!("{e:?}")),
                     Err(e) => {
@@ -526,11 +536,11 @@ fn bad_clients_leave_the_broker_up_bounded_and_serving() {
             (seq, acked_at, failures)
         })
     };
-    std::thread::sleep(Duration::from_secs(1));
+    wait_acks(&acks, 5, "the producer's first batches");
     let broker = &cluster.brokers[0];
     let report = attack("broker", &addr, pid, &|| broker.scrape());
     // The producer goes on a moment after the attack, then stops.
-    std::thread::sleep(Duration::from_millis(500));
+    wait_acks(&acks, 5, "the producer's batches after the attack");
     stop.store(true, Ordering::Relaxed);
     let (produced, acked_at, failures) = producer.join().expect("producer thread");
     let during = acked_at
@@ -584,9 +594,11 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
     // An appender playing a master of epoch 3: one event per append, each acked before the
     // next (log matching on `prev`).
     let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicU64::new(0));
     let appender = {
         let addr = addr.clone();
         let stop = stop.clone();
+        let acks = acks.clone();
         std::thread::spawn(move || {
             let mut c = Client::connect(&addr).expect("appender connects");
             let mut next = 0u64;
@@ -612,6 +624,7 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
                         assert_eq!(a.through_offset, Some(Offset(next)));
                         next += 1;
                         acked_at.push(Instant::now());
+                        acks.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(other) => failures.push(format!("{other:?}")),
                     Err(e) => {
@@ -624,9 +637,9 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
             (next, acked_at, failures)
         })
     };
-    std::thread::sleep(Duration::from_secs(1));
+    wait_acks(&acks, 5, "the appender's first appends");
     let report = attack("store", &addr, pid, &|| scrape_metrics(&metrics_addr));
-    std::thread::sleep(Duration::from_millis(500));
+    wait_acks(&acks, 5, "the appender's appends after the attack");
     stop.store(true, Ordering::Relaxed);
     let (appended, acked_at, failures) = appender.join().expect("appender thread");
     let during = acked_at

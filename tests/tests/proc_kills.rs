@@ -24,8 +24,15 @@ use quire_tests::{Cluster, ConsumerDriver, LoadDriver, Timing};
 const KILLS: usize = 20;
 /// Producers of the load.
 const PRODUCERS: u64 = 4;
-/// Load between two faults.
-const UNDER_LOAD: Duration = Duration::from_millis(300);
+/// Load between two faults: batches each producer must have acknowledged (about 300 ms of
+/// load on an idle 2-core machine, at about 70 batches a second per producer).
+const UNDER_LOAD_BATCHES: u64 = 20;
+
+/// Waits until every producer of the load has [`UNDER_LOAD_BATCHES`] more batches
+/// acknowledged (by any broker), bounded.
+fn under_load(cluster: &Cluster) {
+    cluster.wait_load_acked(1..PRODUCERS + 1, None, UNDER_LOAD_BATCHES);
+}
 
 /// Settings that keep a failover short on a loaded 2-core machine without false elections.
 fn timing() -> Timing {
@@ -47,7 +54,7 @@ fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
     let mut kills = Vec::new();
     let mut epochs = Vec::new();
     for round in 0..KILLS {
-        std::thread::sleep(UNDER_LOAD);
+        under_load(&cluster);
         let master = cluster.wait_for_master();
         epochs.push(cluster.master_metadata().epoch);
         cluster.broker(master).kill9();
@@ -59,7 +66,7 @@ fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
         // `next` when two slaves raced for the takeover.
         cluster.wait_rejoined(master, None);
     }
-    std::thread::sleep(UNDER_LOAD);
+    under_load(&cluster);
     let outcomes = load.stop();
     let reads = consumer.stop();
 
@@ -116,17 +123,17 @@ fn proc_twenty_store_kills_under_load_lose_no_acknowledged_message() {
     let mut acked_between = Vec::new();
     for round in 0..KILLS {
         let store = round % cluster.stores.len();
-        std::thread::sleep(UNDER_LOAD);
+        under_load(&cluster);
         let before = cluster.history.counts().messages_acked;
         cluster.stores[store].kill9();
-        std::thread::sleep(UNDER_LOAD);
+        under_load(&cluster);
         cluster.stores[store].start();
         // It catches up: holds everything the master had stabilized when it came back.
         let hwm = cluster.master_metadata().hwm.unwrap_or(Offset(0));
         cluster.wait_store_holds(store, hwm);
         acked_between.push(cluster.history.counts().messages_acked - before);
     }
-    std::thread::sleep(UNDER_LOAD);
+    under_load(&cluster);
     let outcomes = load.stop();
     let reads = consumer.stop();
     for (i, o) in outcomes.iter().enumerate() {
