@@ -293,6 +293,13 @@ impl<S: Storage> Preallocator<S> {
             written_at_us: AtomicU64::new(0),
             started: Instant::now(),
         });
+        if !shared.storage.background_work() {
+            // Inline: the spare is prepared by the roll that needs it (see `take`).
+            return Ok(Preallocator {
+                shared,
+                thread: None,
+            });
+        }
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
             .name("quire-wal-prealloc".into())
@@ -326,6 +333,11 @@ impl<S: Storage> Preallocator<S> {
     /// The preparation's error (e.g. [`WalError::NoSpace`]), or the rename's.
     pub fn take(&self, dest: &Path) -> Result<(), WalError> {
         let s = &self.shared;
+        if self.thread.is_none() && !s.lock().ready {
+            // No background thread (a storage without background work): prepare it now.
+            s.prepare()?;
+            s.lock().ready = true;
+        }
         let mut st = s.lock();
         if !st.ready && st.error.is_none() {
             tracing::warn!("segment roll waits for the spare segment to be zero-filled");

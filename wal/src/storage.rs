@@ -224,6 +224,14 @@ pub trait Storage: Clone + Send + Sync + fmt::Debug + 'static {
     /// If it cannot be found out (device errors).
     fn alignment(&self, dir: &Path) -> io::Result<DirectIoAlignment>;
 
+    /// Whether the WAL may do work on background threads besides the commit thread (the
+    /// spare segment's preparation). `false` makes the preparation run inline, at the roll
+    /// that needs it, so that the order of every operation follows from the caller's
+    /// (a simulated disk, whose crash points must replay from a seed). Default `true`.
+    fn background_work(&self) -> bool {
+        true
+    }
+
     /// The disk the commit thread writes batches and fdatasyncs through, for `backend`
     /// (which a simulated storage may ignore).
     ///

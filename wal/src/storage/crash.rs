@@ -474,7 +474,6 @@ pub struct CrashFile {
     disk: CrashDisk,
     ino: u64,
     generation: u64,
-    direct: bool,
     name: PathBuf,
 }
 
@@ -584,12 +583,10 @@ impl StorageFile for CrashFile {
         self.sync("fsync")
     }
 
+    /// Always [`DirectIo::Off`]: a simulated file has no page cache to bypass, and the
+    /// preallocator's buffered zero-fill path has no pacing timer.
     fn direct_io(&self) -> DirectIo {
-        if self.direct {
-            DirectIo::On
-        } else {
-            DirectIo::Off
-        }
+        DirectIo::Off
     }
 }
 
@@ -655,7 +652,6 @@ impl Storage for CrashDisk {
             disk: self.clone(),
             ino,
             generation: st.generation,
-            direct: matches!(mode, OpenMode::WriteDirect | OpenMode::CreateDirect),
             name: path.to_path_buf(),
         })
     }
@@ -771,6 +767,12 @@ impl Storage for CrashDisk {
             physical_block_bytes: Some(bytes),
             fs_block_bytes: bytes,
         })
+    }
+
+    /// `false`: every operation runs on a thread the caller drives, so a seed and a crash
+    /// step replay exactly.
+    fn background_work(&self) -> bool {
+        false
     }
 
     fn open_disk(&self, _backend: IoBackend) -> Result<Box<dyn Disk<CrashFile>>, WalError> {

@@ -1,0 +1,767 @@
+//! Crash at every step: the real WAL (group commit, segment rolls, the spare's
+//! preallocation, truncations below and inside the current segment, retention, the
+//! promised-epoch file and a small identity file) runs on a [`CrashDisk`]; the machine
+//! loses power after its k-th storage operation, for every k; the real recovery opens what
+//! survived. The checker then asks:
+//!
+//! - recovery succeeds (a torn tail is cut, never reported as corruption);
+//! - every record read back is one some append wrote (payload, epoch and offset agree):
+//!   nothing torn or stale is returned as valid;
+//! - the log is a prefix of the log after some number `j` of the issued appends, with `j`
+//!   at least the number acknowledged (prefix consistency), and long enough to hold every
+//!   acknowledged record that no later issued truncation replaces (durability: an
+//!   acknowledged record may be missing only above the offset of a truncation that was
+//!   accepted but not yet acknowledged, which would have removed it anyway);
+//! - the promised epoch and the identity file read back whole, at least the last value
+//!   acknowledged and at most the last one attempted;
+//! - the recovered log takes a new append.
+//!
+//! Separately, a bit flip in a mid-log record must make the open fail with a located
+//! `WalError::Corruption`, and injected read faults come back as typed errors.
+//!
+//! The two planted bugs of `quire_wal::Mutations` must each be found.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use quire_proto::{Epoch, Offset};
+use quire_wal::storage::{CrashMode, CrashReport};
+use quire_wal::{
+    small_file, CrashDisk, Mutations, PromisedEpoch, Record, Wal, WalConfig, WalError,
+    SEGMENT_BYTES_MIN,
+};
+
+const DIR: &str = "/data/wal";
+const IDENTITY: &str = "identity";
+
+fn dir() -> PathBuf {
+    PathBuf::from(DIR)
+}
+
+fn config() -> WalConfig {
+    WalConfig {
+        segment_bytes_max: SEGMENT_BYTES_MIN,
+        batch_bytes_max: 16 * 1024,
+        // No timer in the batching decision: the workload below is the only clock.
+        batch_window_us: 0,
+        ..WalConfig::new(DIR)
+    }
+}
+
+/// The payload of the record at `offset` of epoch `epoch`: its length and bytes depend on
+/// both, so a stale or misplaced record cannot pass for another.
+fn payload(epoch: u64, offset: u64) -> Vec<u8> {
+    let len = 100 + ((offset * 977 + epoch * 31) % 2500) as usize;
+    (0..len)
+        .map(|i| (offset as usize * 7 + epoch as usize * 13 + i) as u8)
+        .collect()
+}
+
+fn record(epoch: u64, offset: u64) -> Record {
+    Record {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+        kind: 1,
+        payload: Bytes::from(payload(epoch, offset)),
+    }
+}
+
+/// One append the workload handed to the WAL.
+#[derive(Clone, Debug)]
+struct Issued {
+    truncate_at: Option<u64>,
+    first: u64,
+    records: u64,
+    epoch: u64,
+}
+
+/// What the workload did before the machine stopped.
+#[derive(Debug, Default)]
+struct History {
+    issued: Vec<Issued>,
+    /// How many of `issued` (a prefix) were acknowledged durable.
+    acked: usize,
+    /// Whether an acknowledgement came after a failure (out of order): a bug by itself.
+    acked_out_of_order: bool,
+    promised_acked: u64,
+    promised_tried: u64,
+    identity_acked: Option<&'static [u8]>,
+    identity_tried: Vec<&'static [u8]>,
+    /// The highest `before` of a retention trim that was started.
+    trim_before: Option<u64>,
+}
+
+impl History {
+    /// Epochs of the log after the first `j` issued appends (index = offset).
+    fn log_after(&self, j: usize) -> Vec<u64> {
+        let mut log = Vec::new();
+        for a in &self.issued[..j] {
+            if let Some(x) = a.truncate_at {
+                log.truncate(usize::try_from(x).unwrap());
+            }
+            assert_eq!(log.len() as u64, a.first, "the workload appends at the end");
+            log.extend(std::iter::repeat_n(a.epoch, a.records as usize));
+        }
+        log
+    }
+}
+
+/// Waits for a group of appends issued together; stops at the first failure.
+fn wait_group(h: &mut History, group: Vec<(usize, quire_wal::Append)>) -> bool {
+    let mut ok = true;
+    for (i, fut) in group {
+        match fut.wait() {
+            Ok(_) if ok => {
+                assert_eq!(i, h.acked, "acks come in order");
+                h.acked = i + 1;
+            }
+            Ok(_) => h.acked_out_of_order = true,
+            Err(_) => ok = false,
+        }
+    }
+    ok
+}
+
+/// Issues an append of `n` records of `epoch` at the log's end, or replacing the suffix
+/// from `truncate_at`.
+fn issue(
+    h: &mut History,
+    wal: &Wal<CrashDisk>,
+    writer: u64,
+    truncate_at: Option<u64>,
+    n: u64,
+) -> (usize, quire_wal::Append) {
+    let first = truncate_at.unwrap_or_else(|| wal.next_offset().0);
+    let records = (first..first + n).map(|o| record(writer, o)).collect();
+    h.issued.push(Issued {
+        truncate_at,
+        first,
+        records: n,
+        epoch: writer,
+    });
+    (h.issued.len() - 1, wal.append(Epoch(writer), records))
+}
+
+/// The workload. Returns early (leaving the history so far) at the first failure, which
+/// is how a dead machine looks from inside.
+fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
+    let Ok((wal, _)) = Wal::open_in(disk.clone(), config(), None, &mut |_| Ok(()), mutations)
+    else {
+        return;
+    };
+    let Ok(mut promised) = PromisedEpoch::load_in(disk.clone(), &dir()) else {
+        return;
+    };
+    let mut promise = |h: &mut History, e: u64| {
+        h.promised_tried = e;
+        let ok = promised.store(Epoch(e)).is_ok();
+        if ok {
+            h.promised_acked = e;
+        }
+        ok
+    };
+    let identity = |h: &mut History, v: &'static [u8]| {
+        h.identity_tried.push(v);
+        let ok = small_file::replace_in(disk, &dir(), IDENTITY, v).is_ok();
+        if ok {
+            h.identity_acked = Some(v);
+        }
+        ok
+    };
+    if !promise(h, 1) || !identity(h, b"store 7, version 1") {
+        return;
+    }
+    // Epoch 1: groups of one to three appends in flight together (group commit), about
+    // three segments' worth, so the log rolls onto the preallocated spare twice.
+    for i in 0..18u64 {
+        let group = (0..=i % 3)
+            .map(|g| issue(h, &wal, 1, None, 1 + (i + g) % 2))
+            .collect();
+        if !wait_group(h, group) {
+            return;
+        }
+    }
+    // Epoch 2 replaces the last three entries (inside the current segment).
+    if !promise(h, 2) {
+        return;
+    }
+    let x = wal.next_offset().0 - 3;
+    let g = vec![issue(h, &wal, 2, Some(x), 2)];
+    if !wait_group(h, g) {
+        return;
+    }
+    for _ in 0..4 {
+        let g = vec![issue(h, &wal, 2, None, 2)];
+        if !wait_group(h, g) {
+            return;
+        }
+    }
+    // Epoch 3 replaces everything from offset 12 on: below the current segment's base, so
+    // the later segments are deleted and a new one starts at 12.
+    if !promise(h, 3) {
+        return;
+    }
+    let g = vec![issue(h, &wal, 3, Some(12), 3)];
+    if !wait_group(h, g) {
+        return;
+    }
+    for _ in 0..14 {
+        let g = vec![issue(h, &wal, 3, None, 1)];
+        if !wait_group(h, g) {
+            return;
+        }
+    }
+    // Retention: drop whole segments below offset 20.
+    h.trim_before = Some(20);
+    if wal.trim_before(Offset(20)).is_err() {
+        return;
+    }
+    if !identity(h, b"store 7, version 2") {
+        return;
+    }
+    let _ = wal.close();
+}
+
+/// Reads the whole durable log: `(offset, epoch)` per entry, checking each payload.
+fn read_all(wal: &Wal<CrashDisk>) -> Result<(u64, Vec<u64>), String> {
+    let first = wal.first_offset().0;
+    let mut epochs = Vec::new();
+    let mut next = first;
+    loop {
+        let got = wal
+            .read(Offset(next), 64, u64::MAX)
+            .map_err(|e| format!("read at {next} failed: {e}"))?;
+        if got.is_empty() {
+            break;
+        }
+        for r in got {
+            if r.offset.0 != next {
+                return Err(format!("read returned offset {} for {next}", r.offset.0));
+            }
+            if r.payload[..] != payload(r.epoch.0, r.offset.0)[..] {
+                return Err(format!(
+                    "offset {next} (epoch {}) came back with a payload no append wrote",
+                    r.epoch.0
+                ));
+            }
+            epochs.push(r.epoch.0);
+            next += 1;
+        }
+    }
+    Ok((first, epochs))
+}
+
+/// The offset below which every acknowledged record must survive: the acknowledged log's
+/// end, or the lowest offset an issued, unacknowledged truncation replaces from.
+fn must_hold(h: &History) -> u64 {
+    let replaced_from = h.issued[h.acked..]
+        .iter()
+        .filter_map(|a| a.truncate_at)
+        .min()
+        .unwrap_or(u64::MAX);
+    (h.log_after(h.acked).len() as u64).min(replaced_from)
+}
+
+/// Whether the recovered log `[first, first + got.len())` (epochs) is one the history
+/// allows (module docs).
+fn explain(h: &History, first: u64, got: &[u64]) -> Result<(), String> {
+    let end = first as usize + got.len();
+    let need = must_hold(h);
+    if (end as u64) < need {
+        return Err(format!(
+            "recovered log [{first}, {end}) lost acknowledged records below {need} ({} acked of \
+             {} issued)",
+            h.acked,
+            h.issued.len()
+        ));
+    }
+    let prefix_of = |j: usize| {
+        let log = h.log_after(j);
+        end <= log.len() && log[first as usize..end] == got[..]
+    };
+    if (h.acked..=h.issued.len()).any(prefix_of) {
+        return Ok(());
+    }
+    // A truncation below the current segment's base deletes the segments above its offset
+    // `x` highest first; a crash part-way can leave a lower segment whose tail a deleted
+    // segment's marker had replaced: the log above `x` is then an older history's. Those
+    // entries are all at or above `x`, which the accepted truncation replaces anyway.
+    let acked_log = h.log_after(h.acked);
+    let x = usize::try_from(need).unwrap_or(usize::MAX).min(end);
+    let below_x_agrees = x <= acked_log.len()
+        && (first as usize..x).all(|o| got[o - first as usize] == acked_log[o]);
+    if need < acked_log.len() as u64 && below_x_agrees && (0..h.acked).any(prefix_of) {
+        return Ok(());
+    }
+    Err(format!(
+        "recovered log [{first}, {end}) = {got:?} is a prefix of no allowed history ({} acked of \
+         {} issued, acknowledged log has {} entries)",
+        h.acked,
+        h.issued.len(),
+        acked_log.len()
+    ))
+}
+
+/// What the any-order disk may make recovery do besides succeeding (see
+/// `every_crash_point_..._in_any_order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tolerate {
+    /// Recovery must succeed.
+    Nothing,
+    /// Recovery may refuse with a located corruption at an offset no acknowledged record
+    /// occupies (un-synced batches persisted out of order or torn in the middle).
+    UnsyncedCorruption,
+}
+
+/// Recovers the crashed disk and checks it against the history (module docs). `Ok(false)`:
+/// recovery refused in a way `tolerate` allows.
+fn check(
+    disk: &CrashDisk,
+    h: &History,
+    recovery: Mutations,
+    tolerate: Tolerate,
+) -> Result<bool, String> {
+    if h.acked_out_of_order {
+        return Err("an append was acknowledged after an earlier one failed".into());
+    }
+    let (wal, _) = match Wal::open_in(disk.clone(), config(), None, &mut |_| Ok(()), recovery) {
+        Ok(w) => w,
+        Err(WalError::Corruption { offset, .. })
+            if tolerate == Tolerate::UnsyncedCorruption && offset.0 >= must_hold(h) =>
+        {
+            return Ok(false);
+        }
+        Err(e) => return Err(format!("recovery failed: {e}")),
+    };
+    let (first, got) = read_all(&wal)?;
+    if first > 0 && h.trim_before.is_none_or(|t| first > t) {
+        return Err(format!(
+            "the log starts at {first} but nothing trimmed there"
+        ));
+    }
+    explain(h, first, &got)?;
+    let promised = PromisedEpoch::load_in(disk.clone(), &dir())
+        .map_err(|e| format!("promised epoch unreadable: {e}"))?
+        .epoch()
+        .0;
+    if promised < h.promised_acked || promised > h.promised_tried {
+        return Err(format!(
+            "promised epoch {promised}, acked {}, tried {}",
+            h.promised_acked, h.promised_tried
+        ));
+    }
+    let identity = small_file::read_in(disk, &dir(), IDENTITY)
+        .map_err(|e| format!("identity unreadable: {}", e.source))?;
+    let fine = match (&identity, h.identity_acked) {
+        (None, None) => true,
+        (None, Some(_)) => false,
+        (Some(b), acked) => {
+            let pos = h.identity_tried.iter().position(|v| v[..] == b[..]);
+            let acked_pos = acked.and_then(|a| h.identity_tried.iter().position(|v| *v == a));
+            pos.is_some_and(|p| acked_pos.is_none_or(|a| p >= a))
+        }
+    };
+    if !fine {
+        return Err(format!(
+            "identity file holds {identity:?}, acked {:?}",
+            h.identity_acked
+        ));
+    }
+    // The recovered log takes appends.
+    let next = wal.next_offset().0;
+    let writer = got.last().copied().unwrap_or(1).max(promised).max(1);
+    wal.append(Epoch(writer), vec![record(writer, next)])
+        .wait()
+        .map_err(|e| format!("append after recovery failed: {e}"))?;
+    wal.close().map_err(|e| format!("close failed: {e}"))?;
+    Ok(true)
+}
+
+/// A violation: where it was found and what it is.
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug when a test prints it
+struct Finding {
+    seed: u64,
+    step: u64,
+    /// The last operations before the crash, the last one last.
+    ops_before: Vec<String>,
+    /// What the crash kept and lost.
+    crash: CrashReport,
+    /// How the scan saw the crashed disk, before recovery changed anything.
+    scan_end: String,
+    problem: String,
+}
+
+/// Runs the workload on a disk of `seed` that stops after `step` operations, crashes it,
+/// and checks the result.
+fn crash_at(
+    seed: u64,
+    mode: CrashMode,
+    step: u64,
+    workload_mutations: Mutations,
+    recovery_mutations: Mutations,
+    tolerate: Tolerate,
+) -> Result<bool, Box<Finding>> {
+    let disk = CrashDisk::new(seed);
+    disk.set_mode(mode);
+    disk.crash_after(step);
+    let mut h = History::default();
+    workload(&disk, workload_mutations, &mut h);
+    let trace = disk.trace();
+    let crash = disk.crash();
+    let scan_end = match quire_wal::recovery::inspect_in(&disk, &dir(), |_| {}) {
+        Ok(r) => format!("{:?}", r.end),
+        Err(e) => format!("scan failed: {e}"),
+    };
+    check(&disk, &h, recovery_mutations, tolerate).map_err(|problem| {
+        Box::new(Finding {
+            seed,
+            step,
+            ops_before: trace[trace.len().saturating_sub(8)..].to_vec(),
+            crash,
+            scan_end,
+            problem,
+        })
+    })
+}
+
+/// How many storage operations the workload does when nothing crashes.
+fn steps(mutations: Mutations) -> u64 {
+    let disk = CrashDisk::new(0);
+    let mut h = History::default();
+    workload(&disk, mutations, &mut h);
+    assert_eq!(
+        h.acked,
+        h.issued.len(),
+        "the workload runs to the end: {h:?}"
+    );
+    disk.ops()
+}
+
+/// What a sweep saw.
+#[derive(Debug, Default)]
+struct Sweep {
+    /// Crash points checked.
+    points: u64,
+    /// Of those, where recovery refused in a tolerated way.
+    refused: u64,
+    /// The first violation.
+    finding: Option<Box<Finding>>,
+}
+
+/// Every crash point of the workload, for `seeds` seeds each, up to the first finding.
+fn sweep(
+    seeds: std::ops::Range<u64>,
+    mode: CrashMode,
+    workload_mutations: Mutations,
+    recovery_mutations: Mutations,
+    tolerate: Tolerate,
+) -> Sweep {
+    let n = steps(workload_mutations);
+    let mut out = Sweep::default();
+    for seed in seeds {
+        // The commit thread's batch boundaries depend on timing, so a run's count varies a
+        // little: go a few steps past the end.
+        for step in 0..n + 8 {
+            out.points += 1;
+            match crash_at(
+                seed,
+                mode,
+                step,
+                workload_mutations,
+                recovery_mutations,
+                tolerate,
+            ) {
+                Ok(true) => {}
+                Ok(false) => out.refused += 1,
+                Err(f) => {
+                    out.finding = Some(f);
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_workload_does_what_it_says() {
+    let disk = CrashDisk::new(0);
+    let mut h = History::default();
+    workload(&disk, Mutations::default(), &mut h);
+    let trace = disk.trace();
+    let count = |s: &str| trace.iter().filter(|l| l.contains(s)).count();
+    assert!(
+        count("rename /data/wal/spare.prealloc -> /data/wal/") >= 3,
+        "rolls onto the spare: {trace:#?}"
+    );
+    assert!(
+        count("remove /data/wal/0000") >= 2,
+        "truncation and retention"
+    );
+    assert!(count("rename /data/wal/promised_epoch.tmp") == 3);
+    assert!(count("fdatasync /data/wal/0000") > 40);
+    let (wal, _) = Wal::open_in(
+        disk.clone(),
+        config(),
+        None,
+        &mut |_| Ok(()),
+        Mutations::default(),
+    )
+    .unwrap();
+    let (first, got) = read_all(&wal).unwrap();
+    assert!(first > 0, "retention trimmed the first segment");
+    assert_eq!(got, h.log_after(h.issued.len())[first as usize..]);
+    println!(
+        "{} storage operations, log [{first}, {})",
+        trace.len(),
+        first + got.len() as u64
+    );
+}
+
+#[test]
+fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
+    let s = sweep(
+        0..4,
+        CrashMode::Prefix,
+        Mutations::default(),
+        Mutations::default(),
+        Tolerate::Nothing,
+    );
+    println!("{} crash points checked", s.points);
+    if let Some(f) = s.finding {
+        panic!("{f:#?}");
+    }
+}
+
+/// The story of a finding: un-synced sectors that persist in any order (ALICE's model)
+/// leave a hole of zeros in the middle of the last batches, with valid records after it;
+/// the scan's rule "a bad record followed by a valid one is corruption" then refuses the
+/// open (and `repair_torn_tail` refuses too), although no acknowledged record is damaged.
+/// The WAL fails safe (nothing acknowledged is lost or returned wrong), but the store needs
+/// an operator. This test holds the WAL to exactly that, and counts the refusals.
+#[test]
+fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in_any_order() {
+    let s = sweep(
+        0..4,
+        CrashMode::Subset,
+        Mutations::default(),
+        Mutations::default(),
+        Tolerate::UnsyncedCorruption,
+    );
+    println!(
+        "{} crash points checked, recovery refused (corruption past every acknowledged \
+         record) at {}",
+        s.points, s.refused
+    );
+    if let Some(f) = s.finding {
+        panic!("{f:#?}");
+    }
+}
+
+#[test]
+fn the_checker_finds_acks_before_the_fdatasync() {
+    let bug = Mutations {
+        ack_before_fdatasync: true,
+        ..Mutations::default()
+    };
+    let s = sweep(
+        0..8,
+        CrashMode::Prefix,
+        bug,
+        Mutations::default(),
+        Tolerate::Nothing,
+    );
+    let found = s
+        .finding
+        .expect("acking before the fdatasync must lose an acknowledged record at some crash point");
+    println!(
+        "ack_before_fdatasync found after {} crash points: {found:#?}",
+        s.points
+    );
+}
+
+/// Flips one bit of a durable record with valid records after it.
+fn flip_mid_log(disk: &CrashDisk) -> (PathBuf, u64) {
+    let seg = dir().join("00000000000000000000.log");
+    let bytes = disk.contents(&seg).unwrap();
+    // The third record's header starts where the second ends; records are packed in
+    // 4 KiB batches, so find it through the scan instead of guessing.
+    let report = quire_wal::recovery::inspect_in(disk, &dir(), |_| {}).unwrap();
+    assert!(matches!(report.end, quire_wal::ScanEnd::Clean));
+    let mut positions = Vec::new();
+    quire_wal::recovery::inspect_in(disk, &dir(), |r| {
+        if r.segment == seg.as_path() {
+            positions.push(r.position.0);
+        }
+    })
+    .unwrap();
+    let at = positions[2] + 40; // inside the third record's payload
+    assert!(at < bytes.len() as u64);
+    disk.poke(&seg, at, &[bytes[at as usize] ^ 0x04]).unwrap();
+    (seg, positions[2])
+}
+
+fn small_log(disk: &CrashDisk) {
+    let (wal, _) = Wal::open_in(
+        disk.clone(),
+        config(),
+        None,
+        &mut |_| Ok(()),
+        Mutations::default(),
+    )
+    .unwrap();
+    for o in 0..8 {
+        wal.append(Epoch(1), vec![record(1, o)]).wait().unwrap();
+    }
+    wal.close().unwrap();
+}
+
+#[test]
+fn a_bit_flip_in_a_mid_log_record_is_reported_as_located_corruption() {
+    let disk = CrashDisk::new(1);
+    small_log(&disk);
+    let (seg, position) = flip_mid_log(&disk);
+    let err = Wal::open_in(
+        disk.clone(),
+        config(),
+        None,
+        &mut |_| Ok(()),
+        Mutations::default(),
+    )
+    .unwrap_err();
+    match err {
+        WalError::Corruption {
+            segment,
+            position: p,
+            offset,
+            ..
+        } => {
+            assert_eq!(segment, seg);
+            assert_eq!(p.0, position);
+            assert_eq!(offset, Offset(2));
+        }
+        other => panic!("expected corruption, got {other}"),
+    }
+    // Nothing was cut: the damaged record and everything after it are still there.
+    let scan = quire_wal::recovery::inspect_in(&disk, &dir(), |_| {}).unwrap();
+    assert!(matches!(scan.end, quire_wal::ScanEnd::Corruption(_)));
+}
+
+#[test]
+fn the_checker_finds_a_mid_log_bad_record_treated_as_a_torn_tail() {
+    let bug = Mutations {
+        mid_log_bad_record_is_torn_tail: true,
+        ..Mutations::default()
+    };
+    let disk = CrashDisk::new(1);
+    small_log(&disk);
+    flip_mid_log(&disk);
+    let h = History {
+        issued: (0..8)
+            .map(|o| Issued {
+                truncate_at: None,
+                first: o,
+                records: 1,
+                epoch: 1,
+            })
+            .collect(),
+        acked: 8,
+        ..History::default()
+    };
+    let finding =
+        check(&disk, &h, bug, Tolerate::Nothing).expect_err("the cut loses acknowledged records");
+    println!("mid_log_bad_record_is_torn_tail found: {finding}");
+    // The shipped scan refuses the same disk.
+    let disk = CrashDisk::new(1);
+    small_log(&disk);
+    flip_mid_log(&disk);
+    let err = check(&disk, &h, Mutations::default(), Tolerate::Nothing).unwrap_err();
+    assert!(err.contains("corrupt"), "{err}");
+}
+
+#[test]
+fn read_faults_come_back_as_typed_errors() {
+    let disk = CrashDisk::new(2);
+    let (wal, _) = Wal::open_in(
+        disk.clone(),
+        config(),
+        None,
+        &mut |_| Ok(()),
+        Mutations::default(),
+    )
+    .unwrap();
+    for o in 0..4 {
+        wal.append(Epoch(1), vec![record(1, o)]).wait().unwrap();
+    }
+    let seg = dir().join("00000000000000000000.log");
+    disk.inject_bit_flip(&seg, 40, 0).unwrap();
+    let err = wal.read(Offset(0), 1, u64::MAX).unwrap_err();
+    assert!(err.is_corruption(), "a flipped bit read back: {err}");
+    disk.clear_read_faults();
+    assert_eq!(wal.read(Offset(0), 1, u64::MAX).unwrap().len(), 1);
+    disk.inject_sector_error(&seg, 0).unwrap();
+    match wal.read(Offset(0), 1, u64::MAX).unwrap_err() {
+        WalError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::EIO)),
+        other => panic!("expected EIO, got {other}"),
+    }
+    disk.clear_read_faults();
+    disk.fail_syncs(Some(libc::EIO));
+    let err = wal.append(Epoch(1), vec![record(1, 4)]).wait().unwrap_err();
+    assert!(matches!(err, WalError::Failed { .. }), "{err}");
+    drop(wal);
+    // A storage the WAL cannot read opens with a typed I/O error, not a panic.
+    disk.fail_syncs(None);
+    disk.crash();
+    disk.fail_reads(true);
+    let err = Wal::open_in(
+        disk.clone(),
+        config(),
+        None,
+        &mut |_| Ok(()),
+        Mutations::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, WalError::Io { .. }), "{err}");
+}
+
+/// Replays one crash point and prints the operations, what the crash kept, and every
+/// record the scan meets: `SEED=1 STEP=37 MODE=subset cargo test -p quire-wal --test
+/// crash_steps replay -- --ignored --nocapture`. The commit thread's batch boundaries
+/// depend on timing, so a point replays the same operations only when the batching does.
+#[test]
+#[ignore = "a debugging aid, run by hand"]
+fn replay() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let seed = var("SEED").parse().unwrap_or(0);
+    let step = var("STEP").parse().unwrap_or(0);
+    let disk = CrashDisk::new(seed);
+    disk.set_mode(if var("MODE") == "prefix" {
+        CrashMode::Prefix
+    } else {
+        CrashMode::Subset
+    });
+    disk.crash_after(step);
+    let mut h = History::default();
+    workload(&disk, Mutations::default(), &mut h);
+    for (i, l) in disk.trace().iter().enumerate() {
+        println!("{} {l}", i + 1);
+    }
+    println!("{:?}", disk.crash());
+    let r = quire_wal::recovery::inspect_in(&disk, &dir(), |r| {
+        println!(
+            "{} @{} {:?} {:?}",
+            r.segment.display(),
+            r.position.0,
+            r.header.map(|h| (h.offset.0, h.epoch.0, h.kind)),
+            r.status
+        );
+    })
+    .unwrap();
+    println!("{:?}", r.end);
+    println!(
+        "{:?}",
+        check(&disk, &h, Mutations::default(), Tolerate::Nothing)
+    );
+}
