@@ -14,7 +14,9 @@
 //!   accepted but not yet acknowledged, which would have removed it anyway);
 //! - the promised epoch and the identity file read back whole, at least the last value
 //!   acknowledged and at most the last one attempted;
-//! - the recovered log takes a new append.
+//! - the recovered log takes a new append;
+//! - where the crash left a torn tail, a second crash after each step of its recovery
+//!   (the cut: zeros, fdatasync, deleted segments, directory fsync) changes none of this.
 //!
 //! Separately, a bit flip in a mid-log record must make the open fail with a located
 //! `WalError::Corruption`, and injected read faults come back as typed errors.
@@ -414,16 +416,24 @@ fn crash_at(
         Ok(r) => format!("{:?}", r.end),
         Err(e) => format!("scan failed: {e}"),
     };
-    check(&disk, &h, recovery_mutations, tolerate).map_err(|problem| {
-        Box::new(Finding {
-            seed,
-            step,
-            ops_before: trace[trace.len().saturating_sub(8)..].to_vec(),
-            crash,
-            scan_end,
-            problem,
+    let torn = scan_end.starts_with("TornTail");
+    let twice = if torn && mode == CrashMode::Prefix && recovery_mutations == Mutations::default() {
+        crash_during_recovery(&disk, &h, seed)
+    } else {
+        Ok(())
+    };
+    twice
+        .and_then(|()| check(&disk, &h, recovery_mutations, tolerate))
+        .map_err(|problem| {
+            Box::new(Finding {
+                seed,
+                step,
+                ops_before: trace[trace.len().saturating_sub(8)..].to_vec(),
+                crash,
+                scan_end,
+                problem,
+            })
         })
-    })
 }
 
 /// How many storage operations the workload does when nothing crashes.
@@ -438,6 +448,40 @@ fn steps(mutations: Mutations) -> u64 {
     );
     disk.ops()
 }
+
+/// Crashes again during the recovery of `disk` (after each of its first operations), then
+/// recovers and checks: a torn tail's cut must itself be crash-safe.
+fn crash_during_recovery(disk: &CrashDisk, h: &History, seed: u64) -> Result<(), String> {
+    for r in 0..RECOVERY_STEPS_MAX {
+        SECOND_CRASHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = disk.fork();
+        d.reseed(seed ^ (r << 32));
+        d.crash_after(r);
+        if let Ok((wal, _)) = Wal::open_in(
+            d.clone(),
+            config(),
+            None,
+            &mut |_| Ok(()),
+            Mutations::default(),
+        ) {
+            drop(wal);
+        }
+        let done = !d.is_dead();
+        d.crash();
+        check(&d, h, Mutations::default(), Tolerate::Nothing)
+            .map_err(|e| format!("after a crash at recovery step {r}: {e}"))?;
+        if done {
+            break; // recovery finished within r steps: later points are the same
+        }
+    }
+    Ok(())
+}
+
+/// Second crashes tried by [`crash_during_recovery`], for the test output.
+static SECOND_CRASHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Recovery operations a second crash is tried after, at most.
+const RECOVERY_STEPS_MAX: u64 = 12;
 
 /// What a sweep saw.
 #[derive(Debug, Default)]
@@ -529,7 +573,11 @@ fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
         Mutations::default(),
         Tolerate::Nothing,
     );
-    println!("{} crash points checked", s.points);
+    println!(
+        "{} crash points checked, {} second crashes during the recovery of a torn tail",
+        s.points,
+        SECOND_CRASHES.load(std::sync::atomic::Ordering::Relaxed)
+    );
     if let Some(f) = s.finding {
         panic!("{f:#?}");
     }

@@ -95,7 +95,7 @@ impl fmt::Debug for CrashDisk {
     }
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum DirChange {
     Create {
         path: PathBuf,
@@ -111,7 +111,7 @@ enum DirChange {
     },
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Inode {
     /// What reads see.
     data: Vec<u8>,
@@ -125,7 +125,7 @@ struct Inode {
     bad_sectors: BTreeSet<u64>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct State {
     rng: u64,
     mode: CrashMode,
@@ -280,6 +280,24 @@ impl CrashDisk {
 
     fn st(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new, independent disk with a copy of this one's whole state (files, what is
+    /// durable, pending changes, faults, the generator). Handles and locks stay with the
+    /// original. For exploring several futures of one crashed disk.
+    #[must_use]
+    pub fn fork(&self) -> CrashDisk {
+        let mut st = self.st().clone();
+        st.locks.clear();
+        st.generation += 1;
+        CrashDisk {
+            state: Arc::new(Mutex::new(st)),
+        }
+    }
+
+    /// Reseeds the generator the next crash draws from.
+    pub fn reseed(&self, seed: u64) {
+        self.st().rng = seed;
     }
 
     /// Sets which un-synced sectors a crash may keep (default [`CrashMode::Subset`]).
