@@ -592,7 +592,7 @@ fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
 #[test]
 fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in_any_order() {
     let s = sweep(
-        0..4,
+        0..8,
         CrashMode::Subset,
         Mutations::default(),
         Mutations::default(),
