@@ -90,5 +90,6 @@ const _: () = {
     const fn shareable<T: Clone + Send + Sync>() {}
     const fn sendable<T: Send + Unpin>() {}
     shareable::<Wal>();
+    shareable::<Wal<CrashDisk>>();
     sendable::<Append>();
 };

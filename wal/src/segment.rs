@@ -11,7 +11,10 @@
 //! and runs several times slower. [`Preallocator`] keeps one such file ready
 //! (`spare.prealloc`) on a background thread; a roll renames it to the new segment's name
 //! and fsyncs the directory. Old segments are never recycled: a spare is always freshly
-//! zero-filled, so stale records can never be mistaken for data.
+//! zero-filled, so stale records can never be mistaken for data. On a storage that allows no
+//! background work ([`crate::Storage::background_work`]: the simulated [`crate::CrashDisk`])
+//! there is no thread: the roll that needs the spare prepares it inline, so every file
+//! operation happens in an order the caller drives.
 //!
 //! The zero-fill is **paced** by the appends. Every fdatasync of the log also makes the
 //! device persist whatever the zero-fill wrote since the previous one (this disk has a

@@ -171,6 +171,15 @@ impl Wal {
 }
 
 impl<S: Storage> Wal<S> {
+    /// [`Wal::open`] on `storage` (for example a [`crate::CrashDisk`]): its own disk for
+    /// `config.io`, no pre-cut hook, no planted bug.
+    ///
+    /// # Errors
+    /// As [`Wal::open`].
+    pub fn open_on(storage: S, config: WalConfig) -> Result<(Wal<S>, RecoveryReport), WalError> {
+        Wal::open_in(storage, config, None, &mut |_| Ok(()), Mutations::default())
+    }
+
     /// [`Wal::open_with_hook`] on `storage`: every file operation of this log, and the
     /// write path's disk (`disk`, or `storage`'s own [`Storage::open_disk`] for
     /// `config.io` when `None`), go through it. `mutations` plants test-only bugs

@@ -546,14 +546,7 @@ fn the_workload_does_what_it_says() {
     );
     assert!(count("rename /data/wal/promised_epoch.tmp") == 3);
     assert!(count("fdatasync /data/wal/0000") > 40);
-    let (wal, _) = Wal::open_in(
-        disk.clone(),
-        config(),
-        None,
-        &mut |_| Ok(()),
-        Mutations::default(),
-    )
-    .unwrap();
+    let (wal, _) = Wal::open_on(disk.clone(), config()).unwrap();
     let (first, got) = read_all(&wal).unwrap();
     assert!(first > 0, "retention trimmed the first segment");
     assert_eq!(got, h.log_after(h.issued.len())[first as usize..]);
@@ -652,14 +645,7 @@ fn flip_mid_log(disk: &CrashDisk) -> (PathBuf, u64) {
 }
 
 fn small_log(disk: &CrashDisk) {
-    let (wal, _) = Wal::open_in(
-        disk.clone(),
-        config(),
-        None,
-        &mut |_| Ok(()),
-        Mutations::default(),
-    )
-    .unwrap();
+    let (wal, _) = Wal::open_on(disk.clone(), config()).unwrap();
     for o in 0..8 {
         wal.append(Epoch(1), vec![record(1, o)]).wait().unwrap();
     }
@@ -671,14 +657,7 @@ fn a_bit_flip_in_a_mid_log_record_is_reported_as_located_corruption() {
     let disk = CrashDisk::new(1);
     small_log(&disk);
     let (seg, position) = flip_mid_log(&disk);
-    let err = Wal::open_in(
-        disk.clone(),
-        config(),
-        None,
-        &mut |_| Ok(()),
-        Mutations::default(),
-    )
-    .unwrap_err();
+    let err = Wal::open_on(disk.clone(), config()).unwrap_err();
     match err {
         WalError::Corruption {
             segment,
@@ -732,14 +711,7 @@ fn the_checker_finds_a_mid_log_bad_record_treated_as_a_torn_tail() {
 #[test]
 fn read_faults_come_back_as_typed_errors() {
     let disk = CrashDisk::new(2);
-    let (wal, _) = Wal::open_in(
-        disk.clone(),
-        config(),
-        None,
-        &mut |_| Ok(()),
-        Mutations::default(),
-    )
-    .unwrap();
+    let (wal, _) = Wal::open_on(disk.clone(), config()).unwrap();
     for o in 0..4 {
         wal.append(Epoch(1), vec![record(1, o)]).wait().unwrap();
     }
@@ -763,14 +735,7 @@ fn read_faults_come_back_as_typed_errors() {
     disk.fail_syncs(None);
     disk.crash();
     disk.fail_reads(true);
-    let err = Wal::open_in(
-        disk.clone(),
-        config(),
-        None,
-        &mut |_| Ok(()),
-        Mutations::default(),
-    )
-    .unwrap_err();
+    let err = Wal::open_on(disk.clone(), config()).unwrap_err();
     assert!(matches!(err, WalError::Io { .. }), "{err}");
 }
 

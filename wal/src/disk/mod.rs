@@ -12,6 +12,12 @@
 //! - [`FaultDisk`]: wraps another `Disk` and fails a chosen write or fdatasync (EIO,
 //!   ENOSPC, …) for tests.
 //!
+//! The trait is generic over the file type `F` (default `std::fs::File`): a
+//! [`crate::Storage`] hands the commit thread a `Disk<Storage::File>`. [`UringDisk`] works
+//! on real files only; [`SyncDisk`] and [`FaultDisk`] on any [`crate::StorageFile`], so a
+//! simulated storage runs the same commit thread. Every other file operation of the WAL
+//! (open, create, rename, directory fsync, ...) goes through the [`crate::Storage`] itself.
+//!
 //! This module does not decide what is written where (that is the commit thread's job)
 //! and never retries a failed operation.
 //!
