@@ -35,6 +35,8 @@ use quire_wal::{
 };
 
 const DIR: &str = "/data/wal";
+/// How long the workload waits for the commit thread to reach a held write, at most.
+const HOLD_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 const IDENTITY: &str = "identity";
 
 fn dir() -> PathBuf {
@@ -177,9 +179,25 @@ fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
     // Epoch 1: groups of one to three appends in flight together (group commit), about
     // three segments' worth, so the log rolls onto the preallocated spare twice.
     for i in 0..18u64 {
-        let group = (0..=i % 3)
-            .map(|g| issue(h, &wal, 1, None, 1 + (i + g) % 2))
-            .collect();
+        let size = i % 3 + 1;
+        let mut group = Vec::new();
+        if size > 1 {
+            // Stop the commit thread at its first write for the first append, queue the
+            // others meanwhile: they share the next batch and fdatasync, whatever the timing.
+            disk.hold_writes();
+            group.push(issue(h, &wal, 1, None, 1 + i % 2));
+            let reached = disk.wait_for_held_write(HOLD_WAIT_MAX);
+            for g in 1..size {
+                group.push(issue(h, &wal, 1, None, 1 + (i + g) % 2));
+            }
+            disk.release_writes();
+            assert!(
+                reached,
+                "the commit thread never wrote the first append of a group"
+            );
+        } else {
+            group.push(issue(h, &wal, 1, None, 1 + i % 2));
+        }
         if !wait_group(h, group) {
             return;
         }
@@ -404,7 +422,7 @@ fn crash_at(
     workload_mutations: Mutations,
     recovery_mutations: Mutations,
     tolerate: Tolerate,
-) -> Result<bool, Box<Finding>> {
+) -> Result<(bool, u64), Box<Finding>> {
     let disk = CrashDisk::new(seed);
     disk.set_mode(mode);
     disk.crash_after(step);
@@ -420,10 +438,10 @@ fn crash_at(
     let twice = if torn && mode == CrashMode::Prefix && recovery_mutations == Mutations::default() {
         crash_during_recovery(&disk, &h, seed)
     } else {
-        Ok(())
+        Ok(0)
     };
     twice
-        .and_then(|()| check(&disk, &h, recovery_mutations, tolerate))
+        .and_then(|n| Ok((check(&disk, &h, recovery_mutations, tolerate)?, n)))
         .map_err(|problem| {
             Box::new(Finding {
                 seed,
@@ -451,9 +469,11 @@ fn steps(mutations: Mutations) -> u64 {
 
 /// Crashes again during the recovery of `disk` (after each of its first operations), then
 /// recovers and checks: a torn tail's cut must itself be crash-safe.
-fn crash_during_recovery(disk: &CrashDisk, h: &History, seed: u64) -> Result<(), String> {
+/// Returns how many second crashes it tried.
+fn crash_during_recovery(disk: &CrashDisk, h: &History, seed: u64) -> Result<u64, String> {
+    let mut tried = 0;
     for r in 0..RECOVERY_STEPS_MAX {
-        SECOND_CRASHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tried += 1;
         let d = disk.fork();
         d.reseed(seed ^ (r << 32));
         d.crash_after(r);
@@ -474,11 +494,8 @@ fn crash_during_recovery(disk: &CrashDisk, h: &History, seed: u64) -> Result<(),
             break; // recovery finished within r steps: later points are the same
         }
     }
-    Ok(())
+    Ok(tried)
 }
-
-/// Second crashes tried by [`crash_during_recovery`], for the test output.
-static SECOND_CRASHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Recovery operations a second crash is tried after, at most.
 const RECOVERY_STEPS_MAX: u64 = 12;
@@ -490,6 +507,8 @@ struct Sweep {
     points: u64,
     /// Of those, where recovery refused in a tolerated way.
     refused: u64,
+    /// Second crashes during the recovery of a torn tail.
+    second_crashes: u64,
     /// The first violation.
     finding: Option<Box<Finding>>,
 }
@@ -505,9 +524,8 @@ fn sweep(
     let n = steps(workload_mutations);
     let mut out = Sweep::default();
     for seed in seeds {
-        // The commit thread's batch boundaries depend on timing, so a run's count varies a
-        // little: go a few steps past the end.
-        for step in 0..n + 8 {
+        // One step past the end: the crash after a finished workload.
+        for step in 0..=n {
             out.points += 1;
             match crash_at(
                 seed,
@@ -517,8 +535,10 @@ fn sweep(
                 recovery_mutations,
                 tolerate,
             ) {
-                Ok(true) => {}
-                Ok(false) => out.refused += 1,
+                Ok((recovered, second)) => {
+                    out.second_crashes += second;
+                    out.refused += u64::from(!recovered);
+                }
                 Err(f) => {
                     out.finding = Some(f);
                     return out;
@@ -557,6 +577,29 @@ fn the_workload_does_what_it_says() {
     );
 }
 
+/// The workload's operations follow from the seed and the crash step alone: group commit's
+/// batches are formed at a held write, the spare is prepared inline.
+#[test]
+fn a_crash_point_replays_exactly() {
+    let run = |seed, step| {
+        let disk = CrashDisk::new(seed);
+        disk.crash_after(step);
+        let mut h = History::default();
+        workload(&disk, Mutations::default(), &mut h);
+        let trace = disk.trace();
+        let crash = disk.crash();
+        (
+            trace,
+            crash,
+            disk.contents(&dir().join("00000000000000000000.log")),
+        )
+    };
+    for (seed, step) in [(0, 40), (1, 77), (2, 151)] {
+        assert_eq!(run(seed, step), run(seed, step), "seed {seed} step {step}");
+    }
+    assert_eq!(steps(Mutations::default()), steps(Mutations::default()));
+}
+
 #[test]
 fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
     let s = sweep(
@@ -568,8 +611,7 @@ fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
     );
     println!(
         "{} crash points checked, {} second crashes during the recovery of a torn tail",
-        s.points,
-        SECOND_CRASHES.load(std::sync::atomic::Ordering::Relaxed)
+        s.points, s.second_crashes
     );
     if let Some(f) = s.finding {
         panic!("{f:#?}");
@@ -741,8 +783,7 @@ fn read_faults_come_back_as_typed_errors() {
 
 /// Replays one crash point and prints the operations, what the crash kept, and every
 /// record the scan meets: `SEED=1 STEP=37 MODE=subset cargo test -p quire-wal --test
-/// crash_steps replay -- --ignored --nocapture`. The commit thread's batch boundaries
-/// depend on timing, so a point replays the same operations only when the batching does.
+/// crash_steps replay -- --ignored --nocapture`.
 #[test]
 #[ignore = "a debugging aid, run by hand"]
 fn replay() {

@@ -41,7 +41,8 @@ use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use super::{OpenMode, Storage, StorageFile};
 use crate::disk::{DirectIo, DirectIoAlignment, Disk, SyncDisk};
@@ -82,6 +83,8 @@ pub struct CrashReport {
 #[derive(Clone)]
 pub struct CrashDisk {
     state: Arc<Mutex<State>>,
+    /// Signalled when a write starts waiting at a hold, and when the hold is released.
+    held_cv: Arc<Condvar>,
 }
 
 impl fmt::Debug for CrashDisk {
@@ -151,6 +154,10 @@ struct State {
     read_errors: bool,
     write_error: Option<i32>,
     sync_error: Option<i32>,
+    /// Writes wait before they start (see [`CrashDisk::hold_writes`]).
+    hold: bool,
+    /// A write is waiting at the hold.
+    held: bool,
 }
 
 impl State {
@@ -274,7 +281,10 @@ impl CrashDisk {
                 read_errors: false,
                 write_error: None,
                 sync_error: None,
+                hold: false,
+                held: false,
             })),
+            held_cv: Arc::new(Condvar::new()),
         }
     }
 
@@ -290,9 +300,41 @@ impl CrashDisk {
         let mut st = self.st().clone();
         st.locks.clear();
         st.generation += 1;
+        st.hold = false;
+        st.held = false;
         CrashDisk {
             state: Arc::new(Mutex::new(st)),
+            held_cv: Arc::new(Condvar::new()),
         }
+    }
+
+    /// From now on, the next file write waits before it starts (before it counts as an
+    /// operation) until [`CrashDisk::release_writes`]; a dead machine's writes do not wait.
+    /// With [`CrashDisk::wait_for_held_write`] a test makes a background writer (the WAL's
+    /// commit thread) stop at a known point, so that what it does next follows from the
+    /// test's order and not from timing: appends queued meanwhile form one batch.
+    pub fn hold_writes(&self) {
+        self.st().hold = true;
+    }
+
+    /// Waits until a write waits at the hold, or the machine is dead, for at most `bound`.
+    /// Returns whether one of them happened.
+    #[must_use]
+    pub fn wait_for_held_write(&self, bound: Duration) -> bool {
+        let st = self.st();
+        let (st, _) = self
+            .held_cv
+            .wait_timeout_while(st, bound, |st| !st.held && !st.is_dead())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.held || st.is_dead()
+    }
+
+    /// Lets held and later writes go.
+    pub fn release_writes(&self) {
+        let mut st = self.st();
+        st.hold = false;
+        st.held = false;
+        self.held_cv.notify_all();
     }
 
     /// Reseeds the generator the next crash draws from.
@@ -560,6 +602,15 @@ impl StorageFile for CrashFile {
 
     fn write_at(&self, buf: &[u8], position: u64) -> io::Result<usize> {
         let mut st = self.state()?;
+        while st.hold && !st.is_dead() {
+            st.held = true;
+            self.disk.held_cv.notify_all();
+            st = self
+                .disk
+                .held_cv
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
         st.begin(|| format!("write {} @{position} +{}", self.name.display(), buf.len()))?;
         if let Some(errno) = st.write_error {
             return Err(io::Error::from_raw_os_error(errno));
@@ -1022,6 +1073,24 @@ mod tests {
         drop(again);
         let c = d.contents(&p("f")).unwrap();
         assert!(c == b"abc" || c == b"xbc");
+    }
+
+    #[test]
+    fn a_held_write_waits_uncounted_until_released() {
+        let d = disk(4);
+        let f = Arc::new(durable_file(&d, b"abc"));
+        let before = d.ops();
+        d.hold_writes();
+        let writer = {
+            let f = f.clone();
+            std::thread::spawn(move || f.write_all_at(b"x", 0))
+        };
+        assert!(d.wait_for_held_write(Duration::from_secs(60)));
+        assert_eq!(d.ops(), before, "a held write has not started");
+        d.release_writes();
+        writer.join().unwrap().unwrap();
+        assert_eq!(d.ops(), before + 1);
+        assert_eq!(d.contents(&p("f")).unwrap(), b"xbc");
     }
 
     #[test]
