@@ -18,17 +18,25 @@
 //! - where the crash left a torn tail, a second crash after each step of its recovery
 //!   (the cut: zeros, fdatasync, deleted segments, directory fsync) changes none of this.
 //!
+//! A second workload runs the commit thread's pipelining: a test disk holds each fdatasync
+//! until the next batch has been written behind it, so two batches are written and not
+//! durable when the machine stops.
+//!
 //! Separately, a bit flip in a mid-log record must make the open fail with a located
 //! `WalError::Corruption`, and injected read faults come back as typed errors.
 //!
 //! The two planted bugs of `quire_wal::Mutations` must each be found.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use quire_proto::{Epoch, Offset};
-use quire_wal::storage::{CrashMode, CrashReport};
+use quire_wal::disk::{Disk, DiskCompletion, DiskOp, DiskWaker};
+use quire_wal::storage::{CrashFile, CrashMode, CrashReport};
+use quire_wal::StorageFile;
 use quire_wal::{
     small_file, CrashDisk, Mutations, PromisedEpoch, Record, Wal, WalConfig, WalError,
     SEGMENT_BYTES_MIN,
@@ -147,6 +155,9 @@ fn issue(
     (h.issued.len() - 1, wal.append(Epoch(writer), records))
 }
 
+/// A workload: runs on the disk, records what it did in the history.
+type Workload = fn(&CrashDisk, Mutations, &mut History);
+
 /// The workload. Returns early (leaving the history so far) at the first failure, which
 /// is how a dead machine looks from inside.
 fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
@@ -240,6 +251,234 @@ fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
     if !identity(h, b"store 7, version 2") {
         return;
     }
+    let _ = wal.close();
+}
+
+/// What [`PipelineDisk`] and the workload driving it share.
+#[derive(Debug, Default)]
+struct GateState {
+    /// fdatasyncs wait while set.
+    hold: bool,
+    /// The waker was signalled.
+    woken: bool,
+    /// Writes run (successful or not).
+    writes: u64,
+    /// Times the commit thread blocked with nothing to do.
+    idle: u64,
+    /// The commit thread blocked with nothing to do since the last write.
+    idle_since_write: bool,
+    /// An operation failed (the log fails with it).
+    failed: bool,
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    st: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn hold(&self, on: bool) {
+        self.lock().hold = on;
+        self.cv.notify_all();
+    }
+
+    fn writes_idle(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.writes, g.idle)
+    }
+
+    /// Waits until `done` holds, for at most [`HOLD_WAIT_MAX`]; whether it did.
+    fn wait_until(&self, done: impl Fn(&GateState) -> bool) -> bool {
+        let g = self.lock();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, HOLD_WAIT_MAX, |g| !done(g))
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        done(&g)
+    }
+}
+
+impl DiskWaker for Gate {
+    fn wake(&self) {
+        self.lock().woken = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A disk for the commit thread that runs writes at once and keeps fdatasyncs waiting while
+/// the gate holds them: the commit thread then writes the next batch while the previous
+/// one's fdatasync is still "running" (pipelining, two batches written and not durable), at
+/// points the workload chooses.
+#[derive(Debug)]
+struct PipelineDisk {
+    queue: VecDeque<DiskOp<CrashFile>>,
+    syncs: VecDeque<(Arc<CrashFile>, u64)>,
+    gate: Arc<Gate>,
+}
+
+impl Disk<CrashFile> for PipelineDisk {
+    fn name(&self) -> &'static str {
+        "pipeline"
+    }
+
+    fn push(&mut self, op: DiskOp<CrashFile>) {
+        self.queue.push_back(op);
+    }
+
+    fn wait(
+        &mut self,
+        out: &mut Vec<DiskCompletion>,
+        timeout: Option<std::time::Duration>,
+    ) -> std::io::Result<()> {
+        let start = out.len();
+        while let Some(op) = self.queue.pop_front() {
+            match op {
+                DiskOp::Write {
+                    file,
+                    position,
+                    buf,
+                    token,
+                    then_fdatasync,
+                } => {
+                    let result = file
+                        .write_all_at(buf.as_slice(), position.0)
+                        .map(|()| u32::try_from(buf.len()).unwrap());
+                    let ok = result.is_ok();
+                    out.push(DiskCompletion {
+                        token,
+                        result,
+                        buf: Some(buf),
+                    });
+                    match then_fdatasync {
+                        Some(t) if ok => self.syncs.push_back((file, t)),
+                        Some(t) => out.push(DiskCompletion {
+                            token: t,
+                            result: Err(std::io::Error::from_raw_os_error(libc::ECANCELED)),
+                            buf: None,
+                        }),
+                        None => {}
+                    }
+                    let mut g = self.gate.lock();
+                    g.writes += 1;
+                    g.idle_since_write = false;
+                    g.failed |= !ok;
+                    self.gate.cv.notify_all();
+                }
+                DiskOp::Fdatasync { file, token } => self.syncs.push_back((file, token)),
+            }
+        }
+        if !self.gate.lock().hold {
+            while let Some((file, token)) = self.syncs.pop_front() {
+                let result = file.sync_data().map(|()| 0);
+                if result.is_err() {
+                    self.gate.lock().failed = true;
+                    self.gate.cv.notify_all();
+                }
+                out.push(DiskCompletion {
+                    token,
+                    result,
+                    buf: None,
+                });
+            }
+        }
+        if out.len() > start {
+            return Ok(());
+        }
+        let mut g = self.gate.lock();
+        g.idle += 1;
+        g.idle_since_write = true;
+        self.gate.cv.notify_all();
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let pending = !self.syncs.is_empty();
+        // Wait for an append, or for the hold to lift on a pending fdatasync.
+        while !g.woken && (!pending || g.hold) {
+            match deadline {
+                None => g = self.gate.cv.wait(g).unwrap(),
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return Ok(());
+                    }
+                    g = self.gate.cv.wait_timeout(g, d - now).unwrap().0;
+                }
+            }
+        }
+        g.woken = false;
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.queue.len() + self.syncs.len()
+    }
+
+    fn waker(&self) -> Arc<dyn DiskWaker> {
+        self.gate.clone()
+    }
+}
+
+/// Lifts the gate's hold when dropped, so a workload that stops early never leaves the
+/// commit thread waiting for an fdatasync at close.
+struct Release(Arc<Gate>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.hold(false);
+    }
+}
+
+/// Pipelining: 14 rounds of one append alone (so the last fdatasync released one append),
+/// then a pair whose second append is written while the first one's fdatasync is held.
+fn pipeline_workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
+    let gate = Arc::new(Gate::default());
+    let pd = PipelineDisk {
+        queue: VecDeque::new(),
+        syncs: VecDeque::new(),
+        gate: gate.clone(),
+    };
+    let Ok((wal, _)) = Wal::open_in(
+        disk.clone(),
+        config(),
+        Some(Box::new(pd)),
+        &mut |_| Ok(()),
+        mutations,
+    ) else {
+        return;
+    };
+    let release = Release(gate.clone());
+    for i in 0..14u64 {
+        let g = vec![issue(h, &wal, 1, None, 1)];
+        if !wait_group(h, g) {
+            return;
+        }
+        gate.hold(true);
+        let (w0, _) = gate.writes_idle();
+        let a = issue(h, &wal, 1, None, 1 + i % 2);
+        // The first append's batch is written and the commit thread waits for its
+        // fdatasync.
+        // A dead machine fails the log wherever it was (a roll, the spare): then the commit
+        // thread only ever blocks.
+        let first = gate
+            .wait_until(|g| (g.writes > w0 || disk.is_dead()) && g.idle_since_write || g.failed);
+        let (w2, i2) = gate.writes_idle();
+        let b = issue(h, &wal, 1, None, 1);
+        // The commit thread either writes the second batch behind the held fdatasync, or
+        // (a roll must wait for the pipeline to drain) blocks again without writing.
+        let second =
+            gate.wait_until(|g| g.writes > w2 || g.idle > i2 || g.failed || disk.is_dead());
+        gate.hold(false);
+        assert!(first && second, "the commit thread stalled");
+        if !wait_group(h, vec![a, b]) {
+            return;
+        }
+    }
+    drop(release);
     let _ = wal.close();
 }
 
@@ -416,6 +655,7 @@ struct Finding {
 /// Runs the workload on a disk of `seed` that stops after `step` operations, crashes it,
 /// and checks the result.
 fn crash_at(
+    work: Workload,
     seed: u64,
     mode: CrashMode,
     step: u64,
@@ -427,7 +667,7 @@ fn crash_at(
     disk.set_mode(mode);
     disk.crash_after(step);
     let mut h = History::default();
-    workload(&disk, workload_mutations, &mut h);
+    work(&disk, workload_mutations, &mut h);
     let trace = disk.trace();
     let crash = disk.crash();
     let scan_end = match quire_wal::recovery::inspect_in(&disk, &dir(), |_| {}) {
@@ -455,10 +695,10 @@ fn crash_at(
 }
 
 /// How many storage operations the workload does when nothing crashes.
-fn steps(mutations: Mutations) -> u64 {
+fn steps(work: Workload, mutations: Mutations) -> u64 {
     let disk = CrashDisk::new(0);
     let mut h = History::default();
-    workload(&disk, mutations, &mut h);
+    work(&disk, mutations, &mut h);
     assert_eq!(
         h.acked,
         h.issued.len(),
@@ -515,19 +755,21 @@ struct Sweep {
 
 /// Every crash point of the workload, for `seeds` seeds each, up to the first finding.
 fn sweep(
+    work: Workload,
     seeds: std::ops::Range<u64>,
     mode: CrashMode,
     workload_mutations: Mutations,
     recovery_mutations: Mutations,
     tolerate: Tolerate,
 ) -> Sweep {
-    let n = steps(workload_mutations);
+    let n = steps(work, workload_mutations);
     let mut out = Sweep::default();
     for seed in seeds {
         // One step past the end: the crash after a finished workload.
         for step in 0..=n {
             out.points += 1;
             match crash_at(
+                work,
                 seed,
                 mode,
                 step,
@@ -597,12 +839,16 @@ fn a_crash_point_replays_exactly() {
     for (seed, step) in [(0, 40), (1, 77), (2, 151)] {
         assert_eq!(run(seed, step), run(seed, step), "seed {seed} step {step}");
     }
-    assert_eq!(steps(Mutations::default()), steps(Mutations::default()));
+    assert_eq!(
+        steps(workload, Mutations::default()),
+        steps(workload, Mutations::default())
+    );
 }
 
 #[test]
 fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
     let s = sweep(
+        workload,
         0..4,
         CrashMode::Prefix,
         Mutations::default(),
@@ -627,6 +873,7 @@ fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
 #[test]
 fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in_any_order() {
     let s = sweep(
+        workload,
         0..8,
         CrashMode::Subset,
         Mutations::default(),
@@ -644,12 +891,71 @@ fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in
 }
 
 #[test]
+fn every_crash_point_of_a_pipelined_log_recovers_a_durable_prefix_on_an_in_order_disk() {
+    let s = sweep(
+        pipeline_workload,
+        0..4,
+        CrashMode::Prefix,
+        Mutations::default(),
+        Mutations::default(),
+        Tolerate::Nothing,
+    );
+    println!(
+        "pipelined: {} crash points checked, {} second crashes",
+        s.points, s.second_crashes
+    );
+    if let Some(f) = s.finding {
+        panic!("{f:#?}");
+    }
+}
+
+/// Two batches written and not yet durable persist in any order: batch N+1 without batch N
+/// reads as corruption (docs/format.md, "Recovery rules"), located past every acknowledged
+/// record.
+#[test]
+fn every_crash_point_of_a_pipelined_log_loses_nothing_acknowledged_in_any_order() {
+    let s = sweep(
+        pipeline_workload,
+        0..8,
+        CrashMode::Subset,
+        Mutations::default(),
+        Mutations::default(),
+        Tolerate::UnsyncedCorruption,
+    );
+    println!(
+        "pipelined, any order: {} crash points checked, recovery refused at {}",
+        s.points, s.refused
+    );
+    if let Some(f) = s.finding {
+        panic!("{f:#?}");
+    }
+}
+
+#[test]
+fn the_pipelined_workload_pipelines() {
+    let disk = CrashDisk::new(0);
+    let mut h = History::default();
+    pipeline_workload(&disk, Mutations::default(), &mut h);
+    assert_eq!(h.acked, h.issued.len());
+    let trace = disk.trace();
+    // Two writes in a row with no fdatasync between them: the second batch was written
+    // while the first one's fdatasync waited.
+    let pipelined = trace
+        .windows(2)
+        .filter(|w| w[0].starts_with("write /data/wal/0") && w[1].starts_with("write /data/wal/0"))
+        .count();
+    assert!(pipelined >= 10, "{pipelined} pipelined writes: {trace:#?}");
+    println!("{pipelined} writes behind a held fdatasync");
+}
+
+#[test]
 fn the_checker_finds_acks_before_the_fdatasync() {
     let bug = Mutations {
         ack_before_fdatasync: true,
         ..Mutations::default()
     };
     let s = sweep(
+        workload,
         0..8,
         CrashMode::Prefix,
         bug,

@@ -73,18 +73,32 @@ impl StorageFile for File {
     }
 }
 
-/// Opens with O_DIRECT added to `options`, falling back to buffered I/O (with a warning)
-/// where the file system refuses it with EINVAL (tmpfs).
-fn open_direct_or_buffered(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+/// Whether a refused O_DIRECT is worth a warning: for the segments appends go to, yes; for
+/// the spare's zero-fill, no (the segment open right after it warns).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WarnBuffered {
+    Yes,
+    No,
+}
+
+/// Opens with O_DIRECT added to `options`, falling back to buffered I/O where the file
+/// system refuses it with EINVAL (tmpfs).
+fn open_direct_or_buffered(
+    options: &mut OpenOptions,
+    path: &Path,
+    warn: WarnBuffered,
+) -> io::Result<File> {
     let direct = options.clone().custom_flags(libc::O_DIRECT).open(path);
     match direct {
         Ok(f) => Ok(f),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            tracing::warn!(
-                path = %path.display(),
-                "O_DIRECT is not supported here; writes go through the page cache \
-                 (still fdatasync'ed)"
-            );
+            if warn == WarnBuffered::Yes {
+                tracing::warn!(
+                    path = %path.display(),
+                    "O_DIRECT is not supported here; segment writes go through the page \
+                     cache (still fdatasync'ed)"
+                );
+            }
             options.open(path)
         }
         Err(e) => Err(e),
@@ -108,11 +122,15 @@ impl Storage for OsStorage {
                 Ok(f)
             }
             OpenMode::Write => o.read(true).write(true).open(path),
-            OpenMode::WriteDirect => open_direct_or_buffered(o.read(true).write(true), path),
-            OpenMode::Create => o.write(true).create(true).truncate(true).open(path),
-            OpenMode::CreateDirect => {
-                open_direct_or_buffered(o.write(true).create(true).truncate(true), path)
+            OpenMode::WriteDirect => {
+                open_direct_or_buffered(o.read(true).write(true), path, WarnBuffered::Yes)
             }
+            OpenMode::Create => o.write(true).create(true).truncate(true).open(path),
+            OpenMode::CreateDirect => open_direct_or_buffered(
+                o.write(true).create(true).truncate(true),
+                path,
+                WarnBuffered::No,
+            ),
             OpenMode::CreateKeep => o.write(true).create(true).truncate(false).open(path),
         }
     }
