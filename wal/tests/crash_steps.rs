@@ -98,7 +98,8 @@ struct History {
     acked_out_of_order: bool,
     promised_acked: u64,
     promised_tried: u64,
-    identity_acked: Option<&'static [u8]>,
+    /// Index into `identity_tried` of the last replacement that returned `Ok`.
+    identity_acked: Option<usize>,
     identity_tried: Vec<&'static [u8]>,
     /// The highest `before` of a retention trim that was started.
     trim_before: Option<u64>,
@@ -156,7 +157,7 @@ fn issue(
 }
 
 /// A workload: runs on the disk, records what it did in the history.
-type Workload = fn(&CrashDisk, Mutations, &mut History);
+type Workload<'a> = &'a dyn Fn(&CrashDisk, Mutations, &mut History);
 
 /// The workload. Returns early (leaving the history so far) at the first failure, which
 /// is how a dead machine looks from inside.
@@ -180,7 +181,7 @@ fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
         h.identity_tried.push(v);
         let ok = small_file::replace_in(disk, &dir(), IDENTITY, v).is_ok();
         if ok {
-            h.identity_acked = Some(v);
+            h.identity_acked = Some(h.identity_tried.len() - 1);
         }
         ok
     };
@@ -482,6 +483,88 @@ fn pipeline_workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
     let _ = wal.close();
 }
 
+/// SplitMix64, for the random workloads.
+fn next_rand(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A workload drawn from `shape`: 30 steps, each a group of one to three appends (most
+/// often), a truncation by a new epoch at a random offset of the log, a retention trim at a
+/// random offset, or an identity replacement.
+fn random_workload(shape: u64) -> impl Fn(&CrashDisk, Mutations, &mut History) {
+    move |disk: &CrashDisk, mutations: Mutations, h: &mut History| {
+        let mut rng = shape;
+        let Ok((wal, _)) = Wal::open_in(disk.clone(), config(), None, &mut |_| Ok(()), mutations)
+        else {
+            return;
+        };
+        let Ok(mut promised) = PromisedEpoch::load_in(disk.clone(), &dir()) else {
+            return;
+        };
+        let mut epoch = 1;
+        h.promised_tried = 1;
+        if promised.store(Epoch(1)).is_err() {
+            return;
+        }
+        h.promised_acked = 1;
+        let identities: [&'static [u8]; 3] = [b"identity a", b"identity b", b"identity c"];
+        for _ in 0..30 {
+            let r = next_rand(&mut rng) % 12;
+            let next = wal.next_offset().0;
+            let first = wal.first_offset().0;
+            if r == 9 && next > first {
+                epoch += 1;
+                h.promised_tried = epoch;
+                if promised.store(Epoch(epoch)).is_err() {
+                    return;
+                }
+                h.promised_acked = epoch;
+                let x = first + next_rand(&mut rng) % (next - first);
+                let n = 1 + next_rand(&mut rng) % 3;
+                let g = vec![issue(h, &wal, epoch, Some(x), n)];
+                if !wait_group(h, g) {
+                    return;
+                }
+            } else if r == 10 {
+                let before = first + next_rand(&mut rng) % (next - first + 1);
+                h.trim_before = h.trim_before.max(Some(before));
+                if wal.trim_before(Offset(before)).is_err() {
+                    return;
+                }
+            } else if r == 11 {
+                let v = identities[usize::try_from(next_rand(&mut rng) % 3).unwrap()];
+                h.identity_tried.push(v);
+                if small_file::replace_in(disk, &dir(), IDENTITY, v).is_err() {
+                    return;
+                }
+                h.identity_acked = Some(h.identity_tried.len() - 1);
+            } else {
+                let size = 1 + next_rand(&mut rng) % 3;
+                let mut group = Vec::new();
+                disk.hold_writes();
+                group.push(issue(h, &wal, epoch, None, 1 + next_rand(&mut rng) % 3));
+                let reached = size == 1 || disk.wait_for_held_write(HOLD_WAIT_MAX);
+                for _ in 1..size {
+                    group.push(issue(h, &wal, epoch, None, 1 + next_rand(&mut rng) % 3));
+                }
+                disk.release_writes();
+                assert!(
+                    reached,
+                    "the commit thread never wrote the first append of a group"
+                );
+                if !wait_group(h, group) {
+                    return;
+                }
+            }
+        }
+        let _ = wal.close();
+    }
+}
+
 /// Reads the whole durable log: `(offset, epoch)` per entry, checking each payload.
 fn read_all(wal: &Wal<CrashDisk>) -> Result<(u64, Vec<u64>), String> {
     let first = wal.first_offset().0;
@@ -615,11 +698,10 @@ fn check(
     let fine = match (&identity, h.identity_acked) {
         (None, None) => true,
         (None, Some(_)) => false,
-        (Some(b), acked) => {
-            let pos = h.identity_tried.iter().position(|v| v[..] == b[..]);
-            let acked_pos = acked.and_then(|a| h.identity_tried.iter().position(|v| *v == a));
-            pos.is_some_and(|p| acked_pos.is_none_or(|a| p >= a))
-        }
+        // The last acknowledged value, or one tried after it.
+        (Some(b), acked) => h.identity_tried[acked.unwrap_or(0)..]
+            .iter()
+            .any(|v| v[..] == b[..]),
     };
     if !fine {
         return Err(format!(
@@ -655,7 +737,7 @@ struct Finding {
 /// Runs the workload on a disk of `seed` that stops after `step` operations, crashes it,
 /// and checks the result.
 fn crash_at(
-    work: Workload,
+    work: Workload<'_>,
     seed: u64,
     mode: CrashMode,
     step: u64,
@@ -695,7 +777,7 @@ fn crash_at(
 }
 
 /// How many storage operations the workload does when nothing crashes.
-fn steps(work: Workload, mutations: Mutations) -> u64 {
+fn steps(work: Workload<'_>, mutations: Mutations) -> u64 {
     let disk = CrashDisk::new(0);
     let mut h = History::default();
     work(&disk, mutations, &mut h);
@@ -755,7 +837,7 @@ struct Sweep {
 
 /// Every crash point of the workload, for `seeds` seeds each, up to the first finding.
 fn sweep(
-    work: Workload,
+    work: Workload<'_>,
     seeds: std::ops::Range<u64>,
     mode: CrashMode,
     workload_mutations: Mutations,
@@ -840,15 +922,15 @@ fn a_crash_point_replays_exactly() {
         assert_eq!(run(seed, step), run(seed, step), "seed {seed} step {step}");
     }
     assert_eq!(
-        steps(workload, Mutations::default()),
-        steps(workload, Mutations::default())
+        steps(&workload, Mutations::default()),
+        steps(&workload, Mutations::default())
     );
 }
 
 #[test]
 fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
     let s = sweep(
-        workload,
+        &workload,
         0..4,
         CrashMode::Prefix,
         Mutations::default(),
@@ -873,7 +955,7 @@ fn every_crash_point_recovers_a_durable_prefix_on_an_in_order_disk() {
 #[test]
 fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in_any_order() {
     let s = sweep(
-        workload,
+        &workload,
         0..8,
         CrashMode::Subset,
         Mutations::default(),
@@ -893,7 +975,7 @@ fn every_crash_point_loses_nothing_acknowledged_when_unsynced_sectors_persist_in
 #[test]
 fn every_crash_point_of_a_pipelined_log_recovers_a_durable_prefix_on_an_in_order_disk() {
     let s = sweep(
-        pipeline_workload,
+        &pipeline_workload,
         0..4,
         CrashMode::Prefix,
         Mutations::default(),
@@ -915,7 +997,7 @@ fn every_crash_point_of_a_pipelined_log_recovers_a_durable_prefix_on_an_in_order
 #[test]
 fn every_crash_point_of_a_pipelined_log_loses_nothing_acknowledged_in_any_order() {
     let s = sweep(
-        pipeline_workload,
+        &pipeline_workload,
         0..8,
         CrashMode::Subset,
         Mutations::default(),
@@ -949,13 +1031,35 @@ fn the_pipelined_workload_pipelines() {
 }
 
 #[test]
+fn random_workloads_recover_a_durable_prefix_at_every_crash_point() {
+    let (mut points, mut second) = (0, 0);
+    for shape in 0..3u64 {
+        let work = random_workload(shape);
+        let s = sweep(
+            &work,
+            shape..shape + 1,
+            CrashMode::Prefix,
+            Mutations::default(),
+            Mutations::default(),
+            Tolerate::Nothing,
+        );
+        points += s.points;
+        second += s.second_crashes;
+        if let Some(f) = s.finding {
+            panic!("workload shape {shape}: {f:#?}");
+        }
+    }
+    println!("random workloads: {points} crash points, {second} second crashes");
+}
+
+#[test]
 fn the_checker_finds_acks_before_the_fdatasync() {
     let bug = Mutations {
         ack_before_fdatasync: true,
         ..Mutations::default()
     };
     let s = sweep(
-        workload,
+        &workload,
         0..8,
         CrashMode::Prefix,
         bug,

@@ -183,13 +183,18 @@ impl State {
         self.ops_limit.is_some_and(|l| self.ops >= l)
     }
 
-    /// Starts a mutating operation: fails if the machine is gone, else counts it.
-    fn begin(&mut self, what: impl FnOnce() -> String) -> io::Result<()> {
+    /// Starts a mutating operation: fails if the machine is gone, else counts it. The
+    /// operation that uses up a [`CrashDisk::crash_after`] budget wakes whoever waits in
+    /// [`CrashDisk::wait_for_held_write`].
+    fn begin(&mut self, cv: &Condvar, what: impl FnOnce() -> String) -> io::Result<()> {
         if self.is_dead() {
             return Err(dead());
         }
         self.ops += 1;
         self.trace.push(what());
+        if self.is_dead() {
+            cv.notify_all();
+        }
         Ok(())
     }
 
@@ -352,6 +357,7 @@ impl CrashDisk {
     pub fn crash_after(&self, k: u64) {
         let mut st = self.st();
         st.ops_limit = Some(st.ops + k);
+        self.held_cv.notify_all();
     }
 
     /// Whether a [`CrashDisk::crash_after`] budget has run out.
@@ -548,7 +554,9 @@ impl CrashFile {
 
     fn size_change(&self, what: &str, len: u64) -> io::Result<()> {
         let mut st = self.state()?;
-        st.begin(|| format!("{what} {} to {len}", self.name.display()))?;
+        st.begin(&self.disk.held_cv, || {
+            format!("{what} {} to {len}", self.name.display())
+        })?;
         if let Some(errno) = st.write_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
@@ -563,7 +571,9 @@ impl CrashFile {
 
     fn sync(&self, what: &str) -> io::Result<()> {
         let mut st = self.state()?;
-        st.begin(|| format!("{what} {}", self.name.display()))?;
+        st.begin(&self.disk.held_cv, || {
+            format!("{what} {}", self.name.display())
+        })?;
         if let Some(errno) = st.sync_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
@@ -611,7 +621,9 @@ impl StorageFile for CrashFile {
                 .wait(st)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        st.begin(|| format!("write {} @{position} +{}", self.name.display(), buf.len()))?;
+        st.begin(&self.disk.held_cv, || {
+            format!("write {} @{position} +{}", self.name.display(), buf.len())
+        })?;
         if let Some(errno) = st.write_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
@@ -696,7 +708,7 @@ impl Storage for CrashDisk {
                 if let (Some(ino), false) = (existing, truncate) {
                     ino
                 } else {
-                    st.begin(|| format!("create {}", path.display()))?;
+                    st.begin(&self.held_cv, || format!("create {}", path.display()))?;
                     if let Some(ino) = existing {
                         st.inode(ino)?.data.clear();
                         ino
@@ -735,7 +747,9 @@ impl Storage for CrashDisk {
         let mut st = self.st();
         let ino = st.lookup(from)?;
         let parent = st.parent_exists(to)?;
-        st.begin(|| format!("rename {} -> {}", from.display(), to.display()))?;
+        st.begin(&self.held_cv, || {
+            format!("rename {} -> {}", from.display(), to.display())
+        })?;
         st.entries.remove(from);
         st.entries.insert(to.to_path_buf(), ino);
         st.log(
@@ -753,7 +767,7 @@ impl Storage for CrashDisk {
         let mut st = self.st();
         st.lookup(path)?;
         let parent = st.parent_exists(path)?;
-        st.begin(|| format!("remove {}", path.display()))?;
+        st.begin(&self.held_cv, || format!("remove {}", path.display()))?;
         st.entries.remove(path);
         st.log(
             parent,
@@ -790,7 +804,7 @@ impl Storage for CrashDisk {
         if st.dirs.contains(dir) {
             return Ok(());
         }
-        st.begin(|| format!("mkdir -p {}", dir.display()))?;
+        st.begin(&self.held_cv, || format!("mkdir -p {}", dir.display()))?;
         for a in dir.ancestors() {
             st.dirs.insert(a.to_path_buf());
         }
@@ -802,7 +816,7 @@ impl Storage for CrashDisk {
         if !st.dirs.contains(dir) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        st.begin(|| format!("fsync dir {}", dir.display()))?;
+        st.begin(&self.held_cv, || format!("fsync dir {}", dir.display()))?;
         if let Some(errno) = st.sync_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
