@@ -35,7 +35,6 @@
 //! retried. The accepted view of the log falls back to the durable one.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -44,16 +43,15 @@ use std::time::{Duration, Instant};
 use quire_proto::{Epoch, Offset};
 
 use crate::append::{AckSlot, Record};
-use crate::disk::{
-    open_for_append, AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker, HUGE_PAGE_BYTES,
-};
+use crate::disk::{AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker, HUGE_PAGE_BYTES};
 use crate::error::WalError;
 use crate::format::{self, align_up, KIND_TRUNCATE};
 use crate::index::{EpochRuns, Index, IndexedSegment};
 use crate::recovery::{open_for_read, Tail};
 use crate::segment::{self, segment_name, Preallocator};
 use crate::stats::Counters;
-use crate::Position;
+use crate::storage::{OpenMode, Storage, StorageFile};
+use crate::{Mutations, Position};
 
 /// Disk operations in flight at most: a write and an fdatasync for each pipelined batch.
 pub(crate) const OPS_IN_FLIGHT_MAX: usize = 2 * PIPELINE_BATCHES_MAX;
@@ -100,7 +98,9 @@ pub(crate) struct CommitState {
 
 /// Everything the handles and the commit thread share.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct Shared<S: Storage> {
+    pub storage: S,
+    pub mutations: Mutations,
     pub dir: PathBuf,
     pub align: u64,
     pub segment_bytes: u64,
@@ -110,7 +110,7 @@ pub(crate) struct Shared {
     pub backend: &'static str,
     pub state: Mutex<CommitState>,
     /// Durable entries only. Lock order: `state` before `index`.
-    pub index: RwLock<Index>,
+    pub index: RwLock<Index<S::File>>,
     pub counters: Counters,
     pub waker: Arc<dyn DiskWaker>,
     /// While a batch is held open for concurrent appenders: the queue length at which an
@@ -118,16 +118,16 @@ pub(crate) struct Shared {
     pub wake_at_queue_len: AtomicUsize,
 }
 
-impl Shared {
+impl<S: Storage> Shared<S> {
     pub(crate) fn lock_state(&self) -> MutexGuard<'_, CommitState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+    pub(crate) fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index<S::File>> {
         self.index.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+    pub(crate) fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index<S::File>> {
         self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -152,11 +152,11 @@ struct Ack {
 }
 
 #[derive(Debug)]
-struct Batch {
+struct Batch<F> {
     seq: u64,
     segment: u32,
     path: PathBuf,
-    file: Arc<File>,
+    file: Arc<F>,
     bytes: u64,
     write_token: u64,
     /// When its write was handed to the disk.
@@ -178,11 +178,11 @@ struct InFlightSync {
 }
 
 #[derive(Debug)]
-struct Current {
+struct Current<F> {
     index_id: u32,
     base: Offset,
     path: PathBuf,
-    file: Arc<File>,
+    file: Arc<F>,
     capacity: u64,
     write_pos: u64,
 }
@@ -197,12 +197,12 @@ enum Placement {
 
 /// The commit thread's state. See the module docs.
 #[derive(Debug)]
-pub(crate) struct Committer {
-    shared: Arc<Shared>,
-    disk: Box<dyn Disk>,
-    prealloc: Preallocator,
-    current: Option<Current>,
-    pipeline: VecDeque<Batch>,
+pub(crate) struct Committer<S: Storage> {
+    shared: Arc<Shared<S>>,
+    disk: Box<dyn Disk<S::File>>,
+    prealloc: Preallocator<S>,
+    current: Option<Current<S::File>>,
+    pipeline: VecDeque<Batch<S::File>>,
     write_in_flight: Option<u64>,
     fsync: Option<InFlightSync>,
     next_token: u64,
@@ -217,18 +217,20 @@ pub(crate) struct Committer {
     failed: bool,
 }
 
-impl Committer {
+impl<S: Storage> Committer<S> {
     pub(crate) fn new(
-        shared: Arc<Shared>,
-        disk: Box<dyn Disk>,
-        prealloc: Preallocator,
+        shared: Arc<Shared<S>>,
+        disk: Box<dyn Disk<S::File>>,
+        prealloc: Preallocator<S>,
         tail: Option<Tail>,
-    ) -> Result<Committer, WalError> {
+    ) -> Result<Committer<S>, WalError> {
         let current = match tail {
             None => None,
             Some(t) => {
-                let (file, _) =
-                    open_for_append(&t.path).map_err(|e| WalError::io("open", &t.path, e))?;
+                let file = shared
+                    .storage
+                    .open(&t.path, OpenMode::WriteDirect)
+                    .map_err(|e| WalError::io("open", &t.path, e))?;
                 Some(Current {
                     index_id: t.index_id,
                     base: t.base,
@@ -324,6 +326,10 @@ impl Committer {
             match c.result {
                 Ok(n) if u64::from(n) == batch.bytes => {
                     batch.written = true;
+                    if self.shared.mutations.ack_before_fdatasync {
+                        // Planted bug (tests only): acknowledge on the write's completion.
+                        self.acks_due.append(&mut batch.acks);
+                    }
                     let c = &self.shared.counters;
                     Counters::add(&c.stage_writes, 1);
                     Counters::add_elapsed(&c.stage_write_ns, batch.submitted);
@@ -683,9 +689,12 @@ impl Committer {
             // The durable view loses these segments' entries now, before the files go.
             self.shared.write_index().remove_segments_from(first);
             for (_, p) in doomed.iter().rev() {
-                std::fs::remove_file(p).map_err(|e| WalError::io("remove", p, e))?;
+                self.shared
+                    .storage
+                    .remove_file(p)
+                    .map_err(|e| WalError::io("remove", p, e))?;
             }
-            segment::fsync_dir(&dir)?;
+            segment::fsync_dir_in(&self.shared.storage, &dir)?;
             tracing::info!(
                 from = name.0,
                 segments = doomed.len(),
@@ -694,18 +703,20 @@ impl Committer {
         }
         let path = dir.join(segment_name(name));
         self.prealloc.take(&path)?;
-        let (file, direct) = open_for_append(&path).map_err(|e| WalError::io("open", &path, e))?;
-        self.shared
-            .counters
-            .direct_io
-            .store(direct == DirectIo::On, std::sync::atomic::Ordering::Relaxed);
+        let file = self
+            .shared
+            .storage
+            .open(&path, OpenMode::WriteDirect)
+            .map_err(|e| WalError::io("open", &path, e))?;
+        self.shared.counters.direct_io.store(
+            file.direct_io() == DirectIo::On,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let capacity = format::align_down(
-            file.metadata()
-                .map_err(|e| WalError::io("stat", &path, e))?
-                .len(),
+            file.size().map_err(|e| WalError::io("stat", &path, e))?,
             self.shared.align,
         );
-        let read = open_for_read(&path)?;
+        let read = open_for_read(&self.shared.storage, &path)?;
         let index_id = self.shared.write_index().add_segment(IndexedSegment {
             base: name,
             path: path.clone(),

@@ -117,15 +117,15 @@ impl EpochRuns {
     }
 }
 
-/// A segment as the reader sees it.
+/// A segment as the reader sees it; `F` is the storage's file type.
 #[derive(Debug)]
-pub struct IndexedSegment {
+pub struct IndexedSegment<F = File> {
     /// Base offset (from the name).
     pub base: Offset,
     /// Path of the file.
     pub path: PathBuf,
     /// A read handle (buffered I/O sees what the O_DIRECT writes put on disk).
-    pub file: Arc<File>,
+    pub file: Arc<F>,
 }
 
 /// Where one entry's record lies.
@@ -141,20 +141,20 @@ pub struct Location {
 
 /// The durable index: every durable entry's location and epoch.
 #[derive(Debug)]
-pub struct Index {
+pub struct Index<F = File> {
     /// Segments in base order; a `Location::segment` minus `first_segment_id` indexes
     /// this (ids stay stable when a trim removes segments at the front).
-    segments: Vec<IndexedSegment>,
+    segments: Vec<IndexedSegment<F>>,
     /// The id of `segments[0]`.
     first_segment_id: u32,
     locations: Vec<Location>,
     epochs: EpochRuns,
 }
 
-impl Index {
+impl<F> Index<F> {
     /// An empty index of a log starting at `start`.
     #[must_use]
-    pub fn new(start: Offset) -> Index {
+    pub fn new(start: Offset) -> Index<F> {
         Index {
             segments: Vec::new(),
             first_segment_id: 0,
@@ -188,7 +188,7 @@ impl Index {
     }
 
     /// Adds a segment and returns its id for [`Location::segment`].
-    pub fn add_segment(&mut self, segment: IndexedSegment) -> u32 {
+    pub fn add_segment(&mut self, segment: IndexedSegment<F>) -> u32 {
         self.segments.push(segment);
         let n = u32::try_from(self.segments.len()).expect("invariant: fewer than 2^32 segments");
         self.first_segment_id + n - 1
@@ -196,13 +196,13 @@ impl Index {
 
     /// The segment with id `id`, if held.
     #[must_use]
-    pub fn segment(&self, id: u32) -> Option<&IndexedSegment> {
+    pub fn segment(&self, id: u32) -> Option<&IndexedSegment<F>> {
         let i = id.checked_sub(self.first_segment_id)?;
         self.segments.get(i as usize)
     }
 
     /// The held segments with their ids, in base order.
-    pub fn segments(&self) -> impl Iterator<Item = (u32, &IndexedSegment)> {
+    pub fn segments(&self) -> impl Iterator<Item = (u32, &IndexedSegment<F>)> {
         (self.first_segment_id..).zip(self.segments.iter())
     }
 
@@ -228,7 +228,7 @@ impl Index {
     /// # Panics
     /// If that would remove every segment, or the next segment's base is not a durable
     /// entry (the caller keeps the segment holding the log's durable end).
-    pub fn trim_front(&mut self, count: usize) -> Vec<IndexedSegment> {
+    pub fn trim_front(&mut self, count: usize) -> Vec<IndexedSegment<F>> {
         if count == 0 {
             return Vec::new();
         }

@@ -9,9 +9,15 @@
 //!
 //! Modules: [`format`] (record bytes), [`segment`] (files, directory, preallocation),
 //! [`scan`] (recovery rules, read-only), [`recovery`] (open-time cut, offline repair and
-//! inspection), `index`, `reader`, [`disk`] (the I/O trait and its io_uring, sync and
-//! fault-injecting implementations), `commit` (the commit thread), [`promised`], [`small_file`] (the one durable small-file
-//! implementation, also used by the node's identity and tail-cut files).
+//! inspection), `index`, `reader`, [`storage`] (every file-system operation, behind the
+//! [`Storage`] trait: the real [`OsStorage`] and the crash-tracking [`CrashDisk`]),
+//! [`disk`] (the write path's completion-based I/O trait and its io_uring, sync and
+//! fault-injecting implementations), `commit` (the commit thread), [`promised`],
+//! [`small_file`] (the one durable small-file implementation, also used by the node's
+//! identity and tail-cut files).
+//!
+//! Every type that touches files is generic over `S: Storage`, with [`OsStorage`] as the
+//! default, so `Wal` means `Wal<OsStorage>`.
 //!
 //! ```no_run
 //! use quire_proto::{Epoch, Offset};
@@ -38,6 +44,7 @@ pub mod scan;
 pub mod segment;
 pub mod small_file;
 mod stats;
+pub mod storage;
 mod wal;
 
 use std::fmt;
@@ -51,7 +58,22 @@ pub use scan::{
     BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
 };
 pub use stats::{StageSums, WalStats, FSYNC_US_BUCKETS};
+pub use storage::{CrashDisk, OsStorage, Storage, StorageFile};
 pub use wal::{IoBackend, TrimReport, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+
+/// Planted bugs for the crash tests (issue 12 item 6): each switch turns one rule of the
+/// shipped code off, so that a test can show its checker finds the bug. All off by
+/// default; nothing outside tests sets them.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations {
+    /// The commit thread acknowledges a batch's appends when its write completes, before
+    /// the fdatasync that covers it.
+    pub ack_before_fdatasync: bool,
+    /// The recovery scan calls a bad record followed by valid ones a torn tail (and cuts
+    /// it) instead of reporting corruption.
+    pub mid_log_bad_record_is_torn_tail: bool,
+}
 
 /// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -68,5 +90,6 @@ const _: () = {
     const fn shareable<T: Clone + Send + Sync>() {}
     const fn sendable<T: Send + Unpin>() {}
     shareable::<Wal>();
+    shareable::<Wal<CrashDisk>>();
     sendable::<Append>();
 };

@@ -22,6 +22,7 @@ use quire_proto::Epoch;
 
 use crate::error::{CorruptionKind, WalError};
 use crate::small_file::{self, IoFailure};
+use crate::storage::{OsStorage, Storage};
 use crate::Position;
 
 /// File name of the promised epoch.
@@ -32,22 +33,38 @@ const MAGIC: [u8; 4] = *b"QPEP";
 const VERSION: u8 = 1;
 const FILE_BYTES: usize = 20;
 
-/// The promised epoch of one data directory. See the module docs.
+/// The promised epoch of one data directory, kept in `S` (the real file system by
+/// default). See the module docs.
 #[derive(Debug)]
-pub struct PromisedEpoch {
+pub struct PromisedEpoch<S: Storage = OsStorage> {
+    storage: S,
     dir: PathBuf,
     epoch: Epoch,
 }
 
 impl PromisedEpoch {
-    /// Loads the promised epoch of `dir` (epoch 0 if the file does not exist).
+    /// Loads the promised epoch of `dir` on the real file system (epoch 0 if the file does
+    /// not exist).
     ///
     /// # Errors
     /// [`WalError::Corruption`] if the file is damaged; I/O errors.
     pub fn load(dir: &Path) -> Result<PromisedEpoch, WalError> {
+        PromisedEpoch::load_in(OsStorage, dir)
+    }
+}
+
+impl<S: Storage> PromisedEpoch<S> {
+    /// Loads the promised epoch of `dir` in `storage` (epoch 0 if the file does not exist).
+    ///
+    /// # Errors
+    /// [`WalError::Corruption`] if the file is damaged; I/O errors.
+    pub fn load_in(storage: S, dir: &Path) -> Result<PromisedEpoch<S>, WalError> {
         let path = dir.join(PROMISED_EPOCH_NAME);
-        let Some(bytes) = small_file::read(dir, PROMISED_EPOCH_NAME).map_err(io_error)? else {
+        let Some(bytes) =
+            small_file::read_in(&storage, dir, PROMISED_EPOCH_NAME).map_err(io_error)?
+        else {
             return Ok(PromisedEpoch {
+                storage,
                 dir: dir.to_path_buf(),
                 epoch: Epoch::ZERO,
             });
@@ -63,6 +80,7 @@ impl PromisedEpoch {
         }
         let b = small_file::check::<FILE_BYTES>(&bytes, MAGIC, VERSION).map_err(|_| damaged())?;
         Ok(PromisedEpoch {
+            storage,
             dir: dir.to_path_buf(),
             epoch: Epoch(small_file::u64_at(b, 8)),
         })
@@ -93,7 +111,8 @@ impl PromisedEpoch {
         let mut bytes = [0u8; FILE_BYTES];
         bytes[8..16].copy_from_slice(&epoch.0.to_le_bytes());
         small_file::seal(&mut bytes, MAGIC, VERSION);
-        small_file::replace(&self.dir, PROMISED_EPOCH_NAME, &bytes).map_err(io_error)?;
+        small_file::replace_in(&self.storage, &self.dir, PROMISED_EPOCH_NAME, &bytes)
+            .map_err(io_error)?;
         self.epoch = epoch;
         Ok(())
     }

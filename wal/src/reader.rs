@@ -6,8 +6,6 @@
 //! read and handed out as slices of one shared buffer (no per-record copy). Every record
 //! read is checked again (checksum, offset, epoch) against the index.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,6 +16,7 @@ use crate::append::Record;
 use crate::error::{CorruptionKind, WalError};
 use crate::format::{self, HEADER_BYTES};
 use crate::index::{Index, Location};
+use crate::storage::StorageFile;
 use crate::Position;
 
 /// Records at most this many bytes apart in a segment are fetched with one read.
@@ -31,8 +30,8 @@ struct Wanted {
 
 /// Reads durable records from `from` on: at most `max_events` records and, past the first
 /// record, at most `max_bytes` payload bytes in total.
-pub(crate) fn read(
-    index: &std::sync::RwLock<Index>,
+pub(crate) fn read<F: StorageFile>(
+    index: &std::sync::RwLock<Index<F>>,
     from: Offset,
     max_events: usize,
     max_bytes: u64,
@@ -78,7 +77,7 @@ pub(crate) fn read(
             o = o.next();
         }
         // Only the segments this read touches (usually one or two).
-        let mut files: Vec<(u32, Arc<File>, PathBuf)> = Vec::new();
+        let mut files: Vec<(u32, Arc<F>, PathBuf)> = Vec::new();
         for w in &wanted {
             if files.last().is_none_or(|(id, _, _)| *id != w.loc.segment) {
                 let seg = index

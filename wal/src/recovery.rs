@@ -7,8 +7,6 @@
 //! directory is fsynced. Every cut is logged with file, position and bytes. Corruption is
 //! never cut: it is returned as a located [`WalError::Corruption`] and nothing changes.
 
-use std::fs::{self, File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +17,8 @@ use crate::error::WalError;
 use crate::index::{Index, IndexedSegment};
 use crate::scan::{self, RecordStatus, ScanEnd, ScanReport, TornTail};
 use crate::segment::{self, DirLock, SegmentPath};
-use crate::Position;
+use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
+use crate::{Mutations, Position};
 
 /// What recovery found and did at open.
 #[derive(Clone, Debug)]
@@ -53,8 +52,8 @@ pub(crate) struct Tail {
 }
 
 #[derive(Debug)]
-pub(crate) struct Recovered {
-    pub index: Index,
+pub(crate) struct Recovered<F> {
+    pub index: Index<F>,
     pub max_epoch: Epoch,
     pub tail: Option<Tail>,
     pub report: RecoveryReport,
@@ -62,12 +61,13 @@ pub(crate) struct Recovered {
 
 /// Opens a segment for reading by the reader: buffered, readahead off (the blocks after
 /// the durable end are written concurrently by the commit thread).
-pub(crate) fn open_for_read(path: &Path) -> Result<Arc<File>, WalError> {
-    let f = File::open(path).map_err(|e| WalError::io("open", path, e))?;
-    // SAFETY: posix_fadvise on an fd we own; advice only, no memory involved.
-    unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
-    }
+pub(crate) fn open_for_read<S: Storage>(
+    storage: &S,
+    path: &Path,
+) -> Result<Arc<S::File>, WalError> {
+    let f = storage
+        .open(path, OpenMode::ReadRandom)
+        .map_err(|e| WalError::io("open", path, e))?;
     Ok(Arc::new(f))
 }
 
@@ -80,39 +80,47 @@ pub type BeforeCut<'a> = &'a mut dyn FnMut(&TornTail) -> Result<(), WalError>;
 /// Scans `dir`, cuts a torn tail (after `before_cut` returned `Ok`), extends the last
 /// segment to `segment_bytes` with written zeros if it is shorter, and builds the index.
 /// The caller holds the lock.
-pub(crate) fn recover(
+pub(crate) fn recover<S: Storage>(
+    storage: &S,
     dir: &Path,
     segment_bytes: u64,
     align: u64,
     before_cut: BeforeCut<'_>,
-) -> Result<Recovered, WalError> {
+    mutations: Mutations,
+) -> Result<Recovered<S::File>, WalError> {
     let started = Instant::now();
-    let segments = segment::list_segments(dir)?;
+    let segments = segment::list_segments_in(storage, dir)?;
     let start = segments.first().map_or(Offset::ZERO, |s| s.base);
     let mut index = Index::new(start);
     for s in &segments {
         index.add_segment(IndexedSegment {
             base: s.base,
             path: s.path.clone(),
-            file: open_for_read(&s.path)?,
+            file: open_for_read(storage, &s.path)?,
         });
     }
-    let report = scan::scan_segments(&segments, &mut |r| match r.status {
-        RecordStatus::Entry => {
-            let h = r
-                .header
-                .expect("invariant: an accepted record has a header");
-            let seg = u32::try_from(r.segment_index).expect("invariant: fewer than 2^32 segments");
-            index.push(h.offset, h.epoch, seg, r.position, r.bytes);
-        }
-        RecordStatus::Marker { .. } => {
-            let h = r
-                .header
-                .expect("invariant: an accepted record has a header");
-            index.truncate(h.offset);
-        }
-        RecordStatus::Bad(_) => {}
-    })?;
+    let report = scan::scan_segments_in(
+        storage,
+        &segments,
+        &mut |r| match r.status {
+            RecordStatus::Entry => {
+                let h = r
+                    .header
+                    .expect("invariant: an accepted record has a header");
+                let seg =
+                    u32::try_from(r.segment_index).expect("invariant: fewer than 2^32 segments");
+                index.push(h.offset, h.epoch, seg, r.position, r.bytes);
+            }
+            RecordStatus::Marker { .. } => {
+                let h = r
+                    .header
+                    .expect("invariant: an accepted record has a header");
+                index.truncate(h.offset);
+            }
+            RecordStatus::Bad(_) => {}
+        },
+        mutations,
+    )?;
     let torn = match &report.end {
         ScanEnd::Clean => None,
         ScanEnd::Corruption(e) => return Err(e.clone()),
@@ -121,7 +129,7 @@ pub(crate) fn recover(
     let mut deleted_from = None;
     if let Some(t) = &torn {
         before_cut(t)?;
-        let deleted = cut(dir, t)?;
+        let deleted = cut(storage, dir, t)?;
         if deleted > 0 {
             let first_deleted = segments.len() - deleted;
             index.remove_segments_from(
@@ -138,6 +146,7 @@ pub(crate) fn recover(
     let tail = match remaining.checked_sub(1) {
         None => None,
         Some(i) => Some(prepare_tail(
+            storage,
             &segments[i],
             &report,
             i,
@@ -161,7 +170,8 @@ pub(crate) fn recover(
     })
 }
 
-fn prepare_tail(
+fn prepare_tail<S: Storage>(
+    storage: &S,
     seg: &SegmentPath,
     report: &ScanReport,
     i: usize,
@@ -169,14 +179,12 @@ fn prepare_tail(
     align: u64,
 ) -> Result<Tail, WalError> {
     let end = report.segments.get(i).map_or(0, |s| s.end.0);
-    let file = OpenOptions::new()
-        .write(true)
-        .open(&seg.path)
+    let file = storage
+        .open(&seg.path, OpenMode::Write)
         .map_err(|e| WalError::io("open", &seg.path, e))?;
     let len = file
-        .metadata()
-        .map_err(|e| WalError::io("stat", &seg.path, e))?
-        .len();
+        .size()
+        .map_err(|e| WalError::io("stat", &seg.path, e))?;
     if len < segment_bytes {
         // A short last segment (cut by hand, or preallocated by an older configuration):
         // write zeros so that appends land in written blocks, as in a fresh segment.
@@ -197,21 +205,24 @@ fn prepare_tail(
 
 /// Cuts a torn tail durably. Returns how many segments at the end of the directory were
 /// deleted.
-fn cut(dir: &Path, t: &TornTail) -> Result<usize, WalError> {
+fn cut<S: Storage>(storage: &S, dir: &Path, t: &TornTail) -> Result<usize, WalError> {
     let mut deleted = 0;
     // Later, empty segments first (highest base first), so that a crash in between
     // never leaves a gap.
     for p in t.empty_segments_after.iter().rev() {
-        fs::remove_file(p).map_err(|e| WalError::io("remove", p, e))?;
+        storage
+            .remove_file(p)
+            .map_err(|e| WalError::io("remove", p, e))?;
         deleted += 1;
     }
     if t.position == Position(0) {
-        fs::remove_file(&t.segment).map_err(|e| WalError::io("remove", &t.segment, e))?;
+        storage
+            .remove_file(&t.segment)
+            .map_err(|e| WalError::io("remove", &t.segment, e))?;
         deleted += 1;
     } else {
-        let f = OpenOptions::new()
-            .write(true)
-            .open(&t.segment)
+        let f = storage
+            .open(&t.segment, OpenMode::Write)
             .map_err(|e| WalError::io("open", &t.segment, e))?;
         segment::write_zeros(&f, t.position.0, t.position.0 + t.bytes)
             .map_err(|e| WalError::io("write zeros", &t.segment, e))?;
@@ -219,7 +230,7 @@ fn cut(dir: &Path, t: &TornTail) -> Result<usize, WalError> {
             .map_err(|e| WalError::io("fdatasync", &t.segment, e))?;
     }
     if deleted > 0 {
-        segment::fsync_dir(dir)?;
+        segment::fsync_dir_in(storage, dir)?;
     }
     tracing::warn!(
         segment = %t.segment.display(),
@@ -251,8 +262,16 @@ pub struct RepairReport {
 /// [`WalError::Corruption`] (and no change) if the log is corrupt rather than torn;
 /// [`WalError::Locked`] if a `Wal` has the directory open; I/O errors.
 pub fn repair_torn_tail(dir: &Path) -> Result<RepairReport, WalError> {
-    let _lock = DirLock::acquire(dir)?;
-    let report = scan::scan_dir(dir, &mut |_| {})?;
+    repair_torn_tail_in(&OsStorage, dir)
+}
+
+/// [`repair_torn_tail`] on `storage`.
+///
+/// # Errors
+/// As [`repair_torn_tail`].
+pub fn repair_torn_tail_in<S: Storage>(storage: &S, dir: &Path) -> Result<RepairReport, WalError> {
+    let _lock = DirLock::acquire_in(storage, dir)?;
+    let report = scan::scan_dir_in(storage, dir, &mut |_| {})?;
     match report.end {
         ScanEnd::Clean => Ok(RepairReport {
             cut: None,
@@ -260,7 +279,7 @@ pub fn repair_torn_tail(dir: &Path) -> Result<RepairReport, WalError> {
         }),
         ScanEnd::Corruption(e) => Err(e),
         ScanEnd::TornTail(t) => {
-            cut(dir, &t)?;
+            cut(storage, dir, &t)?;
             Ok(RepairReport {
                 cut: Some(t),
                 last: report.last,
@@ -282,4 +301,16 @@ pub fn inspect(
     mut visit: impl FnMut(&scan::ScannedRecord<'_>),
 ) -> Result<ScanReport, WalError> {
     scan::scan_dir(dir, &mut visit)
+}
+
+/// [`inspect`] on `storage`.
+///
+/// # Errors
+/// As [`inspect`].
+pub fn inspect_in<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    mut visit: impl FnMut(&scan::ScannedRecord<'_>),
+) -> Result<ScanReport, WalError> {
+    scan::scan_dir_in(storage, dir, &mut visit)
 }

@@ -22,9 +22,7 @@
 //!
 //! The scan never modifies anything; cutting a torn tail is `recovery.rs`'s job.
 
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use quire_proto::{Epoch, LogPosition, Offset};
@@ -33,7 +31,8 @@ use crate::error::{CorruptionKind, WalError};
 use crate::format::{self, align_up, Header, HeaderProblem, HEADER_BYTES, PAD_GRANULE_BYTES};
 use crate::index::EpochRuns;
 use crate::segment::SegmentPath;
-use crate::Position;
+use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
+use crate::{Mutations, Position};
 
 /// Bytes read from a segment per read call during a scan.
 const READ_WINDOW_BYTES: usize = 1 << 20;
@@ -183,20 +182,19 @@ pub struct ScanReport {
 }
 
 /// Reads a segment through a sliding window of [`READ_WINDOW_BYTES`].
-struct SegmentReader {
-    file: File,
+struct SegmentReader<F> {
+    file: F,
     len: u64,
     window: Vec<u8>,
     window_pos: u64,
 }
 
-impl SegmentReader {
-    fn open(path: &Path) -> Result<SegmentReader, WalError> {
-        let file = File::open(path).map_err(|e| WalError::io("open", path, e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| WalError::io("stat", path, e))?
-            .len();
+impl<F: StorageFile> SegmentReader<F> {
+    fn open<S: Storage<File = F>>(storage: &S, path: &Path) -> Result<SegmentReader<F>, WalError> {
+        let file = storage
+            .open(path, OpenMode::Read)
+            .map_err(|e| WalError::io("open", path, e))?;
+        let len = file.size().map_err(|e| WalError::io("stat", path, e))?;
         Ok(SegmentReader {
             file,
             len,
@@ -293,8 +291,8 @@ impl SegmentReader {
     }
 }
 
-/// Walks the segments of `dir` and calls `visit` for every record met, in file order.
-/// See the module docs for the rules. Modifies nothing.
+/// Walks the segments of `dir` on the real file system and calls `visit` for every record
+/// met, in file order. See the module docs for the rules. Modifies nothing.
 ///
 /// # Errors
 /// Only I/O errors and a malformed directory. Corruption is not an error here: it is
@@ -303,8 +301,20 @@ pub fn scan_dir(
     dir: &Path,
     visit: &mut dyn FnMut(&ScannedRecord<'_>),
 ) -> Result<ScanReport, WalError> {
-    let segments = crate::segment::list_segments(dir)?;
-    scan_segments(&segments, visit)
+    scan_dir_in(&OsStorage, dir, visit)
+}
+
+/// [`scan_dir`] on `storage`.
+///
+/// # Errors
+/// As [`scan_dir`].
+pub fn scan_dir_in<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+) -> Result<ScanReport, WalError> {
+    let segments = crate::segment::list_segments_in(storage, dir)?;
+    scan_segments_in(storage, &segments, visit, Mutations::default())
 }
 
 /// [`scan_dir`] over an explicit list of segments (sorted by base).
@@ -315,6 +325,20 @@ pub fn scan_segments(
     segments: &[SegmentPath],
     visit: &mut dyn FnMut(&ScannedRecord<'_>),
 ) -> Result<ScanReport, WalError> {
+    scan_segments_in(&OsStorage, segments, visit, Mutations::default())
+}
+
+/// [`scan_segments`] on `storage`, with planted bugs switched on by `mutations` (tests
+/// only; [`Mutations::default`] is the shipped behaviour).
+///
+/// # Errors
+/// As [`scan_dir`].
+pub fn scan_segments_in<S: Storage>(
+    storage: &S,
+    segments: &[SegmentPath],
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+    mutations: Mutations,
+) -> Result<ScanReport, WalError> {
     let start = segments.first().map_or(Offset::ZERO, |s| s.base);
     let mut epochs = EpochRuns::new(start);
     let mut max_epoch = Epoch::ZERO;
@@ -323,7 +347,7 @@ pub fn scan_segments(
     let mut end = ScanEnd::Clean;
 
     'segments: for (si, seg) in segments.iter().enumerate() {
-        let mut reader = SegmentReader::open(&seg.path)?;
+        let mut reader = SegmentReader::open(storage, &seg.path)?;
         let mut report = SegmentReport {
             base: seg.base,
             path: seg.path.clone(),
@@ -449,7 +473,7 @@ pub fn scan_segments(
                 reader.look_past(bad_pos, len_hint).map_err(io_err)?;
             let mut empty_after = Vec::new();
             for later in &segments[si + 1..] {
-                let mut r = SegmentReader::open(&later.path)?;
+                let mut r = SegmentReader::open(storage, &later.path)?;
                 let (v, _) = r
                     .look_past(0, None)
                     .map_err(|e| WalError::io("read", &later.path, e))?;
@@ -463,6 +487,10 @@ pub fn scan_segments(
                 empty_after.push(later.path.clone());
             }
             let offset = epochs.next();
+            if mutations.mid_log_bad_record_is_torn_tail {
+                // Planted bug (tests only): whatever follows, call it a torn tail.
+                valid_after = false;
+            }
             end = if valid_after {
                 ScanEnd::Corruption(WalError::Corruption {
                     segment: seg.path.clone(),
@@ -488,7 +516,7 @@ pub fn scan_segments(
             reports.push(report);
             // Summaries of the later segments, for tools.
             for later in &segments[si + 1..] {
-                let file_bytes = std::fs::metadata(&later.path).map(|m| m.len()).unwrap_or(0);
+                let file_bytes = storage.file_len(&later.path).unwrap_or(0);
                 reports.push(SegmentReport {
                     base: later.base,
                     path: later.path.clone(),

@@ -11,7 +11,10 @@
 //! and runs several times slower. [`Preallocator`] keeps one such file ready
 //! (`spare.prealloc`) on a background thread; a roll renames it to the new segment's name
 //! and fsyncs the directory. Old segments are never recycled: a spare is always freshly
-//! zero-filled, so stale records can never be mistaken for data.
+//! zero-filled, so stale records can never be mistaken for data. On a storage that allows no
+//! background work ([`crate::Storage::background_work`]: the simulated [`crate::CrashDisk`])
+//! there is no thread: the roll that needs the spare prepares it inline, so every file
+//! operation happens in an order the caller drives.
 //!
 //! The zero-fill is **paced** by the appends. Every fdatasync of the log also makes the
 //! device persist whatever the zero-fill wrote since the previous one (this disk has a
@@ -24,10 +27,7 @@
 //! fill also runs freely while the log has written nothing for [`ZERO_FILL_IDLE`], and at
 //! full speed when a roll waits for it.
 
-use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -36,8 +36,9 @@ use std::time::{Duration, Instant};
 
 use quire_proto::Offset;
 
-use crate::disk::AlignedBuf;
+use crate::disk::{AlignedBuf, DirectIo};
 use crate::error::WalError;
+use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
 
 /// File name suffix of a segment.
 pub const SEGMENT_SUFFIX: &str = ".log";
@@ -86,16 +87,25 @@ pub struct SegmentPath {
     pub path: PathBuf,
 }
 
-/// The segments of `dir`, sorted by base offset.
+/// The segments of `dir` on the real file system, sorted by base offset
+/// ([`list_segments_in`] with [`OsStorage`]).
 ///
 /// # Errors
 /// If the directory cannot be read, or a `*.log` file has a malformed name.
 pub fn list_segments(dir: &Path) -> Result<Vec<SegmentPath>, WalError> {
+    list_segments_in(&OsStorage, dir)
+}
+
+/// The segments of `dir` in `storage`, sorted by base offset.
+///
+/// # Errors
+/// If the directory cannot be read, or a `*.log` file has a malformed name.
+pub fn list_segments_in<S: Storage>(storage: &S, dir: &Path) -> Result<Vec<SegmentPath>, WalError> {
     let mut out = Vec::new();
-    let entries = fs::read_dir(dir).map_err(|e| WalError::io("read_dir", dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| WalError::io("read_dir", dir, e))?;
-        let name = entry.file_name();
+    let names = storage
+        .list_dir(dir)
+        .map_err(|e| WalError::io("read_dir", dir, e))?;
+    for name in names {
         let Some(name) = name.to_str() else { continue };
         if !name.ends_with(SEGMENT_SUFFIX) {
             continue;
@@ -108,53 +118,64 @@ pub fn list_segments(dir: &Path) -> Result<Vec<SegmentPath>, WalError> {
         };
         out.push(SegmentPath {
             base,
-            path: entry.path(),
+            path: dir.join(name),
         });
     }
     out.sort_by_key(|s| s.base);
     Ok(out)
 }
 
-/// fsyncs a directory so that creations, renames and deletions in it are durable.
+/// fsyncs a directory of the real file system so that creations, renames and deletions in
+/// it are durable ([`fsync_dir_in`] with [`OsStorage`]).
 ///
 /// # Errors
 /// If the directory cannot be opened or synced.
 pub fn fsync_dir(dir: &Path) -> Result<(), WalError> {
-    let f = File::open(dir).map_err(|e| WalError::io("open dir", dir, e))?;
-    f.sync_all().map_err(|e| WalError::io("fsync dir", dir, e))
+    fsync_dir_in(&OsStorage, dir)
 }
 
-/// An exclusive `flock` on the directory's `LOCK` file, held while the value lives.
+/// fsyncs directory `dir` of `storage` so that creations, renames and deletions in it are
+/// durable.
+///
+/// # Errors
+/// If the directory cannot be opened or synced.
+pub fn fsync_dir_in<S: Storage>(storage: &S, dir: &Path) -> Result<(), WalError> {
+    storage
+        .sync_dir(dir)
+        .map_err(|e| WalError::io("fsync dir", dir, e))
+}
+
+/// An exclusive lock on the directory's `LOCK` file (`flock` on the real file system),
+/// held while the value lives.
 #[derive(Debug)]
-pub struct DirLock {
-    _file: File,
+pub struct DirLock<S: Storage = OsStorage> {
+    _lock: S::Lock,
 }
 
 impl DirLock {
-    /// Takes the lock of `dir` without waiting.
+    /// Takes the lock of `dir` on the real file system without waiting.
     ///
     /// # Errors
     /// [`WalError::Locked`] if someone holds it; an I/O error otherwise.
     pub fn acquire(dir: &Path) -> Result<DirLock, WalError> {
+        DirLock::acquire_in(&OsStorage, dir)
+    }
+}
+
+impl<S: Storage> DirLock<S> {
+    /// Takes the lock of `dir` in `storage` without waiting.
+    ///
+    /// # Errors
+    /// [`WalError::Locked`] if someone holds it; an I/O error otherwise.
+    pub fn acquire_in(storage: &S, dir: &Path) -> Result<DirLock<S>, WalError> {
         let path = dir.join(LOCK_NAME);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| WalError::io("open", &path, e))?;
-        // SAFETY: flock on an fd we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(WalError::Locked {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            return Err(WalError::io("flock", &path, err));
+        match storage.lock(&path) {
+            Ok(lock) => Ok(DirLock { _lock: lock }),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(WalError::Locked {
+                dir: dir.to_path_buf(),
+            }),
+            Err(e) => Err(WalError::io("flock", &path, e)),
         }
-        Ok(DirLock { _file: file })
     }
 }
 
@@ -163,7 +184,7 @@ impl DirLock {
 ///
 /// # Errors
 /// The first write error.
-pub fn write_zeros(file: &File, from: u64, to: u64) -> io::Result<()> {
+pub fn write_zeros<F: StorageFile>(file: &F, from: u64, to: u64) -> io::Result<()> {
     let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES];
     let mut pos = from;
     while pos < to {
@@ -194,7 +215,8 @@ struct SpareState {
 }
 
 #[derive(Debug)]
-struct SpareShared {
+struct SpareShared<S: Storage> {
+    storage: S,
     dir: PathBuf,
     bytes: u64,
     align: usize,
@@ -213,31 +235,51 @@ struct SpareShared {
 
 /// Keeps one zero-filled, preallocated spare segment ready on a background thread.
 #[derive(Debug)]
-pub struct Preallocator {
-    shared: Arc<SpareShared>,
+pub struct Preallocator<S: Storage = OsStorage> {
+    shared: Arc<SpareShared<S>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Preallocator {
-    /// Starts the background thread for `dir`, preparing spares of `segment_bytes` bytes
-    /// (a multiple of `align`). A complete spare left by an earlier run is reused; a
-    /// partial one is deleted.
+    /// [`Preallocator::start_in`] on the real file system.
+    ///
+    /// # Errors
+    /// As [`Preallocator::start_in`].
+    pub fn start(dir: &Path, segment_bytes: u64, align: usize) -> Result<Preallocator, WalError> {
+        Preallocator::start_in(OsStorage, dir, segment_bytes, align)
+    }
+}
+
+impl<S: Storage> Preallocator<S> {
+    /// Starts the background thread for `dir` of `storage`, preparing spares of
+    /// `segment_bytes` bytes (a multiple of `align`). A complete spare left by an earlier
+    /// run is reused; a partial one is deleted.
     ///
     /// # Errors
     /// If the leftover files cannot be inspected or removed, or the thread cannot start.
-    pub fn start(dir: &Path, segment_bytes: u64, align: usize) -> Result<Preallocator, WalError> {
+    pub fn start_in(
+        storage: S,
+        dir: &Path,
+        segment_bytes: u64,
+        align: usize,
+    ) -> Result<Preallocator<S>, WalError> {
         let tmp = dir.join(SPARE_TMP_NAME);
-        if tmp.exists() {
-            fs::remove_file(&tmp).map_err(|e| WalError::io("remove", &tmp, e))?;
+        match storage.remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(WalError::io("remove", &tmp, e)),
         }
         let spare = dir.join(SPARE_NAME);
         let mut ready = false;
-        match fs::metadata(&spare) {
-            Ok(m) if m.len() == segment_bytes => ready = true,
-            Ok(_) => fs::remove_file(&spare).map_err(|e| WalError::io("remove", &spare, e))?,
+        match storage.file_len(&spare) {
+            Ok(len) if len == segment_bytes => ready = true,
+            Ok(_) => storage
+                .remove_file(&spare)
+                .map_err(|e| WalError::io("remove", &spare, e))?,
             Err(_) => {}
         }
         let shared = Arc::new(SpareShared {
+            storage,
             dir: dir.to_path_buf(),
             bytes: segment_bytes,
             align,
@@ -254,6 +296,13 @@ impl Preallocator {
             written_at_us: AtomicU64::new(0),
             started: Instant::now(),
         });
+        if !shared.storage.background_work() {
+            // Inline: the spare is prepared by the roll that needs it (see `take`).
+            return Ok(Preallocator {
+                shared,
+                thread: None,
+            });
+        }
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
             .name("quire-wal-prealloc".into())
@@ -287,6 +336,11 @@ impl Preallocator {
     /// The preparation's error (e.g. [`WalError::NoSpace`]), or the rename's.
     pub fn take(&self, dest: &Path) -> Result<(), WalError> {
         let s = &self.shared;
+        if self.thread.is_none() && !s.lock().ready {
+            // No background thread (a storage without background work): prepare it now.
+            s.prepare()?;
+            s.lock().ready = true;
+        }
         let mut st = s.lock();
         if !st.ready && st.error.is_none() {
             tracing::warn!("segment roll waits for the spare segment to be zero-filled");
@@ -304,8 +358,10 @@ impl Preallocator {
             st = s.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         let spare = s.dir.join(SPARE_NAME);
-        fs::rename(&spare, dest).map_err(|e| WalError::io("rename", dest, e))?;
-        fsync_dir(&s.dir)?;
+        s.storage
+            .rename(&spare, dest)
+            .map_err(|e| WalError::io("rename", dest, e))?;
+        fsync_dir_in(&s.storage, &s.dir)?;
         st.ready = false;
         st.wanted = true;
         // A segment has just started: no roll needs the next spare yet.
@@ -315,7 +371,7 @@ impl Preallocator {
     }
 }
 
-impl Drop for Preallocator {
+impl<S: Storage> Drop for Preallocator<S> {
     fn drop(&mut self) {
         {
             self.shared.stopping.store(true, Ordering::Relaxed);
@@ -329,7 +385,7 @@ impl Drop for Preallocator {
     }
 }
 
-impl SpareShared {
+impl<S: Storage> SpareShared<S> {
     fn lock(&self) -> std::sync::MutexGuard<'_, SpareState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -387,40 +443,23 @@ impl SpareShared {
         let tmp = self.dir.join(SPARE_TMP_NAME);
         let result = self.fill(&tmp);
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = self.storage.remove_file(&tmp);
         }
         result?;
         let spare = self.dir.join(SPARE_NAME);
-        fs::rename(&tmp, &spare).map_err(|e| WalError::io("rename", &spare, e))?;
-        fsync_dir(&self.dir)
+        self.storage
+            .rename(&tmp, &spare)
+            .map_err(|e| WalError::io("rename", &spare, e))?;
+        fsync_dir_in(&self.storage, &self.dir)
     }
 
     fn fill(&self, tmp: &Path) -> Result<(), WalError> {
-        let direct = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(tmp);
-        let (file, is_direct) = match direct {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(tmp)
-                    .map_err(|e| WalError::io("create", tmp, e))?;
-                (f, false)
-            }
-            Err(e) => return Err(WalError::io("create", tmp, e)),
-        };
-        let len = libc::off_t::try_from(self.bytes)
-            .map_err(|_| WalError::Config("segment too large".into()))?;
-        // SAFETY: fallocate on an fd we own; no memory involved.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
+        let file = self
+            .storage
+            .open(tmp, OpenMode::CreateDirect)
+            .map_err(|e| WalError::io("create", tmp, e))?;
+        let is_direct = file.direct_io() == DirectIo::On;
+        if let Err(err) = file.allocate(self.bytes) {
             if err.raw_os_error() == Some(libc::ENOSPC) {
                 return Err(WalError::io("fallocate", tmp, err));
             }
@@ -516,6 +555,7 @@ mod tests {
     #[test]
     fn zero_fill_keeps_pace_with_the_appends_and_runs_free_when_they_stop() {
         let s = SpareShared {
+            storage: OsStorage,
             dir: PathBuf::new(),
             bytes: 64 << 20,
             align: 4096,
@@ -562,11 +602,11 @@ mod tests {
         let p = Preallocator::start(dir.path(), 64 * 1024, 4096).unwrap();
         let dest = dir.path().join(segment_name(Offset(0)));
         p.take(&dest).unwrap();
-        let bytes = fs::read(&dest).unwrap();
+        let bytes = std::fs::read(&dest).unwrap();
         assert_eq!(bytes.len(), 64 * 1024);
         assert!(bytes.iter().all(|&b| b == 0));
         let dest2 = dir.path().join(segment_name(Offset(7)));
         p.take(&dest2).unwrap();
-        assert_eq!(fs::metadata(&dest2).unwrap().len(), 64 * 1024);
+        assert_eq!(std::fs::metadata(&dest2).unwrap().len(), 64 * 1024);
     }
 }

@@ -7,9 +7,10 @@
 //! over `NAME`, fsync the directory. After a crash, `NAME` is either the old file or the new
 //! one, never a mix.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
+
+use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
 
 /// Bytes of the trailing checksum.
 const CRC_BYTES: usize = 4;
@@ -86,62 +87,115 @@ pub fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(v)
 }
 
-/// Reads `dir/name`; `Ok(None)` if there is no such file.
+/// Reads `dir/name` on the real file system ([`read_in`] with [`OsStorage`]).
 ///
 /// # Errors
-/// Any other I/O error.
+/// As [`read_in`].
 pub fn read(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, IoFailure> {
-    let path = dir.join(name);
-    match fs::read(&path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(failure("read", &path)(e)),
-    }
+    read_in(&OsStorage, dir, name)
 }
 
-/// Replaces `dir/name` with `bytes` durably (module docs). When it returns `Ok`, the new
-/// file survives a crash.
+/// The most bytes a small file may hold; a larger one is not read (it is not one of ours).
+pub const SMALL_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// Reads `dir/name` of `storage`; `Ok(None)` if there is no such file.
+///
+/// # Errors
+/// Any other I/O error, and `InvalidData` for a file above [`SMALL_FILE_BYTES_MAX`].
+pub fn read_in<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    name: &str,
+) -> Result<Option<Vec<u8>>, IoFailure> {
+    let path = dir.join(name);
+    let file = match storage.open(&path, OpenMode::Read) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(failure("open", &path)(e)),
+    };
+    let len = file.size().map_err(failure("stat", &path))?;
+    if len > SMALL_FILE_BYTES_MAX {
+        return Err(failure("read", &path)(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{len} bytes is too large for a small file"),
+        )));
+    }
+    let mut b = vec![0u8; usize::try_from(len).expect("invariant: bounded above")];
+    file.read_exact_at(&mut b, 0)
+        .map_err(failure("read", &path))?;
+    Ok(Some(b))
+}
+
+/// Replaces `dir/name` on the real file system ([`replace_in`] with [`OsStorage`]).
+///
+/// # Errors
+/// As [`replace_in`].
+pub fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IoFailure> {
+    replace_in(&OsStorage, dir, name, bytes)
+}
+
+/// Replaces `dir/name` of `storage` with `bytes` durably (module docs). When it returns
+/// `Ok`, the new file survives a crash.
 ///
 /// # Errors
 /// I/O errors (the old file, if any, is then unchanged).
-pub fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), IoFailure> {
+pub fn replace_in<S: Storage>(
+    storage: &S,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> Result<(), IoFailure> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
+    let f = storage
+        .open(&tmp, OpenMode::Create)
         .map_err(failure("create", &tmp))?;
-    f.write_all(bytes).map_err(failure("write", &tmp))?;
+    f.write_all_at(bytes, 0).map_err(failure("write", &tmp))?;
     f.sync_all().map_err(failure("fsync", &tmp))?;
     drop(f);
-    fs::rename(&tmp, &path).map_err(failure("rename", &path))?;
-    fsync_dir(dir)
+    storage
+        .rename(&tmp, &path)
+        .map_err(failure("rename", &path))?;
+    fsync_dir_in(storage, dir)
 }
 
-/// Removes `dir/name` durably (remove, fsync of the directory); a missing file is fine.
+/// Removes `dir/name` on the real file system ([`remove_in`] with [`OsStorage`]).
+///
+/// # Errors
+/// As [`remove_in`].
+pub fn remove(dir: &Path, name: &str) -> Result<(), IoFailure> {
+    remove_in(&OsStorage, dir, name)
+}
+
+/// Removes `dir/name` of `storage` durably (remove, fsync of the directory); a missing
+/// file is fine.
 ///
 /// # Errors
 /// I/O errors (the file may then still be there).
-pub fn remove(dir: &Path, name: &str) -> Result<(), IoFailure> {
+pub fn remove_in<S: Storage>(storage: &S, dir: &Path, name: &str) -> Result<(), IoFailure> {
     let path = dir.join(name);
-    match fs::remove_file(&path) {
+    match storage.remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(failure("remove", &path)(e)),
     }
-    fsync_dir(dir)
+    fsync_dir_in(storage, dir)
 }
 
-/// fsyncs `dir`, so that a rename, a new entry or a removal in it is durable.
+/// fsyncs `dir` on the real file system ([`fsync_dir_in`] with [`OsStorage`]).
 ///
 /// # Errors
 /// I/O errors.
 pub fn fsync_dir(dir: &Path) -> Result<(), IoFailure> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(failure("fsync dir", dir))
+    fsync_dir_in(&OsStorage, dir)
+}
+
+/// fsyncs `dir` of `storage`, so that a rename, a new entry or a removal in it is durable.
+///
+/// # Errors
+/// I/O errors.
+pub fn fsync_dir_in<S: Storage>(storage: &S, dir: &Path) -> Result<(), IoFailure> {
+    storage.sync_dir(dir).map_err(failure("fsync dir", dir))
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ use crate::format::{
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::{DirLock, Preallocator};
 use crate::stats::{Counters, WalStats};
+use crate::storage::{OsStorage, Storage, StorageFile};
+use crate::Mutations;
 
 /// Smallest accepted `segment_bytes_max`, in bytes.
 pub const SEGMENT_BYTES_MIN: u64 = 64 * 1024;
@@ -88,26 +90,35 @@ impl Default for WalConfig {
     }
 }
 
-/// A handle to an open write-ahead log. `Clone + Send + Sync`; see the module docs.
-#[derive(Clone, Debug)]
-pub struct Wal {
-    inner: Arc<WalInner>,
+/// A handle to an open write-ahead log whose files live in `S` (the real file system by
+/// default). `Clone + Send + Sync`; see the module docs.
+#[derive(Debug)]
+pub struct Wal<S: Storage = OsStorage> {
+    inner: Arc<WalInner<S>>,
+}
+
+impl<S: Storage> Clone for Wal<S> {
+    fn clone(&self) -> Self {
+        Wal {
+            inner: self.inner.clone(),
+        }
+    }
 }
 
 #[derive(Debug)]
-struct WalInner {
-    shared: Arc<Shared>,
+struct WalInner<S: Storage> {
+    shared: Arc<Shared<S>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    _lock: DirLock,
+    _lock: DirLock<S>,
 }
 
-impl Drop for WalInner {
+impl<S: Storage> Drop for WalInner<S> {
     fn drop(&mut self) {
         stop(&self.shared, &self.thread);
     }
 }
 
-fn stop(shared: &Shared, thread: &Mutex<Option<JoinHandle<()>>>) {
+fn stop<S: Storage>(shared: &Shared<S>, thread: &Mutex<Option<JoinHandle<()>>>) {
     shared.lock_state().closing = true;
     shared.waker.wake();
     let handle = thread.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -155,17 +166,47 @@ impl Wal {
         disk: Option<Box<dyn Disk>>,
         before_cut: crate::BeforeCut<'_>,
     ) -> Result<(Wal, RecoveryReport), WalError> {
+        Wal::open_in(OsStorage, config, disk, before_cut, Mutations::default())
+    }
+}
+
+impl<S: Storage> Wal<S> {
+    /// [`Wal::open`] on `storage` (for example a [`crate::CrashDisk`]): its own disk for
+    /// `config.io`, no pre-cut hook, no planted bug.
+    ///
+    /// # Errors
+    /// As [`Wal::open`].
+    pub fn open_on(storage: S, config: WalConfig) -> Result<(Wal<S>, RecoveryReport), WalError> {
+        Wal::open_in(storage, config, None, &mut |_| Ok(()), Mutations::default())
+    }
+
+    /// [`Wal::open_with_hook`] on `storage`: every file operation of this log, and the
+    /// write path's disk (`disk`, or `storage`'s own [`Storage::open_disk`] for
+    /// `config.io` when `None`), go through it. `mutations` plants test-only bugs
+    /// ([`Mutations::default`]: none).
+    ///
+    /// # Errors
+    /// As [`Wal::open_with_hook`].
+    pub fn open_in(
+        storage: S,
+        config: WalConfig,
+        disk: Option<Box<dyn Disk<S::File>>>,
+        before_cut: crate::BeforeCut<'_>,
+        mutations: Mutations,
+    ) -> Result<(Wal<S>, RecoveryReport), WalError> {
         let disk = match disk {
             Some(d) => d,
-            None => disk::open_disk(config.io)?.0,
+            None => storage.open_disk(config.io)?,
         };
         if config.batch_bytes_max == 0 {
             return Err(WalError::Config("batch_bytes_max must be positive".into()));
         }
-        std::fs::create_dir_all(&config.dir)
+        storage
+            .create_dir_all(&config.dir)
             .map_err(|e| WalError::io("create dir", &config.dir, e))?;
-        let lock = DirLock::acquire(&config.dir)?;
-        let found = disk::detect_alignment(&config.dir)
+        let lock = DirLock::acquire_in(&storage, &config.dir)?;
+        let found = storage
+            .alignment(&config.dir)
             .map_err(|e| WalError::io("detect alignment", &config.dir, e))?;
         // Never below a page: the reader's buffered reads cache whole pages, which must not
         // straddle a block the commit thread is still writing.
@@ -190,14 +231,24 @@ impl Wal {
             disk = disk.name(),
             "opening WAL"
         );
-        let rec = recovery::recover(&config.dir, segment_bytes, align, before_cut)?;
+        let rec = recovery::recover(
+            &storage,
+            &config.dir,
+            segment_bytes,
+            align,
+            before_cut,
+            mutations,
+        )?;
         let report = rec.report.clone();
-        let prealloc = Preallocator::start(
+        let prealloc = Preallocator::start_in(
+            storage.clone(),
             &config.dir,
             segment_bytes,
             usize::try_from(align).expect("invariant: alignment fits usize"),
         )?;
         let shared = Arc::new(Shared {
+            storage,
+            mutations,
             dir: config.dir.clone(),
             align,
             segment_bytes,
@@ -233,7 +284,7 @@ impl Wal {
         Ok((wal, report))
     }
 
-    fn shared(&self) -> &Shared {
+    fn shared(&self) -> &Shared<S> {
         &self.inner.shared
     }
 
@@ -446,12 +497,15 @@ impl Wal {
             return Ok(report);
         }
         for seg in &removed {
-            let bytes = seg.file.metadata().map_or(0, |m| m.len());
-            std::fs::remove_file(&seg.path).map_err(|e| WalError::io("remove", &seg.path, e))?;
+            let bytes = seg.file.size().unwrap_or(0);
+            shared
+                .storage
+                .remove_file(&seg.path)
+                .map_err(|e| WalError::io("remove", &seg.path, e))?;
             report.segments_deleted += 1;
             report.bytes_deleted += bytes;
         }
-        crate::segment::fsync_dir(&shared.dir)?;
+        crate::segment::fsync_dir_in(&shared.storage, &shared.dir)?;
         Counters::add(&shared.counters.segments_trimmed, report.segments_deleted);
         tracing::info!(
             before = before.0,

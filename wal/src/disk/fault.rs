@@ -233,8 +233,8 @@ fn parse_number(text: &str) -> Result<u64, String> {
 
 /// A [`Disk`] that fails what its [`FaultPlan`] says. See the module docs.
 #[derive(Debug)]
-pub struct FaultDisk {
-    inner: Box<dyn Disk>,
+pub struct FaultDisk<F = std::fs::File> {
+    inner: Box<dyn Disk<F>>,
     plan: Arc<FaultPlan>,
     /// Failed operations, completed without reaching the inner disk.
     ready: Vec<DiskCompletion>,
@@ -242,10 +242,10 @@ pub struct FaultDisk {
     after_write: Vec<(u64, DiskCompletion)>,
 }
 
-impl FaultDisk {
+impl<F> FaultDisk<F> {
     /// Wraps `inner`, failing what `plan` says.
     #[must_use]
-    pub fn new(inner: Box<dyn Disk>, plan: Arc<FaultPlan>) -> FaultDisk {
+    pub fn new(inner: Box<dyn Disk<F>>, plan: Arc<FaultPlan>) -> FaultDisk<F> {
         FaultDisk {
             inner,
             plan,
@@ -263,12 +263,12 @@ fn failed(token: u64, errno: i32) -> DiskCompletion {
     }
 }
 
-impl Disk for FaultDisk {
+impl<F: std::fmt::Debug + Send + Sync + 'static> Disk<F> for FaultDisk<F> {
     fn name(&self) -> &'static str {
         "fault"
     }
 
-    fn push(&mut self, op: DiskOp) {
+    fn push(&mut self, op: DiskOp<F>) {
         match op {
             DiskOp::Write {
                 file,

@@ -12,6 +12,12 @@
 //! - [`FaultDisk`]: wraps another `Disk` and fails a chosen write or fdatasync (EIO,
 //!   ENOSPC, …) for tests.
 //!
+//! The trait is generic over the file type `F` (default `std::fs::File`): a
+//! [`crate::Storage`] hands the commit thread a `Disk<Storage::File>`. [`UringDisk`] works
+//! on real files only; [`SyncDisk`] and [`FaultDisk`] on any [`crate::StorageFile`], so a
+//! simulated storage runs the same commit thread. Every other file operation of the WAL
+//! (open, create, rename, directory fsync, ...) goes through the [`crate::Storage`] itself.
+//!
 //! This module does not decide what is written where (that is the commit thread's job)
 //! and never retries a failed operation.
 //!
@@ -26,29 +32,30 @@ mod fault;
 mod sync;
 mod uring;
 
-use std::fs::{File, OpenOptions};
+use std::fmt;
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use std::{fmt, fs};
 
 pub use buf::{AlignedBuf, HUGE_PAGE_BYTES};
 pub use fault::{FaultDisk, FaultPlan, FaultSpecError, FAULT_AFTER_MAX};
 pub use sync::SyncDisk;
 pub use uring::{open_single_issuer_ring, UringDisk};
 
+pub use crate::storage::{detect_alignment, open_for_append};
+
 use crate::Position;
 
-/// One operation for a [`Disk`].
+/// One operation for a [`Disk`], on files of type `F` (a [`crate::storage::StorageFile`];
+/// `std::fs::File` for the real disks).
 #[derive(Debug)]
-pub enum DiskOp {
+pub enum DiskOp<F = File> {
     /// Write all of `buf` at byte `position` of `file`. `position` and `buf`'s length are
     /// multiples of the direct-I/O alignment.
     Write {
         /// The segment file (opened for writing, with O_DIRECT where supported).
-        file: Arc<File>,
+        file: Arc<F>,
         /// Byte position in the file.
         position: Position,
         /// The bytes; returned in the completion.
@@ -63,7 +70,7 @@ pub enum DiskOp {
     /// fdatasync the file.
     Fdatasync {
         /// The segment file.
-        file: Arc<File>,
+        file: Arc<F>,
         /// Identifies the completion.
         token: u64,
     },
@@ -89,13 +96,13 @@ pub trait DiskWaker: Send + Sync + fmt::Debug {
 }
 
 /// A completion-based disk: operations are pushed, then [`Disk::wait`] submits them and
-/// collects results. See the module docs for the durability promise.
-pub trait Disk: Send + fmt::Debug {
+/// collects results, on files of type `F`. See the module docs for the durability promise.
+pub trait Disk<F = File>: Send + fmt::Debug {
     /// A short name for logs and stats (`"io_uring"`, `"sync"`, …).
     fn name(&self) -> &'static str;
 
     /// Queues an operation; it is submitted by the next [`Disk::wait`].
-    fn push(&mut self, op: DiskOp);
+    fn push(&mut self, op: DiskOp<F>);
 
     /// Hands queued operations to the device now, if this disk runs them asynchronously;
     /// a disk that runs them inside [`Disk::wait`] does nothing here.
@@ -143,97 +150,6 @@ pub const ALIGN_BYTES_MIN: u64 = 512;
 /// The largest alignment the WAL accepts, in bytes.
 pub const ALIGN_BYTES_MAX: u64 = 1 << 20;
 
-/// Finds the direct-I/O alignment for files in `dir`: the largest of statx's
-/// STATX_DIOALIGN offset and memory alignments, the device's physical block size (sysfs),
-/// and [`ALIGN_BYTES_MIN`]. When neither statx nor sysfs tells anything, the file
-/// system's block size (`st_blksize`) is used. Never a constant assumption.
-///
-/// # Errors
-/// If the probe file cannot be created or statx fails.
-pub fn detect_alignment(dir: &Path) -> io::Result<DirectIoAlignment> {
-    let probe = dir.join(".quire-dio-probe");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&probe)?;
-    let result = statx_alignment(&file);
-    drop(file);
-    let _ = fs::remove_file(&probe);
-    let (stx_offset, stx_mem, dev, fs_block) = result?;
-    let physical = dev.and_then(|(major, minor)| physical_block_size(major, minor));
-    let mut bytes = ALIGN_BYTES_MIN;
-    for v in [stx_offset, stx_mem, physical].into_iter().flatten() {
-        bytes = bytes.max(v);
-    }
-    if stx_offset.is_none() && physical.is_none() {
-        bytes = bytes.max(fs_block);
-    }
-    let bytes = bytes.next_power_of_two().min(ALIGN_BYTES_MAX);
-    Ok(DirectIoAlignment {
-        bytes,
-        statx_offset_bytes: stx_offset,
-        statx_memory_bytes: stx_mem,
-        physical_block_bytes: physical,
-        fs_block_bytes: fs_block,
-    })
-}
-
-type StatxAlign = (Option<u64>, Option<u64>, Option<(u32, u32)>, u64);
-
-fn statx_alignment(file: &File) -> io::Result<StatxAlign> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: statx is plain old data; all-zero is a valid value.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let empty = c"";
-    // SAFETY: the fd is open for the duration of the call, the path is a valid C string and
-    // stx points to a writable statx struct.
-    let rc = unsafe {
-        libc::statx(
-            file.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_BASIC_STATS | libc::STATX_DIOALIGN,
-            &mut stx,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let (off, mem) = if stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_offset_align != 0 {
-        (
-            Some(u64::from(stx.stx_dio_offset_align)),
-            Some(u64::from(stx.stx_dio_mem_align)),
-        )
-    } else {
-        (None, None)
-    };
-    Ok((
-        off,
-        mem,
-        Some((stx.stx_dev_major, stx.stx_dev_minor)),
-        u64::from(stx.stx_blksize),
-    ))
-}
-
-fn physical_block_size(major: u32, minor: u32) -> Option<u64> {
-    let base = format!("/sys/dev/block/{major}:{minor}");
-    for candidate in [
-        format!("{base}/queue/physical_block_size"),
-        // A partition has no queue directory of its own: its parent disk's applies.
-        format!("{base}/../queue/physical_block_size"),
-    ] {
-        if let Ok(text) = fs::read_to_string(&candidate) {
-            if let Ok(v) = text.trim().parse::<u64>() {
-                if v.is_power_of_two() {
-                    return Some(v);
-                }
-            }
-        }
-    }
-    None
-}
-
 /// Whether writes to a file bypass the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DirectIo {
@@ -242,32 +158,6 @@ pub enum DirectIo {
     /// The file system refused O_DIRECT (EINVAL, e.g. tmpfs); writes go through the page
     /// cache and durability still comes from fdatasync.
     Off,
-}
-
-/// Opens an existing segment file for the write path: O_DIRECT where the file system
-/// supports it (falling back to buffered writes with a warning on EINVAL).
-///
-/// # Errors
-/// If the file cannot be opened.
-pub fn open_for_append(path: &Path) -> io::Result<(File, DirectIo)> {
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
-        Ok(f) => Ok((f, DirectIo::On)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            tracing::warn!(
-                path = %path.display(),
-                "O_DIRECT is not supported here; segment writes go through the page cache \
-                 (still fdatasync'ed)"
-            );
-            let f = OpenOptions::new().read(true).write(true).open(path)?;
-            Ok((f, DirectIo::Off))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// Which implementation [`open_disk`] chose.

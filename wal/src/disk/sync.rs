@@ -4,19 +4,24 @@
 //! Group commit still works (appends that arrive during an fdatasync share the next one);
 //! what is lost compared to io_uring is the overlap of the next write with the running
 //! fdatasync.
+//!
+//! It works on any [`StorageFile`]: the real `std::fs::File` (`pwrite`, `fdatasync`) or a
+//! simulated one ([`crate::storage::CrashFile`]), so the simulated disk runs the same
+//! commit thread.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Disk, DiskCompletion, DiskOp, DiskWaker};
+use crate::storage::StorageFile;
 
-/// `pwrite` + `fdatasync` on the calling thread. See the module docs.
+/// `pwrite` + `fdatasync` on the calling thread, on files of type `F`. See the module docs.
 #[derive(Debug)]
-pub struct SyncDisk {
-    queue: VecDeque<DiskOp>,
+pub struct SyncDisk<F = File> {
+    queue: VecDeque<DiskOp<F>>,
     waker: Arc<CondWaker>,
 }
 
@@ -37,10 +42,10 @@ impl DiskWaker for CondWaker {
     }
 }
 
-impl SyncDisk {
+impl<F> SyncDisk<F> {
     /// A new synchronous disk.
     #[must_use]
-    pub fn new() -> SyncDisk {
+    pub fn new() -> SyncDisk<F> {
         SyncDisk {
             queue: VecDeque::new(),
             waker: Arc::new(CondWaker::default()),
@@ -48,13 +53,13 @@ impl SyncDisk {
     }
 }
 
-impl Default for SyncDisk {
+impl<F> Default for SyncDisk<F> {
     fn default() -> Self {
         SyncDisk::new()
     }
 }
 
-fn write_once(file: &std::fs::File, bytes: &[u8], position: u64) -> io::Result<u32> {
+fn write_once<F: StorageFile>(file: &F, bytes: &[u8], position: u64) -> io::Result<u32> {
     loop {
         match file.write_at(bytes, position) {
             Ok(n) => return Ok(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -65,12 +70,12 @@ fn write_once(file: &std::fs::File, bytes: &[u8], position: u64) -> io::Result<u
     }
 }
 
-impl Disk for SyncDisk {
+impl<F: StorageFile> Disk<F> for SyncDisk<F> {
     fn name(&self) -> &'static str {
         "sync"
     }
 
-    fn push(&mut self, op: DiskOp) {
+    fn push(&mut self, op: DiskOp<F>) {
         self.queue.push_back(op);
     }
 
@@ -85,7 +90,7 @@ impl Disk for SyncDisk {
                     token,
                     then_fdatasync,
                 } => {
-                    let result = write_once(&file, buf.as_slice(), position.0);
+                    let result = write_once(&*file, buf.as_slice(), position.0);
                     let ok = matches!(result, Ok(n) if n as usize == buf.len());
                     out.push(DiskCompletion {
                         token,
