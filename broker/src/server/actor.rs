@@ -1001,12 +1001,16 @@ impl Actor {
     /// Serves a fetch of offsets older than the in-memory window by reading a voting store
     /// that holds them.
     fn fetch_from_store(&mut self, token: RequestToken, read: StoreFetch) {
+        let Some(client) = self.slots[read.source.index()].client() else {
+            self.answer_fetch(token, FetchReply::Unavailable);
+            return;
+        };
         let Some(waiter) = self.held_fetches.remove(&token) else {
             return;
         };
         self.metrics.fetches_from_store.inc();
         let StoreFetch {
-            source,
+            source: _,
             req,
             offsets,
             bytes_max,
@@ -1014,16 +1018,6 @@ impl Actor {
             trim_point,
         } = read;
         let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
-            return;
-        };
-        let Some(client) = self.slots[source.index()].client() else {
-            waiter.answer(
-                ErrorResponse::new(
-                    ErrorCode::Internal,
-                    "no store can serve this range now; retry",
-                )
-                .into(),
-            );
             return;
         };
         tokio::spawn(async move {
