@@ -2,8 +2,6 @@
 //! kill -9, restart each process (a store keeps its directory and address, a broker its
 //! id, directory and address), find the master.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -164,13 +162,7 @@ impl BrokerNode {
             .as_ref()
             .and_then(|p| p.metrics.clone())
             .expect("the broker serves metrics");
-        let mut s = TcpStream::connect(&addr).expect("metrics connect");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("metrics request");
-        let mut out = String::new();
-        s.read_to_string(&mut out).expect("metrics answer");
-        out
+        crate::http::get_ok(&addr, "/metrics")
     }
 }
 

@@ -1,5 +1,5 @@
 //! A bounded HTTP/1.1 GET against a server's metrics port (`/metrics`, `/healthz`,
-//! `/ready`), and the one Prometheus text parser of the tests: a sample's value
+//! `/ready`; [`get`], and [`get_ok`] when anything but `200` fails the test), and the one Prometheus text parser of the tests: a sample's value
 //! ([`metric`]) and the metric names in a scrape ([`metric_names`]).
 
 use std::collections::BTreeSet;
@@ -21,6 +21,19 @@ pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let (head, body) = out.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
+}
+
+/// `GET path` on `addr` that must succeed: the body of a `200` answer.
+///
+/// # Panics
+/// If the server cannot be reached within [`WAIT`] or answers anything but `200` (the test
+/// fails with the address, the path and what came back).
+pub fn get_ok(addr: &str, path: &str) -> String {
+    match get(addr, path) {
+        Some((200, body)) => body,
+        Some((code, body)) => panic!("GET {path} on {addr}: status {code}: {body}"),
+        None => panic!("GET {path} on {addr}: no HTTP answer"),
+    }
 }
 
 /// The names in a Prometheus text scrape: every sample's name and every family named by a

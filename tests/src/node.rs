@@ -7,8 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -219,18 +218,10 @@ impl Drop for NodeProc {
     }
 }
 
+/// `GET path` on a node's metrics listener; the body of its `200` answer
+/// ([`crate::http::get_ok`], which fails the test on anything else).
 pub fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    s.set_write_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
-    assert!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
-    body.to_owned()
+    crate::http::get_ok(&addr.to_string(), path)
 }
 
 /// The value of the sample `prefix` (a name with its labels, as printed) in a scrape, or 0

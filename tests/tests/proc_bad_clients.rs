@@ -45,6 +45,7 @@ use quire_proto::{
     FrameHeader, FrameType, LogPosition, MetadataRequest, Offset, ProduceRequest, ReadRequest,
     RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
 };
+use quire_tests::node::metric_value as metric;
 use quire_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -149,11 +150,6 @@ fn error_then(s: &mut StdStream) -> (RequestId, ErrorCode, bool) {
     };
     let closed = read_frame(s, &mut buf).is_none();
     (f.request_id, e.code, closed)
-}
-
-/// The value of a metric line `name value` in a scrape (0 if absent).
-fn metric(text: &str, name: &str) -> f64 {
-    quire_tests::http::metric(text, name).unwrap_or(0.0)
 }
 
 /// Each kind of broken frame, one connection each: a typed error, the connection closed
@@ -475,13 +471,7 @@ fn attack(who: &str, addr: &str, pid: u32, scrape: &dyn Fn() -> String) -> Attac
 
 /// `GET /metrics` from `addr`, as text.
 fn scrape_metrics(addr: &str) -> String {
-    let mut s = StdStream::connect(addr).expect("metrics connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("metrics request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("metrics answer");
-    out
+    quire_tests::http::get_ok(addr, "/metrics")
 }
 
 #[test]
