@@ -283,6 +283,7 @@ impl Store {
                 RejectReason::LogMismatch => "log_mismatch",
                 RejectReason::LogFailed => "log_failed",
                 RejectReason::Overloaded => "overloaded",
+                RejectReason::Malformed => "invalid",
             }),
             (Asked::Append { .. }, Body::ErrorResponse(e)) => {
                 m.reject_append(if e.code == ErrorCode::Malformed {

@@ -208,23 +208,35 @@ pub struct PersistedAck {
     pub voter: bool,
 }
 
-/// Why a store refused an append. One byte on the wire.
+/// Why a store or a slave broker refused an append (DESIGN.md "Replication protocol"). One
+/// byte on the wire (`AppendRejected.reason`); a byte no reason uses is a typed decode error
+/// ([`WireError::InvalidTag`]). The same type is used on the wire and by the broker's
+/// replication cores, so no reason is lost in a mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum RejectReason {
-    /// `epoch < promised`: a newer master fenced this store.
+    /// `epoch < promised`: the append's epoch is below the receiver's promised (or known
+    /// master) epoch, i.e. a newer master fenced it. The rejection's `promised` field carries
+    /// that epoch; a master that sees one above its own steps down.
     StaleEpoch = 1,
-    /// The store has no entry at `prev`, or its entry there has another epoch; `last`
-    /// tells the master where to back up to.
+    /// The receiver has no entry at the append's `prev`, or its entry there has another
+    /// epoch (log matching, Raft §5.3). The rejection's `last` field carries the receiver's
+    /// last `(epoch, offset)` so the master can back up and resend.
     LogMismatch = 2,
-    /// The store's log failed (write or fsync error) and takes no more appends.
+    /// The receiver's log failed (a write or fsync error) and takes no more appends
+    /// (fail-stop). The master sends it nothing more until it reconnects.
     LogFailed = 3,
-    /// The store has too many bytes queued; retry later.
+    /// The receiver has too many bytes queued and dropped the append (and those after it).
+    /// The master resends from the first unanswered offset after its next heartbeat tick.
     Overloaded = 4,
+    /// The append was inconsistent in itself (events not contiguous from `prev`, epochs out
+    /// of order). A correct master never sends one; it treats the answer like
+    /// [`RejectReason::LogFailed`].
+    Malformed = 5,
 }
 
 impl RejectReason {
-    /// The reason for a byte, or `None` for a byte no reason uses.
+    /// The reason for a byte, or `None` for a byte no reason uses (0, 6..=255).
     #[must_use]
     pub fn from_u8(byte: u8) -> Option<RejectReason> {
         Some(match byte {
@@ -232,11 +244,12 @@ impl RejectReason {
             2 => RejectReason::LogMismatch,
             3 => RejectReason::LogFailed,
             4 => RejectReason::Overloaded,
+            5 => RejectReason::Malformed,
             _ => return None,
         })
     }
 
-    /// The byte for this reason.
+    /// The byte for this reason (1..=5).
     #[must_use]
     pub fn as_u8(self) -> u8 {
         self as u8

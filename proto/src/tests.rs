@@ -106,6 +106,12 @@ pub(crate) fn samples() -> Vec<Body> {
             last: None,
         }
         .into(),
+        AppendRejected {
+            reason: RejectReason::Malformed,
+            promised: Epoch(9),
+            last: None,
+        }
+        .into(),
         FenceRequest {
             epoch: Epoch(0x4_0003),
             expected: None,
@@ -771,6 +777,19 @@ fn bad_tags_kinds_and_codes_are_refused() {
             byte: 2
         }
     );
+    // Every reason's byte is pinned (docs/protocol.md "AppendRejected").
+    for (reason, byte) in [
+        (RejectReason::StaleEpoch, 1u8),
+        (RejectReason::LogMismatch, 2),
+        (RejectReason::LogFailed, 3),
+        (RejectReason::Overloaded, 4),
+        (RejectReason::Malformed, 5),
+    ] {
+        assert_eq!(reason.as_u8(), byte);
+        assert_eq!(RejectReason::from_u8(byte), Some(reason));
+    }
+    assert_eq!(RejectReason::from_u8(0), None);
+    assert_eq!(RejectReason::from_u8(6), None);
     // A reject reason nobody defined.
     let mut body = vec![9u8];
     body.extend_from_slice(&[0; 9]);

@@ -119,9 +119,9 @@ fn body() -> impl Strategy<Value = Body> {
                 }
                 .into()
             }),
-        (1u8..=4, epoch(), opt_pos()).prop_map(|(r, promised, last)| {
+        (1u8..=5, epoch(), opt_pos()).prop_map(|(r, promised, last)| {
             AppendRejected {
-                reason: RejectReason::from_u8(r).expect("1..=4"),
+                reason: RejectReason::from_u8(r).expect("1..=5"),
                 promised,
                 last,
             }

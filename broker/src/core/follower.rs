@@ -354,7 +354,7 @@ impl FollowerCore {
     ) {
         if epoch < self.master_epoch {
             self.stats.refused_epoch += 1;
-            self.refuse(append, RejectReason::Fenced, out);
+            self.refuse(append, RejectReason::StaleEpoch, out);
             return;
         }
         assert!(

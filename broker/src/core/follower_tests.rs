@@ -124,7 +124,7 @@ fn refuses_an_older_master_and_a_prev_it_does_not_hold() {
             append: AppendId(2),
             known_epoch: Epoch(7),
             last: Some(pos(7, 1)),
-            reason: RejectReason::Fenced
+            reason: RejectReason::StaleEpoch
         }]
     );
     out.clear();

@@ -362,7 +362,7 @@ pub enum SlotLink {
     Up,
     /// Disconnected: nothing is sent until [`MasterInput::SlotConnected`].
     Down,
-    /// The receiver refused with [`RejectReason::Failed`] or [`RejectReason::Malformed`]:
+    /// The receiver refused with [`RejectReason::LogFailed`] or [`RejectReason::Malformed`]:
     /// nothing is sent until it reconnects.
     Failed,
 }
@@ -941,7 +941,7 @@ impl MasterCore {
                 self.reset_slot(i, point.map_or(Offset::ZERO, Offset::next));
                 self.fill(i, out);
             }
-            RejectReason::Failed | RejectReason::Malformed => {
+            RejectReason::LogFailed | RejectReason::Malformed => {
                 let from = self.resend_point(i);
                 self.reset_slot(i, from);
                 self.slots[i].link = SlotLink::Failed;
@@ -953,7 +953,7 @@ impl MasterCore {
                 self.reset_slot(i, from);
                 self.slots[i].resume_tick = self.ticks + 1;
             }
-            RejectReason::Fenced => {
+            RejectReason::StaleEpoch => {
                 // Fenced by an epoch not above ours: only a confused receiver says this.
                 // Leave the append to time out.
                 self.stats.rejections_inconsistent += 1;

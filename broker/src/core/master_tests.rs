@@ -508,7 +508,7 @@ fn a_fenced_master_steps_down_and_stops_advancing() {
         append: probes[1].append,
         promised: Epoch(200),
         last: None,
-        reason: RejectReason::Fenced,
+        reason: RejectReason::StaleEpoch,
     });
     assert_eq!(
         h.out,
@@ -712,7 +712,7 @@ fn a_failed_store_is_left_alone_until_it_reconnects() {
         append: probes[2].append,
         promised: E,
         last: None,
-        reason: RejectReason::Failed,
+        reason: RejectReason::LogFailed,
     });
     h.propose();
     h.handle(MasterInput::HeartbeatTick);

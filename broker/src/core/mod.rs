@@ -260,27 +260,8 @@ impl ClusterConfig {
     }
 }
 
-/// Why a store or a slave refused an append (DESIGN.md "Replication protocol").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RejectReason {
-    /// The append's epoch is below the receiver's promised (or known master) epoch. The
-    /// rejection's `promised` field carries that epoch: if it is above the master's, the
-    /// master has been fenced and steps down.
-    Fenced,
-    /// The receiver has no entry at the append's `prev` with `prev`'s epoch (log matching,
-    /// Raft §5.3). The rejection's `last` field carries the receiver's last `(epoch, offset)`
-    /// so the master can back up.
-    LogMismatch,
-    /// The receiver stopped accepting appends for this log (a store's fail-stop after a write
-    /// or fsync error). The master sends it nothing more until it reconnects.
-    Failed,
-    /// The receiver is overloaded and dropped the append (and those after it). The master
-    /// resends from the first unanswered offset after the next heartbeat tick.
-    Overloaded,
-    /// The append was inconsistent in itself (events not contiguous from `prev`, epochs out
-    /// of order). A master never sends one; treated like [`RejectReason::Failed`].
-    Malformed,
-}
+/// Why a store or a slave refused an append: the wire's type, used by the cores as is.
+pub use quire_proto::RejectReason;
 
 /// A configuration or hand-over value a core refuses to start with.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]

@@ -81,7 +81,7 @@ impl StoreSim {
             reason,
         };
         if cmd.epoch < self.promised {
-            return reject(self, RejectReason::Fenced);
+            return reject(self, RejectReason::StaleEpoch);
         }
         if let Some(p) = cmd.prev {
             if self.log.get(p.offset.0 as usize) != Some(&p.epoch) {

@@ -766,11 +766,11 @@ impl Engine {
                     reason,
                     ..
                 } => {
-                    if reason != RejectReason::Fenced {
+                    if reason != RejectReason::StaleEpoch {
                         self.last_master_contact_ms = Some(now_ms);
                     }
                     answer = InboundAnswer::Rejected(AppendRejected {
-                        reason: reason.to_wire(),
+                        reason,
                         promised: known_epoch,
                         last,
                     });
@@ -1067,7 +1067,7 @@ impl Engine {
                     append,
                     promised: r.promised,
                     last: r.last,
-                    reason: RejectReason::from_wire(r.reason),
+                    reason: r.reason,
                 }
             }
             other => {
@@ -1755,31 +1755,6 @@ impl From<quire_proto::Event> for Event {
             offset: e.offset,
             kind: e.kind.as_u8(),
             payload: e.payload,
-        }
-    }
-}
-
-impl RejectReason {
-    /// The wire's reason for this one (lossy: `Failed` and `Malformed` are both
-    /// `LogFailed` on the wire).
-    #[must_use]
-    pub fn to_wire(self) -> quire_proto::RejectReason {
-        match self {
-            RejectReason::Fenced => quire_proto::RejectReason::StaleEpoch,
-            RejectReason::LogMismatch => quire_proto::RejectReason::LogMismatch,
-            RejectReason::Overloaded => quire_proto::RejectReason::Overloaded,
-            RejectReason::Failed | RejectReason::Malformed => quire_proto::RejectReason::LogFailed,
-        }
-    }
-
-    /// The core's reason for a wire reason.
-    #[must_use]
-    pub fn from_wire(r: quire_proto::RejectReason) -> RejectReason {
-        match r {
-            quire_proto::RejectReason::StaleEpoch => RejectReason::Fenced,
-            quire_proto::RejectReason::LogMismatch => RejectReason::LogMismatch,
-            quire_proto::RejectReason::LogFailed => RejectReason::Failed,
-            quire_proto::RejectReason::Overloaded => RejectReason::Overloaded,
         }
     }
 }
