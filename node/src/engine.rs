@@ -53,7 +53,7 @@ pub trait StoreLog: LogView {
     fn is_failed(&self) -> bool;
 }
 
-impl StoreLog for quire_wal::Wal {
+impl<S: quire_wal::Storage> StoreLog for quire_wal::Wal<S> {
     fn last_durable(&self) -> Option<LogPosition> {
         quire_wal::Wal::last_durable(self)
     }

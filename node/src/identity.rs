@@ -27,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use quire_proto::{Incarnation, StoreId};
 
 use quire_wal::small_file::{self, IoFailure};
+use quire_wal::{OsStorage, Storage};
 
 /// File name of the identity file inside a data directory.
 pub const IDENTITY_FILE_NAME: &str = "identity";
@@ -183,7 +184,15 @@ impl Identity {
     /// [`IdentityError::NotInitialised`] if there is no identity file;
     /// [`IdentityError::Corrupt`]; I/O errors.
     pub fn load(dir: &Path) -> Result<Identity, IdentityError> {
-        let Some(bytes) = small_file::read(dir, IDENTITY_FILE_NAME)? else {
+        Identity::load_in(&OsStorage, dir)
+    }
+
+    /// [`Identity::load`] on `storage` (the simulator's crash-tracking disk).
+    ///
+    /// # Errors
+    /// As [`Identity::load`].
+    pub fn load_in<S: Storage>(storage: &S, dir: &Path) -> Result<Identity, IdentityError> {
+        let Some(bytes) = small_file::read_in(storage, dir, IDENTITY_FILE_NAME)? else {
             return Err(IdentityError::NotInitialised {
                 dir: dir.to_path_buf(),
             });
@@ -200,7 +209,16 @@ impl Identity {
     /// # Errors
     /// I/O errors (the old file, if any, is then unchanged).
     pub fn store(&self, dir: &Path) -> Result<(), IdentityError> {
-        Ok(small_file::replace(
+        self.store_in(&OsStorage, dir)
+    }
+
+    /// [`Identity::store`] on `storage`.
+    ///
+    /// # Errors
+    /// As [`Identity::store`].
+    pub fn store_in<S: Storage>(&self, storage: &S, dir: &Path) -> Result<(), IdentityError> {
+        Ok(small_file::replace_in(
+            storage,
             dir,
             IDENTITY_FILE_NAME,
             &self.to_bytes(),

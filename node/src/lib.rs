@@ -41,6 +41,7 @@ pub mod identity;
 pub mod metrics;
 mod node;
 pub mod replica;
+pub mod startup;
 mod store;
 pub mod tail_cut;
 

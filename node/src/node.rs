@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use quire_wal::{PromisedEpoch, TornTail, Wal, WalError};
+use quire_wal::{Mutations, OsStorage, Wal};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -15,7 +15,6 @@ use crate::conn::{self, ConnContext};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::tail_cut;
 use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
 /// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
@@ -64,54 +63,24 @@ impl Node {
         let data_dir = config.data_dir.clone();
         let wal_config = config.wal_config();
         let (identity, wal, report, promised, mark) = tokio::task::spawn_blocking(move || {
-            let identity = Identity::load(&data_dir)?;
             let disk = match disk {
                 Some(d) => Some(d),
                 None => crate::failpoints::disk_from_env(wal_config.io)?,
             };
-            let promised = PromisedEpoch::load(&wal_config.dir).with_context(|| {
-                format!("loading the promised epoch in {}", wal_config.dir.display())
-            })?;
-            let mut mark = tail_cut::load(&data_dir)?;
-            // docs/protocol.md "Tail-cut marks": the cut may have removed an acked record
-            // with a flipped bit; the mark is durable before the WAL changes anything.
-            let mut before_cut = |t: &TornTail| -> Result<(), WalError> {
-                let cut = tail_cut::merge(mark, t.offset, promised.epoch());
-                tail_cut::store(&data_dir, cut).map_err(|e| WalError::Io {
-                    op: "write the tail-cut mark",
-                    path: data_dir.join(tail_cut::TAIL_CUT_FILE_NAME),
-                    source: Arc::new(std::io::Error::other(e.to_string())),
-                })?;
-                tracing::warn!(cut_offset = %cut.offset, cut_promised = %cut.promised, "recovery cuts a torn tail: the store is marked and its fence grants count only when every store grants, until it catches up with a later master");
-                mark = Some(cut);
-                Ok(())
-            };
-            let (wal, report) = Wal::open_with_hook(wal_config.clone(), disk, &mut before_cut)
-                .with_context(|| format!("opening the WAL in {}", wal_config.dir.display()))?;
-            // A store raises its promise durably before it writes an entry of a new epoch,
-            // so an entry above the promise means the promised-epoch file was lost or
-            // replaced: the store has forgotten fences it granted and must not serve.
-            if let Some(last) = wal.last_durable() {
-                if last.epoch > promised.epoch() {
-                    anyhow::bail!(
-                        "the log in {} holds entries of epoch {} but the promised epoch is {}: \
-                         the promised-epoch file was lost or replaced, so this store may have \
-                         forgotten fences it granted; it must not vote again. Re-initialise it \
-                         as a learner (`quire-node init --learner` on an empty directory)",
-                        wal_config.dir.display(),
-                        last.epoch,
-                        promised.epoch()
-                    );
-                }
-            }
-            if let Some(cut) = mark {
-                // Caught up before a crash that came before the clearing.
-                if tail_cut::clears(cut, wal.last_durable().map(|l| l.epoch)) {
-                    tail_cut::clear(&data_dir)?;
-                    mark = None;
-                }
-            }
-            anyhow::Ok((identity, wal, report, promised, mark))
+            let opened = crate::startup::open_data_dir(
+                OsStorage,
+                &data_dir,
+                wal_config,
+                disk,
+                Mutations::default(),
+            )?;
+            anyhow::Ok((
+                opened.identity,
+                opened.wal,
+                opened.report,
+                opened.promised,
+                opened.tail_cut,
+            ))
         })
         .await
         .context("start-up task failed")??;

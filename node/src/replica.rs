@@ -40,7 +40,7 @@ pub trait LogView {
     fn first_offset(&self) -> Offset;
 }
 
-impl LogView for quire_wal::Wal {
+impl<S: quire_wal::Storage> LogView for quire_wal::Wal<S> {
     fn entry_epoch(&self, offset: Offset) -> Option<Epoch> {
         quire_wal::Wal::entry_epoch(self, offset)
     }

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use quire_proto::{Epoch, Offset, TailCut};
 
 use quire_wal::small_file::{self, IoFailure};
+use quire_wal::{OsStorage, Storage};
 
 /// File name of the mark inside a data directory.
 pub const TAIL_CUT_FILE_NAME: &str = "tail_cut";
@@ -102,7 +103,15 @@ pub fn from_bytes(b: &[u8]) -> Result<TailCut, &'static str> {
 /// [`TailCutError::Corrupt`] for a damaged file (the store must not start: it cannot know
 /// whether it lost acked events); I/O errors.
 pub fn load(dir: &Path) -> Result<Option<TailCut>, TailCutError> {
-    let Some(b) = small_file::read(dir, TAIL_CUT_FILE_NAME)? else {
+    load_in(&OsStorage, dir)
+}
+
+/// [`load`] on `storage` (the simulator's crash-tracking disk).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_in<S: Storage>(storage: &S, dir: &Path) -> Result<Option<TailCut>, TailCutError> {
+    let Some(b) = small_file::read_in(storage, dir, TAIL_CUT_FILE_NAME)? else {
         return Ok(None);
     };
     from_bytes(&b)
@@ -119,7 +128,16 @@ pub fn load(dir: &Path) -> Result<Option<TailCut>, TailCutError> {
 /// # Errors
 /// I/O errors (the old file, if any, is then unchanged).
 pub fn store(dir: &Path, cut: TailCut) -> Result<(), TailCutError> {
-    Ok(small_file::replace(
+    store_in(&OsStorage, dir, cut)
+}
+
+/// [`store`] on `storage`.
+///
+/// # Errors
+/// As [`store`].
+pub fn store_in<S: Storage>(storage: &S, dir: &Path, cut: TailCut) -> Result<(), TailCutError> {
+    Ok(small_file::replace_in(
+        storage,
         dir,
         TAIL_CUT_FILE_NAME,
         &to_bytes(cut),
@@ -131,7 +149,15 @@ pub fn store(dir: &Path, cut: TailCut) -> Result<(), TailCutError> {
 /// # Errors
 /// I/O errors (the mark may then still be there: the store stays marked, the safe side).
 pub fn clear(dir: &Path) -> Result<(), TailCutError> {
-    Ok(small_file::remove(dir, TAIL_CUT_FILE_NAME)?)
+    clear_in(&OsStorage, dir)
+}
+
+/// [`clear`] on `storage`.
+///
+/// # Errors
+/// As [`clear`].
+pub fn clear_in<S: Storage>(storage: &S, dir: &Path) -> Result<(), TailCutError> {
+    Ok(small_file::remove_in(storage, dir, TAIL_CUT_FILE_NAME)?)
 }
 
 /// The mark after a cut at `offset` with promised epoch `promised`, given the mark already

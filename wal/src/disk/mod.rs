@@ -10,7 +10,9 @@
 //! - [`SyncDisk`]: `pwrite` + `fdatasync` on the calling thread, the fallback when
 //!   io_uring is unavailable;
 //! - [`FaultDisk`]: wraps another `Disk` and fails a chosen write or fdatasync (EIO,
-//!   ENOSPC, …) for tests.
+//!   ENOSPC, …) for tests;
+//! - [`StepDisk`]: runs writes at once and holds each fdatasync until a driver completes
+//!   it, for the deterministic simulator (quire-sim).
 //!
 //! The trait is generic over the file type `F` (default `std::fs::File`): a
 //! [`crate::Storage`] hands the commit thread a `Disk<Storage::File>`. [`UringDisk`] works
@@ -29,6 +31,7 @@
 
 mod buf;
 mod fault;
+mod step;
 mod sync;
 mod uring;
 
@@ -40,6 +43,7 @@ use std::time::Duration;
 
 pub use buf::{AlignedBuf, HUGE_PAGE_BYTES};
 pub use fault::{FaultDisk, FaultPlan, FaultSpecError, FAULT_AFTER_MAX};
+pub use step::{StepControl, StepDisk};
 pub use sync::SyncDisk;
 pub use uring::{open_single_issuer_ring, UringDisk};
 

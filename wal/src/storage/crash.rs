@@ -59,6 +59,9 @@ pub enum CrashMode {
     Subset,
     /// A prefix in write order: a device that persists writes in the order they came.
     Prefix,
+    /// Nothing un-synced: every un-synced sector write, size change and directory change is
+    /// lost (a device that loses its whole write cache). Never tears a write.
+    Durable,
 }
 
 /// What one [`CrashDisk::crash`] kept and lost, for test output.
@@ -387,9 +390,14 @@ impl CrashDisk {
         // Names: a random prefix of each directory's un-synced changes.
         let logs = std::mem::take(&mut st.dir_log);
         let mut entries = std::mem::take(&mut st.durable_entries);
+        let mode = st.mode;
         for (_, changes) in logs {
             let n = changes.len() as u64;
-            let keep = st.upto(n);
+            let keep = if mode == CrashMode::Durable {
+                0
+            } else {
+                st.upto(n)
+            };
             for c in &changes[..to_usize(keep).unwrap_or(changes.len())] {
                 apply(&mut entries, c);
             }
@@ -397,7 +405,6 @@ impl CrashDisk {
             report.dir_changes_lost += n - keep;
         }
         let live: BTreeSet<u64> = entries.values().copied().collect();
-        let mode = st.mode;
         let mut inodes = std::mem::take(&mut st.inodes);
         inodes.retain(|ino, _| live.contains(ino));
         for inode in inodes.values_mut() {
@@ -411,6 +418,7 @@ impl CrashDisk {
                 let keep = match mode {
                     CrashMode::Subset => st.coin(),
                     CrashMode::Prefix => (i as u64) < prefix,
+                    CrashMode::Durable => false,
                 };
                 if !keep {
                     report.sectors_lost += 1;
@@ -425,7 +433,7 @@ impl CrashDisk {
             }
             let len = if cur_len == dur_len {
                 cur_len
-            } else if st.coin() {
+            } else if mode != CrashMode::Durable && st.coin() {
                 report.sizes_kept += 1;
                 cur_len
             } else {
