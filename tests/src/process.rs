@@ -219,11 +219,16 @@ pub fn wait_bounded(mut child: Child, bound: Duration) -> std::process::Output {
 /// at random below the kernel's ephemeral range (32768 and up on Linux), so the test's own
 /// outgoing connections never take it between this check and the server's bind.
 ///
+/// A port is handed out at most once per test process: a cluster picks all its ports
+/// before it starts any server, so the bind check alone would pass the same port twice
+/// (CI saw a store and a broker both given 28342).
+///
 /// # Panics
 /// If 1,000 random ports in 20000..32000 are all taken.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let seed = u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -233,7 +238,9 @@ pub fn free_port() -> u16 {
         let mut x = seed.wrapping_add(n.wrapping_mul(0xbf58_476d_1ce4_e5b9));
         x ^= x >> 31;
         let port = 20_000 + (x % 12_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }
