@@ -117,6 +117,17 @@ struct Running {
     submissions: Submissions,
 }
 
+impl Drop for Running {
+    /// The commit thread ends only once no fdatasync is held: complete them all (they fail
+    /// on a crashed disk) so the WAL's drop can join it.
+    fn drop(&mut self) {
+        while self.control.held_syncs() > 0 {
+            self.control.complete_all_syncs();
+            self.control.settle();
+        }
+    }
+}
+
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running")
@@ -623,13 +634,8 @@ impl SimStore {
     /// the disk's choice.
     pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
         if let Some(r) = self.running.take() {
+            // Held fdatasyncs then run against the dead disk and fail (`Running`'s drop).
             self.disk.crash_after(0);
-            // Held fdatasyncs run against the dead disk and fail; the commit thread then
-            // has nothing left and the WAL closes.
-            while r.control.held_syncs() > 0 {
-                r.control.complete_all_syncs();
-                r.control.settle();
-            }
             drop(r);
         }
         self.disk.reseed(rng.next_u64());

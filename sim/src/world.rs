@@ -259,7 +259,7 @@ impl World {
         let heartbeat_ms = 50;
         let election_timeout_ms_min = rng.range(250, 400);
         let limits = ReplicationLimits {
-            inflight_bytes_max: rng.range(2_000, 16_000),
+            inflight_bytes_max: rng.range(5_000, 24_000),
             append_events_max: rng.range(1, 8) as u32,
             append_bytes_max: rng.range(200, 4_000),
             appends_inflight_max: rng.range(1, 4) as u32,
