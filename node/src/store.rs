@@ -16,8 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use quire_proto::{
-    AppendRequest, Body, ErrorCode, FenceRequest, Heartbeat, Offset, RejectReason,
-    TailCut,
+    AppendRequest, Body, ErrorCode, FenceRequest, Heartbeat, Offset, RejectReason, TailCut,
 };
 use quire_wal::{PromisedEpoch, Wal, WalError};
 use tokio::sync::mpsc;

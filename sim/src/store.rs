@@ -42,8 +42,7 @@ use quire_node::startup::{self, Opened};
 use quire_node::submissions::Submissions;
 use quire_node::Role;
 use quire_proto::{
-    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, StoreId,
-    TailCut,
+    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, StoreId, TailCut,
 };
 use quire_wal::disk::{StepControl, StepDisk};
 use quire_wal::storage::{CrashFile, CrashMode};
@@ -60,6 +59,9 @@ const WAL_DIR: &str = "/store/wal";
 /// Segment size of the simulated WALs, in bytes: the smallest the WAL takes, so runs roll
 /// segments often.
 const SEGMENT_BYTES: u64 = quire_wal::SEGMENT_BYTES_MIN;
+
+/// A store's durable log and whether it carries a tail-cut mark.
+type VotingLog = (Vec<Event>, bool);
 
 /// The store's identity file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +164,7 @@ pub(crate) struct SimStore {
     generation: u64,
     armed: Option<DiskFault>,
     /// What the next start would vote with, computed on a fork of the stopped disk.
-    predicted: RefCell<Option<Option<(Vec<Event>, bool)>>>,
+    predicted: RefCell<Option<Option<VotingLog>>>,
     /// Answers a mutation changed (an ack with another `through`, an answer under another
     /// identity than the one on disk).
     pub(crate) mutated_acks: u64,
@@ -289,7 +291,7 @@ impl SimStore {
     /// The durable log this store will vote with after its next start, and whether it will
     /// carry a tail-cut mark; `None` if the next start will refuse. Running: its durable
     /// log and its mark. Stopped: what the real start-up finds on a fork of the disk.
-    pub(crate) fn voting_log(&self) -> Option<(Vec<Event>, bool)> {
+    pub(crate) fn voting_log(&self) -> Option<VotingLog> {
         if let Some(r) = &self.running {
             return Some((durable_events(&r.wal), r.engine.tail_cut().is_some()));
         }
@@ -307,7 +309,7 @@ impl SimStore {
 
     /// The real start-up on a fork of the stopped store's disk (cached until the disk
     /// changes).
-    fn predict(&self) -> std::cell::RefMut<'_, Option<(Vec<Event>, bool)>> {
+    fn predict(&self) -> std::cell::RefMut<'_, Option<VotingLog>> {
         let mut cache = self.predicted.borrow_mut();
         if cache.is_none() {
             let fork = self.disk.fork();
@@ -527,7 +529,8 @@ impl SimStore {
             self.disk.fail_writes(Some(libc::ENOSPC));
         }
         let r = self.running();
-        r.submissions.submit(&mut r.engine, &r.wal, seq, epoch, events);
+        r.submissions
+            .submit(&mut r.engine, &r.wal, seq, epoch, events);
         r.control.settle();
         if enospc {
             self.disk.fail_writes(None);
@@ -669,19 +672,23 @@ impl SimStore {
         // Where each live entry's record is: the scan visits records in file order, so a
         // later record of an offset (after a truncation marker) replaces an earlier one.
         let mut at: BTreeMap<u64, (std::path::PathBuf, u64, u64)> = BTreeMap::new();
-        let report = quire_wal::scan::scan_dir_in(&self.disk, Path::new(WAL_DIR), &mut |r| {
-            match (r.status, r.header) {
-                (RecordStatus::Entry, Some(h)) => {
-                    at.insert(
-                        h.offset.0,
-                        (r.segment.to_path_buf(), r.position.0, r.payload.len() as u64),
-                    );
-                }
-                (RecordStatus::Marker { .. }, Some(h)) => {
-                    at.retain(|&o, _| o < h.offset.0);
-                }
-                _ => {}
+        let report = quire_wal::scan::scan_dir_in(&self.disk, Path::new(WAL_DIR), &mut |r| match (
+            r.status, r.header,
+        ) {
+            (RecordStatus::Entry, Some(h)) => {
+                at.insert(
+                    h.offset.0,
+                    (
+                        r.segment.to_path_buf(),
+                        r.position.0,
+                        r.payload.len() as u64,
+                    ),
+                );
             }
+            (RecordStatus::Marker { .. }, Some(h)) => {
+                at.retain(|&o, _| o < h.offset.0);
+            }
+            _ => {}
         })
         .ok()?;
         let last = report.last?.offset.0;
@@ -1010,7 +1017,10 @@ mod tests {
         let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1)]);
         let mut out = Out::default();
         s.on_append(NodeId::Broker(1), 1, meta, req, &mut out);
-        assert!(mark_on_disk(&s).is_some(), "not before the entry is durable");
+        assert!(
+            mark_on_disk(&s).is_some(),
+            "not before the entry is durable"
+        );
         let generation = s.generation;
         s.on_fsync_done(generation, &mut out);
         assert_eq!(mark_on_disk(&s), None);
