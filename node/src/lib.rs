@@ -43,6 +43,7 @@ mod node;
 pub mod replica;
 pub mod startup;
 mod store;
+pub mod submissions;
 pub mod tail_cut;
 
 use std::io::Write;

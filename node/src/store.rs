@@ -11,19 +11,14 @@
 //!
 //! Answers go out through each connection's [`Reply`], which never blocks the actor.
 
-use std::collections::{HashMap, VecDeque};
-use std::future::{poll_fn, Future};
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use quire_proto::{
-    AppendRequest, Body, ErrorCode, ErrorResponse, FenceRequest, Heartbeat, Offset, RejectReason,
-    TailCut,
+    AppendRequest, Body, ErrorCode, FenceRequest, Heartbeat, Offset, RejectReason, TailCut,
 };
-use quire_wal::format::{record_bytes, HEADER_BYTES};
-use quire_wal::{Append, PromisedEpoch, Record, Wal, WalError};
+use quire_wal::{PromisedEpoch, Wal, WalError};
 use tokio::sync::mpsc;
 
 use crate::conn::Reply;
@@ -31,6 +26,7 @@ use crate::engine::{self, Engine, Mutations};
 use crate::identity::{Identity, Role};
 use crate::metrics::Metrics;
 use crate::replica::Replica;
+use crate::submissions::Submissions;
 
 /// Commands queued for the store actor at most; connections wait (and stop reading)
 /// beyond it.
@@ -72,21 +68,6 @@ impl StoreHandle {
     }
 }
 
-/// One WAL append (a part of engine submission `seq`) on its way to durability.
-#[derive(Debug)]
-struct Submission {
-    seq: u64,
-    /// The last WAL append of submission `seq`.
-    last: bool,
-    state: SubmissionState,
-}
-
-#[derive(Debug)]
-enum SubmissionState {
-    Pending(Append),
-    Done(Option<Result<(), WalError>>),
-}
-
 /// What a request waiting for its answer was, for the metrics.
 #[derive(Debug)]
 enum Asked {
@@ -107,9 +88,7 @@ pub(crate) struct Store {
     /// Requests the engine has not answered yet, by token.
     asked: HashMap<u64, (Reply, Asked)>,
     next_token: u64,
-    submissions: VecDeque<Submission>,
-    /// The highest submission reported to the engine.
-    reported: u64,
+    submissions: Submissions,
     metrics: Arc<Metrics>,
     /// Retention trims running on the blocking pool: each holds a handle to the WAL (and
     /// with it the data directory's lock), so the actor waits for them before it ends.
@@ -141,8 +120,7 @@ impl Store {
             engine: Engine::new(replica, tail_cut, Mutations::default()),
             asked: HashMap::new(),
             next_token: 0,
-            submissions: VecDeque::new(),
-            reported: 0,
+            submissions: Submissions::new(),
             metrics,
             trims: Vec::new(),
         };
@@ -156,8 +134,8 @@ impl Store {
         loop {
             tokio::select! {
                 biased;
-                (seq, result) = next_completion(&mut self.submissions), if !self.submissions.is_empty() => {
-                    self.on_completions(seq, result);
+                () = self.submissions.oldest_resolved(), if !self.submissions.is_empty() => {
+                    self.on_completions();
                     self.drain().await;
                 }
                 command = rx.recv() => match command {
@@ -170,8 +148,8 @@ impl Store {
             }
         }
         while !self.submissions.is_empty() {
-            let (seq, result) = next_completion(&mut self.submissions).await;
-            self.on_completions(seq, result);
+            self.submissions.oldest_resolved().await;
+            self.on_completions();
             self.drain().await;
         }
         // A trim still running holds the WAL open: a restart in the same process (or a
@@ -249,7 +227,9 @@ impl Store {
                 epoch,
                 events,
                 truncates: _,
-            } => self.submit(seq, epoch, events),
+            } => self
+                .submissions
+                .submit(&mut self.engine, &self.wal, seq, epoch, events),
             engine::Command::Answer { token, body } => self.answer(token, body),
             engine::Command::Trim { before } => self.trim(before),
             engine::Command::ClearTailCut(cut) => {
@@ -302,113 +282,10 @@ impl Store {
         reply.send(body);
     }
 
-    /// The answer to an append the WAL refused at once with `e`.
-    fn refusal(&self, e: &WalError) -> Body {
-        match e {
-            WalError::Failed { .. } => self
-                .engine
-                .rejected(RejectReason::LogFailed, &self.wal)
-                .into(),
-            WalError::TooLarge { what: "queue", .. } => self
-                .engine
-                .rejected(RejectReason::Overloaded, &self.wal)
-                .into(),
-            WalError::Closed => {
-                ErrorResponse::new(ErrorCode::ShuttingDown, "the store is shutting down").into()
-            }
-            WalError::TooLarge { .. } => {
-                ErrorResponse::new(ErrorCode::Malformed, e.to_string()).into()
-            }
-            _ => {
-                tracing::error!(error = %e, "the WAL refused an accepted append");
-                ErrorResponse::new(ErrorCode::Internal, e.to_string()).into()
-            }
-        }
-    }
-
-    /// Hands submission `seq` to the WAL. One WAL append must fit in one segment; a
-    /// catch-up append may be larger than a small segment, so it is written as several
-    /// consecutive WAL appends, resolved together once the last is durable.
-    fn submit(&mut self, seq: u64, epoch: quire_proto::Epoch, events: Vec<quire_proto::Event>) {
-        let records: Vec<Record> = events
-            .into_iter()
-            .map(|e| Record {
-                epoch: e.epoch,
-                offset: e.offset,
-                kind: e.kind.as_u8(),
-                payload: e.payload,
-            })
-            .collect();
-        let chunks = split_for_segments(
-            records,
-            self.wal.segment_bytes(),
-            self.wal.alignment_bytes(),
-        );
-        let n = chunks.len();
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let mut append = self.wal.append(epoch, chunk);
-            // Validation errors resolve at once and change nothing (chunks before this one
-            // are written; the master resends what it has no ack for).
-            let state = match append.try_result() {
-                None => SubmissionState::Pending(append),
-                Some(Ok(_)) => SubmissionState::Done(Some(Ok(()))),
-                Some(Err(e)) => {
-                    let body = self.refusal(&e);
-                    self.engine.refused(seq, body);
-                    self.submissions.push_back(Submission {
-                        seq,
-                        last: true,
-                        state: SubmissionState::Done(Some(Ok(()))),
-                    });
-                    return;
-                }
-            };
-            self.submissions.push_back(Submission {
-                seq,
-                last: i + 1 == n,
-                state,
-            });
-        }
-    }
-
-    /// Reports one WAL append's resolution to the engine: a failure at once, success
-    /// once the last append of its submission resolved.
-    fn report(&mut self, seq: u64, last: bool, result: &Result<(), WalError>) {
-        if seq <= self.reported {
-            return;
-        }
-        match result {
-            Err(e) => {
-                tracing::error!(error = %e, "WAL append failed: the log is failed and takes no more appends");
-            }
-            Ok(()) if !last => return,
-            Ok(()) => {}
-        }
-        self.reported = seq;
-        self.engine.resolved(seq, result.is_ok(), &self.wal);
-    }
-
-    /// The oldest WAL append resolved with `result`; so may the next ones already have.
-    fn on_completions(&mut self, seq: u64, result: Result<(), WalError>) {
-        let popped = self
-            .submissions
-            .pop_front()
-            .expect("invariant: a completion has a submission");
-        assert_eq!(popped.seq, seq, "invariant: submissions resolve in order");
-        let mut resolved = 1u64;
-        self.report(seq, popped.last, &result);
-        // Appends made durable by the same fsync resolve together: take them now.
-        while let Some(front) = self.submissions.front_mut() {
-            let r = match &mut front.state {
-                SubmissionState::Pending(a) => a.try_result().map(|r| r.map(|_| ())),
-                SubmissionState::Done(r) => r.take(),
-            };
-            let Some(r) = r else { break };
-            let (seq, last) = (front.seq, front.last);
-            self.submissions.pop_front();
-            resolved += 1;
-            self.report(seq, last, &r);
-        }
+    /// Reports the WAL appends that resolved (the oldest did; appends made durable by the
+    /// same fdatasync resolve together).
+    fn on_completions(&mut self) {
+        let resolved = self.submissions.report_ready(&mut self.engine, &self.wal);
         self.metrics.group_commit_appends.observe(resolved as f64);
     }
 
@@ -500,109 +377,5 @@ impl Store {
             })?;
         self.identity = learner;
         Ok(())
-    }
-}
-
-/// Waits for the oldest WAL append to resolve.
-async fn next_completion(submissions: &mut VecDeque<Submission>) -> (u64, Result<(), WalError>) {
-    poll_fn(|cx| {
-        let front = submissions
-            .front_mut()
-            .expect("invariant: polled only with submissions in flight");
-        let seq = front.seq;
-        match &mut front.state {
-            SubmissionState::Pending(a) => Pin::new(a).poll(cx).map(|r| (seq, r.map(|_| ()))),
-            SubmissionState::Done(r) => Poll::Ready((
-                seq,
-                r.take()
-                    .expect("invariant: a done submission is taken once"),
-            )),
-        }
-    })
-    .await
-}
-
-/// Splits `records` into runs that each fit one WAL append: a run's records plus a possible
-/// truncation marker (one header), padded to `align_bytes`, stay within `segment_bytes`. A
-/// record too large for any segment is a run of its own (the WAL refuses it as too large).
-fn split_for_segments(
-    records: Vec<Record>,
-    segment_bytes: u64,
-    align_bytes: u64,
-) -> Vec<Vec<Record>> {
-    // Padding to the alignment adds less than `align_bytes`.
-    let budget = segment_bytes
-        .saturating_sub(align_bytes)
-        .saturating_sub(HEADER_BYTES as u64);
-    let mut runs: Vec<Vec<Record>> = Vec::new();
-    let mut run: Vec<Record> = Vec::new();
-    let mut run_bytes = 0u64;
-    for r in records {
-        let bytes = record_bytes(r.payload.len()) as u64;
-        if !run.is_empty() && run_bytes + bytes > budget {
-            runs.push(std::mem::take(&mut run));
-            run_bytes = 0;
-        }
-        run_bytes += bytes;
-        run.push(r);
-    }
-    if !run.is_empty() {
-        runs.push(run);
-    }
-    runs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn records(sizes: &[usize]) -> Vec<Record> {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| Record {
-                epoch: quire_proto::Epoch(1),
-                offset: quire_proto::Offset(i as u64),
-                kind: 1,
-                payload: bytes::Bytes::from(vec![0u8; n]),
-            })
-            .collect()
-    }
-
-    fn run_lengths(runs: &[Vec<Record>]) -> Vec<usize> {
-        runs.iter().map(Vec::len).collect()
-    }
-
-    #[test]
-    fn runs_fit_a_segment_with_room_for_a_marker_and_padding() {
-        // 64 KiB segments, 4 KiB alignment: a budget of 60 KiB - 32 bytes per run.
-        let seg = 64 * 1024;
-        let runs = split_for_segments(records(&[3_000; 50]), seg, 4096);
-        for run in &runs {
-            let bytes: usize = run.iter().map(|r| record_bytes(r.payload.len())).sum();
-            assert!((bytes + HEADER_BYTES) as u64 <= seg - 4096, "{bytes}");
-        }
-        assert_eq!(run_lengths(&runs).iter().sum::<usize>(), 50);
-        // Offsets stay in order across runs.
-        let offsets: Vec<u64> = runs.iter().flatten().map(|r| r.offset.0).collect();
-        assert_eq!(offsets, (0..50).collect::<Vec<_>>());
-        assert!(runs.len() > 1);
-    }
-
-    #[test]
-    fn a_small_append_is_one_run_and_an_oversize_record_is_alone() {
-        assert_eq!(
-            run_lengths(&split_for_segments(records(&[10, 10]), 1 << 20, 4096)),
-            vec![2]
-        );
-        assert_eq!(
-            run_lengths(&split_for_segments(
-                records(&[10, 200_000, 10]),
-                64 * 1024,
-                4096
-            )),
-            vec![1, 1, 1]
-        );
-        assert!(split_for_segments(Vec::new(), 1 << 20, 4096).is_empty());
     }
 }

@@ -98,7 +98,13 @@ impl Producer {
         let messages = (0..n)
             .map(|i| {
                 let seq = sequence + i;
-                let pad = rng.range(0, 40) as usize;
+                // A quarter of the messages span disk sectors (512 bytes), so a crash can
+                // tear one: the WAL's recovery then cuts a torn tail.
+                let pad = if rng.chance(0.25) {
+                    rng.range(400, 1_500)
+                } else {
+                    rng.range(0, 40)
+                } as usize;
                 Bytes::from(format!(
                     "p{}-s{}-{}",
                     self.producer_id,

@@ -29,7 +29,6 @@
 mod broker;
 pub mod checker;
 mod client;
-mod disk;
 mod msg;
 mod out;
 mod rng;

@@ -1,39 +1,99 @@
-//! A simulated event store: quire-node's own store engine ([`Engine`]) over a simulated
-//! disk that separates what was written from what is durable.
+//! A simulated event store: quire-node's own store engine ([`Engine`]) and its own WAL
+//! ([`Wal`]) on a crash-tracking in-memory disk ([`CrashDisk`]).
 //!
 //! # What is real and what is simulated
-//! Every decision is the engine's — the same [`Engine`] `quire-node`'s store actor drives
-//! over the real WAL: log matching and fences ([`quire_node::replica::Replica`]),
-//! promise-before-write, group-commit waiters, fail-stop, fence answers, tail-cut clearing.
-//! This module is only its driver, as `node/src/store.rs` is the tokio one: it turns
-//! messages into engine requests, executes the engine's commands on the simulated disk
-//! ([`Command::PersistPromise`] and [`Command::PersistLearner`] as one atomic durable step
-//! each — the node writes them with temp + fsync + rename + fsync dir before it goes on;
-//! [`Command::Submit`] as written, unsynced records; [`Command::ClearTailCut`] at once),
-//! turns answers back into messages, and reports each submission resolved: durable once an
-//! fdatasync covers it (group commit: one fdatasync covers every record written before it
-//! was issued), failed when the disk fails (fsync EIO, ENOSPC: the log is then failed and
-//! its accepted view falls back to the durable one, as the WAL's does). The engine sees the
-//! disk through [`quire_node::engine::StoreLog`], implemented by [`SimWal`].
+//! Every decision is the engine's — the same [`Engine`] `quire-node`'s store actor drives:
+//! log matching and fences ([`quire_node::replica::Replica`]), promise-before-write,
+//! group-commit waiters, fail-stop, fence answers, tail-cut clearing. Every byte is the
+//! WAL's: the segment format, padding, checksums, truncation markers, segment rolls and
+//! preallocation, group commit on the commit thread, the recovery scan and its torn-tail
+//! cut, the promised-epoch, identity and tail-cut files, and the start-up steps
+//! ([`startup::open_data_dir`], the same function `quire-node` runs). Submissions go
+//! through [`Submissions`], the node's own code from `Command::Submit` to
+//! `Engine::resolved`.
 //!
-//! The disk itself — records written and durable, crashes, torn writes, bit flips, wipes,
-//! recovery at start — is [`crate::disk`].
+//! This module is only the driver, as `node/src/store.rs` is the tokio one. The WAL's
+//! commit thread runs on a [`StepDisk`]: writes happen at once, each fdatasync is held
+//! until the simulation completes it at a simulated time ([`Later::Fsync`]), and the
+//! driver waits for the commit thread to settle after every step, so a run is a function
+//! of its seed. What the simulator decides, from its seed:
+//! - **crashes**: the disk loses power ([`CrashDisk::crash_after`] `0`), then keeps its
+//!   durable bytes and, of the un-synced writes, a prefix in write order
+//!   ([`CrashMode::Prefix`]: a torn write the next start cuts and marks) or nothing
+//!   ([`CrashMode::Durable`], where liveness mode forbids a mark);
+//! - **disk faults**: the next fdatasync fails with EIO, or the next write with ENOSPC
+//!   ([`CrashDisk::fail_syncs`], [`CrashDisk::fail_writes`]): the WAL fails (fail-stop);
+//! - **bit flips** in a stopped store's durable entry, on the medium
+//!   ([`CrashDisk::poke`]): a checksum that no longer matches, which the next start's scan
+//!   finds — corruption before the last record (the store refuses to start), a torn tail
+//!   in the last one (off by default, see [`crate::FaultSet::tail_flips`]);
+//! - **wipes**: a new disk and `quire-node init` with a new identity.
 //!
-//! Not simulated: retention trims ([`Command::Trim`] is dropped, as a failed trim is; no
-//! simulated broker writes Trim events yet) and a promise or role write that fails.
+//! What the store will vote with after its next start ([`SimStore::voting_log`]) is the
+//! real start-up run on a fork of its disk.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use quire_node::engine::{Command, Engine, Mutations};
-use quire_node::replica::{LogView, Replica};
+use quire_node::replica::Replica;
+use quire_node::startup::{self, Opened};
+use quire_node::submissions::Submissions;
 use quire_node::Role;
-use quire_proto::{Body, Epoch, ErrorCode, Event, FenceRequest, Offset};
+use quire_proto::{
+    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, StoreId, TailCut,
+};
+use quire_wal::disk::{StepControl, StepDisk};
+use quire_wal::storage::{CrashFile, CrashMode};
+use quire_wal::{CrashDisk, PromisedEpoch, RecordStatus, Storage, Wal, WalConfig, WalError};
 
-use crate::disk::{Disk, SimWal, Snapshot};
-pub(crate) use crate::disk::{DiskFault, Identity, StartOutcome};
 use crate::msg::{AppendMeta, Msg, NodeId, ReadPurpose};
 use crate::out::{Later, Out, Seen};
 use crate::rng::SimRng;
+
+/// The data directory of every simulated store, on its own disk.
+const DATA_DIR: &str = "/store";
+/// Its WAL directory.
+const WAL_DIR: &str = "/store/wal";
+/// Segment size of the simulated WALs, in bytes: the smallest the WAL takes, so runs roll
+/// segments often.
+const SEGMENT_BYTES: u64 = quire_wal::SEGMENT_BYTES_MIN;
+
+/// A store's durable log and whether it carries a tail-cut mark.
+type VotingLog = (Vec<Event>, bool);
+
+/// The store's identity file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) store_id: StoreId,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) role: Role,
+}
+
+/// How a start after a stop went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StartOutcome {
+    /// Serving; `cut`: the recovery cut a torn tail and marked the store with this.
+    Started {
+        /// The mark this start wrote, if its recovery cut a tail.
+        cut: Option<TailCut>,
+    },
+    /// The recovery scan found a bad record before valid ones: the store refuses to start.
+    Corrupt {
+        /// The offset the log expected at the bad record.
+        offset: Offset,
+    },
+}
+
+/// A disk fault armed for the running store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DiskFault {
+    /// The next fdatasync fails with EIO.
+    FsyncEio,
+    /// The next write fails with ENOSPC.
+    Enospc,
+}
 
 /// Who asked, and what: the engine's request token.
 #[derive(Debug)]
@@ -50,6 +110,35 @@ enum Request {
     Fence(Epoch),
 }
 
+/// A running store process: its WAL, its files and its engine.
+struct Running {
+    wal: Wal<CrashDisk>,
+    control: StepControl,
+    promised: PromisedEpoch<CrashDisk>,
+    engine: Engine<Token>,
+    submissions: Submissions,
+}
+
+impl Drop for Running {
+    /// The commit thread ends only once no fdatasync is held: complete them all (they fail
+    /// on a crashed disk) so the WAL's drop can join it.
+    fn drop(&mut self) {
+        while self.control.held_syncs() > 0 {
+            self.control.complete_all_syncs();
+            self.control.settle();
+        }
+    }
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("last", &self.wal.last())
+            .field("last_durable", &self.wal.last_durable())
+            .finish_non_exhaustive()
+    }
+}
+
 /// One simulated store. See the module docs.
 #[derive(Debug)]
 pub(crate) struct SimStore {
@@ -58,92 +147,184 @@ pub(crate) struct SimStore {
     pub(crate) up: bool,
     /// Incarnation of the process (bumped at every start).
     pub(crate) boot: u32,
-    wal: SimWal,
-    engine: Engine<Token>,
+    /// The medium: it outlives the process.
+    disk: CrashDisk,
+    /// The identity file as last written (kept in memory to answer without a read).
+    identity: Identity,
+    running: Option<Running>,
     mutations: Mutations,
     next_token: u64,
     /// The append being fed to the engine, and whether it was answered while fed.
     feeding: Option<(u64, bool)>,
-    /// The accepted log as each unanswered append left it, for its ack claim.
-    claims: BTreeMap<u64, Snapshot>,
-    /// The latest submission written, and the latest reported resolved.
-    submitted: u64,
-    reported: u64,
-    /// An fdatasync in flight covers records `..cover.0` and submissions `..=cover.1`.
-    fsync: Option<(usize, u64)>,
+    /// For each unanswered append, the epochs the accepted log held at the offsets its ack
+    /// may name (its `through` and the log's end), as it accepted it.
+    claims: BTreeMap<u64, Vec<(Offset, Option<Epoch>)>>,
+    /// An fdatasync completion is scheduled.
+    fsync_scheduled: bool,
     generation: u64,
     armed: Option<DiskFault>,
+    /// What the next start would vote with, computed on a fork of the stopped disk.
+    predicted: RefCell<Option<Option<VotingLog>>>,
     /// Answers a mutation changed (an ack with another `through`, an answer under another
     /// identity than the one on disk).
     pub(crate) mutated_acks: u64,
 }
 
-/// The engine of a store that starts on `disk`.
-fn engine_on(disk: &Disk, mutations: Mutations) -> Engine<Token> {
-    let id = disk.identity;
-    let replica = Replica::new(id.store_id, id.incarnation, id.role, disk.promised);
-    Engine::new(replica, disk.tail_cut, mutations)
+fn wal_config() -> WalConfig {
+    WalConfig {
+        dir: WAL_DIR.into(),
+        segment_bytes_max: SEGMENT_BYTES,
+        batch_window_us: 0,
+        ..WalConfig::default()
+    }
+}
+
+/// `quire-node init` on `disk`: the data directory and its identity file.
+fn init(disk: &CrashDisk, id: Identity) {
+    let identity = quire_node::Identity {
+        store_id: id.store_id,
+        incarnation: id.incarnation,
+        role: id.role,
+        created_ms: 0,
+    };
+    disk.create_dir_all(Path::new(WAL_DIR))
+        .and_then(|()| disk.sync_dir(Path::new(DATA_DIR)))
+        .expect("invariant: init on a fresh simulated disk succeeds");
+    identity
+        .store_in(disk, Path::new(DATA_DIR))
+        .expect("invariant: init on a fresh simulated disk succeeds");
+}
+
+/// Opens the data directory on `disk` as `quire-node` starts: `step` for the running
+/// store, `None` for a prediction on a fork.
+fn open(
+    disk: &CrashDisk,
+    step: Option<StepDisk<CrashFile>>,
+) -> Result<Opened<CrashDisk>, startup::StartError> {
+    startup::open_data_dir(
+        disk.clone(),
+        Path::new(DATA_DIR),
+        wal_config(),
+        step.map(|s| Box::new(s) as Box<dyn quire_wal::disk::Disk<_>>),
+        quire_wal::Mutations::default(),
+    )
+}
+
+/// Every durable entry of `wal`, from its first offset.
+fn durable_events(wal: &Wal<CrashDisk>) -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut from = wal.first_offset();
+    loop {
+        let records = match wal.read(from, 4096, u64::MAX) {
+            Ok(r) if !r.is_empty() => r,
+            _ => return events,
+        };
+        from = Offset(records[records.len() - 1].offset.0 + 1);
+        events.extend(records.into_iter().map(to_event));
+    }
+}
+
+/// A WAL record as the wire's event. The engine only submits known kinds.
+fn to_event(r: quire_wal::Record) -> Event {
+    Event {
+        epoch: r.epoch,
+        offset: r.offset,
+        kind: EventKind::from_u8(r.kind).expect("invariant: the WAL holds what the engine wrote"),
+        payload: r.payload,
+    }
 }
 
 impl SimStore {
     /// A new, empty, running store with this identity; `mutations` go to its engine.
     pub(crate) fn new(index: u8, identity: Identity, mutations: Mutations) -> SimStore {
-        let wal = SimWal::new(identity);
-        SimStore {
+        let disk = CrashDisk::new(u64::from(index));
+        disk.set_alignment(4096);
+        init(&disk, identity);
+        let mut s = SimStore {
             index,
-            up: true,
-            boot: 1,
-            engine: engine_on(&wal.disk, mutations),
-            wal,
+            up: false,
+            boot: 0,
+            disk,
+            identity,
+            running: None,
             mutations,
             next_token: 0,
             feeding: None,
             claims: BTreeMap::new(),
-            submitted: 0,
-            reported: 0,
-            fsync: None,
+            fsync_scheduled: false,
             generation: 0,
             armed: None,
+            predicted: RefCell::new(None),
             mutated_acks: 0,
-        }
+        };
+        let started = s.start();
+        assert_eq!(started, StartOutcome::Started { cut: None });
+        s
     }
 
     fn node(&self) -> NodeId {
         NodeId::Store(self.index)
     }
 
+    fn running(&mut self) -> &mut Running {
+        self.running
+            .as_mut()
+            .expect("invariant: requests reach running stores only")
+    }
+
     /// The identity the store answers under: its engine's (the one on disk, unless a
-    /// mutation took another on), role included.
+    /// mutation took another on), role included; the identity file's while stopped.
     pub(crate) fn identity(&self) -> Identity {
-        let r = self.engine.replica();
-        Identity {
-            store_id: r.store_id(),
-            incarnation: r.incarnation(),
-            role: r.role(),
+        match &self.running {
+            Some(r) => {
+                let replica = r.engine.replica();
+                Identity {
+                    store_id: replica.store_id(),
+                    incarnation: replica.incarnation(),
+                    role: replica.role(),
+                }
+            }
+            None => self.identity,
         }
     }
 
-    /// The durable log (what survives a crash for sure).
-    #[cfg(test)]
-    pub(crate) fn durable_log(&self) -> &crate::disk::EntryLog {
-        &self.wal.disk.durable_log
+    /// The durable log this store will vote with after its next start, and whether it will
+    /// carry a tail-cut mark; `None` if the next start will refuse. Running: its durable
+    /// log and its mark. Stopped: what the real start-up finds on a fork of the disk.
+    pub(crate) fn voting_log(&self) -> Option<VotingLog> {
+        if let Some(r) = &self.running {
+            return Some((durable_events(&r.wal), r.engine.tail_cut().is_some()));
+        }
+        self.predict().clone()
     }
 
-    /// The durable log this store will vote with after its next start, and whether it will
-    /// carry a tail-cut mark; `None` if the next start will refuse.
-    pub(crate) fn voting_log(&self) -> Option<(&[Event], bool)> {
-        self.wal.voting_log()
+    /// Whether the store carries a tail-cut mark or will at its next start; `None` if the
+    /// next start will refuse.
+    pub(crate) fn marked(&self) -> Option<bool> {
+        if let Some(r) = &self.running {
+            return Some(r.engine.tail_cut().is_some());
+        }
+        self.predict().as_ref().map(|(_, m)| *m)
+    }
+
+    /// The real start-up on a fork of the stopped store's disk (cached until the disk
+    /// changes).
+    fn predict(&self) -> std::cell::RefMut<'_, Option<VotingLog>> {
+        let mut cache = self.predicted.borrow_mut();
+        if cache.is_none() {
+            let fork = self.disk.fork();
+            *cache = Some(match open(&fork, None) {
+                Ok(opened) => Some((durable_events(&opened.wal), opened.tail_cut.is_some())),
+                Err(e) if e.is_corruption() => None,
+                Err(e) => panic!("invariant: a simulated store starts or finds corruption: {e}"),
+            });
+        }
+        std::cell::RefMut::map(cache, |c| c.as_mut().expect("just filled"))
     }
 
     /// Whether the log has failed (fail-stop).
     pub(crate) fn is_failed(&self) -> bool {
-        self.wal.failed.is_some()
-    }
-
-    /// The promised epoch on disk.
-    #[cfg(test)]
-    pub(crate) fn promised(&self) -> Epoch {
-        self.wal.disk.promised
+        self.running.as_ref().is_some_and(|r| r.wal.is_failed())
     }
 
     /// Arms a disk fault for the next fdatasync or write (`None` disarms).
@@ -180,11 +361,19 @@ impl SimStore {
         let token = self.token(from, from_boot, Request::Append(meta));
         let id = token.id;
         self.feeding = Some((id, false));
-        self.engine.append(token, req, &self.wal);
+        let r = self.running();
+        r.engine.append(token, req, &r.wal);
         self.drain(out);
         if self.feeding.take() == Some((id, false)) {
             // Waiting for durability: its ack claims what the accepted log holds now.
-            self.claims.insert(id, self.wal.accepted.snapshot());
+            let wal = &self.running().wal;
+            let points = meta
+                .through
+                .into_iter()
+                .chain(wal.last().map(|l| l.offset))
+                .map(|o| (o, wal.entry_epoch(o)))
+                .collect();
+            self.claims.insert(id, points);
         }
     }
 
@@ -197,7 +386,8 @@ impl SimStore {
         out: &mut Out,
     ) {
         let token = self.token(from, from_boot, Request::Fence(req.epoch));
-        self.engine.fence(token, req, &self.wal);
+        let r = self.running();
+        r.engine.fence(token, req, &r.wal);
         self.drain(out);
     }
 
@@ -211,11 +401,12 @@ impl SimStore {
         max_events: u64,
         out: &mut Out,
     ) {
-        let log = &self.wal.disk.durable_log;
-        let events = (first.0 <= log.len()).then(|| {
-            let end = log.len().min(first.0.saturating_add(max_events));
-            log.entries()[first.0 as usize..end as usize].to_vec()
-        });
+        let wal = &self.running().wal;
+        let max = usize::try_from(max_events).unwrap_or(usize::MAX);
+        let events = match wal.read(first, max, u64::MAX) {
+            Ok(records) => Some(records.into_iter().map(to_event).collect()),
+            Err(_) => None,
+        };
         out.answer(
             from,
             from_boot,
@@ -229,37 +420,35 @@ impl SimStore {
 
     // ---------------------------------------------------------------- disk completions
 
-    /// The fdatasync of generation `generation` completed.
+    /// The fdatasync scheduled in generation `generation` completes (with EIO if that
+    /// fault is armed).
     pub(crate) fn on_fsync_done(&mut self, generation: u64, out: &mut Out) {
-        if generation != self.generation || self.wal.failed.is_some() {
+        if generation != self.generation || !self.fsync_scheduled {
             return;
         }
-        let Some((records, seq)) = self.fsync.take() else {
-            return;
-        };
-        if self.armed == Some(DiskFault::FsyncEio) {
+        self.fsync_scheduled = false;
+        let eio = self.armed == Some(DiskFault::FsyncEio);
+        if eio {
             self.armed = None;
-            self.fail(DiskFault::FsyncEio, out);
-            self.drain(out);
-            return;
+            self.disk.fail_syncs(Some(libc::EIO));
         }
-        self.wal.synced(records);
-        while self.reported < seq {
-            self.reported += 1;
-            self.engine.resolved(self.reported, true, &self.wal);
+        let r = self.running();
+        r.control.complete_sync();
+        r.control.settle();
+        if eio {
+            self.disk.fail_syncs(None);
+            self.note_failed(DiskFault::FsyncEio, out);
         }
-        self.drain(out);
-        if self.submitted > self.reported {
-            self.start_fsync(out);
-        }
+        self.take_resolved(out);
     }
 
     // ---------------------------------------------------------------- engine commands
 
-    /// Executes the engine's commands until it has none.
+    /// Executes the engine's commands until it has none, then lets the commit thread run
+    /// what they queued and reports what resolved.
     fn drain(&mut self, out: &mut Out) {
         loop {
-            let commands = self.engine.take_commands();
+            let commands = self.running().engine.take_commands();
             if commands.is_empty() {
                 break;
             }
@@ -268,67 +457,111 @@ impl SimStore {
             }
         }
         assert!(
-            !self.engine.is_blocked(),
-            "invariant: the simulated disk persists promises and roles at once"
+            !self.running().engine.is_blocked(),
+            "invariant: the simulated store persists promises and roles at once"
         );
+    }
+
+    /// Reports to the engine every WAL append that resolved, drains what that releases,
+    /// and schedules the next fdatasync completion if one is held.
+    fn take_resolved(&mut self, out: &mut Out) {
+        let r = self.running();
+        r.submissions.report_ready(&mut r.engine, &r.wal);
+        self.drain(out);
+        self.schedule_fsync(out);
     }
 
     fn execute(&mut self, command: Command<Token>, out: &mut Out) {
         match command {
             Command::PersistPromise(epoch) => {
-                self.wal.disk.promised = epoch;
-                self.engine.promise_persisted(Ok(()), &self.wal);
+                let r = self.running();
+                let stored = r.promised.store(epoch).map_err(|e| e.to_string());
+                assert!(
+                    stored.is_ok(),
+                    "invariant: promise writes do not fail in the simulation: {stored:?}"
+                );
+                r.engine.promise_persisted(stored, &r.wal);
             }
             Command::PersistLearner => {
-                self.wal.disk.identity.role = Role::Learner;
+                let learner = Identity {
+                    role: Role::Learner,
+                    ..self.identity
+                };
+                init(&self.disk, learner);
+                self.identity = learner;
                 out.seen.push(Seen::Note(format!(
                     "{} expected another identity: became a learner",
                     self.node()
                 )));
-                self.engine.learner_persisted(Ok(()));
+                self.running().engine.learner_persisted(Ok(()));
             }
             Command::Submit {
-                seq,
-                events,
-                truncates,
-                ..
-            } => self.submit(seq, events, truncates, out),
+                seq, epoch, events, ..
+            } => self.submit(seq, epoch, events, out),
             Command::Answer { token, body } => self.answer(token, body, out),
-            Command::Trim { .. } => {}
+            Command::Trim { before } => {
+                // A failed trim keeps the segments; the next trim point retries.
+                let _ = self.running().wal.trim_before(before);
+            }
             Command::ClearTailCut(cut) => {
-                self.wal.disk.tail_cut = None;
+                let cleared = quire_node::tail_cut::clear_in(&self.disk, Path::new(DATA_DIR));
+                assert!(
+                    cleared.is_ok(),
+                    "invariant: clearing the mark does not fail in the simulation: {cleared:?}"
+                );
                 out.seen.push(Seen::Note(format!(
                     "{}: tail-cut mark (offset {}, promised {:#x}) cleared",
                     self.node(),
                     cut.offset.0,
                     cut.promised.0
                 )));
-                self.engine.tail_cut_cleared(true);
+                self.running().engine.tail_cut_cleared(true);
             }
         }
     }
 
-    /// Writes submission `seq` (unsynced), or fails the log if a write fault is armed.
-    fn submit(&mut self, seq: u64, events: Vec<Event>, truncates: bool, out: &mut Out) {
-        assert_eq!(seq, self.submitted + 1, "invariant: submissions in order");
-        self.submitted = seq;
-        if self.wal.failed.is_some() || self.armed == Some(DiskFault::Enospc) {
-            if self.wal.failed.is_none() {
-                self.armed = None;
-                self.fail(DiskFault::Enospc, out);
-            }
-            // The WAL refuses every write of a failed log.
-            self.resolve_failed();
+    /// Hands submission `seq` to the WAL (with ENOSPC on its write if that fault is armed)
+    /// and lets the commit thread write it.
+    fn submit(&mut self, seq: u64, epoch: Epoch, events: Vec<Event>, out: &mut Out) {
+        let enospc = self.armed == Some(DiskFault::Enospc);
+        if enospc {
+            self.armed = None;
+            self.disk.fail_writes(Some(libc::ENOSPC));
+        }
+        let r = self.running();
+        r.submissions
+            .submit(&mut r.engine, &r.wal, seq, epoch, events);
+        r.control.settle();
+        if enospc {
+            self.disk.fail_writes(None);
+            self.note_failed(DiskFault::Enospc, out);
+        }
+        // Refusals and failures resolve at once; the next commands come from the engine.
+        let r = self.running();
+        r.submissions.report_ready(&mut r.engine, &r.wal);
+        self.schedule_fsync(out);
+    }
+
+    fn note_failed(&mut self, fault: DiskFault, out: &mut Out) {
+        if self.running().wal.is_failed() {
+            out.seen.push(Seen::Note(format!(
+                "{}: {fault:?}: the log failed (fail-stop)",
+                self.node()
+            )));
+        }
+    }
+
+    /// Schedules the completion of the fdatasync the commit thread holds, if any.
+    fn schedule_fsync(&mut self, out: &mut Out) {
+        if self.fsync_scheduled || self.running().control.held_syncs() == 0 {
             return;
         }
-        let truncated = self.wal.write(events);
-        assert_eq!(
-            truncated, truncates,
-            "invariant: the engine and the WAL agree"
-        );
-        if self.fsync.is_none() {
-            self.start_fsync(out);
-        }
+        self.fsync_scheduled = true;
+        out.later.push(Later::Fsync {
+            store: self.index,
+            boot: self.boot,
+            generation: self.generation,
+        });
     }
 
     /// Sends the engine's answer `body` to `token` as a simulated message.
@@ -345,7 +578,7 @@ impl SimStore {
                 *answered = true;
             }
         }
-        let on_disk = self.wal.disk.identity;
+        let on_disk = self.identity;
         let msg = match (request, body) {
             (Request::Append(meta), Body::PersistedAck(ack)) => {
                 if ack.through_offset != meta.through
@@ -355,10 +588,9 @@ impl SimStore {
                 }
                 if let (Some(t), NodeId::Broker(broker)) = (ack.through_offset, to) {
                     // What the store held at `t` when it accepted the append.
-                    let held = match &claim {
-                        Some(snapshot) => snapshot.entry_epoch(t),
-                        None => self.wal.accepted.entry_epoch(t),
-                    };
+                    let held = claim
+                        .and_then(|points| points.iter().find(|p| p.0 == t).map(|p| p.1))
+                        .unwrap_or_else(|| self.running().wal.entry_epoch(t));
                     out.seen.push(Seen::AckClaim {
                         store: self.index,
                         broker,
@@ -385,7 +617,7 @@ impl SimStore {
                 promised: r.promised,
             },
             (Request::Fence(epoch), Body::ErrorResponse(e)) if e.code == ErrorCode::NotVoter => {
-                let r = self.engine.replica();
+                let r = self.running().engine.replica();
                 Msg::NotVoter {
                     epoch,
                     store_id: r.store_id(),
@@ -400,83 +632,131 @@ impl SimStore {
 
     // ---------------------------------------------------------------- faults
 
-    /// The process dies: volatile state is gone, the disk keeps what a crash keeps
-    /// ([`SimWal::crash`]; `tear`: whether a write may be torn).
+    /// The process dies and the machine loses power: the disk keeps its durable bytes and,
+    /// of the rest, a prefix in write order (`tear`) or nothing (module docs). `rng` seeds
+    /// the disk's choice.
     pub(crate) fn crash(&mut self, rng: &mut SimRng, tear: bool) {
-        self.wal.crash(rng, tear);
+        if let Some(r) = self.running.take() {
+            // Held fdatasyncs then run against the dead disk and fail (`Running`'s drop).
+            self.disk.crash_after(0);
+            drop(r);
+        }
+        self.disk.reseed(rng.next_u64());
+        self.disk.set_mode(if tear {
+            CrashMode::Prefix
+        } else {
+            CrashMode::Durable
+        });
+        self.disk.crash();
         self.up = false;
         self.armed = None;
         self.reset();
     }
 
-    /// Forgets everything volatile: the engine, the accepted view, the fdatasync in flight.
+    /// Forgets everything volatile of the process.
     fn reset(&mut self) {
-        self.engine = engine_on(&self.wal.disk, self.mutations);
+        self.running = None;
         self.claims.clear();
         self.feeding = None;
-        self.submitted = 0;
-        self.reported = 0;
-        self.fsync = None;
+        self.fsync_scheduled = false;
         self.generation += 1;
+        self.predicted.replace(None);
     }
 
-    /// Flips a bit in a stopped store's durable entry ([`SimWal::flip_bit`]).
+    /// Flips one bit of a stopped store's durable entry on the medium: in its checksum or
+    /// its payload. Without `tail_flips`, only entries before the last one (sealed data; a
+    /// flip in the last record reads as a torn write). Returns the entry's offset, or
+    /// `None` if there is no entry to flip.
     pub(crate) fn flip_bit(&mut self, tail_flips: bool, rng: &mut SimRng) -> Option<Offset> {
         assert!(!self.up, "bits are flipped in a stopped store");
-        self.wal.flip_bit(tail_flips, rng)
+        // Where each live entry's record is: the scan visits records in file order, so a
+        // later record of an offset (after a truncation marker) replaces an earlier one.
+        let mut at: BTreeMap<u64, (std::path::PathBuf, u64, u64)> = BTreeMap::new();
+        let report = quire_wal::scan::scan_dir_in(&self.disk, Path::new(WAL_DIR), &mut |r| match (
+            r.status, r.header,
+        ) {
+            (RecordStatus::Entry, Some(h)) => {
+                at.insert(
+                    h.offset.0,
+                    (
+                        r.segment.to_path_buf(),
+                        r.position.0,
+                        r.payload.len() as u64,
+                    ),
+                );
+            }
+            (RecordStatus::Marker { .. }, Some(h)) => {
+                at.retain(|&o, _| o < h.offset.0);
+            }
+            _ => {}
+        })
+        .ok()?;
+        let last = report.last?.offset.0;
+        at.retain(|&o, _| o <= last && (tail_flips || o < last));
+        if at.is_empty() {
+            return None;
+        }
+        let pick = rng.index(at.len());
+        let (&offset, (path, position, payload)) = at.iter().nth(pick)?;
+        // One of the checksum's 4 bytes or a payload byte.
+        let k = rng.range(0, 3 + payload);
+        let byte = if k < 4 { k } else { 32 + (k - 4) };
+        let contents = self.disk.contents(path)?;
+        let old = *contents.get(usize::try_from(position + byte).ok()?)?;
+        let bit = 1u8 << rng.range(0, 7);
+        self.disk.poke(path, position + byte, &[old ^ bit]).ok()?;
+        self.predicted.replace(None);
+        Some(Offset(offset))
     }
 
-    /// Starts the process on its disk: recovery ([`SimWal::recover`]), then serving with a
-    /// new engine.
+    /// Starts the process on its disk: the real start-up (identity, promise, tail-cut mark,
+    /// WAL recovery), then serving with a new engine.
     pub(crate) fn start(&mut self) -> StartOutcome {
         assert!(!self.up, "start of a running store");
-        let outcome = self.wal.recover();
-        if let StartOutcome::Started { .. } = outcome {
-            self.reset();
-            self.boot += 1;
-            self.up = true;
-        }
-        outcome
+        let (step, control) = StepDisk::new();
+        let opened = match open(&self.disk, Some(step)) {
+            Ok(o) => o,
+            Err(startup::StartError::Wal {
+                source: WalError::Corruption { offset, .. },
+                ..
+            }) => return StartOutcome::Corrupt { offset },
+            Err(e) => panic!("invariant: a simulated store starts or finds corruption: {e}"),
+        };
+        let cut = opened.report.torn_tail.as_ref().and(opened.tail_cut);
+        let id = opened.identity;
+        self.identity = Identity {
+            store_id: id.store_id,
+            incarnation: id.incarnation,
+            role: id.role,
+        };
+        let replica = Replica::new(
+            id.store_id,
+            id.incarnation,
+            id.role,
+            opened.promised.epoch(),
+        );
+        self.reset();
+        self.running = Some(Running {
+            engine: Engine::new(replica, opened.tail_cut, self.mutations),
+            wal: opened.wal,
+            control,
+            promised: opened.promised,
+            submissions: Submissions::new(),
+        });
+        self.boot += 1;
+        self.up = true;
+        StartOutcome::Started { cut }
     }
 
     /// The operator replaces the disk and runs `quire-node init`: an empty store with a new
     /// identity (a new store id and incarnation), which starts stopped.
     pub(crate) fn reinitialise(&mut self, new_identity: Identity) {
         assert!(!self.up, "a running store's disk is not replaced");
-        self.wal.reinitialise(new_identity);
+        self.disk = CrashDisk::new(u64::from(self.index));
+        self.disk.set_alignment(4096);
+        init(&self.disk, new_identity);
+        self.identity = new_identity;
         self.reset();
-    }
-
-    // ---------------------------------------------------------------- helpers
-
-    fn start_fsync(&mut self, out: &mut Out) {
-        assert!(self.fsync.is_none(), "one fdatasync at a time");
-        self.fsync = Some((self.wal.written(), self.submitted));
-        out.later.push(Later::Fsync {
-            store: self.index,
-            boot: self.boot,
-            generation: self.generation,
-        });
-    }
-
-    /// The disk failed ([`SimWal::fail`]): every submission written resolves failed.
-    fn fail(&mut self, fault: DiskFault, out: &mut Out) {
-        self.wal.fail(fault);
-        self.fsync = None;
-        self.generation += 1;
-        out.seen.push(Seen::Note(format!(
-            "{}: {fault:?}: the log failed (fail-stop)",
-            self.node()
-        )));
-        self.resolve_failed();
-    }
-
-    /// Reports every submission not yet resolved as failed.
-    fn resolve_failed(&mut self) {
-        while self.reported < self.submitted {
-            self.reported += 1;
-            self.engine.resolved(self.reported, false, &self.wal);
-        }
     }
 }
 
@@ -520,6 +800,14 @@ mod tests {
             through: req.through_offset(),
         };
         (meta, req)
+    }
+
+    fn durable_len(s: &SimStore) -> u64 {
+        s.voting_log().expect("started").0.len() as u64
+    }
+
+    fn mark_on_disk(s: &SimStore) -> Option<TailCut> {
+        quire_node::tail_cut::load_in(&s.disk, Path::new(DATA_DIR)).expect("readable")
     }
 
     fn store(through_end: bool) -> SimStore {
@@ -597,23 +885,24 @@ mod tests {
             s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
             let generation = s.generation;
             s.on_fsync_done(generation, &mut out);
-            assert_eq!(s.durable_log().len(), 3);
+            assert_eq!(durable_len(&s), 3);
             // Written, never synced: a truncation and two entries of epoch 2.
             let (meta, req) = append(2, Some((1, 0)), vec![ev(2, 1), ev(2, 2)]);
             s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
-            assert_eq!(s.wal.accepted.len(), 3);
+            assert_eq!(s.running().wal.next_offset(), Offset(3));
             s.crash(&mut rng, true);
             let StartOutcome::Started { cut } = s.start() else {
                 panic!("the store starts")
             };
             if let Some(cut) = cut {
                 // A torn write: the mark names where the cut began and the promise then.
-                assert_eq!(cut.offset.0, s.durable_log().len());
+                assert_eq!(cut.offset.0, durable_len(&s));
                 assert_eq!(cut.promised, Epoch(2));
             }
             let epochs: Vec<u64> = s
-                .durable_log()
-                .entries()
+                .voting_log()
+                .expect("started")
+                .0
                 .iter()
                 .map(|e| e.epoch.0)
                 .collect();
@@ -622,7 +911,7 @@ mod tests {
                 "{epochs:?}"
             );
             assert_eq!(
-                s.promised(),
+                s.running().promised.epoch(),
                 Epoch(2),
                 "the promise was durable before the write"
             );
@@ -688,16 +977,20 @@ mod tests {
 
     #[test]
     fn a_flip_in_the_last_record_is_cut_marked_reported_and_cleared_by_a_later_master() {
-        let mut rng = SimRng::new(5);
-        let mut s = store(false);
-        let mut out = Out::default();
-        let (meta, req) = append(1, None, (0..2).map(|o| ev(1, o)).collect());
-        s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
-        let generation = s.generation;
-        s.on_fsync_done(generation, &mut out);
-        s.crash(&mut rng, true);
-        // Only the last record is a candidate once the first is excluded: flip until it hits.
-        while s.flip_bit(true, &mut rng) != Some(Offset(1)) {}
+        // A flip lands on either record: take the first seed whose flip hits the last one.
+        let mut s = (0..)
+            .find_map(|seed| {
+                let mut rng = SimRng::new(seed);
+                let mut s = store(false);
+                let mut out = Out::default();
+                let (meta, req) = append(1, None, (0..2).map(|o| ev(1, o)).collect());
+                s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
+                let generation = s.generation;
+                s.on_fsync_done(generation, &mut out);
+                s.crash(&mut rng, true);
+                (s.flip_bit(true, &mut rng) == Some(Offset(1))).then_some(s)
+            })
+            .expect("some seed flips the last record");
         assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((1, true)));
         let StartOutcome::Started { cut } = s.start() else {
             panic!("a flipped last record reads as a torn tail")
@@ -725,12 +1018,12 @@ mod tests {
         let mut out = Out::default();
         s.on_append(NodeId::Broker(1), 1, meta, req, &mut out);
         assert!(
-            s.wal.disk.tail_cut.is_some(),
+            mark_on_disk(&s).is_some(),
             "not before the entry is durable"
         );
         let generation = s.generation;
         s.on_fsync_done(generation, &mut out);
-        assert_eq!(s.wal.disk.tail_cut, None);
+        assert_eq!(mark_on_disk(&s), None);
         assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((2, false)));
     }
 }

@@ -259,7 +259,7 @@ impl World {
         let heartbeat_ms = 50;
         let election_timeout_ms_min = rng.range(250, 400);
         let limits = ReplicationLimits {
-            inflight_bytes_max: rng.range(2_000, 16_000),
+            inflight_bytes_max: rng.range(5_000, 24_000),
             append_events_max: rng.range(1, 8) as u32,
             append_bytes_max: rng.range(200, 4_000),
             appends_inflight_max: rng.range(1, 4) as u32,
@@ -474,7 +474,7 @@ impl World {
         let produced: Vec<ProducedBatch<'_>> =
             self.batches.iter().map(Batch::as_produced).collect();
         self.checker.check_history(&produced);
-        let voters: Vec<(u8, &[quire_proto::Event], bool)> = self
+        let logs: Vec<(u8, Vec<quire_proto::Event>, bool)> = self
             .stores
             .iter()
             .filter(|s| {
@@ -485,6 +485,10 @@ impl World {
                     && id.incarnation == bound.incarnation
             })
             .filter_map(|s| s.voting_log().map(|(log, marked)| (s.index, log, marked)))
+            .collect();
+        let voters: Vec<(u8, &[quire_proto::Event], bool)> = logs
+            .iter()
+            .map(|(s, log, marked)| (*s, log.as_slice(), *marked))
             .collect();
         self.checker
             .check_quorums(&voters, self.fence_quorum, self.stores.len());
@@ -1046,7 +1050,7 @@ impl World {
     fn marked_voters(&self, except: usize) -> usize {
         (0..self.stores.len())
             .filter(|&s| s != except && self.is_voter(s))
-            .filter(|&s| self.stores[s].voting_log().is_some_and(|(_, m)| m))
+            .filter(|&s| self.stores[s].marked() == Some(true))
             .count()
     }
 
@@ -1058,7 +1062,7 @@ impl World {
         if self.config.mode != Mode::Liveness || !self.is_voter(s) {
             return true;
         }
-        if self.stores[s].voting_log().is_some_and(|(_, m)| m) {
+        if self.stores[s].marked() == Some(true) {
             return true;
         }
         let n = self.stores.len();

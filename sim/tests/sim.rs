@@ -1,12 +1,12 @@
 //! The simulation's own tests: determinism, the CI seed budgets, and the mutation tests that
 //! show the checker catches each protocol rule switched off on purpose.
 //!
-//! **CI budget**: the seed counts below keep this file at about a minute on 2 cores in the
+//! **CI budget**: the seed counts below keep this file at about two minutes on 2 cores in the
 //! workspace's dev profile, where the simulator, broker, node, proto and wal crates are
 //! optimized (opt-level 2, the root Cargo.toml) and the seed loops use every core
-//! (`quire_sim::run_seeds`). At 2,000 safety and 150 liveness seeds the file took 12 s
-//! (`cargo test -p quire-sim`, load average 3.6, 2026-12-02); the budgets are ten times
-//! that. `cargo run -p quire-sim --release -- --seeds N --jobs J` runs long campaigns.
+//! (`quire_sim::run_seeds`). With the stores on the real WAL the file takes about 123 s
+//! (`cargo test -p quire-sim`, idle 2-core machine, 2026-12-02).
+//! `cargo run -p quire-sim --release -- --seeds N --jobs J` runs long campaigns.
 
 use quire_sim::{run, Mode, Mutation, RunStats, SimConfig, Violation};
 

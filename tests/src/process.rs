@@ -238,7 +238,9 @@ pub fn free_port() -> u16 {
         let mut x = seed.wrapping_add(n.wrapping_mul(0xbf58_476d_1ce4_e5b9));
         x ^= x >> 31;
         let port = 20_000 + (x % 12_000) as u16;
-        let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return port;

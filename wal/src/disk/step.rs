@@ -94,6 +94,7 @@ impl StepControl {
         let mut st = self.shared.lock();
         if st.held > st.released {
             st.released += 1;
+            st.idle = false;
             self.shared.cv.notify_all();
         }
     }
@@ -101,7 +102,10 @@ impl StepControl {
     /// Lets every held fdatasync run.
     pub fn complete_all_syncs(&self) {
         let mut st = self.shared.lock();
-        st.released = st.held;
+        if st.held > st.released {
+            st.released = st.held;
+            st.idle = false;
+        }
         self.shared.cv.notify_all();
     }
 }
@@ -193,6 +197,9 @@ impl<F: StorageFile> Disk<F> for StepDisk<F> {
                 if let Some((file, token)) = self.syncs.pop_front() {
                     st.released -= 1;
                     st.held -= 1;
+                    // Busy until it waits again: `settle` must not return while this
+                    // fdatasync runs and its completion is not yet handled.
+                    st.idle = false;
                     drop(st);
                     let result = file.sync_data().map(|()| 0);
                     out.push(DiskCompletion {
