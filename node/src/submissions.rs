@@ -80,20 +80,17 @@ impl Submissions {
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             let mut append = wal.append(epoch, chunk);
-            let state = match append.try_result() {
-                None => PartState::Pending(append),
-                Some(Ok(_)) => PartState::Done(Some(Ok(()))),
-                Some(Err(e)) => {
-                    let body = refusal(engine, wal, &e);
-                    engine.refused(seq, body);
-                    self.parts.push_back(Part {
-                        seq,
-                        last: true,
-                        state: PartState::Done(Some(Ok(()))),
-                    });
-                    return;
-                }
-            };
+            if let Some(e) = append.refused_at_once() {
+                let body = refusal(engine, wal, &e);
+                engine.refused(seq, body);
+                self.parts.push_back(Part {
+                    seq,
+                    last: true,
+                    state: PartState::Done(Some(Ok(()))),
+                });
+                return;
+            }
+            let state = PartState::Pending(append);
             self.parts.push_back(Part {
                 seq,
                 last: i + 1 == n,

@@ -88,17 +88,22 @@ pub enum Mutation {
     /// its own epoch-start event is on a quorum (Raft §5.4.2, Figure 8; `MasterCore`'s
     /// test-only switch, the broker engine's `Mutations::hwm_before_epoch_start`).
     HwmBeforeEpochStart,
+    /// The WAL's commit thread acks a batch's appends once written, before the fdatasync
+    /// that covers it (the WAL's `Mutations::ack_before_fdatasync`): a crash then loses
+    /// acknowledged entries.
+    AckBeforeSync,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 6] = [
+    pub const ALL: [Mutation; 7] = [
         Mutation::ThroughEnd,
         Mutation::AdoptLongest,
         Mutation::WipedVotes,
         Mutation::ForgetEpoch,
         Mutation::ForgetDedup,
         Mutation::HwmBeforeEpochStart,
+        Mutation::AckBeforeSync,
     ];
 
     /// The command-line name.
@@ -111,6 +116,7 @@ impl Mutation {
             Mutation::ForgetEpoch => "forget-epoch",
             Mutation::ForgetDedup => "forget-dedup",
             Mutation::HwmBeforeEpochStart => "hwm-before-epoch-start",
+            Mutation::AckBeforeSync => "ack-before-sync",
         }
     }
 }

@@ -153,6 +153,8 @@ pub(crate) struct SimStore {
     identity: Identity,
     running: Option<Running>,
     mutations: Mutations,
+    /// Planted bugs of the WAL (none by default).
+    wal_mutations: quire_wal::Mutations,
     next_token: u64,
     /// The append being fed to the engine, and whether it was answered while fed.
     feeding: Option<(u64, bool)>,
@@ -200,13 +202,14 @@ fn init(disk: &CrashDisk, id: Identity) {
 fn open(
     disk: &CrashDisk,
     step: Option<StepDisk<CrashFile>>,
+    mutations: quire_wal::Mutations,
 ) -> Result<Opened<CrashDisk>, startup::StartError> {
     startup::open_data_dir(
         disk.clone(),
         Path::new(DATA_DIR),
         wal_config(),
         step.map(|s| Box::new(s) as Box<dyn quire_wal::disk::Disk<_>>),
-        quire_wal::Mutations::default(),
+        mutations,
     )
 }
 
@@ -235,8 +238,14 @@ fn to_event(r: quire_wal::Record) -> Event {
 }
 
 impl SimStore {
-    /// A new, empty, running store with this identity; `mutations` go to its engine.
-    pub(crate) fn new(index: u8, identity: Identity, mutations: Mutations) -> SimStore {
+    /// A new, empty, running store with this identity; `mutations` go to its engine,
+    /// `wal_mutations` to its WAL.
+    pub(crate) fn new(
+        index: u8,
+        identity: Identity,
+        mutations: Mutations,
+        wal_mutations: quire_wal::Mutations,
+    ) -> SimStore {
         let disk = CrashDisk::new(u64::from(index));
         disk.set_alignment(4096);
         init(&disk, identity);
@@ -248,6 +257,7 @@ impl SimStore {
             identity,
             running: None,
             mutations,
+            wal_mutations,
             next_token: 0,
             feeding: None,
             claims: BTreeMap::new(),
@@ -313,7 +323,7 @@ impl SimStore {
         let mut cache = self.predicted.borrow_mut();
         if cache.is_none() {
             let fork = self.disk.fork();
-            *cache = Some(match open(&fork, None) {
+            *cache = Some(match open(&fork, None, self.wal_mutations) {
                 Ok(opened) => Some((durable_events(&opened.wal), opened.tail_cut.is_some())),
                 Err(e) if e.is_corruption() => None,
                 Err(e) => panic!("invariant: a simulated store starts or finds corruption: {e}"),
@@ -714,7 +724,7 @@ impl SimStore {
     pub(crate) fn start(&mut self) -> StartOutcome {
         assert!(!self.up, "start of a running store");
         let (step, control) = StepDisk::new();
-        let opened = match open(&self.disk, Some(step)) {
+        let opened = match open(&self.disk, Some(step), self.wal_mutations) {
             Ok(o) => o,
             Err(startup::StartError::Wal {
                 source: WalError::Corruption { offset, .. },
@@ -822,6 +832,7 @@ mod tests {
                 through_end,
                 ..Mutations::default()
             },
+            quire_wal::Mutations::default(),
         )
     }
 

@@ -297,6 +297,10 @@ impl World {
             through_end: mutation == Some(Mutation::ThroughEnd),
             wiped_votes: mutation == Some(Mutation::WipedVotes),
         };
+        let wal_mutations = quire_wal::Mutations {
+            ack_before_fdatasync: mutation == Some(Mutation::AckBeforeSync),
+            ..quire_wal::Mutations::default()
+        };
         let stores: Vec<SimStore> = identities
             .iter()
             .enumerate()
@@ -309,6 +313,7 @@ impl World {
                         role: Role::Voter,
                     },
                     store_mutations,
+                    wal_mutations,
                 )
             })
             .collect();

@@ -232,6 +232,21 @@ fn mutation_through_end_is_caught() {
         .any(|v| matches!(v, Violation::AckClaimsUnheld { .. })));
 }
 
+/// Mutation 6 (`ack-before-sync`), planted in the real WAL
+/// (`quire_wal::Mutations::ack_before_fdatasync`): the commit thread acks appends once
+/// written, before their fdatasync. Stores then ack entries a power loss takes away, and
+/// a quorum can lose a stabilized event — seen end to end (found at seed 0).
+#[test]
+fn mutation_ack_before_sync_is_caught() {
+    let (_, found) = caught_within(Mutation::AckBeforeSync, 500, true);
+    assert!(found.iter().any(|v| matches!(
+        v,
+        Violation::OffsetTwoEvents { .. }
+            | Violation::QuorumLacksStabilized { .. }
+            | Violation::AckedLost { .. }
+    )));
+}
+
 /// `--jobs` changes only the wall time: seeds spread over threads give the same failing
 /// seeds and the same summed counters as one thread, and stopping at the first failure
 /// finds the same seed.

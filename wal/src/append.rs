@@ -116,6 +116,23 @@ impl Append {
         }
     }
 
+    /// The error if [`crate::Wal::append`] refused the append itself (validation, a failed
+    /// or closing log, a full queue): nothing of it was queued. `None` for an append the
+    /// commit thread took, even one it has already failed, so that the answer does not
+    /// depend on how far the commit thread got.
+    pub fn refused_at_once(&mut self) -> Option<WalError> {
+        match &mut self.inner {
+            AppendInner::Ready(r) => match r.take() {
+                Some(Err(e)) => Some(e),
+                other => {
+                    *r = other;
+                    None
+                }
+            },
+            AppendInner::Pending(_) => None,
+        }
+    }
+
     /// The result if the append has resolved, without blocking.
     pub fn try_result(&mut self) -> Option<Result<Offset, WalError>> {
         match &mut self.inner {
