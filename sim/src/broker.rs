@@ -20,11 +20,11 @@ use quire_broker::core::{
     ClusterConfig, Event, ReplicationLimits, SlotId, SlotKind, StoreIdentity,
 };
 use quire_broker::engine::{
-    Command, Engine, EngineConfig, FenceAnswer, InboundAnswer, Mutations, Reply, RequestToken,
-    SlotAnswer, WriteCommand, WriteLimits, WriteRequest,
+    Command, Engine, EngineConfig, FenceAnswer, HandoffFailure, InboundAnswer, Mutations, Reply,
+    RequestToken, SlotAnswer, WriteCommand, WriteLimits, WriteRequest,
 };
 use quire_proto::{
-    AppendRequest, BrokerId, Epoch, ErrorCode, FenceRequest, Offset, ProduceRequest,
+    AppendRequest, BrokerId, Epoch, ErrorCode, ErrorResponse, FenceRequest, Offset, ProduceRequest,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ProduceError, ReadPurpose};
@@ -291,6 +291,15 @@ impl SimBroker {
         });
     }
 
+    /// An operator asks this broker to hand mastership to broker `to` (index) gracefully
+    /// (the real `HandoffRequest`; the answer is [`Seen::HandoffDone`]).
+    pub(crate) fn request_handoff(&mut self, to: u8, now_ms: u64, out: &mut Out) {
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        let to = BrokerId(u16::from(to) + 1);
+        self.drive(now_ms, out, |e, t| e.handoff_request(token, to, t));
+    }
+
     /// The epoch counter write for `counter` completed.
     pub(crate) fn on_counter_persisted(&mut self, counter: u64, now_ms: u64, out: &mut Out) {
         if self.persisting == Some(counter) {
@@ -401,6 +410,33 @@ impl SimBroker {
                         events: self.applied[start..end].to_vec(),
                     },
                 );
+            }
+            Msg::TakeOverNow { from_epoch } => {
+                let mut taking_over = false;
+                self.drive(now_ms, out, |e, t| {
+                    taking_over = e.take_over_now(from_epoch, t);
+                });
+                let answer = Msg::TakeOverAnswer {
+                    from_epoch,
+                    taking_over,
+                };
+                out.answer(from, from_boot, answer);
+            }
+            Msg::TakeOverAnswer {
+                from_epoch,
+                taking_over,
+            } => {
+                let outcome = if taking_over {
+                    Ok(())
+                } else {
+                    Err(HandoffFailure::TargetRefused(ErrorResponse::new(
+                        ErrorCode::NotMaster,
+                        "the target does not follow this master",
+                    )))
+                };
+                self.drive(now_ms, out, |e, t| {
+                    e.take_over_answer(from_epoch, outcome, t)
+                });
             }
             Msg::Fence { .. }
             | Msg::Read { .. }
@@ -635,9 +671,17 @@ impl SimBroker {
                     }),
                 }
             }
-            Command::AskTakeOver { .. } | Command::HandoffDone { .. } => {
-                unreachable!("the simulated workload asks for no graceful handoff")
+            Command::AskTakeOver { to, epoch, .. } => {
+                let target = u8::try_from(to.0.saturating_sub(1)).unwrap_or(u8::MAX);
+                out.request(
+                    NodeId::Broker(target),
+                    Msg::TakeOverNow { from_epoch: epoch },
+                );
             }
+            Command::HandoffDone { outcome, .. } => out.seen.push(Seen::HandoffDone {
+                broker: self.index,
+                outcome: outcome.map(|d| d.epoch).map_err(|f| format!("{f:?}")),
+            }),
             Command::FetchAnswer { .. } | Command::FetchFromStore { .. } => {
                 unreachable!("simulated consumers read the applied log, not the engine's fetch")
             }

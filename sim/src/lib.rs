@@ -287,6 +287,12 @@ pub struct RunStats {
     pub enospc: u64,
     /// Network partitions (symmetric and one-way).
     pub partitions: u64,
+    /// Graceful handoffs an operator asked a serving master for.
+    pub handoffs: u64,
+    /// Handoffs that finished (a new master serves past the old log end).
+    pub handoffs_done: u64,
+    /// Handoffs that failed (the master served again, or no new master was seen in time).
+    pub handoffs_failed: u64,
     /// Times a mutation changed what a process did (acks with another `through`, wiped
     /// stores voting again, takeovers reusing an epoch): 0 without a mutation.
     pub mutated: u64,
@@ -318,6 +324,9 @@ impl RunStats {
         self.fsync_eio += o.fsync_eio;
         self.enospc += o.enospc;
         self.partitions += o.partitions;
+        self.handoffs += o.handoffs;
+        self.handoffs_done += o.handoffs_done;
+        self.handoffs_failed += o.handoffs_failed;
         self.mutated += o.mutated;
     }
 }

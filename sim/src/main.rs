@@ -232,7 +232,7 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.stabilized
     );
     println!(
-        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {}, bit flips {}, tail cuts {}, fsync EIO {}, ENOSPC {}, partitions {}",
+        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {}, bit flips {}, tail cuts {}, fsync EIO {}, ENOSPC {}, partitions {}, handoffs {} (done {}, failed {})",
         stats.masters,
         stats.broker_crashes,
         stats.broker_pauses,
@@ -243,7 +243,10 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.tail_cuts,
         stats.fsync_eio,
         stats.enospc,
-        stats.partitions
+        stats.partitions,
+        stats.handoffs,
+        stats.handoffs_done,
+        stats.handoffs_failed
     );
     println!(
         "  events {}, messages delivered {} dropped {} duplicated {}, mutated steps {}",

@@ -135,6 +135,19 @@ pub(crate) enum Msg {
         /// The highest master epoch the slave follows.
         epoch: Epoch,
     },
+    // ---------------------------------------------------------------- handoff
+    /// A master handing over asks this slave to take over now (the real
+    /// `TakeOverNowRequest`).
+    TakeOverNow {
+        /// The handing master's epoch.
+        from_epoch: Epoch,
+    },
+    /// The slave's answer: it takes over (`true`) or refused (it does not follow
+    /// `from_epoch`).
+    TakeOverAnswer {
+        from_epoch: Epoch,
+        taking_over: bool,
+    },
     // ---------------------------------------------------------------- clients
     /// A producer's batch: messages `sequence..` of `producer_id` to `topic`.
     Produce {
@@ -207,6 +220,11 @@ impl Msg {
                 0,
             ],
             Msg::SlaveHas { meta, epoch } => [11, meta.append.0, epoch.0, 0],
+            Msg::TakeOverNow { from_epoch } => [17, from_epoch.0, 0, 0],
+            Msg::TakeOverAnswer {
+                from_epoch,
+                taking_over,
+            } => [18, from_epoch.0, u64::from(*taking_over), 0],
             Msg::Produce {
                 request,
                 producer_id,

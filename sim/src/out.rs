@@ -55,6 +55,12 @@ pub(crate) enum Seen {
         through: quire_proto::Offset,
         held: Option<Epoch>,
     },
+    /// A graceful handoff `broker` was asked for ended: `Ok` with the new master's epoch,
+    /// or why it failed.
+    HandoffDone {
+        broker: u8,
+        outcome: Result<Epoch, String>,
+    },
     /// A free-form line for the trace.
     Note(String),
 }

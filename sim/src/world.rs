@@ -200,6 +200,8 @@ struct FaultRates {
     fsync_eio: f64,
     enospc: f64,
     partition: f64,
+    /// An operator asks the serving master for a graceful handoff.
+    handoff: f64,
 }
 
 /// The simulated world. See the module docs.
@@ -341,6 +343,7 @@ impl World {
             fsync_eio: scale(0.015),
             enospc: scale(0.015),
             partition: scale(0.05),
+            handoff: scale(0.02),
         };
         let qa = quorum::majority(n_stores);
         let fence_quorum = quorum::majority(n_stores);
@@ -762,6 +765,20 @@ impl World {
                     self.stats.masters += 1;
                     self.note(|| format!("B{} became master of epoch {:#x}", broker + 1, epoch.0));
                 }
+                Seen::HandoffDone { broker, outcome } => {
+                    match &outcome {
+                        Ok(_) => self.stats.handoffs_done += 1,
+                        Err(_) => self.stats.handoffs_failed += 1,
+                    }
+                    self.note(|| match outcome {
+                        Ok(epoch) => format!(
+                            "B{}'s handoff done: epoch {:#x} serves",
+                            broker + 1,
+                            epoch.0
+                        ),
+                        Err(why) => format!("B{}'s handoff failed: {why}", broker + 1),
+                    });
+                }
                 Seen::Note(line) => self.note(|| line),
                 Seen::Fencing {
                     broker,
@@ -1163,6 +1180,30 @@ impl World {
         if self.rng.chance(r.partition) && self.cuts.len() < CUTS_MAX {
             self.partition();
         }
+        if self.rng.chance(r.handoff) {
+            self.handoff();
+        }
+    }
+
+    /// An operator asks a serving master to hand over to another broker (any of them: a
+    /// down or partitioned target is a handoff that must fail cleanly).
+    fn handoff(&mut self) {
+        let Some(b) = (0..self.brokers.len()).find(|&b| {
+            self.brokers[b].is_serving_master()
+                && !self.paused.contains_key(&NodeId::Broker(b as u8))
+        }) else {
+            return;
+        };
+        let others: Vec<u8> = (0..self.brokers.len() as u8)
+            .filter(|&o| usize::from(o) != b)
+            .collect();
+        let to = others[self.rng.index(others.len())];
+        self.stats.handoffs += 1;
+        self.note(|| format!("operator: B{} hands over to B{}", b + 1, to + 1));
+        let mut out = Out::default();
+        let now = self.now;
+        self.brokers[b].request_handoff(to, now, &mut out);
+        self.process(NodeId::Broker(b as u8), out);
     }
 
     fn partition(&mut self) {

@@ -253,17 +253,17 @@ fn mutation_ack_before_sync_is_caught() {
 #[test]
 fn seeds_spread_over_threads_find_what_one_thread_finds() {
     let c = config(Mode::Safety, Some(Mutation::WipedVotes));
-    let seeds = 0..60;
+    let seeds = 0..100;
     let one = quire_sim::run_seeds(&c, seeds.clone(), 1, false, &|_| {});
     let three = quire_sim::run_seeds(&c, seeds.clone(), 3, false, &|_| {});
     let failing = |c: &quire_sim::Campaign| c.failures.iter().map(|r| r.seed).collect::<Vec<_>>();
     assert!(
         !one.failures.is_empty(),
-        "wiped-votes is found within 60 seeds"
+        "wiped-votes is found within 100 seeds"
     );
     assert_eq!(failing(&one), failing(&three));
     assert_eq!(one.stats, three.stats);
-    assert_eq!((one.seeds_run, three.seeds_run), (60, 60));
+    assert_eq!((one.seeds_run, three.seeds_run), (100, 100));
     for jobs in [1, 3] {
         let first = quire_sim::run_seeds(&c, seeds.clone(), jobs, true, &|_| {});
         assert_eq!(first.first_failure(), one.first_failure(), "jobs {jobs}");
