@@ -420,7 +420,7 @@ fn read_response_bytes_max(req: &ReadRequest, limits: &Limits) -> usize {
 /// Serves a read from the WAL's durable records (blocking: call on the blocking pool).
 /// A range that retention deleted is answered with no events and `first_offset` above
 /// `from` (docs/protocol.md, "Read").
-fn serve_read(wal: &Wal, req: &ReadRequest, limits: &Limits) -> Body {
+pub fn serve_read<S: quire_wal::Storage>(wal: &Wal<S>, req: &ReadRequest, limits: &Limits) -> Body {
     let mut first_offset = wal.first_offset();
     let max_events = (req.max_events as usize).min(limits.read_events_max);
     let max_bytes = (req.max_bytes as usize).min(limits.read_bytes_max);

@@ -53,6 +53,7 @@ use anyhow::{bail, Context};
 
 pub use cli::{Cli, Command, InitArgs, LogFormat, RunArgs};
 pub use config::NodeConfig;
+pub use conn::serve_read;
 pub use identity::{Identity, IdentityError, Role};
 pub use node::{Node, LISTEN_BACKLOG};
 

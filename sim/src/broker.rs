@@ -20,11 +20,13 @@ use quire_broker::core::{
     ClusterConfig, Event, ReplicationLimits, SlotId, SlotKind, StoreIdentity,
 };
 use quire_broker::engine::{
-    Command, Engine, EngineConfig, FenceAnswer, HandoffFailure, InboundAnswer, Mutations, Reply,
-    RequestToken, SlotAnswer, WriteCommand, WriteLimits, WriteRequest,
+    Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffFailure, InboundAnswer,
+    Mutations, Reply, RequestToken, SlotAnswer, WriteCommand, WriteLimits, WriteRequest,
 };
+use quire_broker::retention::RetentionPolicy;
 use quire_proto::{
     AppendRequest, BrokerId, Epoch, ErrorCode, ErrorResponse, FenceRequest, Offset, ProduceRequest,
+    ReadResponse,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ProduceError, ReadPurpose};
@@ -47,6 +49,8 @@ pub(crate) struct BrokerParams {
     pub(crate) takeover_timeout_ms: u64,
     pub(crate) produce_timeout_ms: u64,
     pub(crate) follower_retained_bytes_max: u64,
+    /// Retention: off in half the seeds, else a payload-byte bound drawn from the seed.
+    pub(crate) retention: RetentionPolicy,
     /// The store identities bound in every broker's cluster file.
     pub(crate) identities: Vec<StoreIdentity>,
     /// Test-only: the broker engine's planted bugs.
@@ -80,8 +84,9 @@ pub(crate) struct SimBroker {
     /// The engine while the process runs.
     engine: Option<Engine>,
     slot_count: usize,
-    /// Every stabilized event applied, by offset (what consumers read).
-    applied: Vec<Event>,
+    /// One past the last stabilized event applied (a broker whose log starts at a
+    /// checkpoint skips ahead; it never goes back).
+    applied_next: Offset,
     seed: u64,
     clock_offset_ms: u64,
     clock_rate_ppm: u64,
@@ -89,6 +94,8 @@ pub(crate) struct SimBroker {
     pub(crate) mutated: u64,
     /// Write requests the engine holds, by token.
     held_writes: BTreeMap<RequestToken, Requester>,
+    /// Fetches the engine holds (long polls, store reads), by token.
+    held_fetches: BTreeMap<RequestToken, Requester>,
     next_token: u64,
 }
 
@@ -106,13 +113,14 @@ impl SimBroker {
             persisting: None,
             engine: None,
             slot_count,
-            applied: Vec::new(),
+            applied_next: Offset::ZERO,
             params,
             seed: rng.next_u64(),
             clock_offset_ms: rng.range(0, 10_000),
             clock_rate_ppm: rng.range(950_000, 1_050_000),
             mutated: 0,
             held_writes: BTreeMap::new(),
+            held_fetches: BTreeMap::new(),
             next_token: 0,
         }
     }
@@ -154,7 +162,7 @@ impl SimBroker {
             takeover_fetch_events_max: p.fetch_events_max,
             follower_retained_bytes_max: p.follower_retained_bytes_max,
             seed: self.seed ^ u64::from(self.boot),
-            retention: quire_broker::retention::RetentionPolicy::default(),
+            retention: p.retention,
             recent_bytes_max: quire_broker::engine::recent::RECENT_BYTES_MAX_DEFAULT,
             mutations: p.mutations,
         }
@@ -210,7 +218,9 @@ impl SimBroker {
     /// The epoch of the entry at `offset` of this broker's log if it is master of `epoch`.
     pub(crate) fn master_epoch_at(&self, epoch: Epoch, offset: Offset) -> Option<Option<Epoch>> {
         let core = self.engine.as_ref()?.master_core()?;
-        (core.epoch() == epoch).then(|| core.log().epoch_at(offset))
+        // Below where the master's log started (at a checkpoint) its epochs are a bound.
+        (core.epoch() == epoch && offset >= core.log().exact_from())
+            .then(|| core.log().epoch_at(offset))
     }
 
     /// The master epoch if this broker is master.
@@ -231,8 +241,9 @@ impl SimBroker {
             self.durable_counter = 0;
             self.mutated += 1;
         }
-        self.applied.clear();
+        self.applied_next = Offset::ZERO;
         self.held_writes.clear();
+        self.held_fetches.clear();
         let local = self.local_ms(now_ms);
         let mut engine = Engine::new(self.engine_config(), self.durable_counter, local);
         for (i, up) in slot_up.into_iter().enumerate() {
@@ -364,10 +375,10 @@ impl SimBroker {
             Msg::ReadResult {
                 purpose,
                 from: first,
-                events,
+                read,
             } => {
                 if let Some(slot) = slot {
-                    self.on_read_result(slot, purpose, first, events, now_ms, out);
+                    self.on_read_result(slot, purpose, first, read, now_ms, out);
                 }
             }
             Msg::Produce {
@@ -390,26 +401,18 @@ impl SimBroker {
                 };
                 self.on_produce(requester, req, now_ms, out);
             }
-            Msg::Fetch {
-                request,
-                from: first,
-                max_events,
-            } => {
-                let start = usize::try_from(first.0)
-                    .unwrap_or(usize::MAX)
-                    .min(self.applied.len());
-                let end = start
-                    .saturating_add(usize::try_from(max_events).unwrap_or(usize::MAX))
-                    .min(self.applied.len());
-                out.answer(
-                    from,
-                    from_boot,
-                    Msg::Fetched {
+            Msg::Fetch { request, req } => {
+                let token = self.token();
+                self.held_fetches.insert(
+                    token,
+                    Requester {
+                        client: from,
+                        boot: from_boot,
                         request,
-                        from: first,
-                        events: self.applied[start..end].to_vec(),
                     },
                 );
+                let local = self.local_ms(now_ms);
+                self.drive(now_ms, out, |e, t| e.fetch(token, req, local, t));
             }
             Msg::TakeOverNow { from_epoch } => {
                 let mut taking_over = false;
@@ -484,19 +487,32 @@ impl SimBroker {
         slot: SlotId,
         purpose: ReadPurpose,
         first: Offset,
-        events: Option<Vec<quire_proto::Event>>,
+        read: Option<ReadResponse>,
         now_ms: u64,
         out: &mut Out,
     ) {
+        // As the store client: an empty answer whose log starts past `first` is `Trimmed`.
+        let trimmed = read
+            .as_ref()
+            .filter(|r| r.events.is_empty() && r.first_offset > first)
+            .map(|r| r.first_offset);
         match purpose {
             ReadPurpose::TakeoverFetch { epoch } => {
-                let events = events
-                    .map(|evs| evs.into_iter().map(Event::from).collect())
+                let events = read
+                    .filter(|_| trimmed.is_none())
+                    .map(|r| r.events.into_iter().map(Event::from).collect())
                     .ok_or(());
                 self.drive(now_ms, out, |e, t| e.takeover_read(slot, epoch, events, t));
             }
             ReadPurpose::ForAppend(cmd) => {
-                let Some(mut events) = events.filter(|_| self.master_epoch() == Some(cmd.epoch))
+                if let Some(first_offset) = trimmed {
+                    // As the actor: the engine sends a slave the log from a checkpoint.
+                    self.drive(now_ms, out, |e, t| e.read_trimmed(&cmd, first_offset, t));
+                    return;
+                }
+                let Some(mut events) = read
+                    .map(|r| r.events)
+                    .filter(|_| self.master_epoch() == Some(cmd.epoch))
                 else {
                     return;
                 };
@@ -513,6 +529,31 @@ impl SimBroker {
                 events.truncate(usize::try_from(cmd.count).unwrap_or(usize::MAX));
                 self.send_append(&cmd, events, out);
             }
+            ReadPurpose::ForFetch { token, read: fetch } => {
+                let reply = match read {
+                    Some(r) => fetch.answer(r.first_offset, &r.events),
+                    None => FetchReply::Unavailable,
+                };
+                self.answer_fetch(token, reply, out);
+            }
+        }
+    }
+
+    /// A fresh request token.
+    fn token(&mut self) -> RequestToken {
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        token
+    }
+
+    /// Sends the answer to the fetch `token` to its consumer.
+    fn answer_fetch(&mut self, token: RequestToken, reply: FetchReply, out: &mut Out) {
+        if let Some(r) = self.held_fetches.remove(&token) {
+            let msg = Msg::Fetched {
+                request: r.request,
+                reply,
+            };
+            out.answer(r.client, r.boot, msg);
         }
     }
 
@@ -523,8 +564,7 @@ impl SimBroker {
         now_ms: u64,
         out: &mut Out,
     ) {
-        let token = RequestToken(self.next_token);
-        self.next_token += 1;
+        let token = self.token();
         // Known before the engine sees the request: it may answer at once (dedup, a bound).
         self.held_writes.insert(token, requester);
         let mut accepted = false;
@@ -651,12 +691,14 @@ impl SimBroker {
             },
             Command::Applied { events, master, .. } => {
                 for e in &events {
-                    assert_eq!(
-                        e.offset.0,
-                        self.applied.len() as u64,
-                        "a broker applies stabilized events in order, once"
+                    // In order, once; ahead only when the log starts at a checkpoint.
+                    assert!(
+                        e.offset >= self.applied_next,
+                        "a broker applies stabilized events in order, once: {} after {}",
+                        e.offset,
+                        self.applied_next
                     );
-                    self.applied.push(e.clone());
+                    self.applied_next = e.offset.next();
                 }
                 match master {
                     Some(epoch) => out.seen.push(Seen::Stabilized {
@@ -682,8 +724,24 @@ impl SimBroker {
                 broker: self.index,
                 outcome: outcome.map(|d| d.epoch).map_err(|f| format!("{f:?}")),
             }),
-            Command::FetchAnswer { .. } | Command::FetchFromStore { .. } => {
-                unreachable!("simulated consumers read the applied log, not the engine's fetch")
+            Command::FetchAnswer { token, reply } => self.answer_fetch(token, reply, out),
+            Command::FetchFromStore { token, read } => {
+                // As the actor: read the store the engine picked, if connected.
+                if !self.slot_is_up(read.source) {
+                    self.answer_fetch(token, FetchReply::Unavailable, out);
+                    return;
+                }
+                let (first, span) = read.read_span();
+                let to = self.slot_node(read.source);
+                let msg = Msg::Read {
+                    purpose: ReadPurpose::ForFetch {
+                        token,
+                        read: Box::new(read),
+                    },
+                    from: first,
+                    max_events: u64::from(span),
+                };
+                out.request(to, msg);
             }
             Command::Write(w) => self.execute_write(w, now_ms, out),
             Command::TakingOver { epoch, .. } => out.seen.push(Seen::Note(format!(

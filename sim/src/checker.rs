@@ -26,13 +26,13 @@
 //! [`Checker`] ([`Checker::observed`], [`Checker::acked_in_epoch`],
 //! [`Checker::consumed_messages`], [`Checker::check_history`], [`Checker::check_quorums`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use bytes::Bytes;
 use quire_broker::core::Event;
-use quire_broker::state::BrokerState;
-use quire_proto::{Epoch, EventBody, EventKind, LogPosition, Offset};
+use quire_broker::state::{Applied, BrokerState};
+use quire_proto::{Epoch, EventBody, EventKind, LogPosition, Offset, TrimEvent};
 
 /// One produce batch and what became of it, as the end-of-run checks see it: the
 /// `(producer_id, sequence..sequence + messages.len())` sent to `topic`, and the base offset
@@ -298,13 +298,32 @@ pub struct Checker {
     pub(crate) violations: Vec<Violation>,
     /// Messages verified at the end.
     pub(crate) messages_checked: u64,
-    /// What consumers of a topic were served: `(consumer, topic, [(offset, message)])`,
-    /// checked at the end against the broker state's index of the stabilized log.
+    /// What consumers of a topic were served: `(consumer, topic, reads)`, checked at the
+    /// end against the broker state's index of the stabilized log.
     topic_reads: Vec<TopicReads>,
 }
 
-/// What one consumer read of one topic: `(consumer, topic, [(offset, message)])`.
-type TopicReads = (u8, String, Vec<(Offset, Bytes)>);
+/// What one consumer read of one topic: `(consumer, topic, reads in order)`.
+type TopicReads = (u8, String, Vec<TopicRead>);
+
+/// One thing a consumer of a topic was served, in the order it was served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopicRead {
+    /// The message at log offset `offset`.
+    Message {
+        /// Its log offset.
+        offset: Offset,
+        /// Its bytes.
+        message: Bytes,
+    },
+    /// "Trimmed": the offsets asked for are gone; `first` is the first one still held. The
+    /// consumer goes on from there: the messages it skips must all be below the trim point
+    /// of the stabilized log.
+    Trimmed {
+        /// The first offset the broker still serves.
+        first: Offset,
+    },
+}
 
 impl Checker {
     /// Keeps at most this many violations (the first ones tell the story).
@@ -366,7 +385,34 @@ impl Checker {
     /// [`Checker::check_history`]: they must be the first messages the broker state indexes
     /// for `topic` after applying the stabilized log (a prefix of one total order).
     pub fn consumed_messages(&mut self, consumer: u8, topic: &str, reads: Vec<(Offset, Bytes)>) {
+        let reads = reads
+            .into_iter()
+            .map(|(offset, message)| TopicRead::Message { offset, message })
+            .collect();
+        self.consumed_topic(consumer, topic, reads);
+    }
+
+    /// Consumer `consumer` was served `reads` from `topic`, starting at offset 0, with the
+    /// "trimmed" answers among them: as [`Checker::consumed_messages`], except that after a
+    /// `Trimmed { first }` the reads go on at the first message at or after `first`, and
+    /// `first` may not exceed the stabilized log's trim point.
+    pub fn consumed_topic(&mut self, consumer: u8, topic: &str, reads: Vec<TopicRead>) {
         self.topic_reads.push((consumer, topic.to_owned(), reads));
+    }
+
+    /// The trim point of the stabilized log: the highest `before` of its Trim events (0:
+    /// nothing trimmed). Stores may delete whole segments below it.
+    #[must_use]
+    pub fn trim_point(&self) -> Offset {
+        self.log
+            .iter()
+            .filter(|e| e.kind == EventKind::Trim.as_u8())
+            .filter_map(|e| match EventBody::decode(EventKind::Trim, &e.payload) {
+                Ok(EventBody::Trim(t)) => Some(t.before),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(Offset::ZERO)
     }
 
     fn record(&mut self, e: &Event, by: &str) {
@@ -449,36 +495,6 @@ impl Checker {
         }
     }
 
-    /// Consumer `consumer` read `events` from `from` (it asked for `expected`).
-    pub(crate) fn consumed(&mut self, consumer: u8, expected: Offset, events: &[Event]) {
-        for (i, e) in events.iter().enumerate() {
-            let offset = expected.0 + i as u64;
-            let why = if e.offset.0 != offset {
-                Some(format!("got offset {} instead", e.offset.0))
-            } else {
-                match self.log.get(offset as usize) {
-                    None => Some("never stabilized".to_owned()),
-                    Some(have)
-                        if have.epoch != e.epoch
-                            || have.kind != e.kind
-                            || have.payload != e.payload =>
-                    {
-                        Some(format!("{} instead of {}", describe(e), describe(have)))
-                    }
-                    Some(_) => None,
-                }
-            };
-            if let Some(why) = why {
-                self.violate(Violation::ConsumerNotPrefix {
-                    consumer,
-                    offset,
-                    why,
-                });
-                return;
-            }
-        }
-    }
-
     /// The end-of-run checks over the produce history. What consumers are served is what
     /// the broker state indexes after applying the whole stabilized log (its dedup and
     /// supersede rules decide which copy of a retried message is served).
@@ -493,9 +509,32 @@ impl Checker {
         let mut problems = Vec::new();
         // Every message in the log was sent; offset -> (producer, sequence).
         let mut at: Vec<Option<(u64, u64)>> = Vec::with_capacity(self.log.len());
+        // Applied with every Trim event made a no-op (trim point 0, no checkpoint): the
+        // index then holds every message, the trimmed ones too (consumers' reads are checked
+        // against it, with trimmed gaps allowed below the trim point).
         let mut state = BrokerState::new();
+        let trim_point = self.trim_point();
+        // Every offset each topic indexed at some point (a superseded copy of a cut batch's
+        // prefix was served until the rewrite: a consumer may have read it).
+        let mut ever_indexed: BTreeMap<String, BTreeSet<Offset>> = BTreeMap::new();
+        let no_trim = {
+            let mut b = bytes::BytesMut::new();
+            EventBody::Trim(TrimEvent {
+                before: Offset::ZERO,
+                checkpoint: None,
+            })
+            .encode(&mut b)
+            .expect("invariant: a plain trim event encodes");
+            b.freeze()
+        };
         for e in &self.log {
-            state.apply(e);
+            if e.kind == EventKind::Trim.as_u8() {
+                let mut plain = e.clone();
+                plain.payload = no_trim.clone();
+                state.apply(&plain);
+            } else if let Applied::Message { topic } = state.apply(e) {
+                ever_indexed.entry(topic).or_default().insert(e.offset);
+            }
             let body = EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload));
             let Some(Ok(EventBody::Message(m))) = body else {
                 at.push(None);
@@ -557,41 +596,15 @@ impl Checker {
                 }
             }
         }
-        // Consumers of a topic read a prefix of what the state indexes for it.
+        // Consumers of a topic read what the state indexes for it, in order, from the start,
+        // skipping only what a trimmed answer skipped (below the trim point).
         for (consumer, topic, reads) in std::mem::take(&mut self.topic_reads) {
-            let index = state.topic_offsets(&topic, Offset::ZERO, reads.len());
-            for (i, (offset, message)) in reads.iter().enumerate() {
-                let why = match index.get(i) {
-                    None => Some(format!(
-                        "read message {i} of {topic:?} but the state indexes only {}",
-                        index.len()
-                    )),
-                    Some(o) if o != offset => Some(format!(
-                        "message {i} of {topic:?} was served at offset {} instead",
-                        o.0
-                    )),
-                    Some(_) => match self.log.get(offset.0 as usize).map(|e| {
-                        let body =
-                            EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload));
-                        (e, body)
-                    }) {
-                        Some((_, Some(Ok(EventBody::Message(m)))))
-                            if m.topic == topic && m.message == *message =>
-                        {
-                            None
-                        }
-                        Some((e, _)) => Some(format!("served other bytes than {}", describe(e))),
-                        None => Some("never stabilized".to_owned()),
-                    },
-                };
-                if let Some(why) = why {
-                    problems.push(Violation::ConsumerNotPrefix {
-                        consumer,
-                        offset: offset.0,
-                        why,
-                    });
-                    break;
-                }
+            let index = state.topic_offsets(&topic, Offset::ZERO, usize::MAX);
+            let empty = BTreeSet::new();
+            let ever = ever_indexed.get(&topic).unwrap_or(&empty);
+            if let Some(v) = self.check_reads(consumer, &topic, &reads, (&index, ever), trim_point)
+            {
+                problems.push(v);
             }
         }
         // Per-producer order of acknowledged messages.
@@ -613,6 +626,78 @@ impl Checker {
         }
     }
 
+    /// One consumer's reads of `topic` against `index` (the topic's message offsets once
+    /// the whole log is applied, in log order) and `ever` (every offset the topic indexed
+    /// at some point); the first rule broken. The reads must go up in offset, each an
+    /// offset the topic indexed with the bytes sent, skipping no offset of `index` except
+    /// below a trimmed answer's `first` (itself at most the trim point). A read not in
+    /// `index` is a superseded copy, served until the rewrite (at-least-once).
+    fn check_reads(
+        &self,
+        consumer: u8,
+        topic: &str,
+        reads: &[TopicRead],
+        (index, ever): (&[Offset], &BTreeSet<Offset>),
+        trim_point: Offset,
+    ) -> Option<Violation> {
+        let broken = |offset: Offset, why: String| {
+            Some(Violation::ConsumerNotPrefix {
+                consumer,
+                offset: offset.0,
+                why,
+            })
+        };
+        let mut at = 0usize;
+        let mut last: Option<Offset> = None;
+        for read in reads {
+            let (offset, message) = match read {
+                TopicRead::Trimmed { first } => {
+                    if *first > trim_point {
+                        return broken(
+                            *first,
+                            format!(
+                                "told {topic:?} is trimmed below {} but the stabilized log's trim point is {}",
+                                first.0, trim_point.0
+                            ),
+                        );
+                    }
+                    at = at.max(index.partition_point(|o| o < first));
+                    continue;
+                }
+                TopicRead::Message { offset, message } => (*offset, message),
+            };
+            if last.is_some_and(|l| offset <= l) {
+                return broken(
+                    offset,
+                    format!("read after offset {}", last.map_or(0, |l| l.0)),
+                );
+            }
+            last = Some(offset);
+            if let Some(skipped) = index.get(at).filter(|&&o| o < offset) {
+                return broken(
+                    offset,
+                    format!("skipped message {at} of {topic:?} at offset {}", skipped.0),
+                );
+            }
+            if !ever.contains(&offset) {
+                return broken(offset, format!("{topic:?} never indexed this offset"));
+            }
+            let ok = self.log.get(offset.0 as usize).is_some_and(|e| {
+                matches!(
+                    EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload)),
+                    Some(Ok(EventBody::Message(m))) if m.topic == topic && m.message == *message
+                )
+            });
+            if !ok {
+                return broken(offset, "served other bytes than the log holds".to_owned());
+            }
+            if index.get(at) == Some(&offset) {
+                at += 1;
+            }
+        }
+        None
+    }
+
     /// The end-of-run durability check: `voters` are `(store index, durable log, marked)`
     /// of the stores that may still vote (`marked`: carries a tail-cut mark, or will at its
     /// next start), out of `stores` stores. Every set of voters a takeover may complete
@@ -630,6 +715,7 @@ impl Checker {
         if fence_quorum == 0 {
             return;
         }
+        let trim_point = self.trim_point();
         let n = voters.len();
         for mask in 1u32..(1 << n) {
             let members: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
@@ -659,11 +745,22 @@ impl Checker {
                 }
             }
             let (store, entries, _) = voters[best];
-            let lacks = self.log.iter().find(|s| {
-                entries.get(s.offset.0 as usize).is_none_or(|e| {
-                    e.epoch != s.epoch || e.kind != s.kind.into_kind() || e.payload != s.payload
-                })
-            });
+            // A store's log starts where its retention deleted up to (never above the trim
+            // point); what is below the trim point may be gone.
+            let base = entries.first().map_or(0, |e| e.offset.0);
+            let lacks = self.log[trim_point.0.min(self.log.len() as u64) as usize..]
+                .iter()
+                .find(|s| {
+                    s.offset
+                        .0
+                        .checked_sub(base)
+                        .and_then(|i| entries.get(usize::try_from(i).ok()?))
+                        .is_none_or(|e| {
+                            e.epoch != s.epoch
+                                || e.kind != s.kind.into_kind()
+                                || e.payload != s.payload
+                        })
+                });
             if let Some(s) = lacks {
                 let v = Violation::QuorumLacksStabilized {
                     quorum: members.iter().map(|&i| voters[i].0).collect(),

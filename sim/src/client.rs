@@ -7,19 +7,22 @@
 //! master refused the sequences for good) or, if the run ends first, `unknown`. Only `ok`
 //! batches must survive; the others may or may not be in the log.
 //!
-//! A consumer reads the stabilized log from offset 0 on, in order, from any broker (master
-//! or slave: every broker serves only what it applied), and hands every event it sees to the
-//! checker.
+//! A consumer reads one topic from offset 0 on through the broker engine's fetch (long
+//! polls included) at the broker it believes is master, and keeps what it was served for
+//! the checker's end-of-run check.
 
 use bytes::Bytes;
-use quire_proto::Offset;
+use quire_broker::engine::FetchReply;
+use quire_proto::{FetchRequest, Offset};
 
-use crate::checker::ProducedBatch;
+use crate::checker::{ProducedBatch, TopicRead};
 use crate::msg::{Msg, NodeId, ProduceError};
 use crate::rng::SimRng;
 
-/// Events a consumer asks for in one fetch.
-pub(crate) const FETCH_EVENTS_MAX: u64 = 32;
+/// Messages a consumer asks for in one fetch.
+const FETCH_MESSAGES_MAX: u32 = 32;
+/// Message bytes a consumer asks for in one fetch.
+const FETCH_BYTES_MAX: u32 = 4096;
 
 /// One batch and what became of it.
 #[derive(Clone, Debug)]
@@ -206,38 +209,89 @@ impl Producer {
     }
 }
 
-/// A consumer of the stabilized log.
+/// A consumer of one topic: fetches its messages through the broker engine's fetch path
+/// (window, store reads, long polls), from offset 0 on, at the broker it believes is
+/// master; on a `Trimmed` answer it goes on from the first offset still held.
 #[derive(Debug)]
 pub(crate) struct Consumer {
     pub(crate) node: u8,
-    /// The next offset it wants.
+    pub(crate) topic: String,
+    /// The next log offset it wants.
     pub(crate) next: Offset,
     pub(crate) awaiting: Option<u64>,
     next_request: u64,
+    /// The broker it fetches from.
+    pub(crate) target: u8,
+    /// What it was served, in order (for the checker).
+    pub(crate) reads: Vec<TopicRead>,
 }
 
 impl Consumer {
-    pub(crate) fn new(node: u8) -> Consumer {
+    pub(crate) fn new(node: u8, topic: String) -> Consumer {
         Consumer {
             node,
+            topic,
             next: Offset::ZERO,
             awaiting: None,
             next_request: 1,
+            target: 0,
+            reads: Vec::new(),
         }
     }
 
-    /// The next fetch.
-    pub(crate) fn fetch(&mut self) -> (u64, Msg) {
+    /// The next fetch: a long poll of `wait_ms` (0: answered at once).
+    pub(crate) fn fetch(&mut self, wait_ms: u32) -> (u64, Msg) {
         let request = self.next_request;
         self.next_request += 1;
         self.awaiting = Some(request);
-        (
-            request,
-            Msg::Fetch {
-                request,
-                from: self.next,
-                max_events: FETCH_EVENTS_MAX,
-            },
-        )
+        let req = FetchRequest {
+            topic: self.topic.clone(),
+            from_offset: self.next,
+            max_messages: FETCH_MESSAGES_MAX,
+            max_bytes: FETCH_BYTES_MAX,
+            wait_ms,
+        };
+        (request, Msg::Fetch { request, req })
+    }
+
+    /// The answer to fetch `request`; returns whether it was the one awaited.
+    pub(crate) fn on_answer(
+        &mut self,
+        request: u64,
+        reply: FetchReply,
+        brokers: usize,
+        rng: &mut SimRng,
+    ) -> bool {
+        if self.awaiting != Some(request) {
+            return false;
+        }
+        self.awaiting = None;
+        match reply {
+            FetchReply::Messages(m) => {
+                for (offset, message) in m.messages {
+                    self.reads.push(TopicRead::Message { offset, message });
+                }
+                self.next = self.next.max(m.next_offset);
+            }
+            FetchReply::Trimmed { first, .. } => {
+                self.reads.push(TopicRead::Trimmed { first });
+                self.next = self.next.max(first);
+            }
+            FetchReply::NotMaster => {
+                self.target = u8::try_from(rng.index(brokers)).expect("few brokers");
+            }
+            FetchReply::Unavailable => {}
+        }
+        true
+    }
+
+    /// The fetch `request` timed out: try another broker.
+    pub(crate) fn on_timeout(&mut self, request: u64, brokers: usize, rng: &mut SimRng) -> bool {
+        if self.awaiting != Some(request) {
+            return false;
+        }
+        self.awaiting = None;
+        self.target = u8::try_from(rng.index(brokers)).expect("few brokers");
+        true
     }
 }

@@ -92,11 +92,15 @@ pub enum Mutation {
     /// that covers it (the WAL's `Mutations::ack_before_fdatasync`): a crash then loses
     /// acknowledged entries.
     AckBeforeSync,
+    /// A graceful handoff does not drain: the master asks the target to take over at once
+    /// and acks its pending produces as it steps down, stabilized or not (the broker
+    /// engine's `Mutations::handoff_acks_early`).
+    HandoffAcksEarly,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::ThroughEnd,
         Mutation::AdoptLongest,
         Mutation::WipedVotes,
@@ -104,6 +108,7 @@ impl Mutation {
         Mutation::ForgetDedup,
         Mutation::HwmBeforeEpochStart,
         Mutation::AckBeforeSync,
+        Mutation::HandoffAcksEarly,
     ];
 
     /// The command-line name.
@@ -117,6 +122,7 @@ impl Mutation {
             Mutation::ForgetDedup => "forget-dedup",
             Mutation::HwmBeforeEpochStart => "hwm-before-epoch-start",
             Mutation::AckBeforeSync => "ack-before-sync",
+            Mutation::HandoffAcksEarly => "handoff-acks-early",
         }
     }
 }
@@ -147,6 +153,13 @@ pub struct FaultSet {
     /// cannot tell from a torn write and cuts; the store then carries a tail-cut mark
     /// (off by default: see docs/testing.md, "What the simulation found").
     pub tail_flips: bool,
+    /// Retention: half the seeds draw a retention bound (2–30 KB of payload), so masters
+    /// propose checkpoint trims, stores delete segments and consumers get `Trimmed`
+    /// answers. Off by default while two limits it found stand (docs/testing.md, "What the
+    /// simulation found"): a broker with an empty log cannot take over once stores trimmed,
+    /// and a master whose state was rebuilt at a checkpoint can serve a consumer the
+    /// messages after a gap without a `Trimmed` answer.
+    pub retention: bool,
 }
 
 /// How one run is set up (everything else is drawn from the seed).
@@ -224,6 +237,9 @@ impl SimConfig {
         if self.faults.tail_flips {
             cmd.push_str(" --tail-flips");
         }
+        if self.faults.retention {
+            cmd.push_str(" --retention");
+        }
         if self.duration_ms != SimConfig::default().duration_ms {
             cmd.push_str(&format!(" --duration-ms {}", self.duration_ms));
         }
@@ -293,6 +309,12 @@ pub struct RunStats {
     pub handoffs_done: u64,
     /// Handoffs that failed (the master served again, or no new master was seen in time).
     pub handoffs_failed: u64,
+    /// Trims stores made (segments deleted below a stabilized trim point).
+    pub store_trims: u64,
+    /// Messages consumers were served through the broker engine's fetch.
+    pub messages_consumed: u64,
+    /// Fetches answered "trimmed" (the consumer went on from the trim point).
+    pub fetches_trimmed: u64,
     /// Times a mutation changed what a process did (acks with another `through`, wiped
     /// stores voting again, takeovers reusing an epoch): 0 without a mutation.
     pub mutated: u64,
@@ -327,6 +349,9 @@ impl RunStats {
         self.handoffs += o.handoffs;
         self.handoffs_done += o.handoffs_done;
         self.handoffs_failed += o.handoffs_failed;
+        self.store_trims += o.store_trims;
+        self.messages_consumed += o.messages_consumed;
+        self.fetches_trimmed += o.fetches_trimmed;
         self.mutated += o.mutated;
     }
 }
@@ -508,7 +533,10 @@ mod tests {
         let c = SimConfig {
             mode: Mode::Liveness,
             mutation: Some(Mutation::ALL[0]),
-            faults: FaultSet { tail_flips: true },
+            faults: FaultSet {
+                tail_flips: true,
+                ..FaultSet::default()
+            },
             duration_ms: 1_234,
             end_to_end_only: true,
             fetch_events_max: Some(3),

@@ -66,6 +66,10 @@ struct Args {
     /// Let bit flips hit a store's last durable record (read as a torn tail by the WAL).
     #[arg(long)]
     tail_flips: bool,
+    /// Retention drawn from the seed (checkpoint trims, store trims, `Trimmed` answers); two
+    /// known limits fail some seeds (docs/testing.md)
+    #[arg(long)]
+    retention: bool,
     /// Simulated ms per safety run.
     #[arg(long, default_value_t = SimConfig::default().duration_ms)]
     duration_ms: u64,
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         },
         faults: FaultSet {
             tail_flips: args.tail_flips,
+            retention: args.retention,
         },
         duration_ms: args.duration_ms,
         trace: args.trace,
@@ -247,6 +252,10 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.handoffs,
         stats.handoffs_done,
         stats.handoffs_failed
+    );
+    println!(
+        "  retention: store trims {}, messages consumed {}, fetches answered trimmed {}",
+        stats.store_trims, stats.messages_consumed, stats.fetches_trimmed
     );
     println!(
         "  events {}, messages delivered {} dropped {} duplicated {}, mutated steps {}",

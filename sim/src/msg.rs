@@ -11,9 +11,10 @@
 
 use bytes::Bytes;
 use quire_broker::core::{AppendCommand, AppendId};
+use quire_broker::engine::{FetchReply, RequestToken, StoreFetch};
 use quire_proto::{
-    AppendRejected, AppendRequest, Epoch, FenceGranted, FenceRequest, Incarnation, LogPosition,
-    Offset, PersistedAck, StoreId,
+    AppendRejected, AppendRequest, Epoch, FenceGranted, FenceRequest, FetchRequest, Incarnation,
+    LogPosition, Offset, PersistedAck, ReadResponse, StoreId,
 };
 
 /// One simulated process.
@@ -67,6 +68,14 @@ pub(crate) enum ReadPurpose {
     /// A lagging slot's append whose events the master trimmed ([`AppendCommand`] with
     /// `FromStore`): read them, then send the append.
     ForAppend(Box<AppendCommand>),
+    /// A consumer's fetch of messages older than the master's window
+    /// ([`quire_broker::engine::Command::FetchFromStore`]): answer it from the read.
+    ForFetch {
+        /// The fetch.
+        token: RequestToken,
+        /// What the engine planned.
+        read: Box<StoreFetch>,
+    },
 }
 
 /// A produce that failed, as the producer sees it.
@@ -122,11 +131,12 @@ pub(crate) enum Msg {
         store_id: StoreId,
         incarnation: Incarnation,
     },
-    /// Events read (durable ones only), or `None` for an error.
+    /// The node's answer to the read (`quire_node::serve_read`: durable events, the
+    /// log's first offset), or `None` for an error answer.
     ReadResult {
         purpose: ReadPurpose,
         from: Offset,
-        events: Option<Vec<quire_proto::Event>>,
+        read: Option<ReadResponse>,
     },
     // ---------------------------------------------------------------- slave → master
     /// A slave holds the append (the real `HeartbeatAck` answer).
@@ -161,18 +171,11 @@ pub(crate) enum Msg {
     ProduceOk { request: u64, base_offset: Offset },
     /// The produce failed.
     ProduceFailed { request: u64, error: ProduceError },
-    /// A consumer reads the stabilized log from `from`.
-    Fetch {
-        request: u64,
-        from: Offset,
-        max_events: u64,
-    },
-    /// Stabilized events `from..` as the broker applied them.
-    Fetched {
-        request: u64,
-        from: Offset,
-        events: Vec<quire_broker::core::Event>,
-    },
+    /// A consumer fetches a topic's messages (the real `FetchRequest`, a long poll when
+    /// `wait_ms` > 0).
+    Fetch { request: u64, req: FetchRequest },
+    /// The broker engine's answer to a fetch.
+    Fetched { request: u64, reply: FetchReply },
 }
 
 impl Msg {
@@ -213,11 +216,11 @@ impl Msg {
                 store_id,
                 incarnation,
             } => [9, epoch.0, store_id.0, incarnation.0],
-            Msg::ReadResult { from, events, .. } => [
+            Msg::ReadResult { from, read, .. } => [
                 10,
                 from.0,
-                events.as_ref().map_or(u64::MAX, |e| e.len() as u64),
-                0,
+                read.as_ref().map_or(u64::MAX, |r| r.events.len() as u64),
+                read.as_ref().map_or(u64::MAX, |r| r.first_offset.0),
             ],
             Msg::SlaveHas { meta, epoch } => [11, meta.append.0, epoch.0, 0],
             Msg::TakeOverNow { from_epoch } => [17, from_epoch.0, 0, 0],
@@ -252,12 +255,15 @@ impl Msg {
                 },
                 0,
             ],
-            Msg::Fetch { request, from, .. } => [15, *request, from.0, 0],
-            Msg::Fetched {
-                request,
-                from,
-                events,
-            } => [16, *request, from.0, events.len() as u64],
+            Msg::Fetch { request, req } => {
+                [15, *request, req.from_offset.0, u64::from(req.wait_ms)]
+            }
+            Msg::Fetched { request, reply } => match reply {
+                FetchReply::Messages(m) => [16, *request, m.next_offset.0, m.messages.len() as u64],
+                FetchReply::Trimmed { first, .. } => [16, *request, first.0, u64::MAX],
+                FetchReply::NotMaster => [16, *request, u64::MAX, 1],
+                FetchReply::Unavailable => [16, *request, u64::MAX, 2],
+            },
         }
     }
 }

@@ -36,13 +36,15 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use quire_node::config::Limits;
 use quire_node::engine::{Command, Engine, Mutations};
 use quire_node::replica::Replica;
 use quire_node::startup::{self, Opened};
 use quire_node::submissions::Submissions;
 use quire_node::Role;
 use quire_proto::{
-    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, StoreId, TailCut,
+    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, ReadRequest,
+    StoreId, TailCut,
 };
 use quire_wal::disk::{StepControl, StepDisk};
 use quire_wal::storage::{CrashFile, CrashMode};
@@ -170,6 +172,8 @@ pub(crate) struct SimStore {
     /// Answers a mutation changed (an ack with another `through`, an answer under another
     /// identity than the one on disk).
     pub(crate) mutated_acks: u64,
+    /// Trims the engine asked for.
+    pub(crate) trims: u64,
 }
 
 fn wal_config() -> WalConfig {
@@ -261,6 +265,7 @@ impl SimStore {
             next_token: 0,
             feeding: None,
             claims: BTreeMap::new(),
+            trims: 0,
             fsync_scheduled: false,
             generation: 0,
             armed: None,
@@ -381,6 +386,8 @@ impl SimStore {
                 .through
                 .into_iter()
                 .chain(wal.last().map(|l| l.offset))
+                // Below the log's start (retention deleted it) nothing can be claimed.
+                .filter(|&o| o >= wal.first_offset())
                 .map(|o| (o, wal.entry_epoch(o)))
                 .collect();
             self.claims.insert(id, points);
@@ -411,11 +418,15 @@ impl SimStore {
         max_events: u64,
         out: &mut Out,
     ) {
-        let wal = &self.running().wal;
-        let max = usize::try_from(max_events).unwrap_or(usize::MAX);
-        let events = match wal.read(first, max, u64::MAX) {
-            Ok(records) => Some(records.into_iter().map(to_event).collect()),
-            Err(_) => None,
+        let req = ReadRequest {
+            from: first,
+            max_events: u32::try_from(max_events).unwrap_or(u32::MAX),
+            max_bytes: u32::MAX,
+        };
+        // The node's own read path (its connection handler calls the same function).
+        let read = match quire_node::serve_read(&self.running().wal, &req, &Limits::default()) {
+            Body::ReadResponse(r) => Some(r),
+            _ => None,
         };
         out.answer(
             from,
@@ -423,7 +434,7 @@ impl SimStore {
             Msg::ReadResult {
                 purpose,
                 from: first,
-                events,
+                read,
             },
         );
     }
@@ -510,6 +521,7 @@ impl SimStore {
             } => self.submit(seq, epoch, events, out),
             Command::Answer { token, body } => self.answer(token, body, out),
             Command::Trim { before } => {
+                self.trims += 1;
                 // A failed trim keeps the segments; the next trim point retries.
                 let _ = self.running().wal.trim_before(before);
             }
@@ -597,18 +609,22 @@ impl SimStore {
                     self.mutated_acks += 1;
                 }
                 if let (Some(t), NodeId::Broker(broker)) = (ack.through_offset, to) {
-                    // What the store held at `t` when it accepted the append.
+                    // What the store held at `t` when it accepted the append — unknown if
+                    // retention deleted it since (below a stabilized trim point).
+                    let wal = &self.running().wal;
                     let held = claim
                         .and_then(|points| points.iter().find(|p| p.0 == t).map(|p| p.1))
-                        .unwrap_or_else(|| self.running().wal.entry_epoch(t));
-                    out.seen.push(Seen::AckClaim {
-                        store: self.index,
-                        broker,
-                        boot: to_boot,
-                        epoch: meta.epoch,
-                        through: t,
-                        held,
-                    });
+                        .or_else(|| (t >= wal.first_offset()).then(|| wal.entry_epoch(t)));
+                    if let Some(held) = held {
+                        out.seen.push(Seen::AckClaim {
+                            store: self.index,
+                            broker,
+                            boot: to_boot,
+                            epoch: meta.epoch,
+                            through: t,
+                            held,
+                        });
+                    }
                 }
                 Msg::Persisted { meta, ack }
             }

@@ -36,16 +36,17 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use quire_broker::core::{quorum, ReplicationLimits, SlotId, StoreIdentity};
 use quire_node::Role;
-use quire_proto::{Incarnation, Offset, StoreId};
+use quire_proto::{Incarnation, StoreId};
 
 use crate::broker::{BrokerParams, SimBroker};
-use crate::checker::{Checker, ProducedBatch, Violation};
+use crate::checker::{Checker, ProducedBatch, TopicRead, Violation};
 use crate::client::{Attempt, Batch, Consumer, Producer};
 use crate::msg::{Envelope, Msg, NodeId, ProduceError};
 use crate::out::{Later, Out, Seen};
 use crate::rng::SimRng;
 use crate::store::{DiskFault, Identity, SimStore, StartOutcome};
 use crate::{Mode, Mutation, RunReport, RunStats, SimConfig};
+use quire_broker::engine::FetchReply;
 
 /// How often the fault schedule rolls its dice, ms.
 const FAULT_TICK_MS: u64 = 100;
@@ -283,11 +284,20 @@ impl World {
             takeover_timeout_ms: 2 * election_timeout_ms_min.max(500),
             produce_timeout_ms: 500,
             follower_retained_bytes_max: rng.range(500, 8_000),
+            retention: {
+                let bytes_max = rng.chance(0.5).then(|| rng.range(2_000, 30_000));
+                let on = config.faults.retention;
+                quire_broker::retention::RetentionPolicy {
+                    bytes_max: bytes_max.filter(|_| on),
+                    age_ms_max: None,
+                }
+            },
             identities: identities.clone(),
             mutations: quire_broker::engine::Mutations {
                 adopt_longest: mutation == Some(Mutation::AdoptLongest),
                 forget_dedup: mutation == Some(Mutation::ForgetDedup),
                 hwm_before_epoch_start: mutation == Some(Mutation::HwmBeforeEpochStart),
+                handoff_acks_early: mutation == Some(Mutation::HandoffAcksEarly),
             },
             forget_epoch: mutation == Some(Mutation::ForgetEpoch),
             verbose: config.trace,
@@ -323,7 +333,7 @@ impl World {
             .map(|p| Producer::new(p as u8, p as u64 + 1, n_brokers, &mut rng))
             .collect();
         let consumers: Vec<Consumer> = (0..n_consumers)
-            .map(|c| Consumer::new((n_producers + c) as u8))
+            .map(|c| Consumer::new((n_producers + c) as u8, format!("topic-{}", c % 2)))
             .collect();
         let net = NetParams {
             drop_p: rng.float(0.0, 0.05),
@@ -481,6 +491,17 @@ impl World {
         }
         let produced: Vec<ProducedBatch<'_>> =
             self.batches.iter().map(Batch::as_produced).collect();
+        self.stats.store_trims = self.stores.iter().map(|s| s.trims).sum();
+        for (c, con) in self.consumers.iter_mut().enumerate() {
+            let reads = std::mem::take(&mut con.reads);
+            for r in &reads {
+                match r {
+                    TopicRead::Message { .. } => self.stats.messages_consumed += 1,
+                    TopicRead::Trimmed { .. } => self.stats.fetches_trimmed += 1,
+                }
+            }
+            self.checker.consumed_topic(c as u8, &con.topic, reads);
+        }
         self.checker.check_history(&produced);
         let logs: Vec<(u8, Vec<quire_proto::Event>, bool)> = self
             .stores
@@ -670,9 +691,8 @@ impl World {
             }
             Ev::ConsumerWake(c) => self.consumer_wake(c),
             Ev::ConsumerTimeout(c, request) => {
-                let con = &mut self.consumers[usize::from(c)];
-                if con.awaiting == Some(request) {
-                    con.awaiting = None;
+                let n = self.brokers.len();
+                if self.consumers[usize::from(c)].on_timeout(request, n, &mut self.rng) {
                     self.after(10, Ev::ConsumerWake(c));
                 }
             }
@@ -1402,8 +1422,13 @@ impl World {
         if self.consumers[i].awaiting.is_some() {
             return;
         }
-        let (request, msg) = self.consumers[i].fetch();
-        let to = self.rng.index(self.brokers.len()) as u8;
+        let wait_ms = if self.rng.chance(0.5) {
+            0
+        } else {
+            self.rng.range(10, FETCH_TIMEOUT_MS / 2) as u32
+        };
+        let (request, msg) = self.consumers[i].fetch(wait_ms);
+        let to = self.consumers[i].target;
         let from = NodeId::Client(self.consumers[i].node);
         match self.boot_of(NodeId::Broker(to)) {
             Some(to_boot) => self.send(Envelope {
@@ -1475,22 +1500,24 @@ impl World {
         } else {
             let c = node - np as u8;
             let i = usize::from(c);
-            let Msg::Fetched {
-                request,
-                from,
-                events,
-            } = msg
-            else {
+            let Msg::Fetched { request, reply } = msg else {
                 return;
             };
-            if self.consumers[i].awaiting != Some(request) || from != self.consumers[i].next {
+            let nb = self.brokers.len();
+            let at = self.consumers[i].next;
+            self.note(|| match &reply {
+                FetchReply::Messages(m) => format!(
+                    "consumer C{c} from offset {at}: {} messages {:?}, next {}",
+                    m.messages.len(),
+                    m.messages.iter().map(|(o, _)| o.0).collect::<Vec<_>>(),
+                    m.next_offset
+                ),
+                other => format!("consumer C{c} from offset {at}: {other:?}"),
+            });
+            if !self.consumers[i].on_answer(request, reply, nb, &mut self.rng) {
                 return;
             }
-            self.checker.consumed(c, from, &events);
-            let con = &mut self.consumers[i];
-            con.next = Offset(con.next.0 + events.len() as u64);
-            con.awaiting = None;
-            let d = self.rng.range(20, 80);
+            let d = self.rng.range(5, 60);
             self.after(d, Ev::ConsumerWake(c));
         }
     }

@@ -247,6 +247,20 @@ fn mutation_ack_before_sync_is_caught() {
     )));
 }
 
+/// Mutation 7 (`handoff-acks-early`), planted in the broker engine
+/// (`Mutations::handoff_acks_early`): a graceful handoff that asks the target at once,
+/// without waiting for the log to drain, and acks the master's pending produces as it
+/// steps down. The target adopts a log that may lack them — seen end to end (an
+/// acknowledged message lost; first found at seed 24).
+#[test]
+fn mutation_handoff_acks_early_is_caught() {
+    let (_, found) = caught_within(Mutation::HandoffAcksEarly, 500, true);
+    assert!(found.iter().any(|v| matches!(
+        v,
+        Violation::AckedLost { .. } | Violation::AckedNotExactlyOnce { .. }
+    )));
+}
+
 /// `--jobs` changes only the wall time: seeds spread over threads give the same failing
 /// seeds and the same summed counters as one thread, and stopping at the first failure
 /// finds the same seed.
@@ -282,7 +296,10 @@ fn seeds_spread_over_threads_find_what_one_thread_finds() {
 #[test]
 fn tail_bit_flip_read_as_a_torn_write_loses_a_stabilized_event() {
     let c = SimConfig {
-        faults: quire_sim::FaultSet { tail_flips: true },
+        faults: quire_sim::FaultSet {
+            tail_flips: true,
+            ..quire_sim::FaultSet::default()
+        },
         ..config(Mode::Safety, None)
     };
     let r = run(805, &c);
@@ -304,4 +321,69 @@ fn a_takeover_that_must_fetch_a_long_log_one_event_at_a_time_never_finishes() {
     };
     let r = run(495, &c);
     assert!(r.passed(), "{:?}", r.violations);
+}
+
+/// Known limit (docs/testing.md, "What the simulation found", 3), pinned so that its fix
+/// shows: once retention trimmed the stores, a broker whose log is empty cannot take over —
+/// its takeover fetches from offset 0, the stores answer `Trimmed`, and the takeover is
+/// abandoned. Liveness seed 104 with retention: both brokers restarted empty when the
+/// faults stopped and no master was elected in the 6 s after. When the takeover learns to
+/// start its log at a checkpoint, this test fails: turn retention on by default.
+#[test]
+fn a_broker_with_an_empty_log_cannot_take_over_after_stores_trimmed() {
+    let r = run(104, &with_retention(Mode::Liveness));
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| matches!(v, Violation::NoProgress { .. })),
+        "seed 104 now makes progress with retention: {:?}",
+        r.violations
+    );
+}
+
+fn with_retention(mode: Mode) -> SimConfig {
+    SimConfig {
+        faults: quire_sim::FaultSet {
+            retention: true,
+            ..quire_sim::FaultSet::default()
+        },
+        ..config(mode, None)
+    }
+}
+
+/// Known limit (docs/testing.md, "What the simulation found", 4), pinned: with retention,
+/// safety seed 13065 has consumer C0 ask topic-0 from offset 9 of master B3 (its state
+/// rebuilt at a checkpoint) and be served offsets 52.. — the topic's messages at 9..51 are
+/// skipped without a `Trimmed` answer, though they are above the trim point. Nothing
+/// acknowledged is lost from the log; a consumer silently misses it.
+#[test]
+fn a_consumer_of_a_master_rebuilt_at_a_checkpoint_can_skip_messages() {
+    let r = run(13065, &with_retention(Mode::Safety));
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| matches!(v, Violation::ConsumerNotPrefix { .. })),
+        "seed 13065 no longer skips: {:?}",
+        r.violations
+    );
+}
+
+/// Retention seeds keep every other rule: the first 2,000 safety seeds with retention
+/// drawn from the seed (checkpoint trims, store trims, `Trimmed` answers, the trim-aware
+/// quorum check) break none but the pinned consumer limit.
+#[test]
+fn retention_seeds_keep_every_durability_rule() {
+    let (stats, failures) = run_budget(&with_retention(Mode::Safety), 2_000);
+    let other: Vec<_> = failures
+        .iter()
+        .filter(|r| {
+            !r.violations
+                .iter()
+                .all(|v| matches!(v, Violation::ConsumerNotPrefix { .. }))
+        })
+        .cloned()
+        .collect();
+    assert!(other.is_empty(), "{}", describe(&other));
+    assert!(stats.store_trims > 500, "{stats:?}");
+    assert!(stats.fetches_trimmed > 10, "{stats:?}");
 }

@@ -36,6 +36,9 @@ pub struct Log {
     end: Offset,
     /// Offset of `mem[0]` (equals `end` when nothing is in memory).
     mem_start: Offset,
+    /// Epochs are exact from this offset on; below it (a log [`Log::starting_after`] a
+    /// known entry) they are that entry's epoch, an upper bound.
+    exact_from: Offset,
     /// Events `mem_start..end`.
     mem: VecDeque<Event>,
     /// Sum of [`Event::accounted_bytes`] over `mem`.
@@ -61,6 +64,7 @@ impl Log {
             mem_start: end,
             mem: VecDeque::new(),
             mem_bytes: 0,
+            exact_from: end,
         }
     }
 
@@ -95,6 +99,13 @@ impl Log {
     pub fn last(&self) -> Option<LogPosition> {
         let last = self.end.0.checked_sub(1)?;
         self.position(Offset(last))
+    }
+
+    /// The first offset whose epoch [`Log::epoch_at`] reports exactly (0 unless the log
+    /// started after a known entry: below it every entry reports that entry's epoch).
+    #[must_use]
+    pub fn exact_from(&self) -> Offset {
+        self.exact_from
     }
 
     /// The epoch of the entry at `offset`, `None` past the end.

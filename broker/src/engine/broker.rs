@@ -48,7 +48,10 @@ mod fetch;
 mod handoff;
 mod retention;
 
-pub use fetch::{FetchReply, StoreFetch, FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX};
+pub use fetch::{
+    FetchReply, StoreFetch, FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX,
+    STORE_FETCH_EVENTS_MAX,
+};
 
 pub use handoff::{HandoffDone, HandoffFailure, HANDOFF_TIMEOUT_MIN_MS};
 pub use retention::{CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS};
@@ -108,6 +111,9 @@ pub struct Mutations {
     /// The master counts older epochs' entries toward the HWM before its epoch-start
     /// event is on a quorum (Raft §5.4.2).
     pub hwm_before_epoch_start: bool,
+    /// A graceful handoff does not wait for the log to drain: the master asks the target
+    /// at once and, stepping down, acks its pending produces as if stabilized.
+    pub handoff_acks_early: bool,
 }
 
 /// What the engine asks its driver to do. The driver carries each out and feeds the
@@ -1166,14 +1172,19 @@ impl Engine {
         let Role::Master(m) = std::mem::replace(&mut self.role, Role::Switching) else {
             return false;
         };
-        let MasterRun { core, writes, .. } = *m;
+        let MasterRun {
+            core, mut writes, ..
+        } = *m;
+        let mut out = Vec::new();
+        if self.cfg.mutations.handoff_acks_early {
+            writes.on_stabilized(Offset(u64::MAX), &mut out);
+        }
         assert!(
             writes.pending_len() == 0,
             "invariant: a master hands over only with nothing pending"
         );
         let local = core.into_local_log();
         self.role = Role::Follower(Box::new(self.new_follower(local, epoch)));
-        let mut out = Vec::new();
         writes.fail_all(None, &mut out);
         self.push_writes(out);
         self.refuse_parked_fetches();

@@ -12,17 +12,17 @@
 //! (`actor/handoff.rs`) and retention with its checkpoints (`actor/retention.rs`); they see
 //! the role through the engine's accessors.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use quire_client::{ClientError, FenceOutcome};
 use quire_proto::{
     encode_body, AppendRequest, Body, BrokerId, BrokerInfo, CommitCursorResponse, CursorRequest,
-    CursorResponse, Epoch, ErrorCode, ErrorResponse, EventBody, EventKind, FetchResponse, Frame,
-    HeartbeatAck, LogPosition, MetadataResponse, Offset, ProduceResponse, RequestId, StoreInfo,
+    CursorResponse, Epoch, ErrorCode, ErrorResponse, EventKind, Frame, HeartbeatAck, LogPosition,
+    MetadataResponse, Offset, ProduceResponse, RequestId, StoreInfo,
 };
 use tokio::sync::mpsc;
 
@@ -989,11 +989,9 @@ impl Actor {
                 let (epoch, master) = self.master_hint();
                 ErrorResponse::not_master(epoch, master).into()
             }
-            FetchReply::Unavailable => ErrorResponse::new(
-                ErrorCode::Internal,
-                "no store can serve this range now; retry",
-            )
-            .into(),
+            FetchReply::Unavailable => {
+                ErrorResponse::new(ErrorCode::Internal, STORE_UNAVAILABLE).into()
+            }
         };
         waiter.answer(body);
     }
@@ -1009,81 +1007,32 @@ impl Actor {
             return;
         };
         self.metrics.fetches_from_store.inc();
-        let StoreFetch {
-            source: _,
-            req,
-            offsets,
-            bytes_max,
-            hwm,
-            trim_point,
-        } = read;
-        let (Some(&first), Some(&last)) = (offsets.first(), offsets.last()) else {
-            return;
-        };
         tokio::spawn(async move {
-            let span = u32::try_from(last.0 - first.0 + 1)
-                .unwrap_or(u32::MAX)
-                .min(TAKEOVER_FETCH_EVENTS_MAX);
-            let wanted: BTreeSet<Offset> = offsets.into_iter().collect();
-            match client.read(first, span, READ_BYTES_MAX).await {
-                Ok(read) if read.events.is_empty() && read.first_offset > first => {
-                    // Retention deleted the range on this store since the state was read.
-                    waiter.answer(
-                        ErrorResponse::trimmed(req.from_offset, read.first_offset.max(trim_point))
-                            .into(),
-                    );
-                }
-                Ok(read) => {
-                    let mut messages = Vec::new();
-                    let mut bytes = 0usize;
-                    let mut scanned: Option<Offset> = None;
-                    for e in read.events {
-                        if e.offset > last {
-                            break;
-                        }
-                        scanned = Some(e.offset);
-                        if !wanted.contains(&e.offset) || e.kind != EventKind::Message {
-                            continue;
-                        }
-                        let Ok(EventBody::Message(msg)) =
-                            EventBody::decode(EventKind::Message, &e.payload)
-                        else {
-                            continue;
-                        };
-                        if !messages.is_empty() && bytes + msg.message.len() > bytes_max {
-                            break;
-                        }
-                        bytes += msg.message.len();
-                        messages.push((e.offset, msg.message));
+            let (first, span) = read.read_span();
+            let body: Body = match client.read(first, span, READ_BYTES_MAX).await {
+                Ok(r) => match read.answer(r.first_offset, &r.events) {
+                    FetchReply::Messages(m) => m.into(),
+                    FetchReply::Trimmed { from, first } => {
+                        ErrorResponse::trimmed(from, first).into()
                     }
-                    let next_offset = messages.last().map_or_else(
-                        || {
-                            scanned
-                                .map_or(req.from_offset, Offset::next)
-                                .max(req.from_offset)
-                        },
-                        |(o, _): &(Offset, Bytes)| o.next(),
-                    );
-                    waiter.answer(
-                        FetchResponse {
-                            hwm,
-                            next_offset,
-                            messages,
-                        }
-                        .into(),
-                    );
-                }
-                Err(e) => waiter.answer(
-                    ErrorResponse::new(
-                        ErrorCode::Internal,
-                        format!("reading a store failed: {e}; retry"),
-                    )
-                    .into(),
-                ),
-            }
+                    // Not returned for a store read; answered as the engine's Unavailable.
+                    FetchReply::NotMaster | FetchReply::Unavailable => {
+                        ErrorResponse::new(ErrorCode::Internal, STORE_UNAVAILABLE).into()
+                    }
+                },
+                Err(e) => ErrorResponse::new(
+                    ErrorCode::Internal,
+                    format!("reading a store failed: {e}; retry"),
+                )
+                .into(),
+            };
+            waiter.answer(body);
         });
     }
 }
+
+/// The message of a fetch no store can serve now.
+const STORE_UNAVAILABLE: &str = "no store can serve this range now; retry";
 
 /// The error a command gets when its slot has no connection.
 fn not_connected() -> ClientError {

@@ -66,6 +66,80 @@ pub struct StoreFetch {
     pub trim_point: Offset,
 }
 
+/// Events a store read for a [`StoreFetch`] asks for at most.
+pub const STORE_FETCH_EVENTS_MAX: u32 = 4096;
+
+impl StoreFetch {
+    /// The store read to make: `(first offset, events)` — from the first wanted offset
+    /// through the last, at most [`STORE_FETCH_EVENTS_MAX`] events.
+    #[must_use]
+    pub fn read_span(&self) -> (Offset, u32) {
+        let first = self
+            .offsets
+            .first()
+            .copied()
+            .unwrap_or(self.req.from_offset);
+        let last = self.offsets.last().copied().unwrap_or(first);
+        let span = u32::try_from(last.0.saturating_sub(first.0).saturating_add(1))
+            .unwrap_or(u32::MAX)
+            .min(STORE_FETCH_EVENTS_MAX);
+        (first, span)
+    }
+
+    /// The answer to the fetch from the store's read of [`StoreFetch::read_span`]:
+    /// `first_offset` is the store's log start and `events` what it returned (durable
+    /// entries from the span's first offset on). A read that came back empty with the log
+    /// starting past the span — retention deleted the range since the fetch was planned —
+    /// is answered `Trimmed`; otherwise the wanted topic messages among `events`, at most
+    /// `bytes_max` payload bytes (always at least one), with `next_offset` past the last
+    /// message returned or, if none, past the entries scanned.
+    #[must_use]
+    pub fn answer(&self, first_offset: Offset, events: &[quire_proto::Event]) -> FetchReply {
+        let (first, _) = self.read_span();
+        let last = self.offsets.last().copied().unwrap_or(first);
+        if events.is_empty() && first_offset > first {
+            return FetchReply::Trimmed {
+                from: self.req.from_offset,
+                first: first_offset.max(self.trim_point),
+            };
+        }
+        let mut messages: Vec<(Offset, Bytes)> = Vec::new();
+        let mut bytes = 0usize;
+        let mut scanned: Option<Offset> = None;
+        for e in events {
+            if e.offset > last {
+                break;
+            }
+            scanned = Some(e.offset);
+            if e.kind != EventKind::Message || self.offsets.binary_search(&e.offset).is_err() {
+                continue;
+            }
+            let Ok(EventBody::Message(msg)) = EventBody::decode(EventKind::Message, &e.payload)
+            else {
+                continue;
+            };
+            if !messages.is_empty() && bytes + msg.message.len() > self.bytes_max {
+                break;
+            }
+            bytes += msg.message.len();
+            messages.push((e.offset, msg.message));
+        }
+        let next_offset = messages.last().map_or_else(
+            || {
+                scanned
+                    .map_or(self.req.from_offset, Offset::next)
+                    .max(self.req.from_offset)
+            },
+            |(o, _)| o.next(),
+        );
+        FetchReply::Messages(FetchResponse {
+            hwm: self.hwm,
+            next_offset,
+            messages,
+        })
+    }
+}
+
 /// A fetch waiting for messages.
 #[derive(Clone, Debug)]
 pub(super) struct Parked {

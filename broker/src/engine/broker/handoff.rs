@@ -195,7 +195,8 @@ impl Engine {
                 };
                 let next = core.next_offset();
                 let hwm = core.hwm();
-                let drained = self.writes_pending() == 0 && hwm.map(Offset::next) == Some(next);
+                let drained = self.cfg.mutations.handoff_acks_early
+                    || (self.writes_pending() == 0 && hwm.map(Offset::next) == Some(next));
                 let slot = self.slave_slot(h.to);
                 let reachable = slot.is_some_and(|i| self.slot_up.get(i).copied().unwrap_or(false));
                 if now >= h.deadline_ms {
