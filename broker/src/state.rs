@@ -652,9 +652,11 @@ impl BrokerState {
     /// (the state through `event.offset - 1`); the returned state has applied `event` too.
     ///
     /// Equal to the state of a broker that applied the whole log, except for the topics'
-    /// message offsets below `event.offset` — all below the next trim point, which the
-    /// master only ever sets to a checkpoint — and the counters. `None` if `event` is not
-    /// a checkpoint (or sits at offset 0).
+    /// message offsets below `event.offset` — all below the trim point when the master
+    /// sends a slave the log from it, since the master only ever trims to a checkpoint —
+    /// the counters, and the trim point, at least `event.offset` here: reads below it are
+    /// answered "trimmed", never served from the checkpoint on as if nothing were missing.
+    /// `None` if `event` is not a checkpoint (or sits at offset 0).
     #[must_use]
     pub fn from_checkpoint(event: &Event) -> Option<BrokerState> {
         if event.kind != EventKind::Trim.as_u8() || event.offset == Offset::ZERO {
@@ -685,7 +687,9 @@ impl BrokerState {
             epoch: snapshot.epoch,
             master: snapshot.master,
             voters: snapshot.voters,
-            trim_point: snapshot.trim_point,
+            // Nothing below the checkpoint is indexed here: say so rather than serve the
+            // topics from the checkpoint on as if nothing were missing.
+            trim_point: snapshot.trim_point.max(event.offset),
             checkpoints: VecDeque::new(),
             stats: StateStats::default(),
         };
@@ -853,6 +857,18 @@ mod tests {
             "an empty topic keeps its name"
         );
         assert_eq!(rebuilt.last_epoch_start(), Some((Epoch(1), BrokerId(1))));
+
+        // Rebuilt at a checkpoint above the trim point (c1's successor, trimming to c1):
+        // the topics' offsets between c1 and it are not indexed, so its trim point is the
+        // checkpoint itself — reads below it are answered trimmed, not served past a gap.
+        let early =
+            BrokerState::from_checkpoint(&log.events[usize::try_from(c2.0).expect("small")])
+                .expect("a checkpoint");
+        assert_eq!(early.trim_point(), c2);
+        assert!(early
+            .topic_offsets("a", Offset::ZERO, 100)
+            .iter()
+            .all(|&o| o >= c2));
 
         // Not a checkpoint: a plain trim, a message, offset 0.
         assert!(BrokerState::from_checkpoint(&log.events[1]).is_none());

@@ -402,6 +402,17 @@ impl SimBroker {
                 self.on_produce(requester, req, now_ms, out);
             }
             Msg::Fetch { request, req } => {
+                if let Some(e) = self.engine.as_ref().filter(|_| self.params.verbose) {
+                    let st = e.state();
+                    let line = format!(
+                        "fetch of {} from {}: trim point {}, indexed from there {:?}",
+                        req.topic,
+                        req.from_offset,
+                        st.trim_point(),
+                        st.topic_offsets(&req.topic, req.from_offset, 4)
+                    );
+                    self.note(out, || line);
+                }
                 let token = self.token();
                 self.held_fetches.insert(
                     token,

@@ -351,11 +351,14 @@ fn with_retention(mode: Mode) -> SimConfig {
     }
 }
 
-/// Known limit (docs/testing.md, "What the simulation found", 4), pinned: with retention,
-/// safety seed 13065 has consumer C0 ask topic-0 from offset 9 of master B3 (its state
-/// rebuilt at a checkpoint) and be served offsets 52.. — the topic's messages at 9..51 are
-/// skipped without a `Trimmed` answer, though they are above the trim point. Nothing
-/// acknowledged is lost from the log; a consumer silently misses it.
+/// Known limit (docs/testing.md, "What the simulation found", 4), pinned: a broker whose
+/// state was rebuilt at a checkpoint above the cluster's trim point does not index the
+/// topics' messages between the two. Safety seed 13065 with retention: consumer C0 asked
+/// topic-0 from offset 9 of master B3 and was served offsets 52.. — 9..51 skipped without a
+/// word. Two fixes made it rarer and loud (a follower starts its log only at a stabilized
+/// checkpoint; a rebuilt state's trim point is the checkpoint, so reads below it are
+/// answered `Trimmed`), but the consumer is still told "trimmed" for messages the stores
+/// hold: the checker flags a `Trimmed` above the stabilized log's trim point.
 #[test]
 fn a_consumer_of_a_master_rebuilt_at_a_checkpoint_can_skip_messages() {
     let r = run(13065, &with_retention(Mode::Safety));

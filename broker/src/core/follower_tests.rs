@@ -431,6 +431,12 @@ fn a_follower_starts_its_log_at_a_checkpoint_only_when_it_may() {
     f.handle(at(2, pos(2, 99), trim, Some(98)), &mut out);
     assert!(refused(&out), "{out:?}");
     out.clear();
+    // The Trim event itself not stabilized (HWM = prev): a fresh Trim event at the head
+    // of an ordinary append, not the log from a checkpoint — refused (quire-sim
+    // --retention seed 13065: a jump there skipped the topics' offsets below it).
+    f.handle(at(5, pos(2, 99), trim, Some(99)), &mut out);
+    assert!(refused(&out), "{out:?}");
+    out.clear();
     // A checkpoint at 100 after a stabilized prev: the log starts there; both events are
     // applied (HWM 150, vouched through 101), the checkpoint first.
     f.handle(at(3, pos(2, 99), trim, Some(150)), &mut out);
