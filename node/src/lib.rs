@@ -114,6 +114,11 @@ pub fn init(args: &InitArgs) -> anyhow::Result<Identity> {
         }
     }
     let id = Identity::generate(role).context("drawing a random identity")?;
+    // The WAL directory with its promised-epoch file (epoch 0): a store whose file is
+    // missing later lost its WAL and refuses to start (startup::StartError::WalMissing).
+    let wal_dir = config::wal_dir(dir);
+    quire_wal::PromisedEpoch::create_in(quire_wal::OsStorage, &wal_dir)
+        .with_context(|| format!("creating {}", wal_dir.display()))?;
     id.store(dir)?;
     Ok(id)
 }

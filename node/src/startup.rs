@@ -64,6 +64,20 @@ pub enum StartError {
         #[source]
         source: WalError,
     },
+    /// The WAL directory has no promised-epoch file, which `quire-node init` writes: the
+    /// directory was deleted or replaced.
+    #[error(
+        "{} has no promised-epoch file, which `quire-node init` writes: the WAL directory was \
+         deleted or replaced, so this store may have acked entries it no longer holds and must \
+         not vote under its identity. Bring it back as for a replaced disk (docs/operations.md, \
+         \"A replaced or wiped disk\"); a directory initialised by a Quire build older than \
+         this check and never run: initialise it again",
+        dir.display()
+    )]
+    WalMissing {
+        /// The WAL directory.
+        dir: PathBuf,
+    },
     /// The log holds entries of an epoch above the promised epoch.
     #[error(
         "the log in {} holds entries of epoch {last_epoch} but the promised epoch is {promised}: \
@@ -112,6 +126,17 @@ pub fn open_data_dir<S: Storage>(
 ) -> Result<Opened<S>, StartError> {
     let identity = Identity::load_in(&storage, data_dir)?;
     let wal_dir = wal_config.dir.clone();
+    // `quire-node init` writes the promised-epoch file: without it the WAL directory was
+    // deleted or replaced, and the store may have acked entries it no longer holds.
+    let present = PromisedEpoch::is_present_in(&storage, &wal_dir).map_err(|source| {
+        StartError::Promised {
+            dir: wal_dir.clone(),
+            source,
+        }
+    })?;
+    if !present {
+        return Err(StartError::WalMissing { dir: wal_dir });
+    }
     let promised = PromisedEpoch::load_in(storage.clone(), &wal_dir).map_err(|source| {
         StartError::Promised {
             dir: wal_dir.clone(),

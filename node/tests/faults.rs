@@ -188,7 +188,8 @@ async fn a_failed_log_refuses_appends_and_keeps_serving_reads() {
 
 /// Story: a tester deleted a stopped store's `promised` file; the store started with
 /// promise 0 although its log held entries of a later epoch, so it could have granted a
-/// fence below one it had already granted. A store must refuse to start instead.
+/// fence below one it had already granted. A store must refuse to start instead — and so
+/// when its whole WAL directory is gone (`init` writes the file, so its absence says so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_promised_epoch_file_stops_the_store_from_starting() {
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -226,8 +227,20 @@ async fn a_lost_promised_epoch_file_stops_the_store_from_starting() {
             Err(e) => e,
         };
         let text = format!("{err:#}");
-        assert!(text.contains("promised epoch"), "{text}");
-        assert!(text.contains("learner"), "{text}");
+        assert!(text.contains("no promised-epoch file"), "{text}");
+        assert!(text.contains("replaced disk"), "{text}");
+
+        // The whole WAL directory deleted (the break-it trial's `rm -rf DIR/wal`): the
+        // store came back as an empty voter; it must refuse the same way.
+        std::fs::remove_dir_all(&wal_dir).unwrap();
+        let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
+        config.wal.segment_bytes_max = 4 << 20;
+        let err = match quire_node::Node::start(config).await {
+            Ok(_) => panic!("a store whose WAL directory is gone must refuse to start"),
+            Err(e) => e,
+        };
+        let text = format!("{err:#}");
+        assert!(text.contains("no promised-epoch file"), "{text}");
     })
     .await
     .expect("bounded");

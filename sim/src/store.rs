@@ -187,18 +187,25 @@ fn wal_config() -> WalConfig {
 
 /// `quire-node init` on `disk`: the data directory and its identity file.
 fn init(disk: &CrashDisk, id: Identity) {
+    disk.create_dir_all(Path::new(WAL_DIR))
+        .and_then(|()| disk.sync_dir(Path::new(DATA_DIR)))
+        .expect("invariant: init on a fresh simulated disk succeeds");
+    PromisedEpoch::create_in(disk.clone(), Path::new(WAL_DIR))
+        .expect("invariant: init on a fresh simulated disk succeeds");
+    store_identity(disk, id);
+}
+
+/// Writes the identity file (as `init` does, and as a store that becomes a learner does).
+fn store_identity(disk: &CrashDisk, id: Identity) {
     let identity = quire_node::Identity {
         store_id: id.store_id,
         incarnation: id.incarnation,
         role: id.role,
         created_ms: 0,
     };
-    disk.create_dir_all(Path::new(WAL_DIR))
-        .and_then(|()| disk.sync_dir(Path::new(DATA_DIR)))
-        .expect("invariant: init on a fresh simulated disk succeeds");
     identity
         .store_in(disk, Path::new(DATA_DIR))
-        .expect("invariant: init on a fresh simulated disk succeeds");
+        .expect("invariant: identity writes on a simulated disk succeed");
 }
 
 /// Opens the data directory on `disk` as `quire-node` starts: `step` for the running
@@ -508,7 +515,7 @@ impl SimStore {
                     role: Role::Learner,
                     ..self.identity
                 };
-                init(&self.disk, learner);
+                store_identity(&self.disk, learner);
                 self.identity = learner;
                 out.seen.push(Seen::Note(format!(
                     "{} expected another identity: became a learner",

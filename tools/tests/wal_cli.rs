@@ -65,6 +65,11 @@ fn init_store(data: &Path) {
     .expect("init");
 }
 
+/// Writes back a store's WAL directory with promised epoch 0 (what `init` writes).
+fn init_store_wal(data: &Path) {
+    quire_wal::PromisedEpoch::create_in(quire_wal::OsStorage, &data.join("wal")).expect("create");
+}
+
 /// Opens the WAL in `dir` with the smallest segments.
 fn open_small(
     dir: impl AsRef<Path>,
@@ -709,14 +714,23 @@ fn a_directory_without_a_wal_is_an_error_not_a_clean_log() {
 
 /// What a store's WAL directory holds before its first record (a node that started and
 /// was fenced, no event yet): the lock, the promised epoch and the zero-filled spare
-/// segment. That is an empty log — clean, exit 0 — not a wrong directory. A store that was
-/// initialised and never run has no WAL yet: an error that says so.
+/// segment. That is an empty log — clean, exit 0 — not a wrong directory. `init` writes
+/// the WAL directory with its promised epoch; a store whose `wal/` is gone gets an error
+/// that says the node refuses it.
 #[test]
 fn a_store_with_no_record_yet_is_an_empty_log() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("store");
     init_store(&data);
-    assert_refused(&data, "never created");
+    let out = quire(&["wal", "verify", path_str(&data)]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a store just initialised: {out:?}"
+    );
+    std::fs::remove_dir_all(data.join("wal")).expect("rm wal");
+    assert_refused(&data, "has no wal/");
+    init_store_wal(&data);
 
     let wal_dir = data.join("wal");
     let (wal, _) = open_small(&wal_dir).expect("open the WAL");
@@ -866,4 +880,31 @@ fn repair_of_a_store_directory_marks_the_store_before_it_cuts() {
     assert_eq!(mark.offset, Offset(EVENTS - 1));
     let out = quire(&["wal", "verify", path_str(&data)]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// A last segment cut at a record boundary scans clean record by record, but the WAL never
+/// leaves a segment shorter than it preallocated: `verify` calls it a torn tail (exit 2),
+/// naming the cut, as the store's own start does (which marks the store). Found by the
+/// break-it trial: `truncate` on a store's last segment passed as "clean".
+#[test]
+fn verify_calls_a_last_segment_cut_at_a_record_boundary_a_torn_tail() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_log(dir);
+    let (records, _) = dump_jsonl(dir, &[]);
+    let last = records.last().expect("records");
+    let seg = dir.join(last["segment"].as_str().expect("segment"));
+    let position = last["position"].as_u64().expect("position");
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open segment")
+        .set_len(position)
+        .expect("truncate");
+    let out = quire(&["wal", "verify", path_str(dir), "--format", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    assert_eq!(json["result"], "torn_tail", "{json}");
+    assert_eq!(json["end"]["offset"], EVENTS - 1, "{json}");
+    assert!(json.to_string().contains("cut to"), "{json}");
 }

@@ -15,7 +15,7 @@ use quire_proto::{Epoch, LogPosition, Offset};
 
 use crate::error::WalError;
 use crate::index::{Index, IndexedSegment};
-use crate::scan::{self, RecordStatus, ScanEnd, ScanReport, TornTail};
+use crate::scan::{self, BadRecord, RecordStatus, ScanEnd, ScanReport, TornTail};
 use crate::segment::{self, DirLock, SegmentPath};
 use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
 use crate::{Mutations, Position};
@@ -122,14 +122,26 @@ pub(crate) fn recover<S: Storage>(
         mutations,
     )?;
     let torn = match &report.end {
-        ScanEnd::Clean => None,
+        ScanEnd::Clean => file_cut(&report, align, index.next()),
         ScanEnd::Corruption(e) => return Err(e.clone()),
         ScanEnd::TornTail(t) => Some(t.clone()),
     };
     let mut deleted_from = None;
     if let Some(t) = &torn {
         before_cut(t)?;
-        let deleted = cut(storage, dir, t)?;
+        let deleted = if matches!(t.problem, BadRecord::FileCut { .. }) {
+            // Nothing to overwrite: the bytes are gone. The hook marked the store (its log
+            // may lack records it acked); the tail is zero-extended below.
+            tracing::warn!(
+                segment = %t.segment.display(),
+                problem = %t.problem,
+                expected_offset = t.offset.0,
+                "the last segment was cut after it was written: records after its end may be lost"
+            );
+            0
+        } else {
+            cut(storage, dir, t)?
+        };
         if deleted > 0 {
             let first_deleted = segments.len() - deleted;
             index.remove_segments_from(
@@ -168,6 +180,45 @@ pub(crate) fn recover<S: Storage>(
         index,
         tail,
     })
+}
+
+/// A last segment cut after the WAL wrote it ([`BadRecord::FileCut`]): every segment the
+/// WAL names is preallocated whole and zero-filled at a multiple of the alignment, and
+/// every write ends on an aligned boundary, so a last segment that is empty, of a length
+/// that is not a multiple of `align`, or shorter than the end of its last aligned write
+/// lost bytes the WAL wrote. `next`: the offset after the last valid record.
+fn file_cut(report: &ScanReport, align: u64, next: Offset) -> Option<TornTail> {
+    let i = report.segments.len().checked_sub(1)?;
+    let s = &report.segments[i];
+    let cut = s.file_bytes == 0
+        || s.file_bytes % align != 0
+        || s.file_bytes < crate::format::align_up(s.end.0, align);
+    cut.then(|| TornTail {
+        segment_index: i,
+        segment: s.path.clone(),
+        position: s.end,
+        offset: next,
+        bytes: 0,
+        problem: BadRecord::FileCut {
+            file_bytes: s.file_bytes,
+        },
+        empty_segments_after: Vec::new(),
+    })
+}
+
+/// Zero-extends `path` to a multiple of the page size (4096 bytes), durably.
+fn pad_to_page<S: Storage>(storage: &S, path: &Path) -> Result<(), WalError> {
+    let file = storage
+        .open(path, OpenMode::Write)
+        .map_err(|e| WalError::io("open", path, e))?;
+    let len = file.size().map_err(|e| WalError::io("stat", path, e))?;
+    let padded = crate::format::align_up(len, 4096);
+    if padded > len {
+        segment::write_zeros(&file, len, padded).map_err(|e| WalError::io("zero-fill", path, e))?;
+        file.sync_all()
+            .map_err(|e| WalError::io("fsync", path, e))?;
+    }
+    Ok(())
 }
 
 fn prepare_tail<S: Storage>(
@@ -271,7 +322,7 @@ pub fn repair_torn_tail(dir: &Path) -> Result<RepairReport, WalError> {
 /// As [`repair_torn_tail`].
 pub fn repair_torn_tail_in<S: Storage>(storage: &S, dir: &Path) -> Result<RepairReport, WalError> {
     let _lock = DirLock::acquire_in(storage, dir)?;
-    let report = scan::scan_dir_in(storage, dir, &mut |_| {})?;
+    let report = inspect_in(storage, dir, |_| {})?;
     match report.end {
         ScanEnd::Clean => Ok(RepairReport {
             cut: None,
@@ -279,7 +330,14 @@ pub fn repair_torn_tail_in<S: Storage>(storage: &S, dir: &Path) -> Result<Repair
         }),
         ScanEnd::Corruption(e) => Err(e),
         ScanEnd::TornTail(t) => {
-            cut(storage, dir, &t)?;
+            if !matches!(t.problem, BadRecord::FileCut { .. }) {
+                cut(storage, dir, &t)?;
+            }
+            if t.position.0 > 0 {
+                // A file cut short (by hand, with the torn bytes) gets its zeros back to a
+                // whole page, so the next scan reads an intact, if short, last segment.
+                pad_to_page(storage, &t.segment)?;
+            }
             Ok(RepairReport {
                 cut: Some(t),
                 last: report.last,
@@ -291,16 +349,18 @@ pub fn repair_torn_tail_in<S: Storage>(storage: &S, dir: &Path) -> Result<Repair
 /// Offline, read-only walk of the log in `dir` for tools (`quire wal dump|verify|stat`):
 /// calls `visit` for every record in file order, with its segment, position, length,
 /// checksum status and the scan's decision, and returns the summary (torn tail or
-/// corruption with their locations). Modifies nothing and takes no lock.
+/// corruption with their locations; a last segment cut after it was written is reported
+/// as a torn tail with [`BadRecord::FileCut`], as [`crate::Wal::open`] reports it to its
+/// hook). Modifies nothing and takes no lock.
 ///
 /// # Errors
 /// I/O errors and a malformed directory; corruption is reported in the returned
 /// [`ScanReport::end`], not as an error.
 pub fn inspect(
     dir: &Path,
-    mut visit: impl FnMut(&scan::ScannedRecord<'_>),
+    visit: impl FnMut(&scan::ScannedRecord<'_>),
 ) -> Result<ScanReport, WalError> {
-    scan::scan_dir(dir, &mut visit)
+    inspect_in(&OsStorage, dir, visit)
 }
 
 /// [`inspect`] on `storage`.
@@ -312,5 +372,18 @@ pub fn inspect_in<S: Storage>(
     dir: &Path,
     mut visit: impl FnMut(&scan::ScannedRecord<'_>),
 ) -> Result<ScanReport, WalError> {
-    scan::scan_dir_in(storage, dir, &mut visit)
+    let mut report = scan::scan_dir_in(storage, dir, &mut visit)?;
+    if matches!(report.end, ScanEnd::Clean) {
+        // Offline the WAL's alignment is unknown; every alignment it uses is a multiple
+        // of the page size, so a file the page size calls cut was cut.
+        let next = report
+            .last
+            .map(|l| l.offset.next())
+            .or_else(|| report.segments.first().map(|s| s.base))
+            .unwrap_or(Offset::ZERO);
+        if let Some(t) = file_cut(&report, 4096, next) {
+            report.end = ScanEnd::TornTail(t);
+        }
+    }
+    Ok(report)
 }

@@ -70,6 +70,14 @@ pub enum BadRecord {
     MarkerRefused,
     /// A segment named below the expected offset does not start with a marker at its base.
     SegmentStart,
+    /// The last segment's file is shorter than any the WAL writes — empty, not a multiple
+    /// of the alignment, or ending inside the last aligned write — so it was cut after the
+    /// WAL wrote it (by hand, or by a damaged file system): records after the end may be
+    /// lost, though what is left scans clean.
+    FileCut {
+        /// The file's length, in bytes.
+        file_bytes: u64,
+    },
 }
 
 impl std::fmt::Display for BadRecord {
@@ -82,6 +90,11 @@ impl std::fmt::Display for BadRecord {
                 write!(f, "offset is not the expected {expected}")
             }
             BadRecord::MarkerRefused => write!(f, "truncation marker refused by the epoch rules"),
+            BadRecord::FileCut { file_bytes } => write!(
+                f,
+                "the segment file was cut to {file_bytes} bytes after it was written (the WAL \
+                 only writes whole, aligned, preallocated segments)"
+            ),
             BadRecord::SegmentStart => write!(
                 f,
                 "segment does not start with the marker its name requires"

@@ -285,3 +285,51 @@ fn the_pre_cut_hook_runs_before_the_cut_and_a_failing_hook_cuts_nothing() {
     .unwrap();
     assert!(rep.torn_tail.is_none());
 }
+
+/// A last segment cut after it was written — at a record boundary, so what is left scans
+/// clean, or to nothing — lost records the WAL may have acknowledged: every segment the
+/// WAL names is preallocated whole, so the open reports it as a cut (`BadRecord::FileCut`)
+/// to the pre-cut hook (where quire-node writes its tail-cut mark), keeps what is left and
+/// appends after it. An intact log calls no hook. (Found by the break-it trial: `truncate`
+/// or `: >` on a store's last segment passed as a clean log.)
+#[test]
+fn a_last_segment_cut_by_hand_is_reported_to_the_hook_though_it_scans_clean() {
+    for keep_records in [1usize, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        build_log(dir.path(), &[vec![40, 50, 60]]);
+        let mut ends = Vec::new();
+        inspect(dir.path(), |r| {
+            if r.status == RecordStatus::Entry {
+                ends.push((r.segment.to_path_buf(), r.position.0 + r.bytes));
+            }
+        })
+        .unwrap();
+        let (segment, _) = ends.last().cloned().unwrap();
+        let cut_at = if keep_records == 0 { 0 } else { ends[0].1 };
+        let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
+        file.set_len(cut_at).unwrap();
+        drop(file);
+
+        let mut seen = Vec::new();
+        let (wal, rep) = Wal::open_with_hook(config(dir.path(), IoBackend::Sync), None, &mut |t| {
+            seen.push((t.offset, t.problem));
+            Ok(())
+        })
+        .unwrap();
+        let expected = Offset(keep_records as u64);
+        assert!(
+            matches!(&seen[..], [(o, quire_wal::BadRecord::FileCut { file_bytes })] if *o == expected && *file_bytes == cut_at),
+            "{seen:?}"
+        );
+        assert_eq!(rep.torn_tail.map(|t| t.offset), Some(expected));
+        assert_eq!(read_all(&wal).len(), keep_records);
+        drop(wal);
+        // The tail was zero-extended: a second open finds an intact log.
+        let (_wal, rep) =
+            Wal::open_with_hook(config(dir.path(), IoBackend::Sync), None, &mut |_| {
+                panic!("an intact log calls no hook")
+            })
+            .unwrap();
+        assert!(rep.torn_tail.is_none());
+    }
+}

@@ -134,10 +134,12 @@ pub enum WalDirError {
         /// What it holds instead, for the message (`it is empty`, `it holds: a, b, …`).
         found: String,
     },
-    /// DIR is an initialised store whose node never ran: its WAL does not exist yet.
+    /// DIR is an initialised store without its WAL directory (deleted, or initialised by a
+    /// build older than the one that writes it at `init`).
     #[error(
-        "{} is a store's data directory whose WAL was never created (it has no wal/: the \
-         node has not run on it yet), so there is no log to read",
+        "{} is a store's data directory that has no wal/ (`quire-node init` creates it): \
+         the WAL was deleted, or the directory was initialised by an older Quire and never \
+         run. There is no log to read, and quire-node refuses to start this store",
         dir.display()
     )]
     NoWalYet {
