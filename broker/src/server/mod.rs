@@ -62,13 +62,29 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Checks the data directory (lock, epoch counter, cluster file), binds the listeners
-    /// and starts every task. The broker starts as a slave.
+    /// Binds the listeners, checks the data directory (lock, epoch counter, cluster file)
+    /// and starts every task. The broker starts as a slave. Nothing is written to the data
+    /// directory unless both addresses could be bound.
     ///
     /// # Errors
     /// A data directory in use, damaged, or made for another cluster; an address that
     /// cannot be bound.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Broker> {
+        // Bind first: a broker that cannot serve must not write its cluster file, or a retry
+        // with other settings (another port, another store list) would be refused as
+        // "created for another cluster".
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let local_addr = listener.local_addr().context("reading the bound address")?;
+        let metrics_listener = match &config.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the metrics address {addr}"))?,
+            ),
+            None => None,
+        };
         let dir = config.data_dir.clone();
         let given = ClusterFile::new(&config.stores, &config.brokers, config.ack_quorum);
         let (lock, counter, cluster_file) = tokio::task::spawn_blocking(move || {
@@ -79,17 +95,10 @@ impl Broker {
         })
         .await
         .context("checking the data directory")??;
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
-        let local_addr = listener.local_addr().context("reading the bound address")?;
         let metrics = Arc::new(Metrics::new());
         let mut tasks = Vec::new();
         let mut metrics_addr = None;
-        if let Some(addr) = &config.metrics_listen {
-            let l = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics address {addr}"))?;
+        if let Some(l) = metrics_listener {
             metrics_addr = Some(l.local_addr().context("reading the metrics address")?);
             tasks.push(tokio::spawn(quire_net::serve_metrics(l, metrics.clone())));
         }
@@ -206,5 +215,54 @@ async fn accept_loop(mut acceptor: Acceptor, shared: conn::ConnShared) {
     loop {
         let (stream, peer, permit) = acceptor.accept().await;
         tokio::spawn(conn::serve(stream, peer, permit, shared.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::BrokerConfig;
+    use crate::{Cli, Command};
+
+    /// A broker whose address is taken fails to start and writes nothing to its data
+    /// directory, so a retry on a free port with the same directory starts (found by the
+    /// new-user trial: the first, failed start had written the cluster file with the old
+    /// addresses, and the retry was refused as "created for another cluster").
+    #[tokio::test]
+    async fn a_broker_that_cannot_bind_writes_no_cluster_file() {
+        let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = busy.local_addr().unwrap().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("b1");
+        let args = |listen: &str| {
+            let cli = Cli::parse_from([
+                "quire-broker",
+                "run",
+                "--id",
+                "1",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen",
+                listen,
+                "--stores",
+                "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+                "--brokers",
+                &format!("1={listen}"),
+            ]);
+            let Command::Run(a) = cli.command else {
+                panic!("run")
+            };
+            BrokerConfig::from_args(&a).unwrap()
+        };
+        let err = Broker::start(args(&taken))
+            .await
+            .err()
+            .expect("the port is taken");
+        assert!(format!("{err:#}").contains("binding"), "{err:#}");
+        assert!(!data.join(durable::CLUSTER_FILE_NAME).exists());
     }
 }

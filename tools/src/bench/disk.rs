@@ -353,13 +353,15 @@ fn human_bytes(bytes: u64) -> String {
 /// # Errors
 /// - Invalid configuration (zero or oversized values, block size not a multiple of the
 ///   alignment, file too small for `qd` blocks, not enough free space).
-/// - The directory missing, or its file system refusing O_DIRECT (the message names it).
+/// - The directory not creatable, or its file system refusing O_DIRECT (the message names it).
 /// - io_uring unavailable with [`BackendChoice::IoUring`].
 /// - Any failed or short write or fdatasync (the first one, with its position).
 /// - [`Interrupted`] after SIGINT/SIGTERM (the file is still removed).
 pub fn run(config: &DiskBenchConfig) -> anyhow::Result<DiskBenchReport> {
     validate(config)?;
     let dir = &config.dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create --dir {}", dir.display()))?;
     let meta =
         std::fs::metadata(dir).with_context(|| format!("cannot use --dir {}", dir.display()))?;
     if !meta.is_dir() {

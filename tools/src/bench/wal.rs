@@ -572,12 +572,16 @@ fn validate(config: &WalBenchConfig) -> anyhow::Result<()> {
 /// temporary directory. Installs a SIGINT/SIGTERM handler so Ctrl-C stops it cleanly.
 ///
 /// # Errors
-/// Invalid configuration; the directory missing or too full; the WAL failing to open
+/// Invalid configuration; the directory not creatable or too full; the WAL failing to open
 /// (e.g. `--io uring` without io_uring) or failing during the run (fail-stop: the first
 /// error); [`Interrupted`] after Ctrl-C (the directory is still removed).
 pub fn run(config: &WalBenchConfig) -> anyhow::Result<WalBenchReport> {
     validate(config)?;
     let parent = config.dir.clone().unwrap_or_else(std::env::temp_dir);
+    // A --dir that does not exist yet is created (the run's files go in a temporary
+    // directory inside it, removed at the end).
+    std::fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create --dir {}", parent.display()))?;
     let meta = std::fs::metadata(&parent)
         .with_context(|| format!("cannot use --dir {}", parent.display()))?;
     if !meta.is_dir() {
