@@ -253,9 +253,7 @@ mod tests {
                 "--brokers",
                 &format!("1={listen}"),
             ]);
-            let Command::Run(a) = cli.command else {
-                panic!("run")
-            };
+            let Command::Run(a) = cli.command;
             BrokerConfig::from_args(&a).unwrap()
         };
         let err = Broker::start(args(&taken))
