@@ -256,10 +256,9 @@ mod tests {
             let Command::Run(a) = cli.command;
             BrokerConfig::from_args(&a).unwrap()
         };
-        let err = Broker::start(args(&taken))
-            .await
-            .err()
-            .expect("the port is taken");
+        let Err(err) = Broker::start(args(&taken)).await else {
+            panic!("the port is taken");
+        };
         assert!(format!("{err:#}").contains("binding"), "{err:#}");
         assert!(!data.join(durable::CLUSTER_FILE_NAME).exists());
     }
