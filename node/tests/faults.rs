@@ -220,26 +220,23 @@ async fn a_lost_promised_epoch_file_stops_the_store_from_starting() {
         std::fs::remove_file(&promised[0]).unwrap();
 
         let data = dir.path().join("data");
-        let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
-        config.wal.segment_bytes_max = 4 << 20;
-        let err = match quire_node::Node::start(config).await {
-            Ok(_) => panic!("a store whose promise is below its log must refuse to start"),
-            Err(e) => e,
+        // The start's error, which there must be.
+        let refused = || async {
+            let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
+            config.wal.segment_bytes_max = 4 << 20;
+            match quire_node::Node::start(config).await {
+                Ok(_) => panic!("a store that lost its promise or its WAL must refuse to start"),
+                Err(e) => format!("{e:#}"),
+            }
         };
-        let text = format!("{err:#}");
+        let text = refused().await;
         assert!(text.contains("no promised-epoch file"), "{text}");
         assert!(text.contains("replaced disk"), "{text}");
 
         // The whole WAL directory deleted (the break-it trial's `rm -rf DIR/wal`): the
         // store came back as an empty voter; it must refuse the same way.
         std::fs::remove_dir_all(&wal_dir).unwrap();
-        let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
-        config.wal.segment_bytes_max = 4 << 20;
-        let err = match quire_node::Node::start(config).await {
-            Ok(_) => panic!("a store whose WAL directory is gone must refuse to start"),
-            Err(e) => e,
-        };
-        let text = format!("{err:#}");
+        let text = refused().await;
         assert!(text.contains("no promised-epoch file"), "{text}");
     })
     .await

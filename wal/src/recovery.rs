@@ -136,7 +136,7 @@ pub(crate) fn recover<S: Storage>(
                 segment = %t.segment.display(),
                 problem = %t.problem,
                 expected_offset = t.offset.0,
-                "the last segment was cut after it was written: records after its end may be lost"
+                "cut the torn tail of the log: the last segment was cut short after it was written (nothing left to overwrite); records after its end may be lost"
             );
             0
         } else {
