@@ -268,12 +268,15 @@ fn a_bad_duration_and_an_ambiguous_unit_are_refused() {
 #[test]
 fn a_runtime_error_exits_1_with_the_cause() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let missing = dir.path().join("missing");
+    // A missing --dir is created; one under a regular file cannot be.
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").expect("write");
+    let impossible = file.join("sub");
     let output = run(&[
         "bench",
         "disk",
         "--dir",
-        missing.to_str().expect("utf-8 path"),
+        impossible.to_str().expect("utf-8 path"),
         "--duration",
         "1",
     ]);
@@ -281,7 +284,7 @@ fn a_runtime_error_exits_1_with_the_cause() {
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("quire: error: cannot use --dir") && stderr.contains("No such file"),
+        stderr.contains("quire: error: cannot create --dir") && stderr.contains("Not a directory"),
         "{stderr}"
     );
 }
