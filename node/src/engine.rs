@@ -76,6 +76,11 @@ pub struct Mutations {
     /// it caught up it answers "not a voter" without recording the learner role. The
     /// model checker's `wipe-hwm` counterexample.
     pub wiped_votes: bool,
+    /// Retention does not wait for a quorum: the store takes every entry it accepted from
+    /// the master for stabilized, so a Trim event deletes segments as soon as the store
+    /// accepts it, before a quorum holds the event (a lost, superseded Trim event has
+    /// then trimmed what the stabilized log still serves).
+    pub trim_unstabilized: bool,
 }
 
 /// What the driver does for the engine.
@@ -720,10 +725,15 @@ impl<T> Engine<T> {
         log: &impl LogView,
         fresh: &[(Offset, Epoch)],
     ) {
-        if self.retention.learn(epoch, hwm) {
-            if let Some(before) = self.retention.due(log, fresh) {
-                self.commands.push(Command::Trim { before });
-            }
+        let learned = self.retention.learn(epoch, hwm);
+        if self.mutations.trim_unstabilized {
+            let r = &mut self.retention;
+            r.stable = r.stable.max(r.matched.map(|(_, through)| through));
+        } else if !learned {
+            return;
+        }
+        if let Some(before) = self.retention.due(log, fresh) {
+            self.commands.push(Command::Trim { before });
         }
     }
 
@@ -1113,6 +1123,43 @@ mod tests {
         e.heartbeat(2, &hb, &log);
         let cs = run(&mut e, &mut log);
         assert_eq!(cs[0], Command::Trim { before: Offset(2) });
+    }
+
+    #[test]
+    fn the_trim_unstabilized_mutation_trims_before_the_hwm_covers_the_trim_event() {
+        let trim_append = || {
+            let mut req = append(1, None, &[1, 1, 1]);
+            let trim = EventBody::Trim(quire_proto::TrimEvent {
+                before: Offset(1),
+                checkpoint: None,
+            });
+            let mut payload = bytes::BytesMut::new();
+            trim.encode(&mut payload).expect("encodes");
+            req.events[2].kind = EventKind::Trim;
+            req.events[2].payload = payload.freeze();
+            req
+        };
+        // With every rule on, no HWM has covered the Trim event: nothing is trimmed.
+        let mut e = engine(1);
+        let mut log = MemLog::default();
+        e.append(1, trim_append(), &log);
+        let cs = run(&mut e, &mut log);
+        assert!(
+            !cs.iter().any(|c| matches!(c, Command::Trim { .. })),
+            "{cs:?}"
+        );
+        // The mutant trims as it accepts the append.
+        let mut e = mutant(
+            1,
+            Mutations {
+                trim_unstabilized: true,
+                ..Mutations::default()
+            },
+        );
+        let mut log = MemLog::default();
+        e.append(1, trim_append(), &log);
+        let cs = run(&mut e, &mut log);
+        assert!(cs.contains(&Command::Trim { before: Offset(1) }), "{cs:?}");
     }
 
     #[test]

@@ -107,6 +107,17 @@ pub enum Violation {
         /// The epoch of the master's entry there.
         master_has: Option<u64>,
     },
+    /// A store's recovery cut its log at an entry whose bits were flipped while later
+    /// entries followed it: sealed data taken for a torn tail (the WAL must refuse to
+    /// start on a bad record before valid ones; docs/format.md, "Recovery rules").
+    SealedEntryCut {
+        /// The store.
+        store: u8,
+        /// The flipped entry the cut dropped.
+        offset: u64,
+        /// Where the cut began.
+        cut_from: u64,
+    },
     /// A consumer was given an event that is not the stabilized one at its offset.
     ConsumerNotPrefix {
         /// The consumer.
@@ -268,6 +279,14 @@ impl fmt::Display for Violation {
                 f,
                 "fence quorum {quorum:?} would adopt S{adopted}'s log, which lacks stabilized offset {offset}"
             ),
+            Violation::SealedEntryCut {
+                store,
+                offset,
+                cut_from,
+            } => write!(
+                f,
+                "S{store}'s recovery cut its log from offset {cut_from}, dropping the flipped entry at {offset} and the valid entries after it"
+            ),
             Violation::NoProgress { why } => write!(f, "liveness: {why}"),
             Violation::Panic { message } => write!(f, "panic: {message}"),
         }
@@ -333,6 +352,16 @@ impl Checker {
         if self.violations.len() < Self::VIOLATIONS_MAX {
             self.violations.push(v);
         }
+    }
+
+    /// A store's start cut a torn tail from `cut_from` that took the flipped sealed entry
+    /// at `offset` with it.
+    pub fn sealed_entry_cut(&mut self, store: u8, offset: Offset, cut_from: Offset) {
+        self.violate(Violation::SealedEntryCut {
+            store,
+            offset: offset.0,
+            cut_from: cut_from.0,
+        });
     }
 
     /// A checker that has seen nothing.

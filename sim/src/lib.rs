@@ -96,11 +96,19 @@ pub enum Mutation {
     /// and acks its pending produces as it steps down, stabilized or not (the broker
     /// engine's `Mutations::handoff_acks_early`).
     HandoffAcksEarly,
+    /// Stores trim at a Trim event as soon as they accept it, before a quorum holds it (the
+    /// store engine's `Mutations::trim_unstabilized`). Turns retention on.
+    TrimUnstabilized,
+    /// The WAL's recovery scan takes a bad record followed by valid ones for a torn tail
+    /// and cuts the log there instead of refusing to start (the WAL's
+    /// `Mutations::mid_log_bad_record_is_torn_tail`): a bit flip in the middle of a log
+    /// silently drops every entry after it.
+    BadRecordAsTorn,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::ThroughEnd,
         Mutation::AdoptLongest,
         Mutation::WipedVotes,
@@ -109,6 +117,8 @@ impl Mutation {
         Mutation::HwmBeforeEpochStart,
         Mutation::AckBeforeSync,
         Mutation::HandoffAcksEarly,
+        Mutation::TrimUnstabilized,
+        Mutation::BadRecordAsTorn,
     ];
 
     /// The command-line name.
@@ -123,7 +133,18 @@ impl Mutation {
             Mutation::HwmBeforeEpochStart => "hwm-before-epoch-start",
             Mutation::AckBeforeSync => "ack-before-sync",
             Mutation::HandoffAcksEarly => "handoff-acks-early",
+            Mutation::TrimUnstabilized => "trim-unstabilized",
+            Mutation::BadRecordAsTorn => "bad-record-as-torn",
         }
+    }
+}
+
+impl Mutation {
+    /// Whether the mutation needs retention on to act (a run with it turns retention on,
+    /// as `--retention` does).
+    #[must_use]
+    pub fn turns_on_retention(self) -> bool {
+        self == Mutation::TrimUnstabilized
     }
 }
 

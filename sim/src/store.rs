@@ -80,6 +80,9 @@ pub(crate) enum StartOutcome {
     Started {
         /// The mark this start wrote, if its recovery cut a tail.
         cut: Option<TailCut>,
+        /// The lowest entry the cut dropped whose bits were flipped while a later entry
+        /// followed it: sealed data the recovery took for a torn tail (a WAL bug).
+        cut_sealed: Option<Offset>,
     },
     /// The recovery scan found a bad record before valid ones: the store refuses to start.
     Corrupt {
@@ -174,6 +177,9 @@ pub(crate) struct SimStore {
     pub(crate) mutated_acks: u64,
     /// Trims the engine asked for.
     pub(crate) trims: u64,
+    /// Offsets of entries whose bits were flipped since the last start while a later
+    /// entry followed them on the medium (sealed data: corruption, never a torn tail).
+    pub(crate) sealed_flips: Vec<Offset>,
 }
 
 fn wal_config() -> WalConfig {
@@ -273,6 +279,7 @@ impl SimStore {
             feeding: None,
             claims: BTreeMap::new(),
             trims: 0,
+            sealed_flips: Vec::new(),
             fsync_scheduled: false,
             generation: 0,
             armed: None,
@@ -280,7 +287,13 @@ impl SimStore {
             mutated_acks: 0,
         };
         let started = s.start();
-        assert_eq!(started, StartOutcome::Started { cut: None });
+        assert_eq!(
+            started,
+            StartOutcome::Started {
+                cut: None,
+                cut_sealed: None
+            }
+        );
         s
     }
 
@@ -731,6 +744,9 @@ impl SimStore {
         }
         let pick = rng.index(at.len());
         let (&offset, (path, position, payload)) = at.iter().nth(pick)?;
+        if offset < last {
+            self.sealed_flips.push(Offset(offset));
+        }
         // One of the checksum's 4 bytes or a payload byte.
         let k = rng.range(0, 3 + payload);
         let byte = if k < 4 { k } else { 32 + (k - 4) };
@@ -747,6 +763,7 @@ impl SimStore {
     pub(crate) fn start(&mut self) -> StartOutcome {
         assert!(!self.up, "start of a running store");
         let (step, control) = StepDisk::new();
+        let sealed_flips = std::mem::take(&mut self.sealed_flips);
         let opened = match open(&self.disk, Some(step), self.wal_mutations) {
             Ok(o) => o,
             Err(startup::StartError::Wal {
@@ -756,6 +773,13 @@ impl SimStore {
             Err(e) => panic!("invariant: a simulated store starts or finds corruption: {e}"),
         };
         let cut = opened.report.torn_tail.as_ref().and(opened.tail_cut);
+        let cut_sealed = cut.and_then(|c| {
+            sealed_flips
+                .iter()
+                .copied()
+                .filter(|&o| o >= c.offset)
+                .min()
+        });
         let id = opened.identity;
         self.identity = Identity {
             store_id: id.store_id,
@@ -778,7 +802,7 @@ impl SimStore {
         });
         self.boot += 1;
         self.up = true;
-        StartOutcome::Started { cut }
+        StartOutcome::Started { cut, cut_sealed }
     }
 
     /// The operator replaces the disk and runs `quire-node init`: an empty store with a new
@@ -787,6 +811,7 @@ impl SimStore {
         assert!(!self.up, "a running store's disk is not replaced");
         self.disk = CrashDisk::new(u64::from(self.index));
         self.disk.set_alignment(4096);
+        self.sealed_flips.clear();
         init(&self.disk, new_identity);
         self.identity = new_identity;
         self.reset();
@@ -925,7 +950,7 @@ mod tests {
             s.on_append(NodeId::Broker(0), 1, meta, req, &mut out);
             assert_eq!(s.running().wal.next_offset(), Offset(3));
             s.crash(&mut rng, true);
-            let StartOutcome::Started { cut } = s.start() else {
+            let StartOutcome::Started { cut, .. } = s.start() else {
                 panic!("the store starts")
             };
             if let Some(cut) = cut {
@@ -1026,7 +1051,7 @@ mod tests {
             })
             .expect("some seed flips the last record");
         assert_eq!(s.voting_log().map(|(l, m)| (l.len(), m)), Some((1, true)));
-        let StartOutcome::Started { cut } = s.start() else {
+        let StartOutcome::Started { cut, .. } = s.start() else {
             panic!("a flipped last record reads as a torn tail")
         };
         let cut = cut.expect("the cut marks the store");

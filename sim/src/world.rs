@@ -286,7 +286,8 @@ impl World {
             follower_retained_bytes_max: rng.range(500, 8_000),
             retention: {
                 let bytes_max = rng.chance(0.5).then(|| rng.range(2_000, 30_000));
-                let on = config.faults.retention;
+                let on =
+                    config.faults.retention || mutation.is_some_and(Mutation::turns_on_retention);
                 quire_broker::retention::RetentionPolicy {
                     bytes_max: bytes_max.filter(|_| on),
                     age_ms_max: None,
@@ -308,10 +309,11 @@ impl World {
         let store_mutations = quire_node::engine::Mutations {
             through_end: mutation == Some(Mutation::ThroughEnd),
             wiped_votes: mutation == Some(Mutation::WipedVotes),
+            trim_unstabilized: mutation == Some(Mutation::TrimUnstabilized),
         };
         let wal_mutations = quire_wal::Mutations {
             ack_before_fdatasync: mutation == Some(Mutation::AckBeforeSync),
-            ..quire_wal::Mutations::default()
+            mid_log_bad_record_is_torn_tail: mutation == Some(Mutation::BadRecordAsTorn),
         };
         let stores: Vec<SimStore> = identities
             .iter()
@@ -997,7 +999,10 @@ impl World {
             return;
         }
         match self.stores[i].start() {
-            StartOutcome::Started { cut } => {
+            StartOutcome::Started { cut, cut_sealed } => {
+                if let (Some(c), Some(o)) = (cut, cut_sealed) {
+                    self.checker.sealed_entry_cut(s, o, c.offset);
+                }
                 if let Some(cut) = cut {
                     self.stats.tail_cuts += 1;
                     self.note(|| {

@@ -501,8 +501,10 @@ pub fn scan_segments_in<S: Storage>(
             }
             let offset = epochs.next();
             if mutations.mid_log_bad_record_is_torn_tail {
-                // Planted bug (tests only): whatever follows, call it a torn tail.
+                // Planted bug (tests only): whatever follows, call it a torn tail (and
+                // drop every later segment with it, as a cut does).
                 valid_after = false;
+                empty_after = segments[si + 1..].iter().map(|s| s.path.clone()).collect();
             }
             end = if valid_after {
                 ScanEnd::Corruption(WalError::Corruption {
