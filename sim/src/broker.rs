@@ -268,7 +268,14 @@ impl SimBroker {
             }
         }
         self.up = false;
-        self.engine = None;
+        if let Some(e) = self.engine.take() {
+            self.mutated += e.mutated_steps();
+        }
+    }
+
+    /// Steps a mutation changed in this broker, over all its runs.
+    pub(crate) fn mutated_total(&self) -> u64 {
+        self.mutated + self.engine.as_ref().map_or(0, Engine::mutated_steps)
     }
 
     // ---------------------------------------------------------------- inputs

@@ -70,6 +70,10 @@ struct Args {
     /// known limits fail some seeds (docs/testing.md)
     #[arg(long)]
     retention: bool,
+    /// Crash new masters: each seed draws how often a broker crashes 1-60 ms after it
+    /// becomes master (short-lived masters, partial writes; Raft's Figure 8)
+    #[arg(long)]
+    master_crashes: bool,
     /// Simulated ms per safety run.
     #[arg(long, default_value_t = SimConfig::default().duration_ms)]
     duration_ms: u64,
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         faults: FaultSet {
             tail_flips: args.tail_flips,
             retention: args.retention,
+            master_crashes: args.master_crashes,
         },
         duration_ms: args.duration_ms,
         trace: args.trace,

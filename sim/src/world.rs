@@ -100,6 +100,11 @@ enum Ev {
     ConsumerTimeout(u8, u64),
     /// Liveness mode: the faults stop.
     Quiet,
+    /// `--master-crashes`: the broker crashes if it still runs this boot.
+    CrashMaster {
+        broker: u8,
+        boot: u32,
+    },
     /// Liveness mode: the bound after the faults stopped.
     Deadline,
     End,
@@ -142,6 +147,7 @@ impl Ev {
             Ev::Quiet => [16, 0, 0, 0, 0],
             Ev::Deadline => [17, 0, 0, 0, 0],
             Ev::End => [18, 0, 0, 0, 0],
+            Ev::CrashMaster { broker, boot } => [20, u64::from(*broker), u64::from(*boot), 0, 0],
         }
     }
 }
@@ -220,6 +226,9 @@ pub(crate) struct World {
     batches: Vec<Batch>,
     net: NetParams,
     rates: FaultRates,
+    /// `--master-crashes`: the chance a new master crashes soon, and the stream its
+    /// draws come from (apart from `rng`, so runs without it keep their seeds).
+    master_crash: Option<(f64, SimRng)>,
     cuts: Vec<Cut>,
     next_cut: u64,
     /// What each broker was last told about each slot's connection.
@@ -384,6 +393,10 @@ impl World {
             batches: Vec::new(),
             net,
             rates,
+            master_crash: config.faults.master_crashes.then(|| {
+                let mut r = SimRng::new(seed ^ 0x6d61_7374_6572_5f63);
+                (r.float(0.2, 0.9), r)
+            }),
             cuts: Vec::new(),
             next_cut: 0,
             links: BTreeMap::new(),
@@ -525,7 +538,7 @@ impl World {
             .check_quorums(&voters, self.fence_quorum, self.stores.len());
         self.stats.messages_checked = self.checker.messages_checked;
         self.stats.mutated += self.stores.iter().map(|s| s.mutated_acks).sum::<u64>();
-        self.stats.mutated += self.brokers.iter().map(|b| b.mutated).sum::<u64>();
+        self.stats.mutated += self.brokers.iter().map(SimBroker::mutated_total).sum::<u64>();
         self.stats.stabilized = self.checker.stabilized_len();
         let violations = std::mem::take(&mut self.checker.violations);
         if !violations.is_empty() {
@@ -699,6 +712,14 @@ impl World {
                 }
             }
             Ev::Quiet => self.quiet(),
+            Ev::CrashMaster { broker, boot } => {
+                let b = &self.brokers[usize::from(broker)];
+                if self.faults_on && b.up && b.boot == boot {
+                    let down = self.master_crash.as_mut().map_or(100, |(_, r)| r.range(50, 500));
+                    self.note(|| format!("B{}: a new master crashes", broker + 1));
+                    self.crash_broker(broker, down);
+                }
+            }
             Ev::Deadline => {
                 self.check_liveness();
                 self.at(self.now, Ev::End);
@@ -785,6 +806,13 @@ impl World {
                 Seen::Applied { broker, events } => self.checker.applied(broker, &events),
                 Seen::BecameMaster { broker, epoch } => {
                     self.stats.masters += 1;
+                    if let Some((p, r)) = self.master_crash.as_mut() {
+                        if self.faults_on && r.chance(*p) {
+                            let d = r.range(1, 60);
+                            let boot = self.brokers[usize::from(broker)].boot;
+                            self.after(d, Ev::CrashMaster { broker, boot });
+                        }
+                    }
                     self.note(|| format!("B{} became master of epoch {:#x}", broker + 1, epoch.0));
                 }
                 Seen::HandoffDone { broker, outcome } => {

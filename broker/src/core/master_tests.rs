@@ -401,6 +401,33 @@ fn hwm_waits_for_the_epoch_start_event() {
     );
 }
 
+/// The planted `hwm_before_epoch_start` switch (test-only): the same acks through the
+/// adopted log's old-epoch entries stabilize them before the epoch-start event is on a
+/// quorum (Raft §5.4.2's Figure 8: a later master may still hold a rival entry there).
+#[test]
+fn the_hwm_before_epoch_start_mutation_stabilizes_old_entries_early() {
+    let limits = ReplicationLimits {
+        append_events_max: 1,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, log_of(&[5, 5, 5]), None);
+    h.m.set_hwm_before_epoch_start();
+    let probes = h.appends();
+    for slot in [0u16, 1] {
+        h.handle(MasterInput::Rejected {
+            slot: SlotId(slot),
+            append: probes[slot as usize].append,
+            promised: Epoch(5),
+            last: Some(pos(5, 1)),
+            reason: RejectReason::LogMismatch,
+        });
+    }
+    for a in &h.appends() {
+        h.ack_append(a);
+    }
+    assert_eq!(h.m.hwm(), Some(Offset(2)), "the mutant counts below the epoch start");
+}
+
 #[test]
 fn rejection_backs_up_to_the_match_point_and_resends() {
     // Ours: [1,1,2,2] + epoch start (E) at 4. Store 0 diverged: [1,1,3] (a zombie's epoch 3).

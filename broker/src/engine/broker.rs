@@ -387,10 +387,21 @@ pub struct Engine {
     parked: Vec<fetch::Parked>,
     /// The latest `now_ms` an input carried.
     now_ms: u64,
+    /// Steps a planted mutation changed (test-only; 0 with every rule on).
+    mutated_steps: u64,
     out: Vec<Command>,
 }
 
 impl Engine {
+    /// Steps a planted mutation ([`Mutations`]) changed so far: a stabilization below the
+    /// epoch-start event, a handoff asked before the log drained. Test-only; 0 with every
+    /// rule on.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn mutated_steps(&self) -> u64 {
+        self.mutated_steps
+    }
+
     /// A follower with an empty log. `durable_counter` is the epoch counter read back from
     /// disk; `now_ms` starts the election timer.
     #[must_use]
@@ -427,6 +438,7 @@ impl Engine {
             recent: RecentEvents::new(cfg_recent),
             parked: Vec::new(),
             now_ms,
+            mutated_steps: 0,
             out: Vec::new(),
         };
         engine.role = Role::Follower(Box::new(
@@ -1638,6 +1650,12 @@ impl Engine {
             match c {
                 MasterCommand::Append(cmd) => self.out.push(Command::Append(cmd)),
                 MasterCommand::Stabilized { through, events } => {
+                    if let Role::Master(m) = &self.role {
+                        if through < m.core.epoch_start() {
+                            // Only the planted `hwm_before_epoch_start` stabilizes there.
+                            self.mutated_steps += 1;
+                        }
+                    }
                     self.on_stabilized(through, &events);
                 }
                 MasterCommand::StepDown { promised } => self.leave_master(promised, None),

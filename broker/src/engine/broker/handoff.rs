@@ -195,8 +195,12 @@ impl Engine {
                 };
                 let next = core.next_offset();
                 let hwm = core.hwm();
-                let drained = self.cfg.mutations.handoff_acks_early
-                    || (self.writes_pending() == 0 && hwm.map(Offset::next) == Some(next));
+                let really_drained =
+                    self.writes_pending() == 0 && hwm.map(Offset::next) == Some(next);
+                let drained = self.cfg.mutations.handoff_acks_early || really_drained;
+                if drained && !really_drained {
+                    self.mutated_steps += 1;
+                }
                 let slot = self.slave_slot(h.to);
                 let reachable = slot.is_some_and(|i| self.slot_up.get(i).copied().unwrap_or(false));
                 if now >= h.deadline_ms {
