@@ -21,7 +21,8 @@ use quire_broker::core::{
 };
 use quire_broker::engine::{
     Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffFailure, InboundAnswer,
-    Mutations, Reply, RequestToken, SlotAnswer, WriteCommand, WriteLimits, WriteRequest,
+    Mutations, Reply, RequestToken, SlotAnswer, TailAnswer, WriteCommand, WriteLimits,
+    WriteRequest,
 };
 use quire_broker::retention::RetentionPolicy;
 use quire_proto::{
@@ -51,8 +52,9 @@ pub(crate) struct BrokerParams {
     pub(crate) follower_retained_bytes_max: u64,
     /// Retention: off in half the seeds, else a payload-byte bound drawn from the seed.
     pub(crate) retention: RetentionPolicy,
-    /// The store identities bound in every broker's cluster file.
-    pub(crate) identities: Vec<StoreIdentity>,
+    /// The store identities bound in every broker's cluster file at the start (`None`
+    /// each with `--bootstrap`: the first master binds them).
+    pub(crate) identities: Vec<Option<StoreIdentity>>,
     /// Test-only: the broker engine's planted bugs.
     pub(crate) mutations: Mutations,
     /// Test-only: a restarted broker reads its epoch counter as 0.
@@ -81,6 +83,10 @@ pub(crate) struct SimBroker {
     durable_counter: u64,
     /// A counter write in flight.
     persisting: Option<u64>,
+    /// The cluster file: the store identities bound, by store index.
+    cluster_file: Vec<Option<StoreIdentity>>,
+    /// A cluster-file write in flight.
+    persisting_identities: Option<Vec<Option<StoreIdentity>>>,
     /// The engine while the process runs.
     engine: Option<Engine>,
     slot_count: usize,
@@ -111,6 +117,8 @@ impl SimBroker {
             boot: 0,
             durable_counter: 0,
             persisting: None,
+            cluster_file: params.identities.clone(),
+            persisting_identities: None,
             engine: None,
             slot_count,
             applied_next: Offset::ZERO,
@@ -128,10 +136,9 @@ impl SimBroker {
     /// The engine's configuration for a start of this broker.
     fn engine_config(&self) -> EngineConfig {
         let mut slots: Vec<SlotKind> = self
-            .params
-            .identities
+            .cluster_file
             .iter()
-            .map(|&id| SlotKind::Store { identity: Some(id) })
+            .map(|&identity| SlotKind::Store { identity })
             .collect();
         for b in 0..self.params.brokers {
             let b = u8::try_from(b).expect("invariant: few brokers");
@@ -267,6 +274,12 @@ impl SimBroker {
                 self.durable_counter = self.durable_counter.max(c);
             }
         }
+        if let Some(ids) = self.persisting_identities.take() {
+            // Written to a temporary file and renamed: all of it or nothing.
+            if rng.chance(0.5) {
+                self.cluster_file = ids;
+            }
+        }
         self.up = false;
         if let Some(e) = self.engine.take() {
             self.mutated += e.mutated_steps();
@@ -327,6 +340,23 @@ impl SimBroker {
         self.drive(now_ms, out, |e, t| e.epoch_persisted(counter, true, t));
     }
 
+    /// The cluster-file write of `identities` completed.
+    pub(crate) fn on_identities_persisted(
+        &mut self,
+        identities: Vec<Option<StoreIdentity>>,
+        bootstrap_epoch: Option<Epoch>,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
+        if self.persisting_identities.as_ref() == Some(&identities) {
+            self.persisting_identities = None;
+        }
+        self.cluster_file = identities;
+        self.drive(now_ms, out, |e, t| {
+            e.identities_persisted(bootstrap_epoch, true, t);
+        });
+    }
+
     /// A message from `from` (incarnation `from_boot`).
     pub(crate) fn on_msg(
         &mut self,
@@ -369,6 +399,17 @@ impl SimBroker {
                 self.append_answer(slot, meta, SlotAnswer::Rejected(rejected), now_ms, out);
             }
             Msg::AppendError { .. } => {}
+            Msg::TailAnswer {
+                generation,
+                last,
+                voter,
+            } => {
+                if let Some(slot) = slot {
+                    self.drive(now_ms, out, |e, t| {
+                        e.tail_answer(slot, generation, Ok(TailAnswer { last, voter }), t);
+                    });
+                }
+            }
             Msg::FenceGranted(g) => {
                 let epoch = g.epoch;
                 self.fence_answer(slot, epoch, FenceAnswer::Granted(g), now_ms, out);
@@ -460,6 +501,7 @@ impl SimBroker {
                 });
             }
             Msg::Fence { .. }
+            | Msg::Tail { .. }
             | Msg::Read { .. }
             | Msg::ProduceOk { .. }
             | Msg::ProduceFailed { .. }
@@ -642,10 +684,26 @@ impl SimBroker {
                     counter,
                 });
             }
-            Command::PersistIdentities { .. } | Command::ReadTail { .. } => {
-                // The simulation starts after the bootstrap: every identity is bound in the
-                // cluster file, so the engine never probes nor binds.
-                unreachable!("a simulated broker knows every identity from the start")
+            Command::PersistIdentities {
+                identities,
+                bootstrap_epoch,
+            } => {
+                self.note(out, || format!("persists the cluster file {identities:?}"));
+                self.persisting_identities = Some(identities.clone());
+                out.later.push(Later::IdentitiesPersisted {
+                    broker: self.index,
+                    boot: self.boot,
+                    identities,
+                    bootstrap_epoch,
+                });
+            }
+            Command::ReadTail { slot, generation } => {
+                if self.slot_is_up(slot) {
+                    let to = self.slot_node(slot);
+                    out.request(to, Msg::Tail { generation });
+                } else if let Some(e) = self.engine.as_mut() {
+                    e.tail_answer(slot, generation, Err(()), local);
+                }
             }
             Command::SendFence {
                 slot,

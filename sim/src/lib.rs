@@ -187,6 +187,11 @@ pub struct FaultSet {
     /// schedules. Drawn from a stream of its own, so the seeds of runs without it are
     /// unchanged.
     pub master_crashes: bool,
+    /// Bootstrap: every broker starts with an empty cluster file, so the first master is
+    /// chosen by the real bootstrap path (tail probes of the empty stores, the identities
+    /// the fences bound written to the cluster file before the master serves), and the
+    /// others learn the identities from its epoch-start event.
+    pub bootstrap: bool,
 }
 
 /// How one run is set up (everything else is drawn from the seed).
@@ -269,6 +274,9 @@ impl SimConfig {
         }
         if self.faults.master_crashes {
             cmd.push_str(" --master-crashes");
+        }
+        if self.faults.bootstrap {
+            cmd.push_str(" --bootstrap");
         }
         if self.duration_ms != SimConfig::default().duration_ms {
             cmd.push_str(&format!(" --duration-ms {}", self.duration_ms));

@@ -74,6 +74,10 @@ struct Args {
     /// becomes master (short-lived masters, partial writes; Raft's Figure 8)
     #[arg(long)]
     master_crashes: bool,
+    /// Start from empty cluster files: the first master is bound by the real bootstrap
+    /// probe
+    #[arg(long)]
+    bootstrap: bool,
     /// Simulated ms per safety run.
     #[arg(long, default_value_t = SimConfig::default().duration_ms)]
     duration_ms: u64,
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
             tail_flips: args.tail_flips,
             retention: args.retention,
             master_crashes: args.master_crashes,
+            bootstrap: args.bootstrap,
         },
         duration_ms: args.duration_ms,
         trace: args.trace,

@@ -105,6 +105,8 @@ pub(crate) enum Msg {
     },
     /// A fence, to a store.
     Fence { req: FenceRequest },
+    /// A bootstrap probe: the store's tail (the real `TailRequest`).
+    Tail { generation: u64 },
     /// Read durable events `from..` (at most `max_events`).
     Read {
         purpose: ReadPurpose,
@@ -121,6 +123,13 @@ pub(crate) enum Msg {
     },
     /// An append answered with an error frame (malformed, internal): the broker ignores it.
     AppendError { meta: AppendMeta },
+    /// The store's tail, for the bootstrap probe `generation` (the real `TailResponse`'s
+    /// last durable entry and voter role).
+    TailAnswer {
+        generation: u64,
+        last: Option<LogPosition>,
+        voter: bool,
+    },
     /// A fence granted.
     FenceGranted(FenceGranted),
     /// A fence refused: a higher epoch is promised.
@@ -193,6 +202,12 @@ impl Msg {
                 req.events.len() as u64 ^ off(req.hwm).rotate_left(32)
             }],
             Msg::Fence { req } => [2, req.epoch.0, 0, 0],
+            Msg::Tail { generation } => [22, *generation, 0, 0],
+            Msg::TailAnswer {
+                generation,
+                last,
+                voter,
+            } => [23, *generation, pos(*last), u64::from(*voter)],
             Msg::Read {
                 from, max_events, ..
             } => [3, from.0, *max_events, 0],

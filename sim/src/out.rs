@@ -1,7 +1,7 @@
 //! What a simulated process asks the world to do after handling one input: messages to
 //! send, disk and timer completions to schedule, and what the checker should see.
 
-use quire_broker::core::Event;
+use quire_broker::core::{Event, StoreIdentity};
 use quire_proto::Epoch;
 
 use crate::msg::{Msg, NodeId};
@@ -27,6 +27,13 @@ pub(crate) enum Later {
     },
     /// A broker's epoch counter write (temp file, fsync, rename, fsync dir) completes.
     CounterPersisted { broker: u8, boot: u32, counter: u64 },
+    /// A broker's cluster-file write (temp file, fsync, rename, fsync dir) completes.
+    IdentitiesPersisted {
+        broker: u8,
+        boot: u32,
+        identities: Vec<Option<StoreIdentity>>,
+        bootstrap_epoch: Option<Epoch>,
+    },
 }
 
 /// Something the checker must see.

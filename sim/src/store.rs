@@ -113,6 +113,7 @@ pub(crate) struct Token {
 enum Request {
     Append(AppendMeta),
     Fence(Epoch),
+    Tail(u64),
 }
 
 /// A running store process: its WAL, its files and its engine.
@@ -428,6 +429,14 @@ impl SimStore {
         self.drain(out);
     }
 
+    /// A bootstrap probe's tail request from `from`.
+    pub(crate) fn on_tail(&mut self, from: NodeId, from_boot: u32, generation: u64, out: &mut Out) {
+        let token = self.token(from, from_boot, Request::Tail(generation));
+        let r = self.running();
+        r.engine.tail(token, &r.wal);
+        self.drain(out);
+    }
+
     /// A read of durable events (the WAL's reader; no decision of the engine).
     pub(crate) fn on_read(
         &mut self,
@@ -672,6 +681,12 @@ impl SimStore {
             }
             // An internal error (a promise or role write that failed): not simulated.
             (Request::Fence(_), other) => unreachable!("a fence answered {other:?}"),
+            (Request::Tail(generation), Body::TailResponse(t)) => Msg::TailAnswer {
+                generation,
+                last: t.last,
+                voter: t.voter,
+            },
+            (Request::Tail(_), other) => unreachable!("a tail request answered {other:?}"),
         };
         out.answer(to, to_boot, msg);
     }

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use quire_broker::core::{quorum, ReplicationLimits, SlotId, StoreIdentity};
 use quire_node::Role;
-use quire_proto::{Incarnation, StoreId};
+use quire_proto::{Epoch, Incarnation, StoreId};
 
 use crate::broker::{BrokerParams, SimBroker};
 use crate::checker::{Checker, ProducedBatch, TopicRead, Violation};
@@ -100,6 +100,13 @@ enum Ev {
     ConsumerTimeout(u8, u64),
     /// Liveness mode: the faults stop.
     Quiet,
+    /// A broker's cluster-file write completes.
+    Identities {
+        broker: u8,
+        boot: u32,
+        identities: Vec<Option<StoreIdentity>>,
+        bootstrap_epoch: Option<Epoch>,
+    },
     /// `--master-crashes`: the broker crashes if it still runs this boot.
     CrashMaster {
         broker: u8,
@@ -148,6 +155,15 @@ impl Ev {
             Ev::Deadline => [17, 0, 0, 0, 0],
             Ev::End => [18, 0, 0, 0, 0],
             Ev::CrashMaster { broker, boot } => [20, u64::from(*broker), u64::from(*boot), 0, 0],
+            Ev::Identities {
+                broker, identities, ..
+            } => [
+                21,
+                u64::from(*broker),
+                identities.iter().filter(|i| i.is_some()).count() as u64,
+                0,
+                0,
+            ],
         }
     }
 }
@@ -302,7 +318,10 @@ impl World {
                     age_ms_max: None,
                 }
             },
-            identities: identities.clone(),
+            identities: identities
+                .iter()
+                .map(|&id| (!config.faults.bootstrap).then_some(id))
+                .collect(),
             mutations: quire_broker::engine::Mutations {
                 adopt_longest: mutation == Some(Mutation::AdoptLongest),
                 forget_dedup: mutation == Some(Mutation::ForgetDedup),
@@ -538,7 +557,11 @@ impl World {
             .check_quorums(&voters, self.fence_quorum, self.stores.len());
         self.stats.messages_checked = self.checker.messages_checked;
         self.stats.mutated += self.stores.iter().map(|s| s.mutated_acks).sum::<u64>();
-        self.stats.mutated += self.brokers.iter().map(SimBroker::mutated_total).sum::<u64>();
+        self.stats.mutated += self
+            .brokers
+            .iter()
+            .map(SimBroker::mutated_total)
+            .sum::<u64>();
         self.stats.stabilized = self.checker.stabilized_len();
         let violations = std::mem::take(&mut self.checker.violations);
         if !violations.is_empty() {
@@ -618,6 +641,35 @@ impl World {
                 let mut out = Out::default();
                 let now = self.now;
                 self.brokers[usize::from(broker)].on_counter_persisted(counter, now, &mut out);
+                self.process(NodeId::Broker(broker), out);
+            }
+            Ev::Identities {
+                broker,
+                boot,
+                identities,
+                bootstrap_epoch,
+            } => {
+                let b = &self.brokers[usize::from(broker)];
+                if !b.up || b.boot != boot {
+                    return;
+                }
+                if let Some(held) = self.paused.get_mut(&NodeId::Broker(broker)) {
+                    held.push_back(Ev::Identities {
+                        broker,
+                        boot,
+                        identities,
+                        bootstrap_epoch,
+                    });
+                    return;
+                }
+                let mut out = Out::default();
+                let now = self.now;
+                self.brokers[usize::from(broker)].on_identities_persisted(
+                    identities,
+                    bootstrap_epoch,
+                    now,
+                    &mut out,
+                );
                 self.process(NodeId::Broker(broker), out);
             }
             Ev::Link {
@@ -715,7 +767,10 @@ impl World {
             Ev::CrashMaster { broker, boot } => {
                 let b = &self.brokers[usize::from(broker)];
                 if self.faults_on && b.up && b.boot == boot {
-                    let down = self.master_crash.as_mut().map_or(100, |(_, r)| r.range(50, 500));
+                    let down = self
+                        .master_crash
+                        .as_mut()
+                        .map_or(100, |(_, r)| r.range(50, 500));
                     self.note(|| format!("B{}: a new master crashes", broker + 1));
                     self.crash_broker(broker, down);
                 }
@@ -764,6 +819,23 @@ impl World {
                             store,
                             boot,
                             generation,
+                        },
+                    );
+                }
+                Later::IdentitiesPersisted {
+                    broker,
+                    boot,
+                    identities,
+                    bootstrap_epoch,
+                } => {
+                    let d = self.rng.range(1, 10);
+                    self.after(
+                        d,
+                        Ev::Identities {
+                            broker,
+                            boot,
+                            identities,
+                            bootstrap_epoch,
                         },
                     );
                 }
@@ -936,6 +1008,9 @@ impl World {
                         store.on_append(from, from_boot, meta, req, &mut out)
                     }
                     Msg::Fence { req } => store.on_fence(from, from_boot, req, &mut out),
+                    Msg::Tail { generation } => {
+                        store.on_tail(from, from_boot, generation, &mut out)
+                    }
                     Msg::Read {
                         purpose,
                         from: first,

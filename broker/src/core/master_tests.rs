@@ -425,7 +425,11 @@ fn the_hwm_before_epoch_start_mutation_stabilizes_old_entries_early() {
     for a in &h.appends() {
         h.ack_append(a);
     }
-    assert_eq!(h.m.hwm(), Some(Offset(2)), "the mutant counts below the epoch start");
+    assert_eq!(
+        h.m.hwm(),
+        Some(Offset(2)),
+        "the mutant counts below the epoch start"
+    );
 }
 
 #[test]
