@@ -8,11 +8,12 @@
 //! slave; the check-quorum rule), the master's write path (dedup against the
 //! idempotent-producer table, answers once a batch is stabilized, expiry). What stays here
 //! is the world around it: which process a slot is, turning simulated messages into engine
-//! inputs and engine commands into messages, the broker's skewed clock, and its one durable
-//! file, the epoch counter (a write in flight at a crash may or may not survive). Every
-//! broker starts as a slave knowing the voters' identities from its cluster file (the
-//! simulation starts after the cluster's bootstrap). A restart forgets everything but the
-//! epoch counter and the cluster file.
+//! inputs and engine commands into messages, the broker's skewed clock, and its two durable
+//! files, the epoch counter and the cluster file (a write in flight at a crash survives
+//! whole or not at all). Every broker starts as a slave; by default its cluster file binds
+//! every voter's identity (the run starts after the cluster's bootstrap), with
+//! `--bootstrap` it is empty and the engine's bootstrap path binds them. A restart forgets
+//! everything but the epoch counter and the cluster file.
 
 use std::collections::BTreeMap;
 
