@@ -140,11 +140,17 @@ impl Mutation {
 }
 
 impl Mutation {
-    /// Whether the mutation needs retention on to act (a run with it turns retention on,
-    /// as `--retention` does).
+    /// The optional faults the mutation needs to act; a run with it turns them on (as
+    /// `--retention` and `--master-crashes` do): retention for `trim-unstabilized`, master
+    /// crashes for `hwm-before-epoch-start` (its schedule needs a run of short-lived
+    /// masters, docs/testing.md).
     #[must_use]
-    pub fn turns_on_retention(self) -> bool {
-        self == Mutation::TrimUnstabilized
+    pub fn faults(self) -> FaultSet {
+        FaultSet {
+            retention: self == Mutation::TrimUnstabilized,
+            master_crashes: self == Mutation::HwmBeforeEpochStart,
+            ..FaultSet::default()
+        }
     }
 }
 

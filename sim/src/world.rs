@@ -311,8 +311,7 @@ impl World {
             follower_retained_bytes_max: rng.range(500, 8_000),
             retention: {
                 let bytes_max = rng.chance(0.5).then(|| rng.range(2_000, 30_000));
-                let on =
-                    config.faults.retention || mutation.is_some_and(Mutation::turns_on_retention);
+                let on = config.faults.retention || mutation.is_some_and(|m| m.faults().retention);
                 quire_broker::retention::RetentionPolicy {
                     bytes_max: bytes_max.filter(|_| on),
                     age_ms_max: None,
@@ -412,7 +411,9 @@ impl World {
             batches: Vec::new(),
             net,
             rates,
-            master_crash: config.faults.master_crashes.then(|| {
+            master_crash: (config.faults.master_crashes
+                || mutation.is_some_and(|m| m.faults().master_crashes))
+            .then(|| {
                 let mut r = SimRng::new(seed ^ 0x6d61_7374_6572_5f63);
                 (r.float(0.2, 0.9), r)
             }),
