@@ -27,8 +27,8 @@ use quire_broker::engine::{
 };
 use quire_broker::retention::RetentionPolicy;
 use quire_proto::{
-    AppendRequest, BrokerId, Epoch, ErrorCode, ErrorResponse, FenceRequest, Offset, ProduceRequest,
-    ReadResponse,
+    AppendRequest, BrokerId, CommitCursorRequest, Epoch, ErrorCode, ErrorResponse, FenceRequest,
+    Offset, ProduceRequest, ReadResponse,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ProduceError, ReadPurpose};
@@ -70,6 +70,8 @@ struct Requester {
     client: NodeId,
     boot: u32,
     request: u64,
+    /// A cursor commit (else a produce): which answer the client expects.
+    cursor: bool,
 }
 
 /// One simulated broker. See the module docs.
@@ -441,6 +443,7 @@ impl SimBroker {
                     client: from,
                     boot: from_boot,
                     request,
+                    cursor: false,
                 };
                 let req = ProduceRequest {
                     topic,
@@ -448,7 +451,37 @@ impl SimBroker {
                     sequence,
                     messages,
                 };
-                self.on_produce(requester, req, now_ms, out);
+                self.on_write(requester, WriteRequest::Produce(req), now_ms, out);
+            }
+            Msg::CommitCursor {
+                request,
+                topic,
+                cursor,
+                offset,
+            } => {
+                let requester = Requester {
+                    client: from,
+                    boot: from_boot,
+                    request,
+                    cursor: true,
+                };
+                let req = CommitCursorRequest {
+                    topic,
+                    cursor,
+                    offset,
+                };
+                self.on_write(requester, WriteRequest::CommitCursor(req), now_ms, out);
+            }
+            Msg::ReadCursor {
+                request,
+                topic,
+                cursor,
+            } => {
+                let offset = self
+                    .engine
+                    .as_ref()
+                    .and_then(|e| e.read_cursor(&topic, &cursor));
+                out.answer(from, from_boot, Msg::CursorValue { request, offset });
             }
             Msg::Fetch { request, req } => {
                 if let Some(e) = self.engine.as_ref().filter(|_| self.params.verbose) {
@@ -469,6 +502,7 @@ impl SimBroker {
                         client: from,
                         boot: from_boot,
                         request,
+                        cursor: false,
                     },
                 );
                 let local = self.local_ms(now_ms);
@@ -506,6 +540,8 @@ impl SimBroker {
             | Msg::Read { .. }
             | Msg::ProduceOk { .. }
             | Msg::ProduceFailed { .. }
+            | Msg::CursorCommitted { .. }
+            | Msg::CursorValue { .. }
             | Msg::Fetched { .. } => {}
         }
     }
@@ -618,32 +654,40 @@ impl SimBroker {
         }
     }
 
-    fn on_produce(
-        &mut self,
-        requester: Requester,
-        req: ProduceRequest,
-        now_ms: u64,
-        out: &mut Out,
-    ) {
+    fn on_write(&mut self, requester: Requester, req: WriteRequest, now_ms: u64, out: &mut Out) {
         let token = self.token();
         // Known before the engine sees the request: it may answer at once (dedup, a bound).
         self.held_writes.insert(token, requester);
         let mut accepted = false;
         let local = self.local_ms(now_ms);
         self.drive(now_ms, out, |e, t| {
-            accepted = e.write(token, WriteRequest::Produce(req), local, t);
+            accepted = e.write(token, req, local, t);
         });
         if !accepted {
             self.held_writes.remove(&token);
-            let hint = self.hint(now_ms);
-            out.answer(
-                requester.client,
-                requester.boot,
-                Msg::ProduceFailed {
-                    request: requester.request,
-                    error: ProduceError::NotMaster { hint },
-                },
-            );
+            let msg = self.failed(requester, ProduceError::NotMaster { hint: None }, now_ms);
+            out.answer(requester.client, requester.boot, msg);
+        }
+    }
+
+    /// The failure answer to `r`'s write: a cursor commit's, or a produce's `error` (a
+    /// `NotMaster` gets this broker's hint).
+    fn failed(&self, r: Requester, error: ProduceError, now_ms: u64) -> Msg {
+        if r.cursor {
+            return Msg::CursorCommitted {
+                request: r.request,
+                ok: false,
+            };
+        }
+        let error = match error {
+            ProduceError::NotMaster { .. } => ProduceError::NotMaster {
+                hint: self.hint(now_ms),
+            },
+            other => other,
+        };
+        Msg::ProduceFailed {
+            request: r.request,
+            error,
         }
     }
 
@@ -897,22 +941,20 @@ impl SimBroker {
                 request: r.request,
                 base_offset,
             },
-            Reply::CursorCommitted => return,
-            Reply::NotMaster => Msg::ProduceFailed {
+            Reply::CursorCommitted => Msg::CursorCommitted {
                 request: r.request,
-                error: ProduceError::NotMaster {
-                    hint: self.hint(now_ms),
-                },
+                ok: true,
             },
-            Reply::Error(e) => Msg::ProduceFailed {
-                request: r.request,
-                error: match e.code {
+            Reply::NotMaster => self.failed(r, ProduceError::NotMaster { hint: None }, now_ms),
+            Reply::Error(e) => {
+                let error = match e.code {
                     ErrorCode::Overloaded => ProduceError::Overloaded,
                     ErrorCode::SequenceGap => ProduceError::SequenceGap,
                     ErrorCode::Timeout | ErrorCode::NoQuorum => ProduceError::Timeout,
-                    other => panic!("a simulated produce got {other:?}: {}", e.message),
-                },
-            },
+                    other => panic!("a simulated write got {other:?}: {}", e.message),
+                };
+                self.failed(r, error, now_ms)
+            }
         };
         out.answer(r.client, r.boot, msg);
     }

@@ -118,6 +118,20 @@ pub enum Violation {
         /// Where the cut began.
         cut_from: u64,
     },
+    /// An acknowledged cursor commit is not in the stabilized log.
+    CursorCommitLost {
+        /// The consumer.
+        consumer: u8,
+        /// The offset it committed.
+        offset: u64,
+    },
+    /// A cursor read answered an offset no stabilized commit of that cursor holds.
+    CursorReadNotCommitted {
+        /// The consumer.
+        consumer: u8,
+        /// The offset the read answered.
+        offset: u64,
+    },
     /// A consumer was given an event that is not the stabilized one at its offset.
     ConsumerNotPrefix {
         /// The consumer.
@@ -287,6 +301,14 @@ impl fmt::Display for Violation {
                 f,
                 "S{store}'s recovery cut its log from offset {cut_from}, dropping the flipped entry at {offset} and the valid entries after it"
             ),
+            Violation::CursorCommitLost { consumer, offset } => write!(
+                f,
+                "consumer C{consumer}'s acknowledged cursor commit of offset {offset} is not in the stabilized log"
+            ),
+            Violation::CursorReadNotCommitted { consumer, offset } => write!(
+                f,
+                "consumer C{consumer}'s cursor read answered offset {offset}, which no stabilized commit holds"
+            ),
             Violation::NoProgress { why } => write!(f, "liveness: {why}"),
             Violation::Panic { message } => write!(f, "panic: {message}"),
         }
@@ -320,6 +342,8 @@ pub struct Checker {
     /// What consumers of a topic were served: `(consumer, topic, reads)`, checked at the
     /// end against the broker state's index of the stabilized log.
     topic_reads: Vec<TopicReads>,
+    /// `(consumer, topic, its cursor's history)`.
+    cursors: Vec<(u8, String, CursorHistory)>,
 }
 
 /// What one consumer read of one topic: `(consumer, topic, reads in order)`.
@@ -342,6 +366,26 @@ pub enum TopicRead {
         /// The first offset the broker still serves.
         first: Offset,
     },
+    /// The consumer restarted and resumes at `from` (its committed cursor, or 0): what it
+    /// reads next is checked from there.
+    Resume {
+        /// Where it resumes.
+        from: Offset,
+    },
+}
+
+/// One consumer's durable cursor: the offsets it asked to commit, those acknowledged
+/// (stabilized), and what its cursor reads answered, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CursorHistory {
+    /// The cursor's name (its topic is the consumer's).
+    pub cursor: String,
+    /// Offsets sent in commits.
+    pub sent: Vec<Offset>,
+    /// Offsets whose commits were acknowledged.
+    pub acked: Vec<Offset>,
+    /// What each cursor read answered (`None`: no commit yet).
+    pub read: Vec<Option<Offset>>,
 }
 
 impl Checker {
@@ -427,6 +471,12 @@ impl Checker {
     /// `first` may not exceed the stabilized log's trim point.
     pub fn consumed_topic(&mut self, consumer: u8, topic: &str, reads: Vec<TopicRead>) {
         self.topic_reads.push((consumer, topic.to_owned(), reads));
+    }
+
+    /// Consumer `consumer`'s cursor on `topic` did `history` (checked by
+    /// [`Checker::check_history`]).
+    pub fn consumed_cursor(&mut self, consumer: u8, topic: &str, history: CursorHistory) {
+        self.cursors.push((consumer, topic.to_owned(), history));
     }
 
     /// The trim point of the stabilized log: the highest `before` of its Trim events (0:
@@ -625,6 +675,49 @@ impl Checker {
                 }
             }
         }
+        // Cursors: every acknowledged commit is a stabilized CursorCommit event, and every
+        // value a cursor read answered is one (a master answers from its applied state).
+        let mut commits: BTreeMap<(&str, &str), BTreeSet<Offset>> = BTreeMap::new();
+        for e in self
+            .log
+            .iter()
+            .filter(|e| e.kind == EventKind::CursorCommit.as_u8())
+        {
+            if let Ok(EventBody::CursorCommit(c)) =
+                EventBody::decode(EventKind::CursorCommit, &e.payload)
+            {
+                let key = self
+                    .cursors
+                    .iter()
+                    .find(|(_, t, h)| *t == c.topic && h.cursor == c.cursor)
+                    .map(|(_, t, h)| (t.as_str(), h.cursor.as_str()));
+                if let Some(key) = key {
+                    commits.entry(key).or_default().insert(c.offset);
+                }
+            }
+        }
+        let none = BTreeSet::new();
+        for (consumer, topic, h) in &self.cursors {
+            let stabilized = commits
+                .get(&(topic.as_str(), h.cursor.as_str()))
+                .unwrap_or(&none);
+            if let Some(&offset) = h.acked.iter().find(|o| !stabilized.contains(o)) {
+                problems.push(Violation::CursorCommitLost {
+                    consumer: *consumer,
+                    offset: offset.0,
+                });
+            }
+            if let Some(&Some(offset)) = h
+                .read
+                .iter()
+                .find(|r| r.is_some_and(|o| !stabilized.contains(&o)))
+            {
+                problems.push(Violation::CursorReadNotCommitted {
+                    consumer: *consumer,
+                    offset: offset.0,
+                });
+            }
+        }
         // Consumers of a topic read what the state indexes for it, in order, from the start,
         // skipping only what a trimmed answer skipped (below the trim point).
         for (consumer, topic, reads) in std::mem::take(&mut self.topic_reads) {
@@ -691,6 +784,11 @@ impl Checker {
                         );
                     }
                     at = at.max(index.partition_point(|o| o < first));
+                    continue;
+                }
+                TopicRead::Resume { from } => {
+                    last = None;
+                    at = index.partition_point(|o| o < from);
                     continue;
                 }
                 TopicRead::Message { offset, message } => (*offset, message),
@@ -811,5 +909,67 @@ trait IntoKind {
 impl IntoKind for u8 {
     fn into_kind(self) -> EventKind {
         EventKind::from_u8(self).expect("invariant: stabilized events have known kinds")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use quire_proto::{CursorCommitEvent, Epoch};
+
+    use super::*;
+
+    fn commit_event(offset: u64, committed: u64) -> Event {
+        let mut payload = BytesMut::new();
+        EventBody::CursorCommit(CursorCommitEvent {
+            topic: "t".to_owned(),
+            cursor: "c".to_owned(),
+            offset: Offset(committed),
+        })
+        .encode(&mut payload)
+        .expect("encodes");
+        Event {
+            epoch: Epoch(1),
+            offset: Offset(offset),
+            kind: EventKind::CursorCommit.as_u8(),
+            payload: payload.freeze(),
+        }
+    }
+
+    #[test]
+    fn cursor_commits_must_be_stabilized_and_reads_must_answer_a_stabilized_commit() {
+        let mut checker = Checker::new();
+        checker.stabilized(0, 1, Epoch(1), &[commit_event(0, 5)]);
+        checker.consumed_cursor(
+            0,
+            "t",
+            CursorHistory {
+                cursor: "c".to_owned(),
+                sent: vec![Offset(5), Offset(7), Offset(9)],
+                acked: vec![Offset(5), Offset(7)],
+                read: vec![None, Some(Offset(5)), Some(Offset(9))],
+            },
+        );
+        checker.check_history(&[]);
+        let v = checker.violations();
+        assert!(
+            v.contains(&Violation::CursorCommitLost {
+                consumer: 0,
+                offset: 7
+            }),
+            "{v:?}"
+        );
+        assert!(
+            v.contains(&Violation::CursorReadNotCommitted {
+                consumer: 0,
+                offset: 9
+            }),
+            "{v:?}"
+        );
+        assert_eq!(
+            v.len(),
+            2,
+            "commit 5 and the reads of None and 5 are fine: {v:?}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use quire_broker::engine::FetchReply;
 use quire_proto::{FetchRequest, Offset};
 
-use crate::checker::{ProducedBatch, TopicRead};
+use crate::checker::{CursorHistory, ProducedBatch, TopicRead};
 use crate::msg::{Msg, NodeId, ProduceError};
 use crate::rng::SimRng;
 
@@ -211,7 +211,9 @@ impl Producer {
 
 /// A consumer of one topic: fetches its messages through the broker engine's fetch path
 /// (window, store reads, long polls), from offset 0 on, at the broker it believes is
-/// master; on a `Trimmed` answer it goes on from the first offset still held.
+/// master; on a `Trimmed` answer it goes on from the first offset still held. With
+/// `--cursors` it also commits its position as a durable cursor now and then, and
+/// "restarts": reads its committed cursor and resumes from there (from 0 if none).
 #[derive(Debug)]
 pub(crate) struct Consumer {
     pub(crate) node: u8,
@@ -224,6 +226,12 @@ pub(crate) struct Consumer {
     pub(crate) target: u8,
     /// What it was served, in order (for the checker).
     pub(crate) reads: Vec<TopicRead>,
+    /// Its cursor's commits and reads (for the checker).
+    pub(crate) cursor: CursorHistory,
+    /// The commit in flight: its request and offset.
+    pub(crate) committing: Option<(u64, Offset)>,
+    /// The cursor read in flight (a restart): no fetch until it is answered.
+    pub(crate) resuming: Option<u64>,
 }
 
 impl Consumer {
@@ -236,13 +244,88 @@ impl Consumer {
             next_request: 1,
             target: 0,
             reads: Vec::new(),
+            cursor: CursorHistory {
+                cursor: format!("cursor-{node}"),
+                ..CursorHistory::default()
+            },
+            committing: None,
+            resuming: None,
         }
+    }
+
+    fn request_id(&mut self) -> u64 {
+        let request = self.next_request;
+        self.next_request += 1;
+        request
+    }
+
+    /// A commit of the consumer's position as its cursor.
+    pub(crate) fn commit(&mut self) -> (u64, Msg) {
+        let request = self.request_id();
+        let offset = self.next;
+        self.committing = Some((request, offset));
+        self.cursor.sent.push(offset);
+        let msg = Msg::CommitCursor {
+            request,
+            topic: self.topic.clone(),
+            cursor: self.cursor.cursor.clone(),
+            offset,
+        };
+        (request, msg)
+    }
+
+    /// The answer to commit `request`: `ok` once stabilized.
+    pub(crate) fn on_committed(&mut self, request: u64, ok: bool) {
+        let Some((r, offset)) = self.committing else {
+            return;
+        };
+        if r == request {
+            self.committing = None;
+            if ok {
+                self.cursor.acked.push(offset);
+            }
+        }
+    }
+
+    /// A restart: read the committed cursor, then resume from it.
+    pub(crate) fn read_cursor(&mut self) -> (u64, Msg) {
+        let request = self.request_id();
+        self.resuming = Some(request);
+        let msg = Msg::ReadCursor {
+            request,
+            topic: self.topic.clone(),
+            cursor: self.cursor.cursor.clone(),
+        };
+        (request, msg)
+    }
+
+    /// The answer to cursor read `request` (`None`: that broker does not serve); returns
+    /// whether it was the one awaited.
+    pub(crate) fn on_cursor(
+        &mut self,
+        request: u64,
+        offset: Option<Option<Offset>>,
+        brokers: usize,
+        rng: &mut SimRng,
+    ) -> bool {
+        if self.resuming != Some(request) {
+            return false;
+        }
+        self.resuming = None;
+        match offset {
+            None => self.target = u8::try_from(rng.index(brokers)).expect("few brokers"),
+            Some(committed) => {
+                self.cursor.read.push(committed);
+                self.next = committed.unwrap_or(Offset::ZERO);
+                self.reads.push(TopicRead::Resume { from: self.next });
+            }
+        }
+        true
     }
 
     /// The next fetch: a long poll of `wait_ms` (0: answered at once).
     pub(crate) fn fetch(&mut self, wait_ms: u32) -> (u64, Msg) {
-        let request = self.next_request;
-        self.next_request += 1;
+        let request = self.request_id();
         self.awaiting = Some(request);
         let req = FetchRequest {
             topic: self.topic.clone(),
@@ -287,10 +370,17 @@ impl Consumer {
 
     /// The fetch `request` timed out: try another broker.
     pub(crate) fn on_timeout(&mut self, request: u64, brokers: usize, rng: &mut SimRng) -> bool {
-        if self.awaiting != Some(request) {
+        if self.committing.is_some_and(|(r, _)| r == request) {
+            self.committing = None;
             return false;
         }
-        self.awaiting = None;
+        if self.resuming == Some(request) {
+            self.resuming = None;
+        } else if self.awaiting == Some(request) {
+            self.awaiting = None;
+        } else {
+            return false;
+        }
         self.target = u8::try_from(rng.index(brokers)).expect("few brokers");
         true
     }

@@ -198,6 +198,11 @@ pub struct FaultSet {
     /// the fences bound written to the cluster file before the master serves), and the
     /// others learn the identities from its epoch-start event.
     pub bootstrap: bool,
+    /// Cursors: consumers commit their position as a durable cursor now and then, and
+    /// restart from their committed cursor (the broker engine's write path for commits,
+    /// its cursor read; checked: every acknowledged commit is stabilized, every value read
+    /// was).
+    pub cursors: bool,
 }
 
 /// How one run is set up (everything else is drawn from the seed).
@@ -284,6 +289,9 @@ impl SimConfig {
         if self.faults.bootstrap {
             cmd.push_str(" --bootstrap");
         }
+        if self.faults.cursors {
+            cmd.push_str(" --cursors");
+        }
         if self.duration_ms != SimConfig::default().duration_ms {
             cmd.push_str(&format!(" --duration-ms {}", self.duration_ms));
         }
@@ -359,6 +367,10 @@ pub struct RunStats {
     pub messages_consumed: u64,
     /// Fetches answered "trimmed" (the consumer went on from the trim point).
     pub fetches_trimmed: u64,
+    /// Cursor commits acknowledged (`--cursors`).
+    pub cursor_commits_acked: u64,
+    /// Consumer restarts that resumed from the committed cursor (`--cursors`).
+    pub consumer_restarts: u64,
     /// Times a mutation changed what a process did (acks with another `through`, wiped
     /// stores voting again, takeovers reusing an epoch): 0 without a mutation.
     pub mutated: u64,
@@ -396,6 +408,8 @@ impl RunStats {
         self.store_trims += o.store_trims;
         self.messages_consumed += o.messages_consumed;
         self.fetches_trimmed += o.fetches_trimmed;
+        self.cursor_commits_acked += o.cursor_commits_acked;
+        self.consumer_restarts += o.consumer_restarts;
         self.mutated += o.mutated;
     }
 }

@@ -78,6 +78,9 @@ struct Args {
     /// probe
     #[arg(long)]
     bootstrap: bool,
+    /// Consumers commit durable cursors and restart from them
+    #[arg(long)]
+    cursors: bool,
     /// Simulated ms per safety run.
     #[arg(long, default_value_t = SimConfig::default().duration_ms)]
     duration_ms: u64,
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
             retention: args.retention,
             master_crashes: args.master_crashes,
             bootstrap: args.bootstrap,
+            cursors: args.cursors,
         },
         duration_ms: args.duration_ms,
         trace: args.trace,
@@ -264,8 +268,12 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.handoffs_failed
     );
     println!(
-        "  retention: store trims {}, messages consumed {}, fetches answered trimmed {}",
-        stats.store_trims, stats.messages_consumed, stats.fetches_trimmed
+        "  retention: store trims {}, messages consumed {}, fetches answered trimmed {}; cursor commits acked {}, consumer restarts {}",
+        stats.store_trims,
+        stats.messages_consumed,
+        stats.fetches_trimmed,
+        stats.cursor_commits_acked,
+        stats.consumer_restarts
     );
     println!(
         "  events {}, messages delivered {} dropped {} duplicated {}, mutated steps {}",

@@ -185,6 +185,27 @@ pub(crate) enum Msg {
     Fetch { request: u64, req: FetchRequest },
     /// The broker engine's answer to a fetch.
     Fetched { request: u64, reply: FetchReply },
+    /// A consumer commits its cursor (the real `CommitCursorRequest`).
+    CommitCursor {
+        request: u64,
+        topic: String,
+        cursor: String,
+        offset: Offset,
+    },
+    /// The commit is stabilized (`ok`), or failed (not master, timeout, overloaded).
+    CursorCommitted { request: u64, ok: bool },
+    /// A consumer reads its committed cursor (the real `CursorRequest`).
+    ReadCursor {
+        request: u64,
+        topic: String,
+        cursor: String,
+    },
+    /// The engine's answer: `None` when the broker does not serve, else the committed
+    /// offset (`None`: no commit).
+    CursorValue {
+        request: u64,
+        offset: Option<Option<Offset>>,
+    },
 }
 
 impl Msg {
@@ -279,6 +300,21 @@ impl Msg {
                 FetchReply::NotMaster => [16, *request, u64::MAX, 1],
                 FetchReply::Unavailable => [16, *request, u64::MAX, 2],
             },
+            Msg::CommitCursor {
+                request, offset, ..
+            } => [24, *request, offset.0, 0],
+            Msg::CursorCommitted { request, ok } => [25, *request, u64::from(*ok), 0],
+            Msg::ReadCursor { request, .. } => [26, *request, 0, 0],
+            Msg::CursorValue { request, offset } => [
+                27,
+                *request,
+                match offset {
+                    None => u64::MAX,
+                    Some(None) => u64::MAX - 1,
+                    Some(Some(o)) => o.0,
+                },
+                0,
+            ],
         }
     }
 }

@@ -533,9 +533,13 @@ impl World {
                 match r {
                     TopicRead::Message { .. } => self.stats.messages_consumed += 1,
                     TopicRead::Trimmed { .. } => self.stats.fetches_trimmed += 1,
+                    TopicRead::Resume { .. } => self.stats.consumer_restarts += 1,
                 }
             }
             self.checker.consumed_topic(c as u8, &con.topic, reads);
+            let cursor = std::mem::take(&mut con.cursor);
+            self.stats.cursor_commits_acked += cursor.acked.len() as u64;
+            self.checker.consumed_cursor(c as u8, &con.topic, cursor);
         }
         self.checker.check_history(&produced);
         let logs: Vec<(u8, Vec<quire_proto::Event>, bool)> = self
@@ -1528,8 +1532,24 @@ impl World {
 
     fn consumer_wake(&mut self, c: u8) {
         let i = usize::from(c);
-        if self.consumers[i].awaiting.is_some() {
+        if self.consumers[i].awaiting.is_some() || self.consumers[i].resuming.is_some() {
             return;
+        }
+        if self.config.faults.cursors {
+            if self.rng.chance(0.03) {
+                // A restart: read the committed cursor first.
+                let (request, msg) = self.consumers[i].read_cursor();
+                self.consumer_send(c, request, msg);
+                return;
+            }
+            let con = &self.consumers[i];
+            if con.committing.is_none()
+                && con.next > quire_proto::Offset::ZERO
+                && self.rng.chance(0.2)
+            {
+                let (request, msg) = self.consumers[i].commit();
+                self.consumer_send(c, request, msg);
+            }
         }
         let wait_ms = if self.rng.chance(0.5) {
             0
@@ -1537,6 +1557,12 @@ impl World {
             self.rng.range(10, FETCH_TIMEOUT_MS / 2) as u32
         };
         let (request, msg) = self.consumers[i].fetch(wait_ms);
+        self.consumer_send(c, request, msg);
+    }
+
+    /// Sends consumer `c`'s request `request` to the broker it targets, with a timeout.
+    fn consumer_send(&mut self, c: u8, request: u64, msg: Msg) {
+        let i = usize::from(c);
         let to = self.consumers[i].target;
         let from = NodeId::Client(self.consumers[i].node);
         match self.boot_of(NodeId::Broker(to)) {
@@ -1609,8 +1635,23 @@ impl World {
         } else {
             let c = node - np as u8;
             let i = usize::from(c);
-            let Msg::Fetched { request, reply } = msg else {
-                return;
+            let (request, reply) = match msg {
+                Msg::Fetched { request, reply } => (request, reply),
+                Msg::CursorCommitted { request, ok } => {
+                    self.note(|| format!("consumer C{c}: cursor commit {request} ok {ok}"));
+                    self.consumers[i].on_committed(request, ok);
+                    return;
+                }
+                Msg::CursorValue { request, offset } => {
+                    self.note(|| format!("consumer C{c}: cursor read {request}: {offset:?}"));
+                    let nb = self.brokers.len();
+                    if self.consumers[i].on_cursor(request, offset, nb, &mut self.rng) {
+                        let d = self.rng.range(5, 60);
+                        self.after(d, Ev::ConsumerWake(c));
+                    }
+                    return;
+                }
+                _ => return,
             };
             let nb = self.brokers.len();
             let at = self.consumers[i].next;

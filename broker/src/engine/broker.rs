@@ -513,6 +513,17 @@ impl Engine {
         &self.state
     }
 
+    /// A consumer's read of its committed cursor `cursor` on `topic`: `None` when this
+    /// broker does not serve (not master, or its epoch-start event not stabilized yet: the
+    /// client asks another broker); else the offset of the last stabilized commit, `None`
+    /// if none was ever stabilized. A deposed master that has not heard of its successor
+    /// yet may answer an older commit (cursors are at-least-once positions, as Kafka's
+    /// committed offsets are).
+    #[must_use]
+    pub fn read_cursor(&self, topic: &str, cursor: &str) -> Option<Option<Offset>> {
+        self.is_serving().then(|| self.state.cursor(topic, cursor))
+    }
+
     /// The cluster configuration, with the identities learned so far.
     #[must_use]
     pub fn cluster(&self) -> &ClusterConfig {

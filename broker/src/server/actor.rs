@@ -278,10 +278,6 @@ impl Actor {
         reply.error(request_id, ErrorResponse::not_master(epoch, master));
     }
 
-    fn is_serving(&self) -> bool {
-        self.engine.is_serving()
-    }
-
     // ------------------------------------------------------------------ requests
 
     fn on_request(&mut self, r: Request) {
@@ -318,11 +314,10 @@ impl Actor {
                 ref topic,
                 ref cursor,
             }) => {
-                if !self.is_serving() {
+                let Some(offset) = self.engine.read_cursor(topic, cursor) else {
                     self.not_master(&r.reply, r.request_id);
                     return;
-                }
-                let offset = self.engine.state().cursor(topic, cursor);
+                };
                 r.reply.send(r.request_id, CursorResponse { offset }.into());
             }
             other => r.reply.error(
