@@ -283,6 +283,10 @@ pub struct BrokerState {
     voters: Vec<Voter>,
     /// Highest `before` of the Trim events applied (0: nothing trimmed).
     trim_point: Offset,
+    /// The topics' message offsets are indexed from here on (0: all of them above the
+    /// trim point). A state rebuilt at a checkpoint above the trim point lacks the offsets
+    /// between the two: [`BrokerState::indexed_from`].
+    indexed_from: Offset,
     /// Offsets of applied checkpoint Trim events above `trim_point`, increasing.
     checkpoints: VecDeque<Offset>,
     stats: StateStats,
@@ -356,6 +360,10 @@ impl BrokerState {
                 // Trim points only grow; a stale lower one changes nothing.
                 if t.before > self.trim_point {
                     self.trim_point = t.before;
+                    if self.indexed_from <= t.before {
+                        // Everything not indexed is trimmed now.
+                        self.indexed_from = Offset::ZERO;
+                    }
                     for index in self.topics.values_mut() {
                         index.trim_below(t.before);
                     }
@@ -591,6 +599,16 @@ impl BrokerState {
         self.trim_point
     }
 
+    /// Where the topics' message offsets start being indexed: above the trim point, a
+    /// state rebuilt at a checkpoint (`from_checkpoint`) knows no message offsets below
+    /// the checkpoint; the messages between the trim point and it are still on the stores
+    /// and are found by scanning the log there. `Offset::ZERO` when every offset above the
+    /// trim point is indexed.
+    #[must_use]
+    pub fn indexed_from(&self) -> Offset {
+        self.indexed_from.max(self.trim_point)
+    }
+
     /// The highest checkpoint at or below `point` and above the trim point: where the
     /// master may trim to (docs/protocol.md "Retention").
     #[must_use]
@@ -654,8 +672,11 @@ impl BrokerState {
     /// Equal to the state of a broker that applied the whole log, except for the topics'
     /// message offsets below `event.offset` — all below the trim point when the master
     /// sends a slave the log from it, since the master only ever trims to a checkpoint —
-    /// the counters, and the trim point, at least `event.offset` here: reads below it are
-    /// answered "trimmed", never served from the checkpoint on as if nothing were missing.
+    /// and the counters. When the checkpoint is above the trim point (a slave given the
+    /// log from a later checkpoint), [`BrokerState::indexed_from`] says where the index
+    /// starts: the messages between the trim point and the checkpoint are read by scanning
+    /// the stores' log (the fetch path), never skipped as if they were trimmed or absent
+    /// (quire-sim `--retention`, seeds 13065 and 2838).
     /// `None` if `event` is not a checkpoint (or sits at offset 0).
     #[must_use]
     pub fn from_checkpoint(event: &Event) -> Option<BrokerState> {
@@ -687,9 +708,10 @@ impl BrokerState {
             epoch: snapshot.epoch,
             master: snapshot.master,
             voters: snapshot.voters,
+            trim_point: snapshot.trim_point,
             // Nothing below the checkpoint is indexed here: say so rather than serve the
             // topics from the checkpoint on as if nothing were missing.
-            trim_point: snapshot.trim_point.max(event.offset),
+            indexed_from: event.offset,
             checkpoints: VecDeque::new(),
             stats: StateStats::default(),
         };
@@ -858,17 +880,24 @@ mod tests {
         );
         assert_eq!(rebuilt.last_epoch_start(), Some((Epoch(1), BrokerId(1))));
 
-        // Rebuilt at a checkpoint above the trim point (c1's successor, trimming to c1):
-        // the topics' offsets between c1 and it are not indexed, so its trim point is the
-        // checkpoint itself — reads below it are answered trimmed, not served past a gap.
+        // Rebuilt at a checkpoint above the trim point (c2, trimming to c1): the topics'
+        // offsets between c1 and c2 are not indexed — the trim point is c1, the index
+        // starts at c2 (the fetch path scans the stores' log between them).
         let early =
             BrokerState::from_checkpoint(&log.events[usize::try_from(c2.0).expect("small")])
                 .expect("a checkpoint");
-        assert_eq!(early.trim_point(), c2);
+        assert_eq!(early.trim_point(), c1);
+        assert_eq!(early.indexed_from(), c2);
         assert!(early
             .topic_offsets("a", Offset::ZERO, 100)
             .iter()
             .all(|&o| o >= c2));
+        // Once a trim point reaches the checkpoint, everything not indexed is trimmed.
+        assert_eq!(
+            rebuilt.indexed_from(),
+            c2,
+            "the trim point c2 covers the gap"
+        );
 
         // Not a checkpoint: a plain trim, a message, offset 0.
         assert!(BrokerState::from_checkpoint(&log.events[1]).is_none());

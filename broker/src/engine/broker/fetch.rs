@@ -7,6 +7,9 @@
 //!     messages at or past from in the window ─> Messages (at most max_messages, max_bytes)
 //!     messages older than the window ────────> Command::FetchFromStore: the driver reads a
 //!                                              voting store that holds them and answers
+//!     from below where the topics are indexed > Command::FetchFromStore scanning the span
+//!       (a state rebuilt at a checkpoint above    up to the index for the topic's messages
+//!        the trim point)
 //!     none yet, wait_ms left ────────────────> parked; woken when a message of the topic is
 //!                                              applied, answered empty at its deadline
 //!   the master leaves (any reason) ─────────> every parked fetch: NotMaster
@@ -55,8 +58,13 @@ pub struct StoreFetch {
     pub source: SlotId,
     /// The request.
     pub req: FetchRequest,
-    /// The topic's message offsets to serve, ascending (not empty).
+    /// The topic's message offsets to serve, ascending (not empty unless `scan_through`).
     pub offsets: Vec<Offset>,
+    /// `Some(last)`: this broker does not index the topic's offsets `req.from_offset..=last`
+    /// (its state was rebuilt at a checkpoint above the trim point,
+    /// [`crate::state::BrokerState::indexed_from`]): the read scans that span and serves
+    /// every message of the topic in it.
+    pub scan_through: Option<Offset>,
     /// Payload bytes the answer may carry.
     pub bytes_max: usize,
     /// The HWM to report.
@@ -79,7 +87,10 @@ impl StoreFetch {
             .first()
             .copied()
             .unwrap_or(self.req.from_offset);
-        let last = self.offsets.last().copied().unwrap_or(first);
+        let last = self
+            .scan_through
+            .or_else(|| self.offsets.last().copied())
+            .unwrap_or(first);
         let span = u32::try_from(last.0.saturating_sub(first.0).saturating_add(1))
             .unwrap_or(u32::MAX)
             .min(STORE_FETCH_EVENTS_MAX);
@@ -95,8 +106,8 @@ impl StoreFetch {
     /// message returned or, if none, past the entries scanned.
     #[must_use]
     pub fn answer(&self, first_offset: Offset, events: &[quire_proto::Event]) -> FetchReply {
-        let (first, _) = self.read_span();
-        let last = self.offsets.last().copied().unwrap_or(first);
+        let (first, span) = self.read_span();
+        let last = Offset(first.0 + u64::from(span.max(1)) - 1);
         if events.is_empty() && first_offset > first {
             return FetchReply::Trimmed {
                 from: self.req.from_offset,
@@ -111,13 +122,20 @@ impl StoreFetch {
                 break;
             }
             scanned = Some(e.offset);
-            if e.kind != EventKind::Message || self.offsets.binary_search(&e.offset).is_err() {
+            let wanted = match self.scan_through {
+                Some(_) => e.offset >= self.req.from_offset,
+                None => self.offsets.binary_search(&e.offset).is_ok(),
+            };
+            if e.kind != EventKind::Message || !wanted {
                 continue;
             }
             let Ok(EventBody::Message(msg)) = EventBody::decode(EventKind::Message, &e.payload)
             else {
                 continue;
             };
+            if self.scan_through.is_some() && msg.topic != self.req.topic {
+                continue;
+            }
             if !messages.is_empty() && bytes + msg.message.len() > self.bytes_max {
                 break;
             }
@@ -187,6 +205,15 @@ impl Engine {
             Some(core) => core.hwm(),
             None => self.state.applied(),
         };
+        let indexed_from = self.state.indexed_from();
+        if req.from_offset < indexed_from {
+            // Not indexed here (rebuilt at a checkpoint above the trim point): scan the
+            // stores' log up to the index.
+            let bytes_max = (req.max_bytes as usize).clamp(1, FETCH_BYTES_MAX);
+            let through = Offset(indexed_from.0 - 1);
+            self.fetch_from_store(token, req, Vec::new(), Some(through), bytes_max, hwm);
+            return;
+        }
         let max_messages = (req.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
         let offsets = self
             .state
@@ -233,7 +260,7 @@ impl Engine {
             messages.push((o, msg.message));
         }
         if messages.is_empty() && missed {
-            self.fetch_from_store(token, req, offsets, bytes_max, hwm);
+            self.fetch_from_store(token, req, offsets, None, bytes_max, hwm);
             return;
         }
         let next_offset = messages.last().map_or(req.from_offset, |(o, _)| o.next());
@@ -247,16 +274,19 @@ impl Engine {
         });
     }
 
-    /// Plans a read of offsets older than the window from a voting store that holds them.
+    /// Plans a read of offsets older than the window from a voting store that holds them:
+    /// `offsets` (the topic's, indexed) or, with `scan_through`, every offset from the
+    /// fetch's first through it.
     fn fetch_from_store(
         &mut self,
         token: RequestToken,
         req: FetchRequest,
         offsets: Vec<Offset>,
+        scan_through: Option<Offset>,
         bytes_max: usize,
         hwm: Option<Offset>,
     ) {
-        let Some(&first) = offsets.first() else {
+        let Some(first) = scan_through.or_else(|| offsets.first().copied()) else {
             return;
         };
         let source = self.master_core().and_then(|core| {
@@ -281,6 +311,7 @@ impl Engine {
                 source,
                 req,
                 offsets,
+                scan_through,
                 bytes_max,
                 hwm,
                 trim_point,
@@ -326,5 +357,93 @@ impl Engine {
                 reply: FetchReply::NotMaster,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use quire_proto::{encode_message_event, Epoch};
+
+    use super::*;
+
+    /// Events `0..n`: messages alternating between topics "a" (even offsets) and "b".
+    fn log(n: u64) -> Vec<quire_proto::Event> {
+        (0..n)
+            .map(|o| {
+                let topic = if o % 2 == 0 { "a" } else { "b" };
+                let mut payload = BytesMut::new();
+                encode_message_event(topic, 0, 0, format!("m{o}").as_bytes(), &mut payload)
+                    .expect("encodes");
+                quire_proto::Event {
+                    epoch: Epoch(1),
+                    offset: Offset(o),
+                    kind: EventKind::Message,
+                    payload: payload.freeze(),
+                }
+            })
+            .collect()
+    }
+
+    fn plan(from: u64, offsets: &[u64], scan_through: Option<u64>) -> StoreFetch {
+        StoreFetch {
+            source: SlotId(0),
+            req: FetchRequest {
+                topic: "a".to_owned(),
+                from_offset: Offset(from),
+                max_messages: 100,
+                max_bytes: 1 << 20,
+                wait_ms: 0,
+            },
+            offsets: offsets.iter().copied().map(Offset).collect(),
+            scan_through: scan_through.map(Offset),
+            bytes_max: 1 << 20,
+            hwm: Some(Offset(20)),
+            trim_point: Offset(2),
+        }
+    }
+
+    fn served(reply: &FetchReply) -> (Vec<u64>, u64) {
+        let FetchReply::Messages(m) = reply else {
+            panic!("{reply:?}")
+        };
+        (
+            m.messages.iter().map(|(o, _)| o.0).collect(),
+            m.next_offset.0,
+        )
+    }
+
+    #[test]
+    fn an_indexed_read_serves_exactly_the_offsets_planned() {
+        let f = plan(3, &[4, 8], None);
+        assert_eq!(f.read_span(), (Offset(4), 5));
+        let events = log(20);
+        let reply = f.answer(Offset::ZERO, &events[4..9]);
+        assert_eq!(served(&reply), (vec![4, 8], 9));
+    }
+
+    #[test]
+    fn a_scan_serves_every_message_of_the_topic_up_to_the_index() {
+        // Rebuilt at a checkpoint at 10 above the trim point 2: offsets 3..=9 are scanned.
+        let f = plan(3, &[], Some(9));
+        assert_eq!(f.read_span(), (Offset(3), 7));
+        let events = log(20);
+        let reply = f.answer(Offset::ZERO, &events[3..10]);
+        assert_eq!(served(&reply), (vec![4, 6, 8], 9));
+        // Nothing of the topic in the span: the consumer goes on past it.
+        let f = plan(9, &[], Some(9));
+        assert_eq!(
+            served(&f.answer(Offset::ZERO, &events[9..10])),
+            (vec![], 10)
+        );
+        // The store deleted the span since: trimmed, from at least the planned trim point.
+        let reply = f.answer(Offset(12), &[]);
+        assert_eq!(
+            reply,
+            FetchReply::Trimmed {
+                from: Offset(9),
+                first: Offset(12)
+            }
+        );
     }
 }
