@@ -182,10 +182,9 @@ pub struct FaultSet {
     pub tail_flips: bool,
     /// Retention: half the seeds draw a retention bound (2–30 KB of payload), so masters
     /// propose checkpoint trims, stores delete segments and consumers get `Trimmed`
-    /// answers. Off by default while two limits it found stand (docs/testing.md, "What the
+    /// answers. Off by default while limits it found stand (docs/testing.md, "What the
     /// simulation found"): a broker with an empty log cannot take over once stores trimmed,
-    /// and a master whose state was rebuilt at a checkpoint can serve a consumer the
-    /// messages after a gap without a `Trimmed` answer.
+    /// and a store that lags below what the others still hold cannot catch up.
     pub retention: bool,
     /// Master crashes: each seed draws a probability (20–90 %) that a broker crashes
     /// 1–60 ms after it becomes master, often before its epoch-start event is on a

@@ -66,8 +66,8 @@ struct Args {
     /// Let bit flips hit a store's last durable record (read as a torn tail by the WAL).
     #[arg(long)]
     tail_flips: bool,
-    /// Retention drawn from the seed (checkpoint trims, store trims, `Trimmed` answers); two
-    /// known limits fail some seeds (docs/testing.md)
+    /// Retention drawn from the seed (checkpoint trims, store trims, `Trimmed` answers);
+    /// known limits fail some liveness seeds (docs/testing.md)
     #[arg(long)]
     retention: bool,
     /// Crash new masters: each seed draws how often a broker crashes 1-60 ms after it
