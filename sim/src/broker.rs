@@ -595,8 +595,13 @@ impl SimBroker {
             .map(|r| r.first_offset);
         match purpose {
             ReadPurpose::TakeoverFetch { epoch } => {
+                if let Some(first_offset) = trimmed {
+                    self.drive(now_ms, out, |e, t| {
+                        e.takeover_read_trimmed(slot, epoch, first_offset, t);
+                    });
+                    return;
+                }
                 let events = read
-                    .filter(|_| trimmed.is_none())
                     .map(|r| r.events.into_iter().map(Event::from).collect())
                     .ok_or(());
                 self.drive(now_ms, out, |e, t| e.takeover_read(slot, epoch, events, t));

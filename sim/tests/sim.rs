@@ -384,22 +384,16 @@ fn a_takeover_that_must_fetch_a_long_log_one_event_at_a_time_never_finishes() {
     assert!(r.passed(), "{:?}", r.violations);
 }
 
-/// Known limit (docs/testing.md, "What the simulation found", 3), pinned so that its fix
-/// shows: once retention trimmed the stores, a broker whose log is empty cannot take over —
-/// its takeover fetches from offset 0, the stores answer `Trimmed`, and the takeover is
-/// abandoned. Liveness seed 104 with retention: both brokers restarted empty when the
-/// faults stopped and no master was elected in the 6 s after. When the takeover learns to
-/// start its log at a checkpoint, this test fails: turn retention on by default.
+/// Regression (docs/testing.md, "What the simulation found", 3): once retention trimmed
+/// the stores, a broker whose log was empty could not take over — its takeover fetched
+/// from offset 0, the stores answered `Trimmed`, and the takeover was abandoned. Liveness
+/// seed 104 with retention: both brokers restarted empty when the faults stopped and no
+/// master was elected in the 6 s after. Now the takeover restarts its log at the first
+/// checkpoint the adopted store holds (`TakeoverInput::FetchTrimmed`).
 #[test]
-fn a_broker_with_an_empty_log_cannot_take_over_after_stores_trimmed() {
+fn a_broker_with_an_empty_log_takes_over_after_stores_trimmed() {
     let r = run(104, &with_retention(Mode::Liveness));
-    assert!(
-        r.violations
-            .iter()
-            .any(|v| matches!(v, Violation::NoProgress { .. })),
-        "seed 104 now makes progress with retention: {:?}",
-        r.violations
-    );
+    assert!(r.passed(), "{:?}", r.violations);
 }
 
 fn with_retention(mode: Mode) -> SimConfig {

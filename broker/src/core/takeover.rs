@@ -41,7 +41,7 @@
 //!   offset, have epochs that never go down and never exceed the granted epoch, and end
 //!   exactly at the granted `(epoch, offset)`; anything else aborts the attempt.
 
-use quire_proto::{BrokerId, Epoch, LogPosition, Offset, TailCut};
+use quire_proto::{BrokerId, Epoch, EventKind, LogPosition, Offset, TailCut};
 
 use super::event::Event;
 use super::log::Log;
@@ -177,6 +177,16 @@ pub enum TakeoverInput {
         /// The events, in offset order.
         events: Vec<Event>,
     },
+    /// The adopted store answered the fetch "trimmed": its log now starts at
+    /// `first_offset`, above the offset asked for (retention deleted the events below).
+    FetchTrimmed {
+        /// The store's slot.
+        slot: SlotId,
+        /// The takeover epoch the fetch was issued under.
+        epoch: Epoch,
+        /// The first offset the store holds.
+        first_offset: Offset,
+    },
     /// The fetch failed (connection lost, read error, or the store refused).
     FetchFailed {
         /// The store's slot.
@@ -285,6 +295,12 @@ pub enum AbortReason {
         /// The store's slot.
         slot: SlotId,
     },
+    /// The adopted store's log starts above this broker's log and holds no checkpoint
+    /// (Trim event) from its first offset through the granted end to restart from.
+    NoCheckpoint {
+        /// The store's first offset.
+        first_offset: Offset,
+    },
     /// The most up-to-date granted log ends below an offset this broker already applied: a
     /// quorum lost stabilized data (more failures than the configuration tolerates) or a
     /// store lied. Retrying may meet a better quorum.
@@ -333,6 +349,8 @@ pub struct TakeoverStats {
     pub refusals_not_voter: u64,
     /// Fetch answers for another epoch, slot or phase.
     pub fetches_stale: u64,
+    /// Fetches answered "trimmed" that restarted the local log at a checkpoint.
+    pub fetches_rebased: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -343,6 +361,10 @@ enum Phase {
         source: SlotId,
         target: LogPosition,
         next: Offset,
+        /// `Some(first offset)`: the adopted store's log starts there, above this broker's
+        /// (retention deleted the rest); the local log restarts at the first checkpoint
+        /// fetched.
+        rebase: Option<Offset>,
     },
     Done,
     SteppedBack,
@@ -484,6 +506,11 @@ impl TakeoverCore {
                 epoch,
                 events,
             } => self.on_fetched(slot, epoch, events, out),
+            TakeoverInput::FetchTrimmed {
+                slot,
+                epoch,
+                first_offset,
+            } => self.on_fetch_trimmed(slot, epoch, first_offset, out),
             TakeoverInput::FetchFailed {
                 slot,
                 epoch,
@@ -765,6 +792,54 @@ impl TakeoverCore {
             source,
             target,
             next: from,
+            rebase: None,
+        };
+        self.request_fetch(out);
+    }
+
+    /// The adopted store deleted the events from the offset fetched (retention): fetch from
+    /// its first offset and restart the local log at the first checkpoint there.
+    ///
+    /// Why that is safe (docs/protocol.md "Retention"): a store deletes only whole segments
+    /// below `min(before, stable)` of a Trim event it knows is stabilized, where `before` is
+    /// an earlier checkpoint's offset. So a checkpoint sits between the store's first
+    /// offset and `before`, and the first one from the first offset on is stabilized, with
+    /// everything below it: the same on every log that holds it, which is what a log
+    /// starting there assumes ([`Log::starting_after`]). Its predecessor's epoch is its
+    /// own: a master proposes a Trim only once it serves, after its epoch-start event, so
+    /// the entries between the two are all of its epoch.
+    fn on_fetch_trimmed(
+        &mut self,
+        slot: SlotId,
+        epoch: Epoch,
+        first_offset: Offset,
+        out: &mut Vec<TakeoverCommand>,
+    ) {
+        let Phase::Fetching {
+            source,
+            target,
+            next,
+            rebase,
+        } = self.phase
+        else {
+            self.stats.fetches_stale += 1;
+            return;
+        };
+        if slot != source || epoch != self.epoch {
+            self.stats.fetches_stale += 1;
+            return;
+        }
+        if rebase.is_some() || first_offset <= next || first_offset > target.offset {
+            // Not what a trim of the adopted log looks like: give the attempt up.
+            self.abort(AbortReason::FetchEmpty { expected: next }, out);
+            return;
+        }
+        self.stats.fetches_rebased += 1;
+        self.phase = Phase::Fetching {
+            source,
+            target,
+            next: first_offset,
+            rebase: Some(first_offset),
         };
         self.request_fetch(out);
     }
@@ -784,6 +859,7 @@ impl TakeoverCore {
             source,
             target,
             next,
+            ..
         } = self.phase
         else {
             return;
@@ -813,6 +889,7 @@ impl TakeoverCore {
             source,
             target,
             mut next,
+            mut rebase,
         } = self.phase
         else {
             self.stats.fetches_stale += 1;
@@ -837,7 +914,11 @@ impl TakeoverCore {
                 );
                 return;
             }
-            let below = self.local.log.last().map_or(Epoch::ZERO, |l| l.epoch);
+            let below = if rebase.is_some() {
+                Epoch::ZERO
+            } else {
+                self.local.log.last().map_or(Epoch::ZERO, |l| l.epoch)
+            };
             if ev.offset > target.offset || ev.epoch > target.epoch || ev.epoch < below {
                 let got = ev.position();
                 self.abort(
@@ -849,16 +930,36 @@ impl TakeoverCore {
                 );
                 return;
             }
-            self.local.log.append(ev);
             next = next.next();
+            if rebase.is_some() {
+                if ev.kind != EventKind::Trim.as_u8() {
+                    continue; // below the first checkpoint: not kept (see on_fetch_trimmed)
+                }
+                // The first checkpoint: the log restarts after its predecessor, which is
+                // stabilized and of the checkpoint's own epoch; everything up to it counts
+                // as applied (the engine rebuilds its state from the checkpoint).
+                let prev = LogPosition {
+                    epoch: ev.epoch,
+                    offset: Offset(ev.offset.0 - 1),
+                };
+                self.local.log = Log::starting_after(prev);
+                self.local.applied = Some(prev.offset);
+                rebase = None;
+            }
+            self.local.log.append(ev);
         }
         if next <= target.offset {
             self.phase = Phase::Fetching {
                 source,
                 target,
                 next,
+                rebase,
             };
             self.request_fetch(out);
+            return;
+        }
+        if let Some(first_offset) = rebase {
+            self.abort(AbortReason::NoCheckpoint { first_offset }, out);
             return;
         }
         let got = self

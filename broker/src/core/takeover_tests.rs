@@ -858,3 +858,88 @@ fn a_repeated_marked_grant_is_a_duplicate_and_changes_nothing() {
     assert_eq!(t.stats().grants_duplicate, 1);
     assert_eq!((t.grant_count(), t.unmarked_grant_count()), (2, 1));
 }
+
+/// Retention: an empty broker adopts a log whose store deleted everything below offset 4.
+/// The fetch from 0 is answered "trimmed"; the takeover fetches from 4 and restarts its
+/// log after the first checkpoint (the Trim event at 5): entries up to 4 count as
+/// stabilized and applied, the log holds 5 on.
+#[test]
+fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
+    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
+    let fetch = |from, through| TakeoverCommand::Fetch {
+        slot: SlotId(0),
+        epoch: e,
+        from: Offset(from),
+        through: Offset(through),
+    };
+    assert_eq!(out, vec![fetch(0, 7)]);
+    out.clear();
+    t.handle(
+        TakeoverInput::FetchTrimmed {
+            slot: SlotId(0),
+            epoch: e,
+            first_offset: Offset(4),
+        },
+        &mut out,
+    );
+    assert_eq!(out, vec![fetch(4, 7)]);
+    out.clear();
+    let mut events = events_from(4, &[2, 2, 2, 2]);
+    events[1].kind = EventKind::Trim.as_u8();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events,
+        },
+        &mut out,
+    );
+    let [TakeoverCommand::BecomeMaster(adopted)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(adopted.applied, Some(Offset(4)));
+    assert_eq!(adopted.log.end(), Offset(8));
+    assert_eq!(adopted.log.mem_start(), Offset(5));
+    assert_eq!(adopted.log.position(Offset(4)), Some(pos(2, 4)));
+    assert_eq!(t.stats().fetches_rebased, 1);
+}
+
+/// A log with no checkpoint from the store's first offset through the granted end
+/// cannot be restarted: the attempt is given up.
+#[test]
+fn a_trimmed_fetch_without_a_checkpoint_aborts() {
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
+    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
+    out.clear();
+    t.handle(
+        TakeoverInput::FetchTrimmed {
+            slot: SlotId(0),
+            epoch: e,
+            first_offset: Offset(4),
+        },
+        &mut out,
+    );
+    out.clear();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events: events_from(4, &[2, 2, 2, 2]),
+        },
+        &mut out,
+    );
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Aborted {
+            epoch: e,
+            reason: AbortReason::NoCheckpoint {
+                first_offset: Offset(4)
+            }
+        }]
+    );
+}

@@ -999,6 +999,36 @@ impl Engine {
         self.dispatch_takeover(out);
     }
 
+    /// The takeover read of `epoch` from `slot` was answered "trimmed": the store's log
+    /// starts at `first_offset`, above the offset asked for. The takeover restarts its log
+    /// at the first checkpoint from there (`TakeoverCore`, docs/protocol.md "Retention").
+    pub fn takeover_read_trimmed(
+        &mut self,
+        slot: SlotId,
+        epoch: Epoch,
+        first_offset: Offset,
+        now_ms: u64,
+    ) {
+        self.at(now_ms);
+        let Role::TakingOver(t) = &mut self.role else {
+            return;
+        };
+        if epoch == t.core.epoch() {
+            t.deadline_ms = now_ms.saturating_add(self.cfg.takeover_timeout_ms);
+        }
+        tracing::info!(%slot, %first_offset, "takeover: the adopted store deleted the log below its first offset; restarting the log at its first checkpoint");
+        let mut out = Vec::new();
+        t.core.handle(
+            TakeoverInput::FetchTrimmed {
+                slot,
+                epoch,
+                first_offset,
+            },
+            &mut out,
+        );
+        self.dispatch_takeover(out);
+    }
+
     /// The takeover read of `epoch` from `slot` brought `events` (`Err`: it failed).
     pub fn takeover_read(
         &mut self,

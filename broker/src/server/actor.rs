@@ -489,16 +489,20 @@ impl Actor {
                 slot,
                 epoch,
                 outcome,
-            } => {
-                let events = match outcome {
-                    Ok(read) => Ok(read.events.into_iter().map(Event::from).collect()),
-                    Err(e) => {
-                        tracing::warn!(%slot, error = %e, "takeover fetch failed");
-                        Err(())
-                    }
-                };
-                self.engine.takeover_read(slot, epoch, events, now);
-            }
+            } => match outcome {
+                Ok(read) => {
+                    let events = read.events.into_iter().map(Event::from).collect();
+                    self.engine.takeover_read(slot, epoch, Ok(events), now);
+                }
+                Err(ClientError::Trimmed { first_offset, .. }) => {
+                    self.engine
+                        .takeover_read_trimmed(slot, epoch, first_offset, now);
+                }
+                Err(e) => {
+                    tracing::warn!(%slot, error = %e, "takeover fetch failed");
+                    self.engine.takeover_read(slot, epoch, Err(()), now);
+                }
+            },
             Internal::ReadTrimmed { cmd, first_offset } => {
                 self.engine.read_trimmed(&cmd, first_offset, now);
             }
