@@ -361,10 +361,10 @@ enum Phase {
         source: SlotId,
         target: LogPosition,
         next: Offset,
-        /// `Some(first offset)`: the adopted store's log starts there, above this broker's
-        /// (retention deleted the rest); the local log restarts at the first checkpoint
-        /// fetched.
-        rebase: Option<Offset>,
+        /// `Some((first offset, last skipped))`: the adopted store's log starts there,
+        /// above this broker's (retention deleted the rest); the local log restarts at the
+        /// first checkpoint fetched. `last skipped`: the last event fetched before it.
+        rebase: Option<(Offset, Option<LogPosition>)>,
     },
     Done,
     SteppedBack,
@@ -807,7 +807,12 @@ impl TakeoverCore {
     /// everything below it: the same on every log that holds it, which is what a log
     /// starting there assumes ([`Log::starting_after`]). Its predecessor's epoch is its
     /// own: a master proposes a Trim only once it serves, after its epoch-start event, so
-    /// the entries between the two are all of its epoch.
+    /// the entries between the two are all of its epoch; a fetched predecessor of another
+    /// epoch gives the attempt up. The new master then sends `prev = (that epoch, c - 1)`
+    /// and a store holding `c - 1` checks it as usual. Model-checked in
+    /// `model/quire_mc_retention.py` (`retention-fix-k3-known`, docs/testing.md): assuming
+    /// instead that every store matches below the new master's start lets a lagging store
+    /// keep a stale entry at a stabilized offset (`scenarios/r1-hidden-divergence.txt`).
     fn on_fetch_trimmed(
         &mut self,
         slot: SlotId,
@@ -839,7 +844,7 @@ impl TakeoverCore {
             source,
             target,
             next: first_offset,
-            rebase: Some(first_offset),
+            rebase: Some((first_offset, None)),
         };
         self.request_fetch(out);
     }
@@ -931,9 +936,11 @@ impl TakeoverCore {
                 return;
             }
             next = next.next();
-            if rebase.is_some() {
+            if let Some((first_offset, skipped)) = rebase {
                 if ev.kind != EventKind::Trim.as_u8() {
-                    continue; // below the first checkpoint: not kept (see on_fetch_trimmed)
+                    // Below the first checkpoint: not kept (see on_fetch_trimmed).
+                    rebase = Some((first_offset, Some(ev.position())));
+                    continue;
                 }
                 // The first checkpoint: the log restarts after its predecessor, which is
                 // stabilized and of the checkpoint's own epoch; everything up to it counts
@@ -942,6 +949,17 @@ impl TakeoverCore {
                     epoch: ev.epoch,
                     offset: Offset(ev.offset.0 - 1),
                 };
+                if skipped.is_some_and(|p| p != prev) {
+                    // Not a checkpoint a serving master proposed: do not start there.
+                    self.abort(
+                        AbortReason::FetchedTailMismatch {
+                            granted: target,
+                            got: skipped.unwrap_or(prev),
+                        },
+                        out,
+                    );
+                    return;
+                }
                 self.local.log = Log::starting_after(prev);
                 self.local.applied = Some(prev.offset);
                 rebase = None;
@@ -958,7 +976,7 @@ impl TakeoverCore {
             self.request_fetch(out);
             return;
         }
-        if let Some(first_offset) = rebase {
+        if let Some((first_offset, _)) = rebase {
             self.abort(AbortReason::NoCheckpoint { first_offset }, out);
             return;
         }

@@ -907,8 +907,9 @@ fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
     assert_eq!(t.stats().fetches_rebased, 1);
 }
 
-/// A log with no checkpoint from the store's first offset through the granted end
-/// cannot be restarted: the attempt is given up.
+/// A log with no checkpoint from the store's first offset through the granted end, or a
+/// checkpoint whose predecessor is of another epoch, cannot be restarted: the attempt is
+/// given up.
 #[test]
 fn a_trimmed_fetch_without_a_checkpoint_aborts() {
     let (mut t, e) = fencing(config(3), LocalLog::empty());
@@ -941,5 +942,42 @@ fn a_trimmed_fetch_without_a_checkpoint_aborts() {
                 first_offset: Offset(4)
             }
         }]
+    );
+}
+
+#[test]
+fn a_checkpoint_after_an_entry_of_another_epoch_is_not_restarted_from() {
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
+    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
+    t.handle(
+        TakeoverInput::FetchTrimmed {
+            slot: SlotId(0),
+            epoch: e,
+            first_offset: Offset(4),
+        },
+        &mut out,
+    );
+    out.clear();
+    let mut events = events_from(4, &[1, 2, 2, 2]);
+    events[1].kind = EventKind::Trim.as_u8();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events,
+        },
+        &mut out,
+    );
+    assert!(
+        matches!(
+            out[..],
+            [TakeoverCommand::Aborted {
+                reason: AbortReason::FetchedTailMismatch { .. },
+                ..
+            }]
+        ),
+        "{out:?}"
     );
 }
