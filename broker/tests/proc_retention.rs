@@ -156,6 +156,20 @@ fn check_served(c: &mut Client, producer: &Producer, first: Offset) -> Offset {
     first
 }
 
+/// The master answers cursor "c1" of the topic with `at`.
+fn assert_cursor(c: &mut Client, at: Offset) {
+    match c
+        .request(CursorRequest {
+            topic: TOPIC.into(),
+            cursor: "c1".into(),
+        })
+        .expect("cursor answered")
+    {
+        Body::CursorResponse(r) => assert_eq!(r.offset, Some(at)),
+        other => panic!("cursor lookup answered {other:?}"),
+    }
+}
+
 /// Base offsets of the store's segment files, increasing.
 fn segment_bases(store_dir: &Path) -> Vec<u64> {
     let mut bases: Vec<u64> = std::fs::read_dir(store_dir.join("wal"))
@@ -355,16 +369,7 @@ fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
     let first_now = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("still trimmed");
     assert!(first_now >= first);
     let first_now = check_served(&mut c, &producer, first_now);
-    match c
-        .request(CursorRequest {
-            topic: TOPIC.into(),
-            cursor: "c1".into(),
-        })
-        .expect("cursor answered")
-    {
-        Body::CursorResponse(r) => assert_eq!(r.offset, Some(cursor_at)),
-        other => panic!("cursor lookup answered {other:?}"),
-    }
+    assert_cursor(&mut c, cursor_at);
     let (seq, base) = producer.last_batch.expect("a batch");
     let retry = produce_answer(c.request(Producer::request(seq)).expect("retry answered"))
         .expect("a retried batch is acked");
@@ -393,16 +398,7 @@ fn proc_retention_trims_while_producing_and_brokers_rebuild_from_checkpoints() {
     let first_after = trimmed_first(&fetch(&mut c, Offset::ZERO)).expect("still trimmed");
     assert!(first_after >= first_end);
     check_served(&mut c, &producer, first_after);
-    match c
-        .request(CursorRequest {
-            topic: TOPIC.into(),
-            cursor: "c1".into(),
-        })
-        .expect("cursor answered")
-    {
-        Body::CursorResponse(r) => assert_eq!(r.offset, Some(cursor_at)),
-        other => panic!("cursor lookup answered {other:?}"),
-    }
+    assert_cursor(&mut c, cursor_at);
     let log = cluster
         .broker(restarted)
         .proc

@@ -350,17 +350,20 @@ fn acks_beyond_what_was_sent_are_ignored() {
     assert_eq!(h.m.stats().acks_beyond_sent, 2);
 }
 
-#[test]
-fn hwm_waits_for_the_epoch_start_event() {
-    // Adopted log: offsets 0..=2 written by epoch 5, never known stabilized.
+/// A master of an adopted log whose offsets 0..=2 were written by epoch 5 and never known
+/// stabilized (one event per append; `mutant`: the planted HWM-before-epoch-start switch).
+/// Stores 0 and 1 hold only 0..=1: they refuse the probes' prev (5, 2) and the master
+/// backs up.
+fn backed_up_over_old_entries(mutant: bool) -> H {
     let limits = ReplicationLimits {
         append_events_max: 1,
         ..ReplicationLimits::default()
     };
     let mut h = H::with(stores(3), limits, log_of(&[5, 5, 5]), None);
-    assert_eq!(h.m.epoch_start(), Offset(3));
+    if mutant {
+        h.m.set_hwm_before_epoch_start();
+    }
     let probes = h.appends();
-    // Stores 0 and 1 hold only 0..=1: they refuse prev (5,2) and the master backs up.
     for slot in [0u16, 1] {
         h.handle(MasterInput::Rejected {
             slot: SlotId(slot),
@@ -370,6 +373,13 @@ fn hwm_waits_for_the_epoch_start_event() {
             reason: RejectReason::LogMismatch,
         });
     }
+    h
+}
+
+#[test]
+fn hwm_waits_for_the_epoch_start_event() {
+    let mut h = backed_up_over_old_entries(false);
+    assert_eq!(h.m.epoch_start(), Offset(3));
     let resent = h.appends();
     assert_eq!(resent.len(), 2);
     for a in &resent {
@@ -406,22 +416,7 @@ fn hwm_waits_for_the_epoch_start_event() {
 /// quorum (Raft §5.4.2's Figure 8: a later master may still hold a rival entry there).
 #[test]
 fn the_hwm_before_epoch_start_mutation_stabilizes_old_entries_early() {
-    let limits = ReplicationLimits {
-        append_events_max: 1,
-        ..ReplicationLimits::default()
-    };
-    let mut h = H::with(stores(3), limits, log_of(&[5, 5, 5]), None);
-    h.m.set_hwm_before_epoch_start();
-    let probes = h.appends();
-    for slot in [0u16, 1] {
-        h.handle(MasterInput::Rejected {
-            slot: SlotId(slot),
-            append: probes[slot as usize].append,
-            promised: Epoch(5),
-            last: Some(pos(5, 1)),
-            reason: RejectReason::LogMismatch,
-        });
-    }
+    let mut h = backed_up_over_old_entries(true);
     for a in &h.appends() {
         h.ack_append(a);
     }

@@ -357,18 +357,25 @@ pub struct TakeoverStats {
 enum Phase {
     PersistingEpoch,
     Fencing,
-    Fetching {
-        source: SlotId,
-        target: LogPosition,
-        next: Offset,
-        /// `Some((first offset, last skipped))`: the adopted store's log starts there,
-        /// above this broker's (retention deleted the rest); the local log restarts at the
-        /// first checkpoint fetched. `last skipped`: the last event fetched before it.
-        rebase: Option<(Offset, Option<LogPosition>)>,
-    },
+    Fetching(Fetching),
     Done,
     SteppedBack,
     Aborted,
+}
+
+/// A fetch of the adopted log in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fetching {
+    /// The adopted store.
+    source: SlotId,
+    /// Its granted last entry.
+    target: LogPosition,
+    /// The next offset to fetch.
+    next: Offset,
+    /// `Some((first offset, last skipped))`: the adopted store's log starts there, above
+    /// this broker's (retention deleted the rest); the local log restarts at the first
+    /// checkpoint fetched. `last skipped`: the last event fetched before it.
+    rebase: Option<(Offset, Option<LogPosition>)>,
 }
 
 /// One store's grant of the current attempt's fence.
@@ -520,7 +527,9 @@ impl TakeoverCore {
                     self.see(p, out);
                 }
                 match self.phase {
-                    Phase::Fetching { source, .. } if source == slot && epoch == self.epoch => {
+                    Phase::Fetching(Fetching { source, .. })
+                        if source == slot && epoch == self.epoch =>
+                    {
                         self.abort(AbortReason::FetchFailed { slot }, out);
                     }
                     _ => self.stats.fetches_stale += 1,
@@ -594,7 +603,7 @@ impl TakeoverCore {
     pub fn is_running(&self) -> bool {
         matches!(
             self.phase,
-            Phase::PersistingEpoch | Phase::Fencing | Phase::Fetching { .. }
+            Phase::PersistingEpoch | Phase::Fencing | Phase::Fetching(_)
         )
     }
 
@@ -788,13 +797,25 @@ impl TakeoverCore {
             return;
         }
         self.local.log.truncate_from(from);
-        self.phase = Phase::Fetching {
+        self.phase = Phase::Fetching(Fetching {
             source,
             target,
             next: from,
             rebase: None,
-        };
+        });
         self.request_fetch(out);
+    }
+
+    /// The fetch in progress if an answer from `slot` under `epoch` is for it; otherwise
+    /// the answer is stale (counted) and `None`.
+    fn current_fetch(&mut self, slot: SlotId, epoch: Epoch) -> Option<Fetching> {
+        match self.phase {
+            Phase::Fetching(f) if slot == f.source && epoch == self.epoch => Some(f),
+            _ => {
+                self.stats.fetches_stale += 1;
+                None
+            }
+        }
     }
 
     /// The adopted store deleted the events from the offset fetched (retention): fetch from
@@ -820,32 +841,27 @@ impl TakeoverCore {
         first_offset: Offset,
         out: &mut Vec<TakeoverCommand>,
     ) {
-        let Phase::Fetching {
+        let Some(Fetching {
             source,
             target,
             next,
             rebase,
-        } = self.phase
+        }) = self.current_fetch(slot, epoch)
         else {
-            self.stats.fetches_stale += 1;
             return;
         };
-        if slot != source || epoch != self.epoch {
-            self.stats.fetches_stale += 1;
-            return;
-        }
         if rebase.is_some() || first_offset <= next || first_offset > target.offset {
             // Not what a trim of the adopted log looks like: give the attempt up.
             self.abort(AbortReason::FetchEmpty { expected: next }, out);
             return;
         }
         self.stats.fetches_rebased += 1;
-        self.phase = Phase::Fetching {
+        self.phase = Phase::Fetching(Fetching {
             source,
             target,
             next: first_offset,
             rebase: Some((first_offset, None)),
-        };
+        });
         self.request_fetch(out);
     }
 
@@ -860,12 +876,12 @@ impl TakeoverCore {
     }
 
     fn request_fetch(&mut self, out: &mut Vec<TakeoverCommand>) {
-        let Phase::Fetching {
+        let Phase::Fetching(Fetching {
             source,
             target,
             next,
             ..
-        } = self.phase
+        }) = self.phase
         else {
             return;
         };
@@ -890,20 +906,15 @@ impl TakeoverCore {
         events: Vec<Event>,
         out: &mut Vec<TakeoverCommand>,
     ) {
-        let Phase::Fetching {
+        let Some(Fetching {
             source,
             target,
             mut next,
             mut rebase,
-        } = self.phase
+        }) = self.current_fetch(slot, epoch)
         else {
-            self.stats.fetches_stale += 1;
             return;
         };
-        if slot != source || epoch != self.epoch {
-            self.stats.fetches_stale += 1;
-            return;
-        }
         if events.is_empty() {
             self.abort(AbortReason::FetchEmpty { expected: next }, out);
             return;
@@ -967,12 +978,12 @@ impl TakeoverCore {
             self.local.log.append(ev);
         }
         if next <= target.offset {
-            self.phase = Phase::Fetching {
+            self.phase = Phase::Fetching(Fetching {
                 source,
                 target,
                 next,
                 rebase,
-            };
+            });
             self.request_fetch(out);
             return;
         }

@@ -859,23 +859,23 @@ fn a_repeated_marked_grant_is_a_duplicate_and_changes_nothing() {
     assert_eq!((t.grant_count(), t.unmarked_grant_count()), (2, 1));
 }
 
-/// Retention: an empty broker adopts a log whose store deleted everything below offset 4.
-/// The fetch from 0 is answered "trimmed"; the takeover fetches from 4 and restarts its
-/// log after the first checkpoint (the Trim event at 5): entries up to 4 count as
-/// stabilized and applied, the log holds 5 on.
-#[test]
-fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
+/// A takeover of an empty broker whose adopted store (slot 0, last entry (2, 7)) answered
+/// its fetch from 0 "trimmed, the log starts at 4"; returns the core, its epoch and the
+/// commands of that answer.
+fn rebasing() -> (TakeoverCore, Epoch, Vec<TakeoverCommand>) {
     let (mut t, e) = fencing(config(3), LocalLog::empty());
     let mut out = Vec::new();
     t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
     t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
-    let fetch = |from, through| TakeoverCommand::Fetch {
-        slot: SlotId(0),
-        epoch: e,
-        from: Offset(from),
-        through: Offset(through),
-    };
-    assert_eq!(out, vec![fetch(0, 7)]);
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Fetch {
+            slot: SlotId(0),
+            epoch: e,
+            from: Offset(0),
+            through: Offset(7),
+        }]
+    );
     out.clear();
     t.handle(
         TakeoverInput::FetchTrimmed {
@@ -885,18 +885,38 @@ fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
         },
         &mut out,
     );
-    assert_eq!(out, vec![fetch(4, 7)]);
-    out.clear();
-    let mut events = events_from(4, &[2, 2, 2, 2]);
+    (t, e, out)
+}
+
+/// Fetched events at offsets 4..=7 of the given epochs, the one at 5 a Trim event.
+fn fetched_with_trim_at_5(e: Epoch, epochs: &[u64]) -> TakeoverInput {
+    let mut events = events_from(4, epochs);
     events[1].kind = EventKind::Trim.as_u8();
-    t.handle(
-        TakeoverInput::Fetched {
+    TakeoverInput::Fetched {
+        slot: SlotId(0),
+        epoch: e,
+        events,
+    }
+}
+
+/// Retention: an empty broker adopts a log whose store deleted everything below offset 4.
+/// The fetch from 0 is answered "trimmed"; the takeover fetches from 4 and restarts its
+/// log after the first checkpoint (the Trim event at 5): entries up to 4 count as
+/// stabilized and applied, the log holds 5 on.
+#[test]
+fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
+    let (mut t, e, out) = rebasing();
+    assert_eq!(
+        out,
+        vec![TakeoverCommand::Fetch {
             slot: SlotId(0),
             epoch: e,
-            events,
-        },
-        &mut out,
+            from: Offset(4),
+            through: Offset(7),
+        }]
     );
+    let mut out = Vec::new();
+    t.handle(fetched_with_trim_at_5(e, &[2, 2, 2, 2]), &mut out);
     let [TakeoverCommand::BecomeMaster(adopted)] = &out[..] else {
         panic!("{out:?}")
     };
@@ -907,25 +927,12 @@ fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
     assert_eq!(t.stats().fetches_rebased, 1);
 }
 
-/// A log with no checkpoint from the store's first offset through the granted end, or a
-/// checkpoint whose predecessor is of another epoch, cannot be restarted: the attempt is
-/// given up.
+/// A log with no checkpoint from the store's first offset through the granted end cannot
+/// be restarted: the attempt is given up.
 #[test]
 fn a_trimmed_fetch_without_a_checkpoint_aborts() {
-    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let (mut t, e, _) = rebasing();
     let mut out = Vec::new();
-    t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
-    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
-    out.clear();
-    t.handle(
-        TakeoverInput::FetchTrimmed {
-            slot: SlotId(0),
-            epoch: e,
-            first_offset: Offset(4),
-        },
-        &mut out,
-    );
-    out.clear();
     t.handle(
         TakeoverInput::Fetched {
             slot: SlotId(0),
@@ -945,31 +952,13 @@ fn a_trimmed_fetch_without_a_checkpoint_aborts() {
     );
 }
 
+/// A checkpoint whose fetched predecessor is of another epoch is not one a serving master
+/// proposed: the attempt is given up.
 #[test]
 fn a_checkpoint_after_an_entry_of_another_epoch_is_not_restarted_from() {
-    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let (mut t, e, _) = rebasing();
     let mut out = Vec::new();
-    t.handle(grant(0, e, Some(pos(2, 7))), &mut out);
-    t.handle(grant(1, e, Some(pos(2, 7))), &mut out);
-    t.handle(
-        TakeoverInput::FetchTrimmed {
-            slot: SlotId(0),
-            epoch: e,
-            first_offset: Offset(4),
-        },
-        &mut out,
-    );
-    out.clear();
-    let mut events = events_from(4, &[1, 2, 2, 2]);
-    events[1].kind = EventKind::Trim.as_u8();
-    t.handle(
-        TakeoverInput::Fetched {
-            slot: SlotId(0),
-            epoch: e,
-            events,
-        },
-        &mut out,
-    );
+    t.handle(fetched_with_trim_at_5(e, &[1, 2, 2, 2]), &mut out);
     assert!(
         matches!(
             out[..],

@@ -61,6 +61,8 @@ pub(super) struct Retention {
     retry_at_ms: Option<u64>,
     /// Offset of the last checkpoint this master proposed.
     proposed: Option<Offset>,
+    /// Store slots already reported as unable to catch up (logged once per process).
+    unrepairable: std::collections::BTreeSet<crate::core::SlotId>,
 }
 
 impl Retention {
@@ -70,6 +72,7 @@ impl Retention {
             barrier: None,
             retry_at_ms: None,
             proposed: None,
+            unrepairable: std::collections::BTreeSet::new(),
         }
     }
 
@@ -238,7 +241,11 @@ impl Engine {
             return;
         }
         if is_store {
-            tracing::error!(%slot, from = %cmd.first, %first_offset, "a store lags below the first offset the other stores hold (retention deleted it): it cannot catch up; replace its data as for a lost disk (docs/operations.md)");
+            if self.retention.unrepairable.insert(slot) {
+                tracing::error!(%slot, from = %cmd.first, %first_offset, "a store lags below the first offset the other stores hold (retention deleted it) and no broker holds the events it lacks: it cannot catch up and stays out of the quorum; the cluster runs on the other voters (docs/operations.md, Retention)");
+            } else {
+                tracing::debug!(%slot, from = %cmd.first, %first_offset, "a store still lags below the first offset the other stores hold");
+            }
             return;
         }
         if checkpoint == Offset::ZERO || checkpoint < first_offset {
