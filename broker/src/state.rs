@@ -317,11 +317,7 @@ impl BrokerState {
             "broker state applies events in order, exactly once"
         );
         self.applied = Some(event.offset);
-        let Some(kind) = EventKind::from_u8(event.kind) else {
-            self.stats.undecodable += 1;
-            return Applied::Other;
-        };
-        let Ok(body) = EventBody::decode(kind, &event.payload) else {
+        let Ok(body) = EventBody::decode(event.kind, &event.payload) else {
             self.stats.undecodable += 1;
             return Applied::Other;
         };
@@ -680,7 +676,7 @@ impl BrokerState {
     /// `None` if `event` is not a checkpoint (or sits at offset 0).
     #[must_use]
     pub fn from_checkpoint(event: &Event) -> Option<BrokerState> {
-        if event.kind != EventKind::Trim.as_u8() || event.offset == Offset::ZERO {
+        if event.kind != EventKind::Trim || event.offset == Offset::ZERO {
             return None;
         }
         let Ok(EventBody::Trim(TrimEvent {
@@ -775,7 +771,7 @@ mod tests {
             self.events.push(Event {
                 epoch: Epoch(1),
                 offset,
-                kind: kind.as_u8(),
+                kind,
                 payload,
             });
             offset
@@ -1195,7 +1191,7 @@ mod tests {
         log.events.push(Event {
             epoch: Epoch(1),
             offset: Offset(1),
-            kind: 200,
+            kind: EventKind::CursorCommit,
             payload: Bytes::new(),
         });
         log.message("t", 0, 0, b"ok");

@@ -49,8 +49,8 @@ use quire_net::{
     ReadError, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
-    encode_body, Body, EntryId, ErrorCode, ErrorResponse, Event, EventKind, Flags, Offset,
-    RangeDigest, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, RequestId,
+    encode_body, Body, EntryId, ErrorCode, ErrorResponse, Flags, Offset, RangeDigest,
+    RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, RequestId,
     EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_wal::{Wal, WalError};
@@ -443,23 +443,7 @@ pub fn serve_read<S: quire_wal::Storage>(wal: &Wal<S>, req: &ReadRequest, limits
     };
     let mut events = Vec::with_capacity(records.len());
     let mut frame_bytes = HEADER_BYTES + READ_RESPONSE_FIXED_BYTES;
-    for r in records {
-        let Some(kind) = EventKind::from_u8(r.kind) else {
-            return ErrorResponse::new(
-                ErrorCode::Internal,
-                format!(
-                    "stored event at offset {} has unknown kind {}",
-                    r.offset, r.kind
-                ),
-            )
-            .into();
-        };
-        let event = Event {
-            epoch: r.epoch,
-            offset: r.offset,
-            kind,
-            payload: r.payload,
-        };
+    for event in records {
         frame_bytes += event.encoded_bytes();
         if frame_bytes > FRAME_BYTES_MAX && !events.is_empty() {
             break;
@@ -522,7 +506,7 @@ fn serve_range_digest(wal: &Wal, req: &RangeDigestRequest, limits: &Limits) -> B
             digest.push(EntryId {
                 epoch: r.epoch,
                 offset: r.offset,
-                crc: quire_wal::format::record_crc(r.epoch, r.offset, r.kind, &r.payload),
+                crc: quire_wal::format::record_crc(r.epoch, r.offset, r.kind.as_u8(), &r.payload),
             });
             next = r.offset.next();
         }
@@ -604,7 +588,7 @@ async fn write_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quire_proto::{encode, Epoch, Frame, Offset};
+    use quire_proto::{encode, Epoch, Event, EventKind, Frame, Offset};
 
     fn response(events: usize, payload_bytes: usize) -> usize {
         let events = (0..events)
@@ -637,11 +621,11 @@ mod tests {
         let mut config = quire_wal::WalConfig::new(dir.path());
         config.segment_bytes_max = quire_wal::SEGMENT_BYTES_MIN;
         let (wal, _) = Wal::open(config).expect("opens");
-        let records: Vec<quire_wal::Record> = (0..10u64)
-            .map(|o| quire_wal::Record {
+        let records: Vec<Event> = (0..10u64)
+            .map(|o| Event {
                 epoch: Epoch(if o < 6 { 3 } else { 4 }),
                 offset: Offset(o),
-                kind: EventKind::Message.as_u8(),
+                kind: EventKind::Message,
                 payload: Bytes::from(vec![o as u8; 100 + o as usize]),
             })
             .collect();

@@ -15,7 +15,7 @@ use std::task::Poll;
 
 use quire_proto::{Body, Epoch, ErrorCode, ErrorResponse, Event, RejectReason};
 use quire_wal::format::{record_bytes, HEADER_BYTES};
-use quire_wal::{Append, Record, Storage, Wal, WalError};
+use quire_wal::{Append, Storage, Wal, WalError};
 
 use crate::engine::{Engine, StoreLog};
 
@@ -67,16 +67,7 @@ impl Submissions {
         epoch: Epoch,
         events: Vec<Event>,
     ) {
-        let records: Vec<Record> = events
-            .into_iter()
-            .map(|e| Record {
-                epoch: e.epoch,
-                offset: e.offset,
-                kind: e.kind.as_u8(),
-                payload: e.payload,
-            })
-            .collect();
-        let chunks = split_for_segments(records, wal.segment_bytes(), wal.alignment_bytes());
+        let chunks = split_for_segments(events, wal.segment_bytes(), wal.alignment_bytes());
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             let mut append = wal.append(epoch, chunk);
@@ -187,16 +178,16 @@ pub fn refusal<T>(engine: &Engine<T>, log: &impl StoreLog, e: &WalError) -> Body
 /// truncation marker (one header), padded to `align_bytes`, stay within `segment_bytes`. A
 /// record too large for any segment is a run of its own (the WAL refuses it as too large).
 fn split_for_segments(
-    records: Vec<Record>,
+    records: Vec<Event>,
     segment_bytes: u64,
     align_bytes: u64,
-) -> Vec<Vec<Record>> {
+) -> Vec<Vec<Event>> {
     // Padding to the alignment adds less than `align_bytes`.
     let budget = segment_bytes
         .saturating_sub(align_bytes)
         .saturating_sub(HEADER_BYTES as u64);
-    let mut runs: Vec<Vec<Record>> = Vec::new();
-    let mut run: Vec<Record> = Vec::new();
+    let mut runs: Vec<Vec<Event>> = Vec::new();
+    let mut run: Vec<Event> = Vec::new();
     let mut run_bytes = 0u64;
     for r in records {
         let bytes = record_bytes(r.payload.len()) as u64;
@@ -216,21 +207,22 @@ fn split_for_segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quire_proto::EventKind;
 
-    fn records(sizes: &[usize]) -> Vec<Record> {
+    fn records(sizes: &[usize]) -> Vec<Event> {
         sizes
             .iter()
             .enumerate()
-            .map(|(i, &n)| Record {
+            .map(|(i, &n)| Event {
                 epoch: quire_proto::Epoch(1),
                 offset: quire_proto::Offset(i as u64),
-                kind: 1,
+                kind: EventKind::Message,
                 payload: bytes::Bytes::from(vec![0u8; n]),
             })
             .collect()
     }
 
-    fn run_lengths(runs: &[Vec<Record>]) -> Vec<usize> {
+    fn run_lengths(runs: &[Vec<Event>]) -> Vec<usize> {
         runs.iter().map(Vec::len).collect()
     }
 

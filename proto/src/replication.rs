@@ -30,7 +30,12 @@ use crate::types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset,
 /// Bytes one event takes on the wire before its payload: epoch u64, kind u8, length u32.
 pub const EVENT_OVERHEAD_BYTES: usize = 8 + 1 + 4;
 
-/// One log entry.
+/// One log entry: `(epoch, offset, kind, payload)` (DESIGN.md "Vocabulary"). The one type
+/// for it everywhere: on the wire, in the broker's replication cores and engine, in the
+/// store and in the WAL (which appends and reads it back).
+///
+/// Cloning one clones the payload's handle (a reference-count increment), never its bytes,
+/// so an event received from a producer reaches every store and slave without a copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     /// Epoch of the master that first appended this event.
@@ -45,6 +50,15 @@ pub struct Event {
 }
 
 impl Event {
+    /// `(epoch, offset)` of this event: what log matching compares.
+    #[must_use]
+    pub fn position(&self) -> LogPosition {
+        LogPosition {
+            epoch: self.epoch,
+            offset: self.offset,
+        }
+    }
+
     /// Bytes this event takes inside an `AppendRequest` or `ReadResponse`.
     #[must_use]
     pub fn encoded_bytes(&self) -> usize {

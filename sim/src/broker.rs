@@ -17,9 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use quire_broker::core::{
-    ClusterConfig, Event, ReplicationLimits, SlotId, SlotKind, StoreIdentity,
-};
+use quire_broker::core::{ClusterConfig, ReplicationLimits, SlotId, SlotKind, StoreIdentity};
 use quire_broker::engine::{
     Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffFailure, InboundAnswer,
     Mutations, Reply, RequestToken, SlotAnswer, TailAnswer, WriteCommand, WriteLimits,
@@ -601,9 +599,7 @@ impl SimBroker {
                     });
                     return;
                 }
-                let events = read
-                    .map(|r| r.events.into_iter().map(Event::from).collect())
-                    .ok_or(());
+                let events = read.map(|r| r.events).ok_or(());
                 self.drive(now_ms, out, |e, t| e.takeover_read(slot, epoch, events, t));
             }
             ReadPurpose::ForAppend(cmd) => {
@@ -798,7 +794,7 @@ impl SimBroker {
             }
             Command::Append(cmd) => match &cmd.events {
                 quire_broker::core::AppendEvents::InMemory(events) => {
-                    let events = events.iter().map(Event::to_wire).collect();
+                    let events = events.to_vec();
                     self.send_append(&cmd, events, out);
                 }
                 quire_broker::core::AppendEvents::FromStore { source } => {

@@ -317,14 +317,11 @@ impl fmt::Display for Violation {
 
 /// A short description of an event, for violations.
 pub(crate) fn describe(e: &Event) -> String {
-    let what = match EventKind::from_u8(e.kind) {
-        Some(k) => match EventBody::decode(k, &e.payload) {
-            Ok(EventBody::Message(m)) => format!("message p{}/s{}", m.producer_id, m.sequence),
-            Ok(EventBody::EpochStart(s)) => format!("epoch-start of B{}", s.broker.0),
-            Ok(other) => format!("{:?}", other.kind()),
-            Err(_) => "undecodable".into(),
-        },
-        None => format!("kind {}", e.kind),
+    let what = match EventBody::decode(e.kind, &e.payload) {
+        Ok(EventBody::Message(m)) => format!("message p{}/s{}", m.producer_id, m.sequence),
+        Ok(EventBody::EpochStart(s)) => format!("epoch-start of B{}", s.broker.0),
+        Ok(other) => format!("{:?}", other.kind()),
+        Err(_) => "undecodable".into(),
     };
     format!("{what} (epoch {:#x})", e.epoch.0)
 }
@@ -485,7 +482,7 @@ impl Checker {
     pub fn trim_point(&self) -> Offset {
         self.log
             .iter()
-            .filter(|e| e.kind == EventKind::Trim.as_u8())
+            .filter(|e| e.kind == EventKind::Trim)
             .filter_map(|e| match EventBody::decode(EventKind::Trim, &e.payload) {
                 Ok(EventBody::Trim(t)) => Some(t.before),
                 _ => None,
@@ -607,15 +604,14 @@ impl Checker {
             b.freeze()
         };
         for e in &self.log {
-            if e.kind == EventKind::Trim.as_u8() {
+            if e.kind == EventKind::Trim {
                 let mut plain = e.clone();
                 plain.payload = no_trim.clone();
                 state.apply(&plain);
             } else if let Applied::Message { topic } = state.apply(e) {
                 ever_indexed.entry(topic).or_default().insert(e.offset);
             }
-            let body = EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload));
-            let Some(Ok(EventBody::Message(m))) = body else {
+            let Ok(EventBody::Message(m)) = EventBody::decode(e.kind, &e.payload) else {
                 at.push(None);
                 continue;
             };
@@ -681,7 +677,7 @@ impl Checker {
         for e in self
             .log
             .iter()
-            .filter(|e| e.kind == EventKind::CursorCommit.as_u8())
+            .filter(|e| e.kind == EventKind::CursorCommit)
         {
             if let Ok(EventBody::CursorCommit(c)) =
                 EventBody::decode(EventKind::CursorCommit, &e.payload)
@@ -811,8 +807,8 @@ impl Checker {
             }
             let ok = self.log.get(offset.0 as usize).is_some_and(|e| {
                 matches!(
-                    EventKind::from_u8(e.kind).map(|k| EventBody::decode(k, &e.payload)),
-                    Some(Ok(EventBody::Message(m))) if m.topic == topic && m.message == *message
+                    EventBody::decode(e.kind, &e.payload),
+                    Ok(EventBody::Message(m)) if m.topic == topic && m.message == *message
                 )
             });
             if !ok {
@@ -883,9 +879,7 @@ impl Checker {
                         .checked_sub(base)
                         .and_then(|i| entries.get(usize::try_from(i).ok()?))
                         .is_none_or(|e| {
-                            e.epoch != s.epoch
-                                || e.kind != s.kind.into_kind()
-                                || e.payload != s.payload
+                            e.epoch != s.epoch || e.kind != s.kind || e.payload != s.payload
                         })
                 });
             if let Some(s) = lacks {
@@ -898,17 +892,6 @@ impl Checker {
                 return;
             }
         }
-    }
-}
-
-/// The core's kind byte as the wire's kind.
-trait IntoKind {
-    fn into_kind(self) -> EventKind;
-}
-
-impl IntoKind for u8 {
-    fn into_kind(self) -> EventKind {
-        EventKind::from_u8(self).expect("invariant: stabilized events have known kinds")
     }
 }
 
@@ -931,7 +914,7 @@ mod tests {
         Event {
             epoch: Epoch(1),
             offset: Offset(offset),
-            kind: EventKind::CursorCommit.as_u8(),
+            kind: EventKind::CursorCommit,
             payload: payload.freeze(),
         }
     }

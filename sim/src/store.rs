@@ -43,8 +43,7 @@ use quire_node::startup::{self, Opened};
 use quire_node::submissions::Submissions;
 use quire_node::Role;
 use quire_proto::{
-    Body, Epoch, ErrorCode, Event, EventKind, FenceRequest, Incarnation, Offset, ReadRequest,
-    StoreId, TailCut,
+    Body, Epoch, ErrorCode, Event, FenceRequest, Incarnation, Offset, ReadRequest, StoreId, TailCut,
 };
 use quire_wal::disk::{StepControl, StepDisk};
 use quire_wal::storage::{CrashFile, CrashMode};
@@ -241,17 +240,7 @@ fn durable_events(wal: &Wal<CrashDisk>) -> Vec<Event> {
             _ => return events,
         };
         from = Offset(records[records.len() - 1].offset.0 + 1);
-        events.extend(records.into_iter().map(to_event));
-    }
-}
-
-/// A WAL record as the wire's event. The engine only submits known kinds.
-fn to_event(r: quire_wal::Record) -> Event {
-    Event {
-        epoch: r.epoch,
-        offset: r.offset,
-        kind: EventKind::from_u8(r.kind).expect("invariant: the WAL holds what the engine wrote"),
-        payload: r.payload,
+        events.extend(records);
     }
 }
 

@@ -292,16 +292,6 @@ impl fmt::Display for CheckReport {
     }
 }
 
-/// The wire's event as the broker core's (what the checker compares).
-fn core_event(e: &quire_proto::Event) -> quire_broker::core::Event {
-    quire_broker::core::Event {
-        epoch: e.epoch,
-        offset: e.offset,
-        kind: e.kind.as_u8(),
-        payload: e.payload.clone(),
-    }
-}
-
 /// Judges a run: `history` against `log`, with what `consumers` read. See the module docs.
 pub fn check(history: &History, log: &FinalLog, consumers: &ConsumerReads) -> CheckReport {
     let mut checker = Checker::new();
@@ -321,8 +311,7 @@ pub fn check(history: &History, log: &FinalLog, consumers: &ConsumerReads) -> Ch
         });
     match adopted {
         Some((store, events)) => {
-            let prefix: Vec<quire_broker::core::Event> =
-                events[..=through as usize].iter().map(core_event).collect();
+            let prefix: Vec<quire_broker::core::Event> = events[..=through as usize].to_vec();
             checker.observed(&prefix, &format!("store {store}"));
         }
         None => panic!("no store holds the stabilized log through offset {through}"),

@@ -16,8 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use quire_proto::{Epoch, Offset};
-use quire_wal::{Record, Wal, WalConfig};
+use quire_proto::{Epoch, Event, EventKind, Offset};
+use quire_wal::{Wal, WalConfig};
 use serde_json::Value;
 
 /// Upper bound for any one `quire` run in these tests; a run past it is killed and fails.
@@ -92,11 +92,11 @@ fn write_log(dir: &Path) {
     let mut batch = 1u64;
     while offset < EVENTS {
         let n = batch.min(EVENTS - offset);
-        let records: Vec<Record> = (offset..offset + n)
-            .map(|i| Record {
+        let records: Vec<Event> = (offset..offset + n)
+            .map(|i| Event {
                 epoch: Epoch(if i < EPOCH_1_EVENTS { 1 } else { 2 }),
                 offset: Offset(i),
-                kind: 1,
+                kind: EventKind::Message,
                 payload: Bytes::from(payload(i)),
             })
             .collect();
@@ -285,10 +285,10 @@ fn stat_shows_the_trim_point() {
     .expect("encodes");
     wal.append(
         Epoch(2),
-        vec![Record {
+        vec![Event {
             epoch: Epoch(2),
             offset: Offset(EVENTS),
-            kind: quire_proto::EventKind::Trim.as_u8(),
+            kind: EventKind::Trim,
             payload: trim,
         }],
     )
@@ -778,17 +778,17 @@ fn dump_of_a_store_shows_the_message_text() {
     ];
     {
         let (wal, _) = open_small(data.join("wal")).expect("open the WAL");
-        let records: Vec<Record> = messages
+        let records: Vec<Event> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| {
                 let mut body = bytes::BytesMut::new();
                 quire_proto::encode_message_event("greetings", 0x1234, i as u64, m, &mut body)
                     .expect("encode");
-                Record {
+                Event {
                     epoch: Epoch(1),
                     offset: Offset(i as u64),
-                    kind: quire_proto::EventKind::Message.as_u8(),
+                    kind: EventKind::Message,
                     payload: body.freeze(),
                 }
             })

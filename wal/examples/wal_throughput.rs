@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use quire_proto::Epoch;
-use quire_wal::{IoBackend, Record, Wal, WalConfig};
+use quire_proto::{Epoch, Event, EventKind};
+use quire_wal::{IoBackend, Wal, WalConfig};
 
 fn run(base: &std::path::Path, io: IoBackend, appenders: usize, event_bytes: usize, secs: u64) {
     let dir = tempfile::tempdir_in(base).unwrap();
@@ -47,10 +47,10 @@ fn run(base: &std::path::Path, io: IoBackend, appenders: usize, event_bytes: usi
                         let o = wal.next_offset();
                         wal.append(
                             Epoch(1),
-                            vec![Record {
+                            vec![Event {
                                 epoch: Epoch(1),
                                 offset: o,
-                                kind: 1,
+                                kind: EventKind::Message,
                                 payload: payload.clone(),
                             }],
                         )

@@ -1,4 +1,4 @@
-//! What an append carries in ([`Record`]) and what it gives back ([`Append`]): a
+//! What an append gives back ([`Append`]; it carries in [`quire_proto::Event`]s): a
 //! runtime-agnostic future resolved by the commit thread once the fdatasync covering the
 //! append succeeded (or the log failed).
 //!
@@ -10,27 +10,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
-use quire_proto::{Epoch, Offset};
+use quire_proto::Offset;
 
 use crate::error::WalError;
-
-/// One log entry, as appended and as read back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
-    /// The entry epoch (the epoch of the master that created the event).
-    pub epoch: Epoch,
-    /// The entry's offset.
-    pub offset: Offset,
-    /// The event kind byte; opaque to the WAL. `0xFF` is reserved
-    /// ([`crate::format::KIND_TRUNCATE`]).
-    pub kind: u8,
-    /// The event bytes.
-    pub payload: Bytes,
-}
-
-/// The name the append side uses for a [`Record`].
-pub type RecordIn = Record;
 
 #[derive(Debug, Default)]
 struct SlotState {

@@ -40,9 +40,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use quire_proto::{Epoch, Offset};
+use quire_proto::{Epoch, Event, Offset};
 
-use crate::append::{AckSlot, Record};
+use crate::append::AckSlot;
 use crate::disk::{AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker, HUGE_PAGE_BYTES};
 use crate::error::WalError;
 use crate::format::{self, align_up, KIND_TRUNCATE};
@@ -64,7 +64,7 @@ const FREE_BUFFERS_MAX: usize = 3;
 #[derive(Debug)]
 pub(crate) struct Request {
     pub writer_epoch: Epoch,
-    pub records: Vec<Record>,
+    pub records: Vec<Event>,
     /// Each record's CRC-32C ([`format::record_crc`]), computed by the appender before the
     /// handoff so the commit thread only copies.
     pub crcs: Vec<u32>,
@@ -582,7 +582,7 @@ impl<S: Storage> Committer<S> {
                     buf.spare_mut(),
                     rec.epoch,
                     rec.offset,
-                    rec.kind,
+                    rec.kind.as_u8(),
                     &rec.payload,
                     crc,
                 );

@@ -161,15 +161,6 @@ pub enum WalError {
         previous: Epoch,
     },
 
-    /// A record used the kind byte reserved for the WAL's truncation marker.
-    #[error("record at offset {offset} uses the reserved kind byte {kind:#04x}")]
-    ReservedKind {
-        /// The record's offset.
-        offset: Offset,
-        /// The kind byte.
-        kind: u8,
-    },
-
     /// A record's payload, or a whole append, is too large.
     #[error("{what} of {bytes} bytes exceeds the maximum of {max} bytes")]
     TooLarge {
@@ -235,6 +226,13 @@ pub enum CorruptionKind {
     /// The promised-epoch file is damaged.
     #[error("the promised-epoch file is damaged")]
     PromisedEpochFile,
+    /// A record read back (its checksum good) holds an event kind byte this build does not
+    /// know: written by a newer build, or not by Quire.
+    #[error("the record holds event kind byte {byte:#04x}, which this build does not know")]
+    UnknownEventKind {
+        /// The kind byte.
+        byte: u8,
+    },
 }
 
 impl WalError {

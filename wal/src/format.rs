@@ -272,6 +272,13 @@ mod tests {
         buf
     }
 
+    /// The marker's kind byte can never be an event's: every event is a
+    /// `quire_proto::Event`, whose kind is an `EventKind`.
+    #[test]
+    fn no_event_kind_uses_the_marker_byte() {
+        assert_eq!(quire_proto::EventKind::from_u8(KIND_TRUNCATE), None);
+    }
+
     #[test]
     fn layout_is_as_documented() {
         let buf = encoded(0x0102_0304_0506_0708, 0x1112_1314_1516_1718, 7, b"hello");

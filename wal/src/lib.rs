@@ -20,12 +20,12 @@
 //! default, so `Wal` means `Wal<OsStorage>`.
 //!
 //! ```no_run
-//! use quire_proto::{Epoch, Offset};
-//! use quire_wal::{Record, Wal, WalConfig};
+//! use quire_proto::{Epoch, Event, EventKind, Offset};
+//! use quire_wal::{Wal, WalConfig};
 //!
 //! let (wal, report) = Wal::open(WalConfig::new("/var/lib/quire/wal"))?;
 //! let next = wal.next_offset();
-//! let rec = Record { epoch: Epoch(1), offset: next, kind: 1, payload: "hello".into() };
+//! let rec = Event { epoch: Epoch(1), offset: next, kind: EventKind::Message, payload: "hello".into() };
 //! let last: Offset = wal.append(Epoch(1), vec![rec]).wait()?;
 //! # Ok::<(), quire_wal::WalError>(())
 //! ```
@@ -49,7 +49,7 @@ mod wal;
 
 use std::fmt;
 
-pub use append::{Append, Record, RecordIn};
+pub use append::Append;
 pub use error::{CorruptionKind, WalError};
 pub use index::EpochRuns;
 pub use promised::PromisedEpoch;

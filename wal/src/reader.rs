@@ -10,9 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use quire_proto::{Epoch, Offset};
+use quire_proto::{Epoch, Event, EventKind, Offset};
 
-use crate::append::Record;
 use crate::error::{CorruptionKind, WalError};
 use crate::format::{self, HEADER_BYTES};
 use crate::index::{Index, Location};
@@ -35,7 +34,7 @@ pub(crate) fn read<F: StorageFile>(
     from: Offset,
     max_events: usize,
     max_bytes: u64,
-) -> Result<Vec<Record>, WalError> {
+) -> Result<Vec<Event>, WalError> {
     let (wanted, files) = {
         let index = index
             .read()
@@ -135,10 +134,16 @@ pub(crate) fn read<F: StorageFile>(
             {
                 return Err(mismatch());
             }
-            out.push(Record {
+            let kind = EventKind::from_u8(h.kind).ok_or(WalError::Corruption {
+                segment: path.clone(),
+                position: Position(u64::from(w.loc.position)),
+                offset: w.offset,
+                problem: CorruptionKind::UnknownEventKind { byte: h.kind },
+            })?;
+            out.push(Event {
                 epoch: h.epoch,
                 offset: h.offset,
-                kind: h.kind,
+                kind,
                 payload: buf.slice(at + HEADER_BYTES..at + rec_len),
             });
         }

@@ -11,15 +11,13 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use quire_proto::{Epoch, LogPosition, Offset};
+use quire_proto::{Epoch, Event, LogPosition, Offset};
 
-use crate::append::{AckSlot, Append, Record};
+use crate::append::{AckSlot, Append};
 use crate::commit::{CommitState, Committer, Request, Shared};
 use crate::disk::{self, Disk};
 use crate::error::WalError;
-use crate::format::{
-    self, align_down, align_up, record_bytes, HEADER_BYTES, KIND_TRUNCATE, PAYLOAD_BYTES_MAX,
-};
+use crate::format::{self, align_down, align_up, record_bytes, HEADER_BYTES, PAYLOAD_BYTES_MAX};
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::{DirLock, Preallocator};
 use crate::stats::{Counters, WalStats};
@@ -304,10 +302,10 @@ impl<S: Storage> Wal<S> {
     ///
     /// # Errors (through the future)
     /// [`WalError::EmptyAppend`], [`WalError::Gap`], [`WalError::NotConsecutive`],
-    /// [`WalError::ReservedKind`], [`WalError::TooLarge`], [`WalError::EpochAboveWriter`],
+    /// [`WalError::TooLarge`], [`WalError::EpochAboveWriter`],
     /// [`WalError::EpochRegression`], [`WalError::TruncationRefused`],
     /// [`WalError::TruncateBelowStart`], [`WalError::Failed`], [`WalError::Closed`].
-    pub fn append(&self, writer_epoch: Epoch, records: Vec<Record>) -> Append {
+    pub fn append(&self, writer_epoch: Epoch, records: Vec<Event>) -> Append {
         let called = Instant::now();
         let shared = self.shared();
         // The checksums are computed here, on the appender's thread and outside the lock,
@@ -317,7 +315,7 @@ impl<S: Storage> Wal<S> {
             .iter()
             .map(|r| {
                 if r.payload.len() <= PAYLOAD_BYTES_MAX {
-                    format::record_crc(r.epoch, r.offset, r.kind, &r.payload)
+                    format::record_crc(r.epoch, r.offset, r.kind.as_u8(), &r.payload)
                 } else {
                     0
                 }
@@ -431,7 +429,7 @@ impl<S: Storage> Wal<S> {
         from: Offset,
         max_events: usize,
         max_bytes: u64,
-    ) -> Result<Vec<Record>, WalError> {
+    ) -> Result<Vec<Event>, WalError> {
         crate::reader::read(&self.shared().index, from, max_events, max_bytes)
     }
 
@@ -605,7 +603,7 @@ struct Plan {
 fn validate(
     st: &CommitState,
     writer_epoch: Epoch,
-    records: &[Record],
+    records: &[Event],
     segment_bytes: u64,
     align: u64,
 ) -> Result<Plan, WalError> {
@@ -630,12 +628,6 @@ fn validate(
                 index: i,
                 expected,
                 actual: r.offset,
-            });
-        }
-        if r.kind == KIND_TRUNCATE {
-            return Err(WalError::ReservedKind {
-                offset: r.offset,
-                kind: r.kind,
             });
         }
         if r.payload.len() > PAYLOAD_BYTES_MAX {

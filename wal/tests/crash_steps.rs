@@ -33,13 +33,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
-use quire_proto::{Epoch, Offset};
+use quire_proto::{Epoch, Event, EventKind, Offset};
 use quire_wal::disk::{Disk, DiskCompletion, DiskOp, DiskWaker};
 use quire_wal::storage::{CrashFile, CrashMode, CrashReport};
 use quire_wal::StorageFile;
 use quire_wal::{
-    small_file, CrashDisk, Mutations, PromisedEpoch, Record, Wal, WalConfig, WalError,
-    SEGMENT_BYTES_MIN,
+    small_file, CrashDisk, Mutations, PromisedEpoch, Wal, WalConfig, WalError, SEGMENT_BYTES_MIN,
 };
 
 const DIR: &str = "/data/wal";
@@ -70,11 +69,11 @@ fn payload(epoch: u64, offset: u64) -> Vec<u8> {
         .collect()
 }
 
-fn record(epoch: u64, offset: u64) -> Record {
-    Record {
+fn record(epoch: u64, offset: u64) -> Event {
+    Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
-        kind: 1,
+        kind: EventKind::Message,
         payload: Bytes::from(payload(epoch, offset)),
     }
 }

@@ -11,8 +11,8 @@ use std::fs;
 use std::path::Path;
 
 use common::*;
-use quire_proto::{Epoch, Offset};
-use quire_wal::{inspect, IoBackend, Record, ScanEnd, Wal, WalError};
+use quire_proto::{Epoch, Event, Offset};
+use quire_wal::{inspect, IoBackend, ScanEnd, Wal, WalError};
 
 fn segment_names(dir: &Path) -> BTreeSet<String> {
     fs::read_dir(dir)
@@ -53,7 +53,7 @@ fn trim_deletes_whole_segments_below_the_point_and_survives_reopen() {
             }
             other => panic!("expected Trimmed, got {other:?}"),
         }
-        let expected: Vec<Record> = (16..40).map(|o| record(o, 1, 3000)).collect();
+        let expected: Vec<Event> = (16..40).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
         assert_eq!(wal.entry_epoch(Offset(15)), None);
         assert_eq!(wal.entry_epoch(Offset(16)), Some(Epoch(1)));
@@ -84,14 +84,14 @@ fn trim_deletes_whole_segments_below_the_point_and_survives_reopen() {
         let r = wal.trim_before(Offset(1_000)).unwrap();
         assert_eq!((r.first_offset, r.segments_deleted), (Offset(32), 1));
         assert_eq!(segment_names(dir.path()), names(&[32]));
-        let expected: Vec<Record> = (32..42).map(|o| record(o, 1, 3000)).collect();
+        let expected: Vec<Event> = (32..42).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
         append_range(&wal, 42, 50, 1, 3000);
         drop(wal);
         let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
         assert_eq!(wal.first_offset(), Offset(32));
         assert_eq!(wal.next_offset(), Offset(50));
-        let expected: Vec<Record> = (32..50).map(|o| record(o, 1, 3000)).collect();
+        let expected: Vec<Event> = (32..50).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
     }
 }

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use common::*;
 use proptest::prelude::*;
-use quire_proto::{Epoch, Offset};
-use quire_wal::{inspect, IoBackend, Record, RecordStatus, Wal};
+use quire_proto::{Epoch, Event, Offset};
+use quire_wal::{inspect, IoBackend, RecordStatus, Wal};
 
 #[derive(Clone, Copy, Debug)]
 enum Damage {
@@ -82,12 +82,12 @@ fn damaged(original: &[u8], cut: u64, how: Damage) -> Vec<u8> {
     bytes
 }
 
-fn build_log(dir: &Path, groups: &[Vec<usize>]) -> Vec<Record> {
+fn build_log(dir: &Path, groups: &[Vec<usize>]) -> Vec<Event> {
     let (wal, _) = Wal::open(config(dir, IoBackend::Sync)).unwrap();
     let mut all = Vec::new();
     let mut next = 0u64;
     for g in groups {
-        let recs: Vec<Record> = g
+        let recs: Vec<Event> = g
             .iter()
             .map(|&len| {
                 let r = record(next, 1, len);
@@ -156,7 +156,7 @@ fn check_cuts(groups: Vec<Vec<usize>>, seed: u64) {
                 let (a, b) = (e.position as usize, (e.position + e.bytes) as usize);
                 e.segment < last_seg || (b <= bytes.len() && bytes[a..b] == original[a..b])
             };
-            let survivors: Vec<Record> = entries
+            let survivors: Vec<Event> = entries
                 .iter()
                 .zip(&all)
                 .take_while(|(e, _)| intact(e))

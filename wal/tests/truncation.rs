@@ -11,8 +11,8 @@ use std::path::Path;
 
 use common::*;
 use proptest::prelude::*;
-use quire_proto::{Epoch, LogPosition, Offset};
-use quire_wal::{inspect, IoBackend, Record, RecordStatus, Wal, WalError};
+use quire_proto::{Epoch, Event, LogPosition, Offset};
+use quire_wal::{inspect, IoBackend, RecordStatus, Wal, WalError};
 
 fn segment_names(dir: &Path) -> BTreeSet<String> {
     fs::read_dir(dir)
@@ -23,7 +23,7 @@ fn segment_names(dir: &Path) -> BTreeSet<String> {
 }
 
 /// What a reopened log must show: the same records, last entry and epochs.
-fn assert_same_after_reopen(dir: &Path, io: IoBackend, expected: &[Record]) -> Wal {
+fn assert_same_after_reopen(dir: &Path, io: IoBackend, expected: &[Event]) -> Wal {
     let (wal, report) = Wal::open(config(dir, io)).unwrap();
     assert!(report.torn_tail.is_none());
     assert_eq!(read_all(&wal), expected);
@@ -51,7 +51,7 @@ fn truncation_within_a_segment_survives_reopen() {
         for o in 5..10 {
             wal.append(Epoch(2), vec![record(o, 2, 20)]).wait().unwrap();
         }
-        let replacing: Vec<Record> = (5..8).map(|o| record(o, 1, 30)).collect();
+        let replacing: Vec<Event> = (5..8).map(|o| record(o, 1, 30)).collect();
         assert_eq!(
             wal.append(Epoch(3), replacing.clone()).wait().unwrap(),
             Offset(7)
@@ -75,7 +75,7 @@ fn truncation_within_a_segment_survives_reopen() {
         );
         wal.append(Epoch(3), vec![record(8, 3, 5)]).wait().unwrap();
 
-        let mut expected: Vec<Record> = (0..5).map(|o| record(o, 1, 20)).collect();
+        let mut expected: Vec<Event> = (0..5).map(|o| record(o, 1, 20)).collect();
         expected.extend(replacing);
         expected.push(record(8, 3, 5));
         assert_eq!(read_all(&wal), expected);
@@ -99,13 +99,13 @@ fn truncation_below_the_current_segment_survives_reopen() {
         let before = segment_names(dir.path());
         assert!(before.len() >= 3, "{before:?}");
         // Replace from offset 10 (inside the first segment).
-        let replacing: Vec<Record> = (10..13).map(|o| record(o, 2, 7)).collect();
+        let replacing: Vec<Event> = (10..13).map(|o| record(o, 2, 7)).collect();
         wal.append(Epoch(2), replacing.clone()).wait().unwrap();
         let after = segment_names(dir.path());
         assert!(after.contains("00000000000000000000.log"));
         assert!(after.contains("00000000000000000010.log"), "{after:?}");
         assert_eq!(after.len(), 2, "segments above 10 are deleted: {after:?}");
-        let mut expected: Vec<Record> = (0..10).map(|o| record(o, 1, 3000)).collect();
+        let mut expected: Vec<Event> = (0..10).map(|o| record(o, 1, 3000)).collect();
         expected.extend(replacing);
         assert_eq!(read_all(&wal), expected);
         append_range(&wal, 13, 15, 2, 9);
@@ -183,13 +183,13 @@ proptest! {
     fn recovery_reproduces_the_log(ops in proptest::collection::vec(op(), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
-        let mut model: Vec<Record> = Vec::new();
+        let mut model: Vec<Event> = Vec::new();
         let mut writer = 1u64;
         for op in ops {
             match op {
                 Op::Extend { n, len } => {
                     let start = model.len() as u64;
-                    let recs: Vec<Record> = (0..n as u64).map(|i| record(start + i, writer, len)).collect();
+                    let recs: Vec<Event> = (0..n as u64).map(|i| record(start + i, writer, len)).collect();
                     wal.append(Epoch(writer), recs.clone()).wait().unwrap();
                     model.extend(recs);
                 }
@@ -203,7 +203,7 @@ proptest! {
                     // entry before x (lower than what they replace, figure 7).
                     let floor = if x == 0 { 1 } else { model[x - 1].epoch.0 };
                     let e = if lower { floor } else { writer };
-                    let recs: Vec<Record> = (0..n as u64).map(|i| record(x as u64 + i, e, len)).collect();
+                    let recs: Vec<Event> = (0..n as u64).map(|i| record(x as u64 + i, e, len)).collect();
                     let r = wal.append(Epoch(writer), recs.clone()).wait();
                     prop_assert!(r.is_ok(), "truncation at {x} by writer {writer}: {r:?}");
                     model.truncate(x);

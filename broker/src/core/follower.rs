@@ -29,7 +29,7 @@
 
 use quire_proto::{BrokerId, Epoch, EventKind, LogPosition, Offset};
 
-use super::event::Event;
+use super::event::{accounted_bytes, Event};
 use super::log::Log;
 use super::takeover::LocalLog;
 use super::{AppendId, ConfigError, RejectReason};
@@ -220,10 +220,7 @@ impl FollowerCore {
         local.validate()?;
         let LocalLog { log, applied } = local;
         let first_unapplied = applied.map_or(Offset::ZERO, Offset::next);
-        let unapplied_bytes = log
-            .iter_from(first_unapplied)
-            .map(Event::accounted_bytes)
-            .sum();
+        let unapplied_bytes = log.iter_from(first_unapplied).map(accounted_bytes).sum();
         let mut core = FollowerCore {
             config,
             log,
@@ -371,9 +368,7 @@ impl FollowerCore {
             let at_checkpoint = self.log.end() <= p.offset
                 && hwm > Some(p.offset)
                 && self.applied < Some(p.offset)
-                && events
-                    .first()
-                    .is_some_and(|e| e.kind == EventKind::Trim.as_u8());
+                && events.first().is_some_and(|e| e.kind == EventKind::Trim);
             if !at_checkpoint {
                 self.stats.refused_mismatch += 1;
                 self.refuse(append, RejectReason::LogMismatch, out);
@@ -411,11 +406,11 @@ impl FollowerCore {
                 self.refuse(append, RejectReason::Malformed, out);
                 return;
             }
-            let removed: u64 = self.log.iter_from(at).map(Event::accounted_bytes).sum();
+            let removed: u64 = self.log.iter_from(at).map(accounted_bytes).sum();
             self.unapplied_bytes -= removed;
             self.log.truncate_from(at);
             for ev in events.into_iter().skip(c) {
-                self.unapplied_bytes += ev.accounted_bytes();
+                self.unapplied_bytes += accounted_bytes(&ev);
                 self.log.append(ev);
             }
         }
@@ -452,7 +447,7 @@ impl FollowerCore {
             "invariant: unapplied events stay in memory"
         );
         for e in &events {
-            self.unapplied_bytes -= e.accounted_bytes();
+            self.unapplied_bytes -= accounted_bytes(e);
         }
         self.applied = Some(h);
         out.push(FollowerCommand::Apply { events });

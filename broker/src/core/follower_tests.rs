@@ -274,7 +274,7 @@ fn the_timer_is_deterministic_per_seed_and_ranked_by_broker_id() {
 
 #[test]
 fn applied_events_beyond_the_retention_bound_are_trimmed() {
-    let per = event(1, 0, 2).accounted_bytes();
+    let per = accounted_bytes(&event(1, 0, 2));
     let mut cfg = config();
     cfg.retained_bytes_max = 2 * per;
     let mut f = FollowerCore::new(cfg, LocalLog::empty(), Epoch::ZERO, 1, 0).expect("valid");
@@ -311,7 +311,7 @@ fn a_slave_follows_a_master_core() {
     };
     let mut m = MasterCore::new(cfg, adopted, Bytes::new(), &mut mout).expect("valid");
     for _ in 0..5 {
-        m.propose(1, Bytes::from_static(b"hi"), &mut mout)
+        m.propose(EventKind::Message, Bytes::from_static(b"hi"), &mut mout)
             .expect("accepted");
     }
     let mut f = follower();
@@ -401,7 +401,7 @@ fn a_slave_follows_a_master_core() {
 /// what it applied, beyond its log's end, and the first event is a Trim event.
 #[test]
 fn a_follower_starts_its_log_at_a_checkpoint_only_when_it_may() {
-    let at = |id: u64, prev: LogPosition, kind: u8, hwm: Option<u64>| {
+    let at = |id: u64, prev: LogPosition, kind: EventKind, hwm: Option<u64>| {
         let mut e = event(2, prev.offset.0 + 1, 4);
         e.kind = kind;
         FollowerInput::Append {
@@ -412,7 +412,7 @@ fn a_follower_starts_its_log_at_a_checkpoint_only_when_it_may() {
             hwm: hwm.map(Offset),
         }
     };
-    let trim = EventKind::Trim.as_u8();
+    let trim = EventKind::Trim;
     let refused = |out: &[FollowerCommand]| {
         matches!(
             out,
@@ -425,7 +425,7 @@ fn a_follower_starts_its_log_at_a_checkpoint_only_when_it_may() {
     let mut f = follower();
     let mut out = Vec::new();
     // Not a Trim event first, or prev above the HWM: refused as a mismatch.
-    f.handle(at(1, pos(2, 99), 1, Some(150)), &mut out);
+    f.handle(at(1, pos(2, 99), EventKind::Message, Some(150)), &mut out);
     assert!(refused(&out), "{out:?}");
     out.clear();
     f.handle(at(2, pos(2, 99), trim, Some(98)), &mut out);

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 
 use quire_proto::{Epoch, LogPosition, Offset};
 
-use super::event::Event;
+use super::event::{accounted_bytes, Event};
 
 /// Epochs of offsets `0..end` and the events of `mem_start..end`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,7 +41,7 @@ pub struct Log {
     exact_from: Offset,
     /// Events `mem_start..end`.
     mem: VecDeque<Event>,
-    /// Sum of [`Event::accounted_bytes`] over `mem`.
+    /// Sum of [`accounted_bytes`](super::event::accounted_bytes) over `mem`.
     mem_bytes: u64,
 }
 
@@ -176,7 +176,7 @@ impl Log {
         self.mem_start
     }
 
-    /// Bytes charged for the events in memory ([`Event::accounted_bytes`]).
+    /// Bytes charged for the events in memory ([`accounted_bytes`](super::event::accounted_bytes)).
     #[must_use]
     pub fn mem_bytes(&self) -> u64 {
         self.mem_bytes
@@ -214,7 +214,7 @@ impl Log {
         let mut out = Vec::new();
         let mut bytes = 0u64;
         for ev in self.iter_from(first).take(count_max) {
-            let b = ev.accounted_bytes();
+            let b = accounted_bytes(ev);
             if !out.is_empty() && bytes + b > bytes_max {
                 break;
             }
@@ -245,7 +245,7 @@ impl Log {
             None => self.runs.push((event.epoch, event.offset)),
         }
         self.end = event.offset.next();
-        self.mem_bytes += event.accounted_bytes();
+        self.mem_bytes += accounted_bytes(&event);
         self.mem.push_back(event);
     }
 
@@ -272,7 +272,7 @@ impl Log {
                     .mem
                     .pop_back()
                     .expect("invariant: mem covers mem_start..end");
-                self.mem_bytes -= ev.accounted_bytes();
+                self.mem_bytes -= accounted_bytes(&ev);
             }
         }
     }
@@ -286,7 +286,7 @@ impl Log {
                 .mem
                 .pop_front()
                 .expect("invariant: mem covers mem_start..end");
-            self.mem_bytes -= ev.accounted_bytes();
+            self.mem_bytes -= accounted_bytes(&ev);
             self.mem_start = self.mem_start.next();
         }
     }
@@ -298,15 +298,16 @@ impl Log {
             return None;
         }
         let ev = self.mem.pop_front().expect("invariant: mem is not empty");
-        self.mem_bytes -= ev.accounted_bytes();
+        self.mem_bytes -= accounted_bytes(&ev);
         self.mem_start = self.mem_start.next();
-        Some(ev.accounted_bytes())
+        Some(accounted_bytes(&ev))
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use bytes::Bytes;
+    use quire_proto::EventKind;
 
     use super::*;
 
@@ -315,7 +316,7 @@ pub(crate) mod tests {
         Event {
             epoch: Epoch(epoch),
             offset: Offset(offset),
-            kind: 1,
+            kind: EventKind::Message,
             payload: Bytes::new(),
         }
     }
@@ -383,7 +384,7 @@ pub(crate) mod tests {
     #[test]
     fn truncate_and_trim_keep_epochs_and_bytes_consistent() {
         let mut log = log_of(&[1, 1, 3, 3, 3, 7]);
-        let per = ev(0, 0).accounted_bytes();
+        let per = accounted_bytes(&ev(0, 0));
         log.trim_before(Offset(3));
         assert_eq!(log.mem_start(), Offset(3));
         assert_eq!(log.mem_bytes(), 3 * per);

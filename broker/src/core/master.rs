@@ -63,7 +63,7 @@ use bytes::Bytes;
 use quire_proto::{Epoch, EventKind, LogPosition, Offset};
 use thiserror::Error;
 
-use super::event::Event;
+use super::event::{accounted_bytes, Event};
 use super::log::Log;
 use super::quorum::quorum_offset;
 use super::takeover::{AdoptedLog, LocalLog};
@@ -82,7 +82,7 @@ pub const APPEND_TIMEOUT_TICKS_DEFAULT: u32 = 10;
 /// Default [`ReplicationLimits::retained_bytes_max`]: 64 MiB.
 pub const RETAINED_BYTES_MAX_DEFAULT: u64 = 64 << 20;
 
-/// The master core's bounds. All byte counts are [`Event::accounted_bytes`] (payload plus
+/// The master core's bounds. All byte counts are [`accounted_bytes`](super::event::accounted_bytes) (payload plus
 /// a fixed per-event overhead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReplicationLimits {
@@ -522,13 +522,10 @@ impl MasterCore {
         log.append(Event {
             epoch,
             offset: epoch_start,
-            kind: EventKind::EpochStart.as_u8(),
+            kind: EventKind::EpochStart,
             payload: epoch_start_payload,
         });
-        let unstable_bytes = log
-            .iter_from(first_unapplied)
-            .map(Event::accounted_bytes)
-            .sum();
+        let unstable_bytes = log.iter_from(first_unapplied).map(accounted_bytes).sum();
         let slots = config
             .cluster
             .slots
@@ -584,7 +581,7 @@ impl MasterCore {
     /// when the event alone would. A refused event takes no offset and changes nothing.
     pub fn propose(
         &mut self,
-        kind: u8,
+        kind: EventKind,
         payload: Bytes,
         out: &mut Vec<MasterCommand>,
     ) -> Result<Offset, ProposeError> {
@@ -602,7 +599,11 @@ impl MasterCore {
     ///
     /// # Errors
     /// As [`MasterCore::propose`].
-    pub fn propose_deferred(&mut self, kind: u8, payload: Bytes) -> Result<Offset, ProposeError> {
+    pub fn propose_deferred(
+        &mut self,
+        kind: EventKind,
+        payload: Bytes,
+    ) -> Result<Offset, ProposeError> {
         if let Some(promised) = self.fenced_by {
             return Err(ProposeError::Fenced { promised });
         }
@@ -615,7 +616,7 @@ impl MasterCore {
             kind,
             payload,
         };
-        let event_bytes = event.accounted_bytes();
+        let event_bytes = accounted_bytes(&event);
         let inflight_bytes_max = self.limits.inflight_bytes_max;
         if event_bytes > inflight_bytes_max {
             return Err(ProposeError::TooLarge {
@@ -1070,7 +1071,7 @@ impl MasterCore {
             "invariant: events above the HWM stay in memory"
         );
         for e in &events {
-            self.unstable_bytes -= e.accounted_bytes();
+            self.unstable_bytes -= accounted_bytes(e);
         }
         assert!(Some(h) > self.hwm, "the HWM never goes down");
         self.hwm = Some(h);

@@ -408,9 +408,11 @@ impl World {
         let n = self.oracle.n as u16;
         match *op {
             Op::Propose(len) => {
-                let _ = self
-                    .m
-                    .propose(1, Bytes::from(vec![1u8; len]), &mut self.out);
+                let _ = self.m.propose(
+                    quire_proto::EventKind::Message,
+                    Bytes::from(vec![1u8; len]),
+                    &mut self.out,
+                );
                 self.collect();
             }
             Op::DeliverAppend { pick, keep } if !self.appends.is_empty() => {

@@ -115,7 +115,7 @@ impl H {
 
     fn propose(&mut self) -> Offset {
         self.m
-            .propose(1, Bytes::from_static(b"m"), &mut self.out)
+            .propose(EventKind::Message, Bytes::from_static(b"m"), &mut self.out)
             .expect("accepted")
     }
 }
@@ -151,7 +151,7 @@ fn new_master_probes_every_slot_with_its_epoch_start_event() {
         let AppendEvents::InMemory(evs) = &a.events else {
             panic!("in memory")
         };
-        assert_eq!(evs[0].kind, quire_proto::EventKind::EpochStart.as_u8());
+        assert_eq!(evs[0].kind, quire_proto::EventKind::EpochStart);
         assert_eq!(evs[0].epoch, E);
         assert_eq!(a.hwm, Some(Offset(1)));
     }
@@ -548,7 +548,7 @@ fn a_fenced_master_steps_down_and_stops_advancing() {
     assert_eq!(h.m.hwm(), None);
     assert!(h.out.is_empty());
     assert_eq!(
-        h.m.propose(1, Bytes::new(), &mut h.out),
+        h.m.propose(EventKind::Message, Bytes::new(), &mut h.out),
         Err(ProposeError::Fenced {
             promised: Epoch(200)
         })
@@ -589,7 +589,8 @@ fn backpressure_refuses_proposals_until_bytes_are_stabilized() {
     for _ in 0..4 {
         h.propose();
     }
-    let refused = h.m.propose(1, Bytes::from_static(b"x"), &mut h.out);
+    let refused =
+        h.m.propose(EventKind::Message, Bytes::from_static(b"x"), &mut h.out);
     assert_eq!(
         refused,
         Err(ProposeError::Backpressure {
@@ -603,8 +604,11 @@ fn backpressure_refuses_proposals_until_bytes_are_stabilized() {
         Offset(5),
         "a refused event takes no offset"
     );
-    let too_large =
-        h.m.propose(1, Bytes::from(vec![0u8; 4 * per as usize]), &mut h.out);
+    let too_large = h.m.propose(
+        EventKind::Message,
+        Bytes::from(vec![0u8; 4 * per as usize]),
+        &mut h.out,
+    );
     assert!(matches!(too_large, Err(ProposeError::TooLarge { .. })));
     for a in h.appends() {
         if a.slot.0 < 2 {
@@ -933,7 +937,7 @@ fn deferred_proposals_share_one_append_per_slot_after_a_flush() {
     assert_eq!(h.stabilized(), vec![Offset(0)]);
     let offsets: Vec<Offset> = (0..5)
         .map(|_| {
-            h.m.propose_deferred(1, Bytes::from_static(b"m"))
+            h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
                 .expect("accepted")
         })
         .collect();
@@ -962,12 +966,12 @@ fn deferred_proposals_obey_backpressure_like_propose() {
     };
     let mut h = H::with(stores(3), limits, Log::new(), None);
     // The epoch-start event (empty payload) is unstable too.
-    h.m.propose_deferred(1, Bytes::from_static(b"m"))
+    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
         .expect("fits");
-    h.m.propose_deferred(1, Bytes::from_static(b"m"))
+    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
         .expect("fits");
     assert!(matches!(
-        h.m.propose_deferred(1, Bytes::from_static(b"m")),
+        h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m")),
         Err(ProposeError::Backpressure { .. })
     ));
     assert_eq!(
@@ -1063,7 +1067,7 @@ fn check_quorum_gives_up_once_when_fewer_than_qa_stores_ack_within_the_window() 
     assert_eq!(h.m.fenced_by(), None, "not fenced: nobody took over yet");
     let hwm = h.m.hwm();
     assert_eq!(
-        h.m.propose(1, Bytes::new(), &mut h.out),
+        h.m.propose(EventKind::Message, Bytes::new(), &mut h.out),
         Err(ProposeError::QuorumLost)
     );
     h.out.clear();

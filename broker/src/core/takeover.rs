@@ -948,7 +948,7 @@ impl TakeoverCore {
             }
             next = next.next();
             if let Some((first_offset, skipped)) = rebase {
-                if ev.kind != EventKind::Trim.as_u8() {
+                if ev.kind != EventKind::Trim {
                     // Below the first checkpoint: not kept (see on_fetch_trimmed).
                     rebase = Some((first_offset, Some(ev.position())));
                     continue;

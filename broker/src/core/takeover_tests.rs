@@ -891,7 +891,7 @@ fn rebasing() -> (TakeoverCore, Epoch, Vec<TakeoverCommand>) {
 /// Fetched events at offsets 4..=7 of the given epochs, the one at 5 a Trim event.
 fn fetched_with_trim_at_5(e: Epoch, epochs: &[u64]) -> TakeoverInput {
     let mut events = events_from(4, epochs);
-    events[1].kind = EventKind::Trim.as_u8();
+    events[1].kind = EventKind::Trim;
     TakeoverInput::Fetched {
         slot: SlotId(0),
         epoch: e,

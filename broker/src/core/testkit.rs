@@ -34,7 +34,7 @@ pub(crate) fn event(epoch: u64, offset: u64, len: usize) -> Event {
     Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
-        kind: 1,
+        kind: quire_proto::EventKind::Message,
         payload: Bytes::from(vec![7u8; len]),
     }
 }

@@ -27,8 +27,8 @@
 use std::collections::BTreeSet;
 
 use quire_proto::{
-    AppendRejected, AppendRequest, BrokerId, Epoch, EpochStartEvent, EventBody, EventKind,
-    FenceGranted, LogPosition, Offset, Voter,
+    AppendRejected, AppendRequest, BrokerId, Epoch, EpochStartEvent, EventBody, FenceGranted,
+    LogPosition, Offset, Voter,
 };
 
 use super::recent::RecentEvents;
@@ -765,7 +765,7 @@ impl Engine {
         };
         let mut out = Vec::new();
         let heard_hwm = req.hwm;
-        let events = req.events.into_iter().map(Event::from).collect();
+        let events = req.events;
         f.handle(
             FollowerInput::Append {
                 append,
@@ -1797,34 +1797,4 @@ impl Engine {
 /// The slot of store index `i`.
 fn slot_of(i: usize) -> SlotId {
     SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"))
-}
-
-/// Events of a known kind only (decoded frames and the broker's own): the wire form.
-impl Event {
-    /// This event as the wire's event.
-    ///
-    /// # Panics
-    /// If the kind is unknown; every event a broker holds was created here or decoded.
-    #[must_use]
-    pub fn to_wire(&self) -> quire_proto::Event {
-        quire_proto::Event {
-            epoch: self.epoch,
-            offset: self.offset,
-            kind: EventKind::from_u8(self.kind).expect(
-                "invariant: every event in a broker log has a known kind (created here or decoded)",
-            ),
-            payload: self.payload.clone(),
-        }
-    }
-}
-
-impl From<quire_proto::Event> for Event {
-    fn from(e: quire_proto::Event) -> Event {
-        Event {
-            epoch: e.epoch,
-            offset: e.offset,
-            kind: e.kind.as_u8(),
-            payload: e.payload,
-        }
-    }
 }

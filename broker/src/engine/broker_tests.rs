@@ -625,7 +625,7 @@ fn trims_sent(out: &[Command]) -> Vec<(Offset, quire_proto::TrimEvent)> {
             _ => None,
         })
         .flatten()
-        .filter(|e| e.kind == quire_proto::EventKind::Trim.as_u8())
+        .filter(|e| e.kind == quire_proto::EventKind::Trim)
         .filter_map(|e| {
             match quire_proto::EventBody::decode(quire_proto::EventKind::Trim, &e.payload) {
                 Ok(quire_proto::EventBody::Trim(t)) => Some((e.offset, t)),

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use quire_proto::Offset;
 
+use crate::core::event::accounted_bytes;
 use crate::core::Event;
 
 /// Default bound of [`RecentEvents`], in accounted bytes: 64 MiB.
@@ -40,11 +41,11 @@ impl RecentEvents {
         if !contiguous {
             self.clear();
         }
-        self.bytes += event.accounted_bytes();
+        self.bytes += accounted_bytes(&event);
         self.events.push_back(event);
         while self.bytes > self.bytes_max && self.events.len() > 1 {
             if let Some(old) = self.events.pop_front() {
-                self.bytes -= old.accounted_bytes();
+                self.bytes -= accounted_bytes(&old);
             }
         }
     }
@@ -73,14 +74,14 @@ mod tests {
         Event {
             epoch: Epoch(1),
             offset: Offset(o),
-            kind: 1,
+            kind: quire_proto::EventKind::Message,
             payload: Bytes::from_static(b"0123456789"),
         }
     }
 
     #[test]
     fn keeps_the_newest_events_within_the_bound() {
-        let per = ev(0).accounted_bytes();
+        let per = accounted_bytes(&ev(0));
         let mut r = RecentEvents::new(3 * per);
         for o in 0..5 {
             r.push(ev(o));

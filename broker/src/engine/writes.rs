@@ -535,7 +535,7 @@ impl Writes {
         let mut base = None;
         let mut last = None;
         for p in payloads {
-            match core.propose_deferred(event_kind.as_u8(), p) {
+            match core.propose_deferred(event_kind, p) {
                 Ok(o) => {
                     base.get_or_insert(o);
                     last = Some(o);

@@ -12,6 +12,7 @@
 //! (`actor/handoff.rs`) and retention with its checkpoints (`actor/retention.rs`); they see
 //! the role through the engine's accessors.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -491,8 +492,7 @@ impl Actor {
                 outcome,
             } => match outcome {
                 Ok(read) => {
-                    let events = read.events.into_iter().map(Event::from).collect();
-                    self.engine.takeover_read(slot, epoch, Ok(events), now);
+                    self.engine.takeover_read(slot, epoch, Ok(read.events), now);
                 }
                 Err(ClientError::Trimmed { first_offset, .. }) => {
                     self.engine
@@ -509,7 +509,7 @@ impl Actor {
             Internal::ReadForAppend { cmd, outcome } => match outcome {
                 Ok(events) => {
                     if self.engine.master_epoch() == Some(cmd.epoch) {
-                        self.send_append(&cmd, Batch::Wire(events), &mut Vec::new());
+                        self.send_append(&cmd, Cow::Owned(events), &mut Vec::new());
                     }
                 }
                 Err(e) => {
@@ -737,13 +737,13 @@ impl Actor {
             }
             Command::Append(cmd) => match &cmd.events {
                 AppendEvents::InMemory(events) => {
-                    self.send_append(&cmd, Batch::Core(events), encoded);
+                    self.send_append(&cmd, Cow::Borrowed(events), encoded);
                 }
                 AppendEvents::FromStore { source } => self.read_for_append(cmd.clone(), *source),
             },
             Command::Applied { events, .. } => {
                 for e in &events {
-                    if e.kind == EventKind::Message.as_u8() {
+                    if e.kind == EventKind::Message {
                         self.message_event_bytes_max
                             .fetch_max(e.payload.len(), Ordering::Relaxed);
                     }
@@ -868,7 +868,7 @@ impl Actor {
     fn send_append(
         &mut self,
         cmd: &AppendCommand,
-        events: Batch<'_>,
+        events: Cow<'_, [Event]>,
         cache: &mut Vec<(AppendKey, Arc<quire_proto::EncodedBody>)>,
     ) {
         if !self.engine.slot_up(cmd.slot) {
@@ -884,14 +884,10 @@ impl Actor {
         let body = if let Some((_, b)) = cache.iter().find(|(k, _)| *k == key) {
             b.clone()
         } else {
-            let events = match events {
-                Batch::Core(evs) => evs.iter().map(Event::to_wire).collect(),
-                Batch::Wire(evs) => evs,
-            };
             let req = AppendRequest {
                 epoch: cmd.epoch,
                 prev: cmd.prev,
-                events,
+                events: events.into_owned(),
                 hwm: cmd.hwm,
             };
             let mut scratch = BytesMut::new();
@@ -1045,14 +1041,6 @@ fn not_connected() -> ClientError {
 /// timeout, at least 1 s.
 fn takeover_budget(cfg: &BrokerConfig) -> Duration {
     cfg.election_timeout.max(Duration::from_millis(500)) * 2
-}
-
-/// The events of an append to encode.
-enum Batch<'a> {
-    /// Events from the master's memory.
-    Core(&'a [Event]),
-    /// Events read from a store.
-    Wire(Vec<quire_proto::Event>),
 }
 
 /// Distinct appends whose encoding one dispatch keeps for the other slots.

@@ -91,9 +91,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use quire_proto::{Epoch, EventKind, Offset};
+use quire_proto::{Epoch, Event, EventKind, Offset};
 use quire_wal::format::PAYLOAD_BYTES_MAX;
-use quire_wal::{IoBackend, Record, Wal, WalConfig, WalError, WalStats};
+use quire_wal::{IoBackend, Wal, WalConfig, WalError, WalStats};
 use serde::Serialize;
 
 use super::cpu::{ProcessCpu, ThreadCpu, ThreadSnapshot};
@@ -819,10 +819,10 @@ fn measure(
     let epoch = Epoch(1);
     let event_len = usize::try_from(config.event_size).context("event size")?;
     let payload = payload_bytes(event_len);
-    let record = |offset: u64| Record {
+    let record = |offset: u64| Event {
         epoch,
         offset: Offset(offset),
-        kind: EventKind::Message.as_u8(),
+        kind: EventKind::Message,
         payload: payload.clone(),
     };
     // The first append takes the spare segment: let it be ready first, then the next one.
@@ -960,10 +960,10 @@ async fn appender(
             *next += 1;
             wal.append(
                 epoch,
-                vec![Record {
+                vec![Event {
                     epoch,
                     offset: Offset(offset),
-                    kind: EventKind::Message.as_u8(),
+                    kind: EventKind::Message,
                     payload: payload.clone(),
                 }],
             )

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use bytes::Bytes;
-use quire_proto::{Epoch, Offset};
-use quire_wal::{IoBackend, Record, Wal, WalConfig};
+use quire_proto::{Epoch, Event, EventKind, Offset};
+use quire_wal::{IoBackend, Wal, WalConfig};
 
 /// A small configuration: 64 KiB segments, sync backend unless asked otherwise.
 pub fn config(dir: &Path, io: IoBackend) -> WalConfig {
@@ -19,14 +19,14 @@ pub fn config(dir: &Path, io: IoBackend) -> WalConfig {
 }
 
 /// A record whose payload is derived from its offset and epoch, `len` bytes long.
-pub fn record(offset: u64, epoch: u64, len: usize) -> Record {
+pub fn record(offset: u64, epoch: u64, len: usize) -> Event {
     let payload: Vec<u8> = (0..len)
         .map(|i| (offset as usize * 31 + epoch as usize * 7 + i) as u8)
         .collect();
-    Record {
+    Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
-        kind: 1,
+        kind: EventKind::Message,
         payload: Bytes::from(payload),
     }
 }
@@ -43,7 +43,7 @@ pub fn append_range(wal: &Wal, from: u64, to: u64, epoch: u64, len: usize) {
 }
 
 /// Every durable record of the log, read through the reader.
-pub fn read_all(wal: &Wal) -> Vec<Record> {
+pub fn read_all(wal: &Wal) -> Vec<Event> {
     let mut out = Vec::new();
     let mut from = wal.first_offset();
     loop {

@@ -208,7 +208,7 @@ impl Engine {
         if let Some(payload) = payload {
             let bytes = EVENT_OVERHEAD_BYTES + payload.len() as u64;
             let mut out = Vec::new();
-            match m.core.propose(EventKind::Trim.as_u8(), payload, &mut out) {
+            match m.core.propose(EventKind::Trim, payload, &mut out) {
                 Ok(offset) => {
                     r.proposed = Some(offset);
                     r.planner.trimmed(barrier.before);
