@@ -766,13 +766,13 @@ mod tests {
             Offset(self.events.len() as u64)
         }
 
-        fn push(&mut self, kind: EventKind, payload: Bytes) -> Offset {
+        fn push(&mut self, kind: EventKind, payload: impl Into<quire_proto::Payload>) -> Offset {
             let offset = self.next();
             self.events.push(Event {
                 epoch: Epoch(1),
                 offset,
                 kind,
-                payload,
+                payload: payload.into(),
             });
             offset
         }
@@ -1192,7 +1192,7 @@ mod tests {
             epoch: Epoch(1),
             offset: Offset(1),
             kind: EventKind::CursorCommit,
-            payload: Bytes::new(),
+            payload: Bytes::new().into(),
         });
         log.message("t", 0, 0, b"ok");
         let s = log.apply_all();

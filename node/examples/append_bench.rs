@@ -72,7 +72,7 @@ async fn main() {
                     epoch,
                     offset: Offset(next + i),
                     kind: EventKind::Message,
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                 })
                 .collect();
             next += per_append;

@@ -506,7 +506,7 @@ fn serve_range_digest(wal: &Wal, req: &RangeDigestRequest, limits: &Limits) -> B
             digest.push(EntryId {
                 epoch: r.epoch,
                 offset: r.offset,
-                crc: quire_wal::format::record_crc(r.epoch, r.offset, r.kind.as_u8(), &r.payload),
+                crc: quire_wal::format::event_crc(&r),
             });
             next = r.offset.next();
         }
@@ -596,7 +596,7 @@ mod tests {
                 epoch: Epoch(1),
                 offset: Offset(i as u64),
                 kind: EventKind::Message,
-                payload: Bytes::from(vec![7u8; payload_bytes]),
+                payload: Bytes::from(vec![7u8; payload_bytes]).into(),
             })
             .collect();
         let body = ReadResponse {
@@ -626,7 +626,7 @@ mod tests {
                 epoch: Epoch(if o < 6 { 3 } else { 4 }),
                 offset: Offset(o),
                 kind: EventKind::Message,
-                payload: Bytes::from(vec![o as u8; 100 + o as usize]),
+                payload: Bytes::from(vec![o as u8; 100 + o as usize]).into(),
             })
             .collect();
         wal.append(Epoch(4), records).wait().expect("appends");

@@ -1107,7 +1107,7 @@ mod tests {
         let mut payload = bytes::BytesMut::new();
         trim.encode(&mut payload).expect("encodes");
         req.events[1].kind = EventKind::Trim;
-        req.events[1].payload = payload.freeze();
+        req.events[1].payload = payload.freeze().into();
         e.append(1, req, &log);
         run(&mut e, &mut log);
         log.durable = 3;
@@ -1136,7 +1136,7 @@ mod tests {
             let mut payload = bytes::BytesMut::new();
             trim.encode(&mut payload).expect("encodes");
             req.events[2].kind = EventKind::Trim;
-            req.events[2].payload = payload.freeze();
+            req.events[2].payload = payload.freeze().into();
             req
         };
         // With every rule on, no HWM has covered the Trim event: nothing is trimmed.

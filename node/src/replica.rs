@@ -343,7 +343,7 @@ pub(crate) mod tests {
                     epoch: Epoch(e),
                     offset: Offset(first + i as u64),
                     kind: EventKind::Message,
-                    payload: Bytes::from_static(b"x"),
+                    payload: Bytes::from_static(b"x").into(),
                 })
                 .collect(),
             hwm: None,

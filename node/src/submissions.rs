@@ -217,7 +217,7 @@ mod tests {
                 epoch: quire_proto::Epoch(1),
                 offset: quire_proto::Offset(i as u64),
                 kind: EventKind::Message,
-                payload: bytes::Bytes::from(vec![0u8; n]),
+                payload: bytes::Bytes::from(vec![0u8; n]).into(),
             })
             .collect()
     }

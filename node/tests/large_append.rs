@@ -56,7 +56,7 @@ async fn an_append_larger_than_a_segment_is_written_across_segments_and_acked_on
                 epoch: EPOCH,
                 offset: Offset(o),
                 kind: EventKind::Message,
-                payload: Bytes::from(vec![u8::try_from(o % 251).unwrap(); 3_000]),
+                payload: Bytes::from(vec![u8::try_from(o % 251).unwrap(); 3_000]).into(),
             })
             .collect();
         let out = c

@@ -274,7 +274,7 @@ fn proc_bad_frames_and_idle_connections_leave_the_node_serving() {
         assert!(matches!(ack, AppendOutcome::Persisted(p) if p.through_offset == Some(Offset(19))));
         let fresh = StoreClient::connect(node.addr).await.expect("connect");
         let r = fresh.read(Offset(0), 100, 1 << 20).await.unwrap();
-        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload[..]).collect();
+        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload.head()[..]).collect();
         let want: Vec<&[u8]> = first.iter().chain(more.iter()).map(|p| &p[..]).collect();
         assert_eq!(got, want);
 
@@ -391,6 +391,6 @@ fn proc_a_peer_that_never_reads_is_dropped_and_others_go_on() {
         }
         let r = good.read(Offset(40), 100, 64 << 20).await.unwrap();
         assert_eq!(r.events.len(), 8);
-        assert!(r.events.iter().all(|e| e.payload == payload));
+        assert!(r.events.iter().all(|e| e.payload == payload[..]));
     });
 }

@@ -113,7 +113,7 @@ fn one_case(case: &Case) {
         let tail = c.tail().await.expect("tail");
         assert_eq!(tail.last.map(|l| l.offset), Some(Offset(at - 1)));
         let r = c.read(Offset(0), 100, 1 << 20).await.expect("read");
-        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload[..]).collect();
+        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload.head()[..]).collect();
         let want: Vec<&[u8]> = payloads[..at as usize]
             .iter()
             .map(|p| p.as_bytes())
@@ -142,7 +142,7 @@ fn one_case(case: &Case) {
     block_on(async {
         let c = StoreClient::connect(node.addr).await.expect("connect");
         let r = c.read(Offset(0), 100, 1 << 20).await.expect("read");
-        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload[..]).collect();
+        let got: Vec<&[u8]> = r.events.iter().map(|e| &e.payload.head()[..]).collect();
         let acked: Vec<&[u8]> = payloads[..case.acked_before as usize]
             .iter()
             .map(|p| p.as_bytes())

@@ -47,7 +47,7 @@ async fn read_all(client: &StoreClient) -> Vec<(u64, u64, Bytes)> {
         }
         for e in r.events {
             assert_eq!(e.offset.0, from, "read returns consecutive offsets");
-            out.push((e.offset.0, e.epoch.0, e.payload));
+            out.push((e.offset.0, e.epoch.0, e.payload.to_bytes()));
             from += 1;
         }
     }

@@ -25,7 +25,7 @@ fn event(offset: u64, kind: EventKind, payload: Bytes) -> Event {
         epoch: EPOCH,
         offset: Offset(offset),
         kind,
-        payload,
+        payload: payload.into(),
     }
 }
 

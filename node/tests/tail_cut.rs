@@ -35,7 +35,7 @@ fn append(epoch: u64, prev: Option<(u64, u64)>, payloads: &[&'static str]) -> Ap
                 epoch: Epoch(epoch),
                 offset: Offset(first + i as u64),
                 kind: EventKind::Message,
-                payload: Bytes::from_static(p.as_bytes()),
+                payload: Bytes::from_static(p.as_bytes()).into(),
             })
             .collect(),
         hwm: None,

@@ -41,7 +41,7 @@ fn append(events: usize, payload_bytes: usize) -> AppendRequest {
                 epoch: Epoch(0x1_0001),
                 offset: Offset(1000 + i as u64),
                 kind: EventKind::Message,
-                payload: payload.clone(),
+                payload: payload.clone().into(),
             })
             .collect(),
         hwm: Some(Offset(998)),

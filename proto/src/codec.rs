@@ -20,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::error::WireError;
 use crate::limits::{FRAME_BYTES_MAX, INLINE_PAYLOAD_BYTES_MAX};
+use crate::payload::Payload;
 use crate::types::{Epoch, LogPosition, Offset};
 
 /// Where an encoder writes a body's bytes.
@@ -98,16 +99,34 @@ pub(crate) trait BodyWriter {
 
     /// A u32-length-prefixed payload.
     fn payload(&mut self, field: &'static str, payload: &Bytes) -> Result<(), WireError> {
-        let length = u32::try_from(payload.len())
+        self.payload_length(field, payload.len())?;
+        self.put_payload_bytes(payload);
+        Ok(())
+    }
+
+    /// A u32-length-prefixed [`Payload`]: the length of its bytes, then each chunk (shared
+    /// by writers that share payloads).
+    fn payload_chunks(&mut self, field: &'static str, payload: &Payload) -> Result<(), WireError> {
+        self.payload_length(field, payload.len())?;
+        for chunk in [payload.head(), payload.tail()] {
+            if !chunk.is_empty() {
+                self.put_payload_bytes(chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// The u32 length of a payload of `bytes` bytes, checked against `FRAME_BYTES_MAX`.
+    fn payload_length(&mut self, field: &'static str, bytes: usize) -> Result<(), WireError> {
+        let length = u32::try_from(bytes)
             .ok()
             .filter(|&l| l as usize <= FRAME_BYTES_MAX)
             .ok_or(WireError::PayloadTooLarge {
                 field,
-                length: payload.len(),
+                length: bytes,
                 max: FRAME_BYTES_MAX,
             })?;
         self.u32(length);
-        self.put_payload_bytes(payload);
         Ok(())
     }
 

@@ -44,6 +44,7 @@ use bytes::{Bytes, BytesMut};
 use crate::codec::{BodyWriter, CountingWriter, Reader};
 use crate::error::WireError;
 use crate::limits::{CURSOR_BYTES_MAX, MEMBERS_MAX, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX};
+use crate::payload::Payload;
 use crate::types::{BrokerId, Epoch, EventKind, Incarnation, Offset, StoreId};
 
 /// The event body format version this build writes and reads.
@@ -393,18 +394,45 @@ impl EventBody {
     ///
     /// # Errors
     /// As [`EventBody::encode`].
-    pub fn to_payload(&self) -> Result<Bytes, WireError> {
+    /// A message's payload is two chunks: its header, then the message bytes themselves
+    /// (shared, not copied; see [`Payload`]).
+    pub fn to_payload(&self) -> Result<Payload, WireError> {
         let mut out = BytesMut::new();
+        if let EventBody::Message(m) = self {
+            encode_message_header(
+                &m.topic,
+                m.producer_id,
+                m.sequence,
+                m.message.len(),
+                &mut out,
+            )?;
+            return Ok(Payload::chained(out.freeze(), m.message.clone()));
+        }
         self.encode(&mut out)?;
-        Ok(out.freeze())
+        Ok(out.freeze().into())
     }
 
-    /// Decodes an event's payload by its kind. A message's bytes are a slice of `payload`.
+    /// Decodes an event's payload by its kind. A message's bytes are a slice of `payload`
+    /// (of its second chunk when the payload is a message header followed by the message,
+    /// as [`EventBody::to_payload`] and [`encode_message_header`] build it).
     ///
     /// # Errors
     /// [`WireError::UnsupportedEventBodyVersion`], or a body error (`Truncated`,
     /// `StringTooLong`, `EmptyName`, `InvalidUtf8`, `InvalidTag`, `TrailingBytes`, …).
-    pub fn decode(kind: EventKind, payload: &Bytes) -> Result<EventBody, WireError> {
+    pub fn decode(kind: EventKind, payload: &Payload) -> Result<EventBody, WireError> {
+        if payload.tail().is_empty() {
+            return EventBody::decode_bytes(kind, payload.head());
+        }
+        if kind == EventKind::Message {
+            if let Some(m) = MessageEvent::decode_split(payload.head(), payload.tail()) {
+                return Ok(EventBody::Message(m));
+            }
+        }
+        EventBody::decode_bytes(kind, &payload.to_bytes())
+    }
+
+    /// [`EventBody::decode`] of one contiguous buffer.
+    fn decode_bytes(kind: EventKind, payload: &Bytes) -> Result<EventBody, WireError> {
         let mut r = Reader::new(payload);
         let version = r.u8("event body version")?;
         if version != EVENT_BODY_VERSION {
@@ -514,6 +542,74 @@ fn message<W: BodyWriter>(w: &mut W, message: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+impl MessageEvent {
+    /// The message event whose header is all of `head` and whose message bytes are all of
+    /// `tail` (a handle to `tail`, no copy), or `None` if the payload is not split there
+    /// (or `head` is not a well-formed header for `tail.len()` bytes).
+    fn decode_split(head: &Bytes, tail: &Bytes) -> Option<MessageEvent> {
+        let mut r = Reader::new(head);
+        if r.u8("event body version").ok()? != EVENT_BODY_VERSION {
+            return None;
+        }
+        let topic = r.name("topic", TOPIC_BYTES_MAX).ok()?;
+        let producer_id = r.u64("message producer_id").ok()?;
+        let sequence = r.u64("message sequence").ok()?;
+        let length = r.u32("message length").ok()? as usize;
+        (r.remaining() == 0 && length == tail.len() && length <= MESSAGE_BYTES_MAX).then(|| {
+            MessageEvent {
+                topic,
+                producer_id,
+                sequence,
+                message: tail.clone(),
+            }
+        })
+    }
+}
+
+/// Bytes of a message event's header: everything of [`encode_message_event`]'s body before
+/// the message bytes (version, topic, producer id, sequence, length).
+#[must_use]
+pub fn message_header_bytes(topic_bytes: usize) -> usize {
+    1 + 2 + topic_bytes + 8 + 8 + 4
+}
+
+/// The producer hot path without a copy: appends to `out` the header of a message event
+/// whose message is `message_bytes` long. The event's payload is then
+/// `Payload::chained(header, message)`: the message bytes stay where they are. On error
+/// `out` is left as it was.
+///
+/// # Errors
+/// [`WireError::PayloadTooLarge`] for a message above [`MESSAGE_BYTES_MAX`]; a topic error
+/// (`EmptyName`, `StringTooLong`, `InvalidName`).
+pub fn encode_message_header(
+    topic: &str,
+    producer_id: u64,
+    sequence: u64,
+    message_bytes: usize,
+    out: &mut BytesMut,
+) -> Result<(), WireError> {
+    crate::client::validate_topic(topic)?;
+    if message_bytes > MESSAGE_BYTES_MAX {
+        return Err(WireError::PayloadTooLarge {
+            field: "message",
+            length: message_bytes,
+            max: MESSAGE_BYTES_MAX,
+        });
+    }
+    out.reserve(message_header_bytes(topic.len()));
+    let start = out.len();
+    out.u8(EVENT_BODY_VERSION);
+    if let Err(e) = out.name("topic", topic, TOPIC_BYTES_MAX) {
+        out.truncate(start);
+        return Err(e);
+    }
+    out.u64(producer_id);
+    out.u64(sequence);
+    // MESSAGE_BYTES_MAX < FRAME_BYTES_MAX ≤ u32::MAX (asserted in limits.rs).
+    out.u32(message_bytes as u32);
+    Ok(())
+}
+
 /// The producer hot path: appends a message event body for `message` to `out` without
 /// building a [`MessageEvent`] (one copy of the message bytes). On error `out` is left as
 /// it was.
@@ -527,25 +623,15 @@ pub fn encode_message_event(
     message_bytes: &[u8],
     out: &mut BytesMut,
 ) -> Result<(), WireError> {
-    crate::client::validate_topic(topic)?;
-    if message_bytes.len() > MESSAGE_BYTES_MAX {
-        return Err(WireError::PayloadTooLarge {
-            field: "message",
-            length: message_bytes.len(),
-            max: MESSAGE_BYTES_MAX,
-        });
-    }
-    out.reserve(1 + 2 + topic.len() + 8 + 8 + 4 + message_bytes.len());
-    out.u8(EVENT_BODY_VERSION);
-    out.name("topic", topic, TOPIC_BYTES_MAX)?;
-    out.u64(producer_id);
-    out.u64(sequence);
-    message(out, message_bytes)
+    out.reserve(message_event_bytes(topic.len(), message_bytes.len()));
+    encode_message_header(topic, producer_id, sequence, message_bytes.len(), out)?;
+    out.put(message_bytes);
+    Ok(())
 }
 
 /// Bytes a message event body takes for a topic of `topic_bytes` and a message of
 /// `message_bytes` (for batching budgets).
 #[must_use]
 pub fn message_event_bytes(topic_bytes: usize, message_bytes: usize) -> usize {
-    1 + 2 + topic_bytes + 8 + 8 + 4 + message_bytes
+    message_header_bytes(topic_bytes) + message_bytes
 }

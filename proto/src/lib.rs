@@ -39,6 +39,7 @@ pub mod error_response;
 pub mod event_body;
 pub mod frame;
 pub mod limits;
+pub mod payload;
 pub mod replication;
 pub mod types;
 
@@ -51,16 +52,18 @@ pub use digest::{EntryId, RangeDigest};
 pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
-    encode_message_event, message_event_bytes, BrokerSnapshot, CursorCommitEvent, EpochStartEvent,
-    EventBody, MessageEvent, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction,
-    TopicAdminEvent, TrimEvent, Voter, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX,
-    SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
+    encode_message_event, encode_message_header, message_event_bytes, message_header_bytes,
+    BrokerSnapshot, CursorCommitEvent, EpochStartEvent, EventBody, MessageEvent, SnapshotCursor,
+    SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent, TrimEvent, Voter,
+    EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX, SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX,
+    SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
     decode, decode_frame_body, decode_slice, encode, encode_body, frame_bytes_announced, Body,
     EncodedBody, Flags, Frame, FrameHeader, FrameType, RequestId, HEADER_BYTES, PROTOCOL_VERSION,
 };
 pub use limits::*;
+pub use payload::Payload;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,

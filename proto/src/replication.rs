@@ -19,12 +19,11 @@
 //! consecutive offsets from its first event's. The encoder refuses events that are not
 //! contiguous ([`WireError::EventsNotContiguous`]); the decoder rebuilds the offsets.
 
-use bytes::Bytes;
-
 use crate::codec::{BodyWriter, Reader};
 use crate::digest::EntryId;
 use crate::error::WireError;
 use crate::limits::{EVENTS_PER_FRAME_MAX, RANGE_DIGEST_OFFSETS_MAX};
+use crate::payload::Payload;
 use crate::types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
 
 /// Bytes one event takes on the wire before its payload: epoch u64, kind u8, length u32.
@@ -44,9 +43,10 @@ pub struct Event {
     pub offset: Offset,
     /// What the event means to the broker (stores never interpret it).
     pub kind: EventKind,
-    /// The event's body (see `event_body` for the broker's encodings). On decode, a slice
-    /// of the frame's buffer: holding it keeps that buffer alive.
-    pub payload: Bytes,
+    /// The event's body (see `event_body` for the broker's encodings), in one or two
+    /// shared chunks ([`Payload`]). On decode, one slice of the frame's buffer: holding it
+    /// keeps that buffer alive.
+    pub payload: Payload,
 }
 
 impl Event {
@@ -93,7 +93,7 @@ fn write_events<W: BodyWriter>(
         }
         w.u64(event.epoch.0);
         w.u8(event.kind.as_u8());
-        w.payload(field, &event.payload)?;
+        w.payload_chunks(field, &event.payload)?;
     }
     Ok(())
 }
@@ -116,7 +116,7 @@ fn read_events(
         let epoch = r.epoch(field)?;
         let byte = r.u8(field)?;
         let kind = EventKind::from_u8(byte).ok_or(WireError::UnknownEventKind { byte })?;
-        let payload = r.payload(field)?;
+        let payload = r.payload(field)?.into();
         events.push(Event {
             epoch,
             offset: Offset(first + index as u64),

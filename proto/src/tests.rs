@@ -17,7 +17,7 @@ fn event(epoch: u64, offset: u64, kind: EventKind, payload: &'static [u8]) -> Ev
         epoch: Epoch(epoch),
         offset: Offset(offset),
         kind,
-        payload: Bytes::from_static(payload),
+        payload: Bytes::from_static(payload).into(),
     }
 }
 
@@ -45,7 +45,7 @@ pub(crate) fn samples() -> Vec<Body> {
                     epoch: Epoch(0x3_0002),
                     offset: Offset(43),
                     kind: EventKind::Trim,
-                    payload: big,
+                    payload: big.into(),
                 },
                 event(0x3_0002, 44, EventKind::EpochStart, b""),
             ],
@@ -970,7 +970,7 @@ fn decoded_payloads_are_slices_of_the_read_buffer() {
     for e in &append.events {
         if !e.payload.is_empty() {
             assert!(
-                range.contains(&(e.payload.as_ptr() as usize)),
+                range.contains(&(e.payload.head().as_ptr() as usize)),
                 "payload was copied"
             );
         }
@@ -1004,7 +1004,7 @@ fn vectored_encoding_matches_contiguous_and_shares_large_payloads() {
     assert!(enc
         .chunks()
         .iter()
-        .any(|c| c.as_ptr() == big.as_ptr() && c.len() == big.len()));
+        .any(|c| c.as_ptr() == big.head().as_ptr() && c.len() == big.len()));
     // One body, many destinations: only the header differs, and each decodes.
     for id in [7u64, 8, 9] {
         let mut out = BytesMut::new();
@@ -1014,6 +1014,66 @@ fn vectored_encoding_matches_contiguous_and_shares_large_payloads() {
     }
 }
 
+/// A master's message event is a header chained to the producer's bytes: the append that
+/// carries it shares those bytes (a chunk of its own, not a copy), its bytes are the same
+/// as a contiguous body's, and it decodes to the same event with the message as a slice of
+/// the produce's buffer.
+#[test]
+fn a_chained_message_event_goes_out_without_a_copy() {
+    let message = Bytes::from(vec![9u8; 8192]);
+    let mut header = BytesMut::new();
+    encode_message_header("orders", 4, 17, message.len(), &mut header).expect("encodes");
+    let chained = Payload::chained(header.freeze(), message.clone());
+    let mut contiguous = BytesMut::new();
+    encode_message_event("orders", 4, 17, &message, &mut contiguous).expect("encodes");
+    assert_eq!(chained, Payload::from(contiguous.clone()));
+
+    let Ok(EventBody::Message(m)) = EventBody::decode(EventKind::Message, &chained) else {
+        panic!("a message event");
+    };
+    assert_eq!(
+        (m.topic.as_str(), m.producer_id, m.sequence),
+        ("orders", 4, 17)
+    );
+    assert_eq!(
+        m.message.as_ptr(),
+        message.as_ptr(),
+        "the message is shared"
+    );
+    let body = EventBody::Message(m);
+    assert_eq!(body.to_payload().expect("encodes"), chained);
+
+    let event = |payload: Payload| Event {
+        epoch: Epoch(3),
+        offset: Offset(0),
+        kind: EventKind::Message,
+        payload,
+    };
+    let append = |payload| AppendRequest {
+        epoch: Epoch(3),
+        prev: None,
+        events: vec![event(payload)],
+        hwm: None,
+    };
+    let mut scratch = BytesMut::new();
+    let enc = encode_body(&append(chained.clone()).into(), &mut scratch).expect("encodes");
+    assert!(enc
+        .chunks()
+        .iter()
+        .any(|c| c.as_ptr() == message.as_ptr() && c.len() == message.len()));
+    let mut out = BytesMut::new();
+    enc.write_frame(RequestId(1), Flags::NONE, &mut out);
+    assert_eq!(
+        out,
+        encoded(&Frame::new(
+            RequestId(1),
+            append(contiguous.freeze().into())
+        ))
+    );
+    let f = decode(&mut out).expect("ok").expect("whole");
+    assert_eq!(f, Frame::new(RequestId(1), append(chained)));
+}
+
 #[test]
 fn largest_event_and_message_fit_in_their_frames() {
     let payload = Bytes::from(vec![7u8; EVENT_PAYLOAD_BYTES_MAX]);
@@ -1021,7 +1081,7 @@ fn largest_event_and_message_fit_in_their_frames() {
         epoch: Epoch(u64::MAX),
         offset: Offset(11),
         kind: EventKind::Message,
-        payload,
+        payload: payload.into(),
     };
     let append = AppendRequest {
         epoch: Epoch(u64::MAX),
@@ -1206,14 +1266,15 @@ fn event_bodies_round_trip() {
         assert_eq!(EventBody::decode(body.kind(), &payload), Ok(body.clone()));
         // Every strict prefix is a typed error, never a panic.
         for n in 0..payload.len() {
-            assert!(EventBody::decode(body.kind(), &payload.slice(..n)).is_err());
+            assert!(EventBody::decode(body.kind(), &payload.to_bytes().slice(..n).into()).is_err());
         }
     }
     // The hot-path encoder writes the same bytes as the struct, and decoding shares them.
     let mut out = BytesMut::new();
     encode_message_event("orders", 3, 99, b"payload", &mut out).expect("encodes");
     let payload = out.freeze();
-    let Ok(EventBody::Message(m)) = EventBody::decode(EventKind::Message, &payload) else {
+    let Ok(EventBody::Message(m)) = EventBody::decode(EventKind::Message, &payload.clone().into())
+    else {
         panic!("a message event");
     };
     assert_eq!(m.message, Bytes::from_static(b"payload"));
@@ -1228,34 +1289,34 @@ fn event_body_errors_are_typed() {
     })
     .to_payload()
     .expect("encodes");
-    let mut v2 = trim.to_vec();
+    let mut v2 = trim.to_bytes().to_vec();
     v2[0] = 2;
     assert_eq!(
-        EventBody::decode(EventKind::Trim, &Bytes::from(v2)),
+        EventBody::decode(EventKind::Trim, &Payload::from(v2)),
         Err(WireError::UnsupportedEventBodyVersion {
             version: 2,
             supported: EVENT_BODY_VERSION
         })
     );
-    let mut tag = trim.to_vec();
+    let mut tag = trim.to_bytes().to_vec();
     *tag.last_mut().expect("non-empty") = 7;
     assert_eq!(
-        EventBody::decode(EventKind::Trim, &Bytes::from(tag)),
+        EventBody::decode(EventKind::Trim, &Payload::from(tag)),
         Err(WireError::InvalidTag {
             field: "trim checkpoint tag",
             byte: 7
         })
     );
-    let mut extra = trim.to_vec();
+    let mut extra = trim.to_bytes().to_vec();
     extra.push(0);
     assert_eq!(
-        EventBody::decode(EventKind::Trim, &Bytes::from(extra)),
+        EventBody::decode(EventKind::Trim, &Payload::from(extra)),
         Err(WireError::TrailingBytes { count: 1 })
     );
     assert_eq!(
         EventBody::decode(
             EventKind::TopicAdmin,
-            &Bytes::from_static(&[1, 9, 1, 0, b'x'])
+            &Payload::from(&[1, 9, 1, 0, b'x'][..])
         ),
         Err(WireError::InvalidTag {
             field: "topic action",
@@ -1383,7 +1444,7 @@ fn golden_bytes_match_the_protocol_document() {
         5, 0, 0, 0, 0, 0, 0, 0,     //   store_id
         6, 0, 0, 0, 0, 0, 0, 0,     //   incarnation
     ];
-    assert_eq!(&start[..], expected);
+    assert_eq!(&start.to_bytes()[..], expected);
 
     let handoff = encoded(&Frame::new(
         RequestId(3),

@@ -51,7 +51,7 @@ fn events_from(first: u64) -> impl Strategy<Value = Vec<Event>> {
                 epoch,
                 offset: Offset(first + i as u64),
                 kind,
-                payload,
+                payload: payload.into(),
             })
             .collect()
     })
@@ -486,11 +486,11 @@ proptest! {
         for body in bodies {
             let p = body.to_payload().expect("encodes");
             prop_assert_eq!(EventBody::decode(body.kind(), &p), Ok(body.clone()));
-            let _ = EventBody::decode(body.kind(), &Bytes::from(junk.clone()));
+            let _ = EventBody::decode(body.kind(), &Payload::from(junk.clone()));
         }
         let mut hot = BytesMut::new();
         encode_message_event(&topic, a, b, &message, &mut hot).expect("encodes");
         let expected = EventBody::Message(MessageEvent { topic, producer_id: a, sequence: b, message });
-        prop_assert_eq!(EventBody::decode(EventKind::Message, &hot.freeze()), Ok(expected));
+        prop_assert_eq!(EventBody::decode(EventKind::Message, &hot.into()), Ok(expected));
     }
 }

@@ -606,7 +606,7 @@ impl Checker {
         for e in &self.log {
             if e.kind == EventKind::Trim {
                 let mut plain = e.clone();
-                plain.payload = no_trim.clone();
+                plain.payload = no_trim.clone().into();
                 state.apply(&plain);
             } else if let Applied::Message { topic } = state.apply(e) {
                 ever_indexed.entry(topic).or_default().insert(e.offset);
@@ -915,7 +915,7 @@ mod tests {
             epoch: Epoch(1),
             offset: Offset(offset),
             kind: EventKind::CursorCommit,
-            payload: payload.freeze(),
+            payload: payload.freeze().into(),
         }
     }
 

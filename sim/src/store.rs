@@ -838,7 +838,7 @@ mod tests {
             epoch: Epoch(epoch),
             offset: Offset(offset),
             kind: EventKind::Message,
-            payload: Bytes::from(format!("{epoch}/{offset}")),
+            payload: Bytes::from(format!("{epoch}/{offset}")).into(),
         }
     }
 

@@ -383,7 +383,7 @@ mod tests {
             epoch: Epoch(epoch),
             offset: Offset(offset),
             kind: EventKind::Message,
-            payload: payload.freeze(),
+            payload: payload.freeze().into(),
         }
     }
 

@@ -250,7 +250,7 @@ pub fn event(epoch: u64, offset: u64, payload: impl Into<Bytes>) -> Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
         kind: EventKind::Message,
-        payload: payload.into(),
+        payload: payload.into().into(),
     }
 }
 

@@ -605,7 +605,7 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
                         epoch: Epoch(3),
                         offset: Offset(next),
                         kind: EventKind::Message,
-                        payload: payload(1, next),
+                        payload: payload(1, next).into(),
                     }],
                     hwm: None,
                 };
@@ -815,7 +815,7 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
                     epoch: Epoch(3),
                     offset: Offset(o),
                     kind: EventKind::Message,
-                    payload: Bytes::from(vec![o as u8; event_bytes]),
+                    payload: Bytes::from(vec![o as u8; event_bytes]).into(),
                 })
                 .collect(),
             hwm: None,

@@ -97,7 +97,7 @@ fn write_log(dir: &Path) {
                 epoch: Epoch(if i < EPOCH_1_EVENTS { 1 } else { 2 }),
                 offset: Offset(i),
                 kind: EventKind::Message,
-                payload: Bytes::from(payload(i)),
+                payload: Bytes::from(payload(i)).into(),
             })
             .collect();
         // A batch never mixes epochs here, so its writer epoch is its records' epoch.
@@ -789,7 +789,7 @@ fn dump_of_a_store_shows_the_message_text() {
                     epoch: Epoch(1),
                     offset: Offset(i as u64),
                     kind: EventKind::Message,
-                    payload: body.freeze(),
+                    payload: body.freeze().into(),
                 }
             })
             .collect();

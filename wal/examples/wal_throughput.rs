@@ -51,7 +51,7 @@ fn run(base: &std::path::Path, io: IoBackend, appenders: usize, event_bytes: usi
                                 epoch: Epoch(1),
                                 offset: o,
                                 kind: EventKind::Message,
-                                payload: payload.clone(),
+                                payload: payload.clone().into(),
                             }],
                         )
                     };

@@ -578,14 +578,7 @@ impl<S: Storage> Committer<S> {
             debug_assert_eq!(r.crcs.len(), r.records.len());
             for (rec, &crc) in r.records.iter().zip(&r.crcs) {
                 let position = start + buf.len() as u64;
-                let n = format::encode_with_crc(
-                    buf.spare_mut(),
-                    rec.epoch,
-                    rec.offset,
-                    rec.kind.as_u8(),
-                    &rec.payload,
-                    crc,
-                );
+                let n = format::encode_event_with_crc(buf.spare_mut(), rec, crc);
                 buf.advance(n);
                 payload_bytes += rec.payload.len() as u64;
                 ops.push(IndexOp::Push {

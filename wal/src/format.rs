@@ -30,7 +30,7 @@
 //! - `epoch`: the entry epoch (or, for a truncation marker, the writer epoch).
 //! - `offset`: the entry's log offset (or, for a marker, the first offset it replaces).
 
-use quire_proto::{Epoch, Offset};
+use quire_proto::{Epoch, Event, Offset};
 
 /// Size of a record header in bytes.
 pub const HEADER_BYTES: usize = 32;
@@ -143,14 +143,33 @@ fn header_tail(epoch: Epoch, offset: Offset, kind: u8, length: u32) -> [u8; HEAD
 /// If `payload` exceeds [`PAYLOAD_BYTES_MAX`].
 #[must_use]
 pub fn record_crc(epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> u32 {
+    crc_of_chunks(epoch, offset, kind, [payload, &[]])
+}
+
+/// [`record_crc`] of the record that holds `event` (its payload's chunks in order).
+///
+/// # Panics
+/// If the payload exceeds [`PAYLOAD_BYTES_MAX`].
+#[must_use]
+pub fn event_crc(event: &Event) -> u32 {
+    crc_of_chunks(
+        event.epoch,
+        event.offset,
+        event.kind.as_u8(),
+        event.payload.chunks(),
+    )
+}
+
+fn crc_of_chunks(epoch: Epoch, offset: Offset, kind: u8, chunks: [&[u8]; 2]) -> u32 {
+    let len = chunks[0].len() + chunks[1].len();
     assert!(
-        payload.len() <= PAYLOAD_BYTES_MAX,
-        "payload of {} bytes exceeds the maximum",
-        payload.len()
+        len <= PAYLOAD_BYTES_MAX,
+        "payload of {len} bytes exceeds the maximum"
     );
-    let length = u32::try_from(payload.len()).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
+    let length = u32::try_from(len).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
     let tail = header_tail(epoch, offset, kind, length);
-    crc32c::crc32c_append(crc32c::crc32c(&tail), payload)
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&tail), chunks[0]);
+    crc32c::crc32c_append(crc, chunks[1])
 }
 
 /// [`encode`] with the checksum already computed by [`record_crc`] for the same fields:
@@ -168,21 +187,50 @@ pub fn encode_with_crc(
     payload: &[u8],
     crc: u32,
 ) -> usize {
+    encode_chunks(dst, epoch, offset, kind, [payload, &[]], crc)
+}
+
+/// [`encode_with_crc`] of the record that holds `event`, with `crc` from [`event_crc`]: the
+/// payload's chunks are copied one after the other (the only copy the write path makes).
+///
+/// # Panics
+/// As [`encode`].
+pub fn encode_event_with_crc(dst: &mut [u8], event: &Event, crc: u32) -> usize {
+    encode_chunks(
+        dst,
+        event.epoch,
+        event.offset,
+        event.kind.as_u8(),
+        event.payload.chunks(),
+        crc,
+    )
+}
+
+fn encode_chunks(
+    dst: &mut [u8],
+    epoch: Epoch,
+    offset: Offset,
+    kind: u8,
+    chunks: [&[u8]; 2],
+    crc: u32,
+) -> usize {
+    let len = chunks[0].len() + chunks[1].len();
     assert!(
-        payload.len() <= PAYLOAD_BYTES_MAX,
-        "payload of {} bytes exceeds the maximum",
-        payload.len()
+        len <= PAYLOAD_BYTES_MAX,
+        "payload of {len} bytes exceeds the maximum"
     );
-    let total = record_bytes(payload.len());
+    let total = record_bytes(len);
     assert!(
         dst.len() >= total,
         "record of {total} bytes does not fit in {} bytes",
         dst.len()
     );
-    let length = u32::try_from(payload.len()).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
+    let length = u32::try_from(len).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
     let (head, rest) = dst.split_at_mut(HEADER_BYTES);
     head[4..].copy_from_slice(&header_tail(epoch, offset, kind, length));
-    crate::copy::copy_for_device(&mut rest[..payload.len()], payload);
+    let (first, second) = rest[..len].split_at_mut(chunks[0].len());
+    crate::copy::copy_for_device(first, chunks[0]);
+    crate::copy::copy_for_device(second, chunks[1]);
     head[0..4].copy_from_slice(&crc.to_le_bytes());
     total
 }

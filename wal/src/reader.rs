@@ -144,7 +144,7 @@ pub(crate) fn read<F: StorageFile>(
                 epoch: h.epoch,
                 offset: h.offset,
                 kind,
-                payload: buf.slice(at + HEADER_BYTES..at + rec_len),
+                payload: buf.slice(at + HEADER_BYTES..at + rec_len).into(),
             });
         }
         i = j;

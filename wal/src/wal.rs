@@ -315,7 +315,7 @@ impl<S: Storage> Wal<S> {
             .iter()
             .map(|r| {
                 if r.payload.len() <= PAYLOAD_BYTES_MAX {
-                    format::record_crc(r.epoch, r.offset, r.kind.as_u8(), &r.payload)
+                    format::event_crc(r)
                 } else {
                     0
                 }

@@ -114,7 +114,7 @@ fn validation_errors_change_nothing() {
             offset: Offset(4)
         })
     );
-    assert_eq!(wal.stats().appends_refused, 8);
+    assert_eq!(wal.stats().appends_refused, 7);
     append_range(&wal, 5, 6, 3, 10);
 }
 
@@ -268,7 +268,7 @@ fn large_payloads_with(io: IoBackend) {
                     epoch: Epoch(1),
                     offset: Offset(offset),
                     kind: EventKind::Message,
-                    payload: noise(offset, len),
+                    payload: noise(offset, len).into(),
                 };
                 offset += 1;
                 r

@@ -74,7 +74,7 @@ fn record(epoch: u64, offset: u64) -> Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
         kind: EventKind::Message,
-        payload: Bytes::from(payload(epoch, offset)),
+        payload: Bytes::from(payload(epoch, offset)).into(),
     }
 }
 
@@ -580,7 +580,7 @@ fn read_all(wal: &Wal<CrashDisk>) -> Result<(u64, Vec<u64>), String> {
             if r.offset.0 != next {
                 return Err(format!("read returned offset {} for {next}", r.offset.0));
             }
-            if r.payload[..] != payload(r.epoch.0, r.offset.0)[..] {
+            if r.payload != payload(r.epoch.0, r.offset.0)[..] {
                 return Err(format!(
                     "offset {next} (epoch {}) came back with a payload no append wrote",
                     r.epoch.0

@@ -309,10 +309,14 @@ fn a_slave_follows_a_master_core() {
             ..ReplicationLimits::default()
         },
     };
-    let mut m = MasterCore::new(cfg, adopted, Bytes::new(), &mut mout).expect("valid");
+    let mut m = MasterCore::new(cfg, adopted, Bytes::new().into(), &mut mout).expect("valid");
     for _ in 0..5 {
-        m.propose(EventKind::Message, Bytes::from_static(b"hi"), &mut mout)
-            .expect("accepted");
+        m.propose(
+            EventKind::Message,
+            Bytes::from_static(b"hi").into(),
+            &mut mout,
+        )
+        .expect("accepted");
     }
     let mut f = follower();
     let mut applied = Vec::new();

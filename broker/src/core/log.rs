@@ -317,7 +317,7 @@ pub(crate) mod tests {
             epoch: Epoch(epoch),
             offset: Offset(offset),
             kind: EventKind::Message,
-            payload: Bytes::new(),
+            payload: Bytes::new().into(),
         }
     }
 

@@ -59,8 +59,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
-use quire_proto::{Epoch, EventKind, LogPosition, Offset};
+use quire_proto::{Epoch, EventKind, LogPosition, Offset, Payload};
 use thiserror::Error;
 
 use super::event::{accounted_bytes, Event};
@@ -492,7 +491,7 @@ impl MasterCore {
     pub fn new(
         config: MasterConfig,
         adopted: AdoptedLog,
-        epoch_start_payload: Bytes,
+        epoch_start_payload: Payload,
         out: &mut Vec<MasterCommand>,
     ) -> Result<MasterCore, ConfigError> {
         config.cluster.validate()?;
@@ -582,7 +581,7 @@ impl MasterCore {
     pub fn propose(
         &mut self,
         kind: EventKind,
-        payload: Bytes,
+        payload: Payload,
         out: &mut Vec<MasterCommand>,
     ) -> Result<Offset, ProposeError> {
         let offset = self.propose_deferred(kind, payload)?;
@@ -602,7 +601,7 @@ impl MasterCore {
     pub fn propose_deferred(
         &mut self,
         kind: EventKind,
-        payload: Bytes,
+        payload: Payload,
     ) -> Result<Offset, ProposeError> {
         if let Some(promised) = self.fenced_by {
             return Err(ProposeError::Fenced { promised });

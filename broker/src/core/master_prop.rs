@@ -310,7 +310,7 @@ impl World {
                 log,
                 applied,
             },
-            Bytes::new(),
+            Bytes::new().into(),
             &mut out,
         )
         .expect("valid setup");
@@ -410,7 +410,7 @@ impl World {
             Op::Propose(len) => {
                 let _ = self.m.propose(
                     quire_proto::EventKind::Message,
-                    Bytes::from(vec![1u8; len]),
+                    Bytes::from(vec![1u8; len]).into(),
                     &mut self.out,
                 );
                 self.collect();

@@ -39,7 +39,7 @@ impl H {
         let m = MasterCore::new(
             MasterConfig { cluster, limits },
             adopted,
-            Bytes::new(),
+            Bytes::new().into(),
             &mut out,
         )
         .expect("valid configuration");
@@ -115,7 +115,11 @@ impl H {
 
     fn propose(&mut self) -> Offset {
         self.m
-            .propose(EventKind::Message, Bytes::from_static(b"m"), &mut self.out)
+            .propose(
+                EventKind::Message,
+                Bytes::from_static(b"m").into(),
+                &mut self.out,
+            )
             .expect("accepted")
     }
 }
@@ -548,7 +552,7 @@ fn a_fenced_master_steps_down_and_stops_advancing() {
     assert_eq!(h.m.hwm(), None);
     assert!(h.out.is_empty());
     assert_eq!(
-        h.m.propose(EventKind::Message, Bytes::new(), &mut h.out),
+        h.m.propose(EventKind::Message, Bytes::new().into(), &mut h.out),
         Err(ProposeError::Fenced {
             promised: Epoch(200)
         })
@@ -589,8 +593,11 @@ fn backpressure_refuses_proposals_until_bytes_are_stabilized() {
     for _ in 0..4 {
         h.propose();
     }
-    let refused =
-        h.m.propose(EventKind::Message, Bytes::from_static(b"x"), &mut h.out);
+    let refused = h.m.propose(
+        EventKind::Message,
+        Bytes::from_static(b"x").into(),
+        &mut h.out,
+    );
     assert_eq!(
         refused,
         Err(ProposeError::Backpressure {
@@ -606,7 +613,7 @@ fn backpressure_refuses_proposals_until_bytes_are_stabilized() {
     );
     let too_large = h.m.propose(
         EventKind::Message,
-        Bytes::from(vec![0u8; 4 * per as usize]),
+        Bytes::from(vec![0u8; 4 * per as usize]).into(),
         &mut h.out,
     );
     assert!(matches!(too_large, Err(ProposeError::TooLarge { .. })));
@@ -817,7 +824,7 @@ fn config_and_handover_are_validated() {
             log: Log::new(),
             applied: None,
         },
-        Bytes::new(),
+        Bytes::new().into(),
         &mut out,
     );
     assert!(matches!(r, Err(ConfigError::QuorumsDoNotIntersect { .. })));
@@ -831,7 +838,7 @@ fn config_and_handover_are_validated() {
             log: log_of(&[100]),
             applied: None,
         },
-        Bytes::new(),
+        Bytes::new().into(),
         &mut out,
     );
     assert!(matches!(newer, Err(ConfigError::BadHandover { .. })));
@@ -848,7 +855,7 @@ fn config_and_handover_are_validated() {
             log: Log::new(),
             applied: None,
         },
-        Bytes::new(),
+        Bytes::new().into(),
         &mut out,
     );
     assert!(matches!(
@@ -937,7 +944,7 @@ fn deferred_proposals_share_one_append_per_slot_after_a_flush() {
     assert_eq!(h.stabilized(), vec![Offset(0)]);
     let offsets: Vec<Offset> = (0..5)
         .map(|_| {
-            h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
+            h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m").into())
                 .expect("accepted")
         })
         .collect();
@@ -966,12 +973,12 @@ fn deferred_proposals_obey_backpressure_like_propose() {
     };
     let mut h = H::with(stores(3), limits, Log::new(), None);
     // The epoch-start event (empty payload) is unstable too.
-    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
+    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m").into())
         .expect("fits");
-    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m"))
+    h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m").into())
         .expect("fits");
     assert!(matches!(
-        h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m")),
+        h.m.propose_deferred(EventKind::Message, Bytes::from_static(b"m").into()),
         Err(ProposeError::Backpressure { .. })
     ));
     assert_eq!(
@@ -1067,7 +1074,7 @@ fn check_quorum_gives_up_once_when_fewer_than_qa_stores_ack_within_the_window() 
     assert_eq!(h.m.fenced_by(), None, "not fenced: nobody took over yet");
     let hwm = h.m.hwm();
     assert_eq!(
-        h.m.propose(EventKind::Message, Bytes::new(), &mut h.out),
+        h.m.propose(EventKind::Message, Bytes::new().into(), &mut h.out),
         Err(ProposeError::QuorumLost)
     );
     h.out.clear();

@@ -636,8 +636,8 @@ fn takeover_then_master_recovers_every_stabilized_event() {
         cluster: stores(3),
         limits: ReplicationLimits::default(),
     };
-    let mut m =
-        MasterCore::new(cfg, adopted, Bytes::from_static(b"start"), &mut mout).expect("valid");
+    let mut m = MasterCore::new(cfg, adopted, Bytes::from_static(b"start").into(), &mut mout)
+        .expect("valid");
     let mut stabilized = Vec::new();
     for _ in 0..20 {
         let cmds: Vec<MasterCommand> = std::mem::take(&mut mout);

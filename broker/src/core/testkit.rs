@@ -35,7 +35,7 @@ pub(crate) fn event(epoch: u64, offset: u64, len: usize) -> Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
         kind: quire_proto::EventKind::Message,
-        payload: Bytes::from(vec![7u8; len]),
+        payload: Bytes::from(vec![7u8; len]).into(),
     }
 }
 

@@ -282,6 +282,45 @@ fn a_produce_is_answered_only_once_a_quorum_persisted_it() {
     );
 }
 
+/// The master never copies a producer's bytes: the message event it sends to every store
+/// and slave holds the produce's message buffer itself, after a header of its own.
+#[test]
+fn a_produced_message_reaches_the_appends_without_a_copy() {
+    let mut h = H::new(true);
+    h.become_serving();
+    let message = Bytes::from(vec![5u8; 600]);
+    let req = WriteRequest::Produce(ProduceRequest {
+        topic: "t".into(),
+        producer_id: 9,
+        sequence: 0,
+        messages: vec![message.clone()],
+    });
+    assert!(h.engine.write(RequestToken(1), req, h.now, h.now));
+    h.engine.flush(h.now);
+    let out = h.take();
+    let mut appends = 0;
+    for c in &out {
+        if let Command::Append(AppendCommand {
+            events: AppendEvents::InMemory(events),
+            ..
+        }) = c
+        {
+            let [e] = &events[..] else {
+                panic!("one event: {events:?}")
+            };
+            assert_eq!(e.payload.tail().as_ptr(), message.as_ptr());
+            let Ok(quire_proto::EventBody::Message(m)) =
+                quire_proto::EventBody::decode(e.kind, &e.payload)
+            else {
+                panic!("a message event")
+            };
+            assert_eq!((m.topic.as_str(), m.message), ("t", message.clone()));
+            appends += 1;
+        }
+    }
+    assert_eq!(appends, STORES + 1, "to every store and the slave: {out:?}");
+}
+
 #[test]
 fn a_takeover_that_does_not_finish_in_time_is_abandoned() {
     let mut h = H::new(true);

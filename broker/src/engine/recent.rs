@@ -75,7 +75,7 @@ mod tests {
             epoch: Epoch(1),
             offset: Offset(o),
             kind: quire_proto::EventKind::Message,
-            payload: Bytes::from_static(b"0123456789"),
+            payload: Bytes::from_static(b"0123456789").into(),
         }
     }
 

@@ -24,10 +24,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use quire_proto::{
-    encode_message_event, message_event_bytes, CommitCursorRequest, CursorCommitEvent, ErrorCode,
-    ErrorResponse, EventBody, EventKind, Offset, ProduceRequest,
+    encode_message_header, message_event_bytes, message_header_bytes, CommitCursorRequest,
+    CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, Offset, Payload,
+    ProduceRequest,
 };
 
 use super::RequestToken;
@@ -657,24 +658,22 @@ fn batch_bytes(p: &ProduceRequest) -> u64 {
         .sum()
 }
 
-/// Builds the message events of a produce in one buffer (one copy of each message).
-fn encode_batch(p: &ProduceRequest) -> Result<Vec<Bytes>, quire_proto::WireError> {
-    let total: usize = p
-        .messages
-        .iter()
-        .map(|m| message_event_bytes(p.topic.len(), m.len()))
-        .sum();
-    let mut buf = BytesMut::with_capacity(total);
+/// Builds the message events of a produce without copying a message: each event's payload
+/// is its header (from one buffer shared by the batch) chained to the producer's bytes,
+/// which stay in the produce frame they were decoded from ([`Payload::chained`]).
+fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireError> {
+    let mut headers =
+        BytesMut::with_capacity(message_header_bytes(p.topic.len()) * p.messages.len());
     let mut out = Vec::with_capacity(p.messages.len());
     for (i, msg) in p.messages.iter().enumerate() {
-        encode_message_event(
+        encode_message_header(
             &p.topic,
             p.producer_id,
             p.sequence.wrapping_add(i as u64),
-            msg,
-            &mut buf,
+            msg.len(),
+            &mut headers,
         )?;
-        out.push(buf.split().freeze());
+        out.push(Payload::chained(headers.split().freeze(), msg.clone()));
     }
     Ok(out)
 }

@@ -553,7 +553,7 @@ async fn measure(
                     epoch,
                     offset: Offset(first + i),
                     kind: EventKind::Message,
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                 })
                 .collect(),
             hwm: None,

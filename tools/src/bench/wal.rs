@@ -823,7 +823,7 @@ fn measure(
         epoch,
         offset: Offset(offset),
         kind: EventKind::Message,
-        payload: payload.clone(),
+        payload: payload.clone().into(),
     };
     // The first append takes the spare segment: let it be ready first, then the next one.
     wait_for_spare(dir);
@@ -964,7 +964,7 @@ async fn appender(
                     epoch,
                     offset: Offset(offset),
                     kind: EventKind::Message,
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                 }],
             )
         };

@@ -124,7 +124,7 @@ pub fn decode(kind: u8, payload: &[u8], mode: PayloadMode) -> Result<Option<Deco
     let Some(kind) = EventKind::from_u8(kind) else {
         return Ok(None);
     };
-    let body = EventBody::decode(kind, &Bytes::copy_from_slice(payload))
+    let body = EventBody::decode(kind, &Bytes::copy_from_slice(payload).into())
         .map_err(|e| format!("not a {} event body: {e}", super::kind_name(kind.as_u8())))?;
     Ok(Some(match body {
         EventBody::Message(m) => {
@@ -358,7 +358,7 @@ mod tests {
             cursor: "reader".into(),
             offset: Offset(42),
         });
-        let payload = body.to_payload().unwrap();
+        let payload = body.to_payload().unwrap().to_bytes();
         let event = decode(2, &payload, PayloadMode::Utf8).unwrap().unwrap();
         assert_eq!(
             text(&event, PayloadMode::Utf8),
@@ -378,7 +378,7 @@ mod tests {
                 incarnation: Incarnation(5),
             }],
         });
-        let payload = body.to_payload().unwrap();
+        let payload = body.to_payload().unwrap().to_bytes();
         let event = decode(4, &payload, PayloadMode::Hex).unwrap().unwrap();
         assert_eq!(
             text(&event, PayloadMode::Hex),
@@ -389,7 +389,7 @@ mod tests {
             before: Offset(100),
             checkpoint: None,
         });
-        let event = decode(5, &body.to_payload().unwrap(), PayloadMode::Utf8)
+        let event = decode(5, &body.to_payload().unwrap().to_bytes(), PayloadMode::Utf8)
             .unwrap()
             .unwrap();
         assert_eq!(

@@ -234,9 +234,10 @@ pub fn stat(config: &StatConfig) -> anyhow::Result<StatReport> {
             return;
         }
         if matches!(r.status, RecordStatus::Entry) && h.kind == EventKind::Trim.as_u8() {
-            if let Ok(EventBody::Trim(t)) =
-                EventBody::decode(EventKind::Trim, &bytes::Bytes::copy_from_slice(r.payload))
-            {
+            if let Ok(EventBody::Trim(t)) = EventBody::decode(
+                EventKind::Trim,
+                &bytes::Bytes::copy_from_slice(r.payload).into(),
+            ) {
                 last_trim_before = last_trim_before.max(Some(t.before.0));
             }
         }

@@ -27,7 +27,7 @@ pub fn record(offset: u64, epoch: u64, len: usize) -> Event {
         epoch: Epoch(epoch),
         offset: Offset(offset),
         kind: EventKind::Message,
-        payload: Bytes::from(payload),
+        payload: Bytes::from(payload).into(),
     }
 }
 

@@ -379,7 +379,7 @@ mod tests {
                     epoch: Epoch(1),
                     offset: Offset(o),
                     kind: EventKind::Message,
-                    payload: payload.freeze(),
+                    payload: payload.freeze().into(),
                 }
             })
             .collect()
