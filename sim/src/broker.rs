@@ -772,24 +772,19 @@ impl SimBroker {
                     );
                 }
             }
-            Command::ReadForTakeover {
-                slot,
-                epoch,
-                from,
-                through,
-            } => {
-                if self.slot_is_up(slot) {
-                    let to = self.slot_node(slot);
+            Command::ReadForTakeover(read) => {
+                if self.slot_is_up(read.slot) {
+                    let to = self.slot_node(read.slot);
                     out.request(
                         to,
                         Msg::Read {
-                            purpose: ReadPurpose::TakeoverFetch { epoch },
-                            from,
-                            max_events: through.0 - from.0 + 1,
+                            purpose: ReadPurpose::TakeoverFetch { epoch: read.epoch },
+                            from: read.from,
+                            max_events: read.count(),
                         },
                     );
                 } else if let Some(e) = self.engine.as_mut() {
-                    e.takeover_read(slot, epoch, Err(()), local);
+                    e.takeover_read(read.slot, read.epoch, Err(()), local);
                 }
             }
             Command::Append(cmd) => match &cmd.events {

@@ -151,16 +151,7 @@ pub enum Command {
     },
     /// Read `from..=through` from the store at `slot` for the takeover; then
     /// [`Engine::takeover_read`].
-    ReadForTakeover {
-        /// The store slot.
-        slot: SlotId,
-        /// The takeover's epoch.
-        epoch: Epoch,
-        /// First offset.
-        from: Offset,
-        /// Last offset.
-        through: Offset,
-    },
+    ReadForTakeover(TakeoverRead),
     /// Send this append (its events in memory, or to read from a store first); the
     /// answer comes back through [`Engine::append_answer`].
     Append(AppendCommand),
@@ -242,6 +233,27 @@ pub enum Command {
         /// The epoch followed now.
         promised: Epoch,
     },
+}
+
+/// A takeover's read of `from..=through` from one store ([`Command::ReadForTakeover`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TakeoverRead {
+    /// The store slot.
+    pub slot: SlotId,
+    /// The takeover's epoch.
+    pub epoch: Epoch,
+    /// First offset.
+    pub from: Offset,
+    /// Last offset (at or above `from`).
+    pub through: Offset,
+}
+
+impl TakeoverRead {
+    /// Events in `from..=through`.
+    #[must_use]
+    pub fn count(&self) -> u64 {
+        self.through.0 - self.from.0 + 1
+    }
 }
 
 /// The answer to an append another broker (the master) sent to this one.
@@ -1546,12 +1558,12 @@ impl Engine {
                     epoch,
                     from,
                     through,
-                } => self.out.push(Command::ReadForTakeover {
+                } => self.out.push(Command::ReadForTakeover(TakeoverRead {
                     slot,
                     epoch,
                     from,
                     through,
-                }),
+                })),
                 TakeoverCommand::BecomeMaster(adopted) => {
                     self.become_master(adopted);
                     return;

@@ -37,8 +37,8 @@ mod tests;
 
 pub use broker::{
     Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffDone, HandoffFailure,
-    InboundAnswer, Mutations, RoleView, SlotAnswer, StoreFetch, TailAnswer, FETCH_BYTES_MAX,
-    FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX,
+    InboundAnswer, Mutations, RoleView, SlotAnswer, StoreFetch, TailAnswer, TakeoverRead,
+    FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX,
 };
 pub use writes::{
     Arrival, Gate, Reply, WriteCommand, WriteKind, WriteLimits, WriteRequest, Writes,

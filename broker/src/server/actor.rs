@@ -37,8 +37,8 @@ use crate::core::{
 use crate::durable::{self, ClusterFile};
 use crate::engine::{
     Command, Engine, EngineConfig, FenceAnswer, FetchReply, InboundAnswer, Mutations, Reply,
-    RequestToken, RoleView, SlotAnswer, StoreFetch, TailAnswer, WriteCommand, WriteKind,
-    WriteLimits, WriteRequest,
+    RequestToken, RoleView, SlotAnswer, StoreFetch, TailAnswer, TakeoverRead, WriteCommand,
+    WriteKind, WriteLimits, WriteRequest,
 };
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
 use quire_net::Readiness;
@@ -712,18 +712,14 @@ impl Actor {
                         .await;
                 });
             }
-            Command::ReadForTakeover {
-                slot,
-                epoch,
-                from,
-                through,
-            } => {
+            Command::ReadForTakeover(read) => {
+                let TakeoverRead { slot, epoch, .. } = read;
                 let client = self.slots[slot.index()].client();
                 let tx = self.internal_tx.clone();
-                let count = u32::try_from(through.0 - from.0 + 1).unwrap_or(u32::MAX);
+                let count = u32::try_from(read.count()).unwrap_or(u32::MAX);
                 tokio::spawn(async move {
                     let outcome = match client {
-                        Some(c) => c.read(from, count, READ_BYTES_MAX).await,
+                        Some(c) => c.read(read.from, count, READ_BYTES_MAX).await,
                         None => Err(not_connected()),
                     };
                     let _ = tx
