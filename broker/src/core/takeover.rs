@@ -417,6 +417,8 @@ pub struct TakeoverCore {
     grants: Vec<Option<Grant>>,
     stats: TakeoverStats,
     mutation: TakeoverMutation,
+    /// Adoptions the mutation changed (a log other than the one Raft's rule picks).
+    mutated_steps: u64,
 }
 
 impl TakeoverCore {
@@ -459,6 +461,7 @@ impl TakeoverCore {
             phase: Phase::Aborted,
             stats: TakeoverStats::default(),
             mutation: TakeoverMutation::None,
+            mutated_steps: 0,
         };
         core.begin_attempt(out);
         Ok(core)
@@ -620,6 +623,13 @@ impl TakeoverCore {
         self.mutation = mutation;
     }
 
+    /// **Test-only**: adoptions the mutation changed since the last call (it picked a log
+    /// whose last position differs from the one Raft's rule picks); then 0 until the next.
+    #[doc(hidden)]
+    pub fn take_mutated_steps(&mut self) -> u64 {
+        std::mem::take(&mut self.mutated_steps)
+    }
+
     /// Gives the broker's log back (after [`TakeoverCommand::StepBack`] or an abort). Its
     /// applied prefix is unchanged; above it the log may hold part of the adopted store's
     /// log, which a master's stream corrects. After [`TakeoverCommand::BecomeMaster`] the
@@ -750,6 +760,17 @@ impl TakeoverCore {
             }
         }
         let (source, target) = best.expect("invariant: adopt runs with F >= 1 grants");
+        if self.mutation != TakeoverMutation::None {
+            let raft = self
+                .grants
+                .iter()
+                .flatten()
+                .map(|g| g.last)
+                .max_by_key(|l| l.map(LogPosition::up_to_date_key));
+            if raft != Some(target) {
+                self.mutated_steps += 1;
+            }
+        }
         let applied = self.local.applied;
         let Some(target) = target else {
             // Every granting store is empty: nothing was ever stabilized.

@@ -244,6 +244,9 @@ fn the_adopt_longest_mutation_is_off_by_default_and_picks_the_longest_log_when_o
             }],
             "{mutation:?}"
         );
+        let changed = u64::from(mutation != TakeoverMutation::None);
+        assert_eq!(t.take_mutated_steps(), changed, "{mutation:?}");
+        assert_eq!(t.take_mutated_steps(), 0);
     }
 }
 

@@ -1536,6 +1536,9 @@ impl Engine {
     }
 
     fn dispatch_takeover(&mut self, out: Vec<TakeoverCommand>) {
+        if let Role::TakingOver(t) = &mut self.role {
+            self.mutated_steps += t.core.take_mutated_steps();
+        }
         for c in out {
             if !matches!(self.role, Role::TakingOver(_)) {
                 return;
