@@ -51,7 +51,7 @@ fn config(known: bool) -> EngineConfig {
         takeover_timeout_ms: 1000,
         check_quorum: true,
         write_limits: WriteLimits {
-            message_bytes_max: 1024,
+            message_bytes_max: 8192,
             inflight_bytes_max: 1 << 20,
             // Longer than a handoff's bound: a write held by a failed handoff goes out.
             produce_timeout_ms: 5000,
@@ -282,18 +282,21 @@ fn a_produce_is_answered_only_once_a_quorum_persisted_it() {
     );
 }
 
-/// The master never copies a producer's bytes: the message event it sends to every store
-/// and slave holds the produce's message buffer itself, after a header of its own.
+/// The master does not copy a producer's message above the inline bound: the message event
+/// it sends to every store and slave holds the produce's message buffer itself, after a
+/// header of its own. A small message is copied behind its header (one buffer per
+/// produce), so it holds no part of the produce frame.
 #[test]
-fn a_produced_message_reaches_the_appends_without_a_copy() {
+fn a_produced_message_reaches_the_appends_without_a_copy_unless_small() {
     let mut h = H::new(true);
     h.become_serving();
-    let message = Bytes::from(vec![5u8; 600]);
+    let large = Bytes::from(vec![5u8; quire_proto::INLINE_PAYLOAD_BYTES_MAX + 1]);
+    let small = Bytes::from(vec![6u8; quire_proto::INLINE_PAYLOAD_BYTES_MAX]);
     let req = WriteRequest::Produce(ProduceRequest {
         topic: "t".into(),
         producer_id: 9,
         sequence: 0,
-        messages: vec![message.clone()],
+        messages: vec![large.clone(), small.clone()],
     });
     assert!(h.engine.write(RequestToken(1), req, h.now, h.now));
     h.engine.flush(h.now);
@@ -305,16 +308,21 @@ fn a_produced_message_reaches_the_appends_without_a_copy() {
             ..
         }) = c
         {
-            let [e] = &events[..] else {
-                panic!("one event: {events:?}")
+            let [l, s] = &events[..] else {
+                panic!("two events: {events:?}")
             };
-            assert_eq!(e.payload.tail().as_ptr(), message.as_ptr());
-            let Ok(quire_proto::EventBody::Message(m)) =
-                quire_proto::EventBody::decode(e.kind, &e.payload)
-            else {
-                panic!("a message event")
-            };
-            assert_eq!((m.topic.as_str(), m.message), ("t", message.clone()));
+            assert_eq!(l.payload.tail().as_ptr(), large.as_ptr(), "shared");
+            assert!(s.payload.tail().is_empty(), "one chunk");
+            let small_range = small.as_ptr() as usize..small.as_ptr() as usize + small.len();
+            assert!(!small_range.contains(&(s.payload.head().as_ptr() as usize)));
+            for (e, message) in [(l, &large), (s, &small)] {
+                let Ok(quire_proto::EventBody::Message(m)) =
+                    quire_proto::EventBody::decode(e.kind, &e.payload)
+                else {
+                    panic!("a message event")
+                };
+                assert_eq!((m.topic.as_str(), &m.message), ("t", message));
+            }
             appends += 1;
         }
     }

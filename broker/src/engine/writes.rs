@@ -28,7 +28,7 @@ use bytes::BytesMut;
 use quire_proto::{
     encode_message_header, message_event_bytes, message_header_bytes, CommitCursorRequest,
     CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, Offset, Payload,
-    ProduceRequest,
+    ProduceRequest, INLINE_PAYLOAD_BYTES_MAX,
 };
 
 use super::RequestToken;
@@ -658,12 +658,28 @@ fn batch_bytes(p: &ProduceRequest) -> u64 {
         .sum()
 }
 
-/// Builds the message events of a produce without copying a message: each event's payload
-/// is its header (from one buffer shared by the batch) chained to the producer's bytes,
-/// which stay in the produce frame they were decoded from ([`Payload::chained`]).
+/// Builds the message events of a produce. A message above
+/// [`INLINE_PAYLOAD_BYTES_MAX`] is not copied: its event's payload is its header chained to
+/// the producer's bytes, which stay in the produce frame they were decoded from
+/// ([`Payload::chained`]). A smaller one is copied once, behind its header: the vectored
+/// write would copy it into the append anyway, and a small message holding on to its
+/// frame's read buffer would keep far more memory alive than the master's bounds count.
+/// Headers and small messages share one buffer per produce.
 fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireError> {
-    let mut headers =
-        BytesMut::with_capacity(message_header_bytes(p.topic.len()) * p.messages.len());
+    let header = message_header_bytes(p.topic.len());
+    let copied: usize = p
+        .messages
+        .iter()
+        .map(|m| {
+            header
+                + if m.len() <= INLINE_PAYLOAD_BYTES_MAX {
+                    m.len()
+                } else {
+                    0
+                }
+        })
+        .sum();
+    let mut buf = BytesMut::with_capacity(copied);
     let mut out = Vec::with_capacity(p.messages.len());
     for (i, msg) in p.messages.iter().enumerate() {
         encode_message_header(
@@ -671,9 +687,14 @@ fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireErr
             p.producer_id,
             p.sequence.wrapping_add(i as u64),
             msg.len(),
-            &mut headers,
+            &mut buf,
         )?;
-        out.push(Payload::chained(headers.split().freeze(), msg.clone()));
+        if msg.len() <= INLINE_PAYLOAD_BYTES_MAX {
+            buf.extend_from_slice(msg);
+            out.push(Payload::from(buf.split().freeze()));
+        } else {
+            out.push(Payload::chained(buf.split().freeze(), msg.clone()));
+        }
     }
     Ok(out)
 }
