@@ -134,7 +134,7 @@ pub(crate) fn read<F: StorageFile>(
             {
                 return Err(mismatch());
             }
-            let kind = EventKind::from_u8(h.kind).ok_or(WalError::Corruption {
+            let kind = EventKind::from_u8(h.kind).ok_or_else(|| WalError::Corruption {
                 segment: path.clone(),
                 position: Position(u64::from(w.loc.position)),
                 offset: w.offset,

@@ -286,8 +286,8 @@ fn large_payloads_with(io: IoBackend) {
 
 /// A record whose checksum is good but whose kind byte this build does not know (a newer
 /// build's event, or bytes not written by Quire) opens fine — the scan checks framing, not
-/// meaning — and reading it is a typed corruption error naming the byte, never a panic or
-/// a record of some other kind.
+/// meaning — and a read that reaches it is a typed corruption error naming the record and
+/// the byte, never a panic or a record of some other kind; reads around it succeed.
 #[test]
 fn a_record_of_an_unknown_kind_reads_as_a_typed_error() {
     use std::os::unix::fs::FileExt;
@@ -325,5 +325,12 @@ fn a_record_of_an_unknown_kind_reads_as_a_typed_error() {
         }) => assert_eq!(offset, Offset(1)),
         other => panic!("expected an unknown-kind corruption error, got {other:?}"),
     }
+    assert!(matches!(
+        wal.read(Offset(0), 3, 1 << 20),
+        Err(WalError::Corruption {
+            offset: Offset(1),
+            ..
+        })
+    ));
     assert_eq!(wal.read(Offset(2), 1, 1 << 20).unwrap().len(), 1);
 }

@@ -26,9 +26,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::BytesMut;
 use quire_proto::{
-    encode_message_header, message_event_bytes, message_header_bytes, CommitCursorRequest,
-    CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, Offset, Payload,
-    ProduceRequest, INLINE_PAYLOAD_BYTES_MAX,
+    encode_message_event, message_event_bytes, CommitCursorRequest, CursorCommitEvent, ErrorCode,
+    ErrorResponse, EventBody, EventKind, Offset, Payload, ProduceRequest,
 };
 
 use super::RequestToken;
@@ -658,43 +657,33 @@ fn batch_bytes(p: &ProduceRequest) -> u64 {
         .sum()
 }
 
-/// Builds the message events of a produce. A message above
-/// [`INLINE_PAYLOAD_BYTES_MAX`] is not copied: its event's payload is its header chained to
-/// the producer's bytes, which stay in the produce frame they were decoded from
-/// ([`Payload::chained`]). A smaller one is copied once, behind its header: the vectored
-/// write would copy it into the append anyway, and a small message holding on to its
-/// frame's read buffer would keep far more memory alive than the master's bounds count.
-/// Headers and small messages share one buffer per produce.
+/// Builds the message events of a produce in one buffer: each message is copied once,
+/// behind its header.
+///
+/// Not chained to the producer's bytes ([`Payload::chained`], which the rest of the path
+/// carries without a copy): a message slice would keep its produce frame's whole read
+/// buffer alive for as long as the master holds the event (its log suffix, the
+/// recent-events cache), and the reader (`quire_net::reader`) shares one buffer between
+/// frames. A break-it trial pinned 4 KB per 1,025-byte message, and 7.8 MB per message sent
+/// behind a refused 8 MB frame, against the ~1 KB the master's bounds charge. Chaining
+/// waits for frame buffers the reader owns per frame.
 fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireError> {
-    let header = message_header_bytes(p.topic.len());
-    let copied: usize = p
+    let total: usize = p
         .messages
         .iter()
-        .map(|m| {
-            header
-                + if m.len() <= INLINE_PAYLOAD_BYTES_MAX {
-                    m.len()
-                } else {
-                    0
-                }
-        })
+        .map(|m| message_event_bytes(p.topic.len(), m.len()))
         .sum();
-    let mut buf = BytesMut::with_capacity(copied);
+    let mut buf = BytesMut::with_capacity(total);
     let mut out = Vec::with_capacity(p.messages.len());
     for (i, msg) in p.messages.iter().enumerate() {
-        encode_message_header(
+        encode_message_event(
             &p.topic,
             p.producer_id,
             p.sequence.wrapping_add(i as u64),
-            msg.len(),
+            msg,
             &mut buf,
         )?;
-        if msg.len() <= INLINE_PAYLOAD_BYTES_MAX {
-            buf.extend_from_slice(msg);
-            out.push(Payload::from(buf.split().freeze()));
-        } else {
-            out.push(Payload::chained(buf.split().freeze(), msg.clone()));
-        }
+        out.push(Payload::from(buf.split().freeze()));
     }
     Ok(out)
 }
