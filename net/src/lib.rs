@@ -64,8 +64,7 @@ pub use process::{
     ProcessCollector, StandardMetrics,
 };
 pub use reader::{
-    wire_reject_reason, FrameReader, ReadError, Received, READ_CHUNK_BYTES, READ_ROOM_BYTES_MAX,
-    READ_ROOM_BYTES_MIN,
+    wire_reject_reason, FrameReader, ReadError, Received, READ_ROOM_BYTES_MAX, READ_ROOM_BYTES_MIN,
 };
 pub use settings::{
     ReadSettings, SettingError, IDLE_TIMEOUT_MS_DEFAULT, IDLE_TIMEOUT_MS_MIN,

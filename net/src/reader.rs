@@ -9,10 +9,20 @@
 //!            └─────────────────────────────────────────────────────────────────┘    the budget)
 //! ```
 //!
+//! - **One allocation per frame.** A frame is read into a buffer it shares with no other
+//!   frame: its header first (into a small array the reader keeps), then its body straight
+//!   from the socket into a buffer sized to the announced length, so the slices of its
+//!   payloads that a server keeps (the broker chains a producer's message into its event,
+//!   uncopied) hold that frame's bytes and nothing else. Each read of a body also asks for
+//!   the next frame's header, so a frame takes one read when it is all there. Kafka's
+//!   broker reads requests the same way (`NetworkReceive`: size first, then a buffer of
+//!   that size).
 //! - **No allocation from a length prefix.** The room of one read is at most
-//!   [`READ_ROOM_BYTES_MAX`]; the buffer grows by at most doubling what it holds, and never
-//!   past the announced frame's end by more than one room. A header that announces 16 MiB
-//!   and is followed by nothing costs its 24 bytes.
+//!   [`READ_ROOM_BYTES_MAX`]; a frame's buffer starts at most that large (a block that big
+//!   is mapped on its own, see [`crate::return_large_buffers_to_the_os`], and its pages
+//!   are not touched until bytes arrive) and grows by at most doubling what it holds, by
+//!   `mremap` rather than a copy. A header that announces 16 MiB and is followed by
+//!   nothing costs its 24 bytes of budget and memory.
 //! - **Budget.** Bytes in the buffer hold budget permits; a decoded frame's permits go
 //!   back. Room is taken only once the socket is readable, so an idle connection holds
 //!   none.
@@ -31,9 +41,10 @@
 use std::io;
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes};
 use quire_proto::{
-    decode, frame_bytes_announced, ErrorCode, ErrorResponse, Frame, RequestId, WireError,
+    decode_frame_body, ErrorCode, ErrorResponse, Frame, FrameHeader, RequestId, WireError,
+    HEADER_BYTES,
 };
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::Instant;
@@ -41,19 +52,14 @@ use tokio::time::Instant;
 use crate::budget::{Charge, ReadBudget};
 use crate::settings::ReadSettings;
 
-/// Largest room of a read when no frame header is known yet, in bytes: enough for many
-/// small pipelined frames at once.
-pub const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// Smallest room a read takes, in bytes (a reader waits for this much budget at least),
-/// and the first room of a connection.
+/// Smallest room a read waits for in the budget, in bytes (less when the frame needs less):
+/// a nearly used-up budget still lets readers make progress in small steps.
 pub const READ_ROOM_BYTES_MIN: usize = 4 * 1024;
-/// Largest room of one read, in bytes: the most memory one read can add.
+/// Largest room of one read, in bytes: the most memory one read can add, and the most a
+/// frame's buffer starts with.
 pub const READ_ROOM_BYTES_MAX: usize = 1024 * 1024;
-/// An empty buffer whose allocation is larger than this is dropped rather than kept.
-const BUFFER_KEEP_BYTES_MAX: usize = READ_CHUNK_BYTES;
 
-const _: () = assert!(READ_ROOM_BYTES_MIN <= READ_CHUNK_BYTES);
-const _: () = assert!(READ_CHUNK_BYTES <= READ_ROOM_BYTES_MAX);
+const _: () = assert!(READ_ROOM_BYTES_MIN <= READ_ROOM_BYTES_MAX);
 const _: () = assert!(READ_ROOM_BYTES_MAX <= u32::MAX as usize);
 
 /// One decoded frame.
@@ -170,18 +176,22 @@ pub fn wire_reject_reason(e: &WireError) -> &'static str {
 #[derive(Debug)]
 pub struct FrameReader {
     socket: OwnedReadHalf,
-    buf: BytesMut,
-    /// Budget held for the bytes in `buf` (always `buf.len()` between calls).
+    /// The next frame's header while it arrives: `head_len` bytes of it.
+    head: [u8; HEADER_BYTES],
+    head_len: usize,
+    /// The frame being received, once its header is whole and sound.
+    header: Option<FrameHeader>,
+    /// That frame's body so far, in an allocation of its own; past the body's end, the
+    /// bytes of the next header that came with it (at most `HEADER_BYTES`).
+    body: Vec<u8>,
+    /// Budget held for the bytes received and not handed out (always
+    /// [`FrameReader::buffered_bytes`] between calls).
     held: Charge,
     budget: ReadBudget,
     partial_frame_timeout: Duration,
     idle_timeout: Option<Duration>,
     /// Time spent waiting inside `next` since the current partial frame's first byte.
     frame_waited: Duration,
-    /// Room of the next read while no header says more: starts at READ_ROOM_BYTES_MIN and
-    /// doubles (up to READ_CHUNK_BYTES) while reads fill it, so a connection that sends a
-    /// byte at a time keeps a small buffer and a streaming one reads in chunks.
-    chunk_bytes: usize,
 }
 
 impl FrameReader {
@@ -191,20 +201,22 @@ impl FrameReader {
     pub fn new(socket: OwnedReadHalf, budget: ReadBudget, settings: &ReadSettings) -> FrameReader {
         FrameReader {
             socket,
-            buf: BytesMut::new(),
+            head: [0; HEADER_BYTES],
+            head_len: 0,
+            header: None,
+            body: Vec::new(),
             held: budget.empty_charge(),
             budget,
             partial_frame_timeout: settings.partial_frame_timeout(),
             idle_timeout: settings.idle_timeout(),
             frame_waited: Duration::ZERO,
-            chunk_bytes: READ_ROOM_BYTES_MIN,
         }
     }
 
     /// Bytes received and not yet handed out as frames.
     #[must_use]
     pub fn buffered_bytes(&self) -> usize {
-        self.buf.len()
+        self.head_len + self.header.map_or(0, |_| HEADER_BYTES) + self.body.len()
     }
 
     /// The next frame.
@@ -214,36 +226,57 @@ impl FrameReader {
     /// be called again.
     pub async fn next(&mut self) -> Result<Received, ReadError> {
         loop {
-            let before = self.buf.len();
-            let decoded = decode(&mut self.buf);
-            let consumed = before - self.buf.len();
-            if consumed > 0 {
-                // A frame (good or bad) left the buffer: its budget goes back, and the next
-                // frame's clock starts now.
-                self.held.release(consumed);
-                self.frame_waited = Duration::ZERO;
-                if self.buf.is_empty() && self.buf.capacity() > BUFFER_KEEP_BYTES_MAX {
-                    self.buf = BytesMut::new();
-                }
-            }
-            debug_assert_eq!(self.held.bytes(), self.buf.len());
-            match decoded {
-                Ok(Some(frame)) => {
-                    return Ok(Received {
-                        frame,
-                        frame_bytes: consumed,
-                    })
-                }
-                Ok(None) => {}
-                Err(e) => return Err(ReadError::Wire(e)),
+            let taken = self.take_frame();
+            debug_assert_eq!(self.held.bytes(), self.buffered_bytes());
+            if let Some(received) = taken? {
+                return Ok(received);
             }
             self.fill().await?;
         }
     }
 
-    /// Reads once into the buffer, under the deadline that applies.
+    /// Moves a whole header on to the frame's own buffer, and hands out the frame once its
+    /// body is whole.
+    fn take_frame(&mut self) -> Result<Option<Received>, ReadError> {
+        let header = match self.header {
+            Some(header) => header,
+            None if self.head_len < HEADER_BYTES => return Ok(None),
+            None => {
+                // An unsound header leaves the stream out of sync: the caller ends the
+                // connection, and the reader with it.
+                let header = FrameHeader::decode(&self.head)?;
+                self.head_len = 0;
+                self.header = Some(header);
+                let first = header.body_bytes().min(READ_ROOM_BYTES_MAX);
+                if first > 0 {
+                    self.body = Vec::with_capacity(first + HEADER_BYTES);
+                }
+                header
+            }
+        };
+        let body_bytes = header.body_bytes();
+        if self.body.len() < body_bytes {
+            return Ok(None);
+        }
+        // The next header's first bytes came with the end of this body.
+        let ahead = self.body.len() - body_bytes;
+        self.head[..ahead].copy_from_slice(&self.body[body_bytes..]);
+        self.head_len = ahead;
+        self.body.truncate(body_bytes);
+        let body = Bytes::from(std::mem::take(&mut self.body));
+        self.header = None;
+        let frame_bytes = header.frame_bytes as usize;
+        // The frame (good or bad) left the reader: its budget goes back, and the next
+        // frame's clock starts now.
+        self.held.release(frame_bytes);
+        self.frame_waited = Duration::ZERO;
+        let frame = decode_frame_body(&header, body)?;
+        Ok(Some(Received { frame, frame_bytes }))
+    }
+
+    /// Reads once, under the deadline that applies.
     async fn fill(&mut self) -> Result<(), ReadError> {
-        let partial = !self.buf.is_empty();
+        let partial = self.buffered_bytes() > 0;
         let started = Instant::now();
         let deadline = if partial {
             Some(started + self.partial_frame_timeout.saturating_sub(self.frame_waited))
@@ -268,11 +301,8 @@ impl FrameReader {
             }
             let readable_at = Instant::now();
             let room = self.room();
-            // Take what is free, and at least READ_ROOM_BYTES_MIN (waiting for it): a
-            // nearly used-up budget still lets readers make progress in small steps.
-            let want = room
-                .min(self.budget.available_bytes())
-                .max(READ_ROOM_BYTES_MIN);
+            // Take what is free, and at least READ_ROOM_BYTES_MIN of it (waiting for it).
+            let want = room.min(self.budget.available_bytes().max(READ_ROOM_BYTES_MIN));
             // A partial frame's clock runs while it waits for budget; a connection with
             // nothing buffered holds no budget and may wait without bound.
             let wait_deadline = if partial { deadline } else { None };
@@ -281,27 +311,26 @@ impl FrameReader {
                 return Err(self.timeout_error(partial));
             };
             let want = room_charge.bytes();
-            self.reserve(want);
-            let read = self.socket.try_read_buf(&mut (&mut self.buf).limit(want));
+            let read = if let Some(header) = self.header {
+                self.reserve(want, header.body_bytes());
+                self.socket.try_read_buf(&mut (&mut self.body).limit(want))
+            } else {
+                let to = (self.head_len + want).min(HEADER_BYTES);
+                let read = self.socket.try_read(&mut self.head[self.head_len..to]);
+                if let Ok(n) = read {
+                    self.head_len += n;
+                }
+                read
+            };
             match read {
                 Ok(0) => {
-                    return Err(if self.buf.is_empty() {
-                        ReadError::Closed
-                    } else {
-                        ReadError::ClosedMidFrame {
-                            buffered: self.buf.len(),
-                        }
+                    return Err(match self.buffered_bytes() {
+                        0 => ReadError::Closed,
+                        buffered => ReadError::ClosedMidFrame { buffered },
                     })
                 }
                 Ok(n) => {
                     self.held.take_from(&mut room_charge, n);
-                    self.chunk_bytes = if n == want {
-                        (self.chunk_bytes * 2).min(READ_CHUNK_BYTES)
-                    } else if n < want / 2 {
-                        (self.chunk_bytes / 2).max(READ_ROOM_BYTES_MIN)
-                    } else {
-                        self.chunk_bytes
-                    };
                     if !partial {
                         // The first bytes of a frame: its clock starts when they arrived.
                         self.frame_waited = Instant::now().saturating_duration_since(readable_at);
@@ -314,36 +343,34 @@ impl FrameReader {
         }
     }
 
-    /// How many bytes the next read may bring: up to the announced frame's end (at least
-    /// the current chunk, so small pipelined frames come in together), at most
-    /// READ_ROOM_BYTES_MAX.
+    /// How many bytes the next read may bring: the rest of the header, or the rest of the
+    /// body and the next header, at most READ_ROOM_BYTES_MAX.
     fn room(&self) -> usize {
-        match frame_bytes_announced(&self.buf) {
-            Ok(Some(frame_bytes)) => frame_bytes
-                .saturating_sub(self.buf.len())
-                .clamp(self.chunk_bytes, READ_ROOM_BYTES_MAX),
-            _ => self.chunk_bytes,
+        match self.header {
+            None => HEADER_BYTES - self.head_len,
+            Some(header) => {
+                (header.body_bytes() + HEADER_BYTES - self.body.len()).min(READ_ROOM_BYTES_MAX)
+            }
         }
     }
 
-    /// Makes room for `want` more bytes, growing by at most doubling what is buffered
-    /// (and never past the announced frame's end by more than `want`).
-    fn reserve(&mut self, want: usize) {
-        if self.buf.capacity() - self.buf.len() >= want {
-            return;
+    /// Makes room in the body's buffer for `want` more bytes, growing it by at most
+    /// doubling what it holds and never past the body's end and the next header. The
+    /// buffer is the frame's own, so the allocator grows it in place or by remapping
+    /// (blocks of at least [`crate::MMAP_THRESHOLD_BYTES`]) instead of copying it.
+    fn reserve(&mut self, want: usize, body_bytes: usize) {
+        let len = self.body.len();
+        if self.body.capacity() - len < want {
+            let end = body_bytes + HEADER_BYTES;
+            self.body.reserve_exact(want.max(len).min(end - len));
         }
-        let frame_rest = match frame_bytes_announced(&self.buf) {
-            Ok(Some(frame_bytes)) => frame_bytes.saturating_sub(self.buf.len()),
-            _ => 0,
-        };
-        self.buf.reserve(want.max(self.buf.len().min(frame_rest)));
     }
 
     fn timeout_error(&self, partial: bool) -> ReadError {
         if partial {
             ReadError::PartialFrameTimeout {
-                buffered: self.buf.len(),
-                frame_bytes: frame_bytes_announced(&self.buf).ok().flatten(),
+                buffered: self.buffered_bytes(),
+                frame_bytes: self.header.map(|h| h.frame_bytes as usize),
                 timeout_ms: millis(self.partial_frame_timeout),
             }
         } else {

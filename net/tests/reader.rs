@@ -240,3 +240,55 @@ async fn a_used_up_budget_pauses_reads_until_the_hoarder_times_out() {
     drop(hoarding.await.unwrap());
     assert_eq!(budget.available_bytes(), BUDGET);
 }
+
+/// Frames that arrive together (one write, read back to back) still land in buffers of
+/// their own: a message kept from one frame is the only handle to its allocation, and that
+/// allocation ends within a header's length of the frame's end. This is what lets the
+/// broker keep a producer's message uncopied without holding other frames' bytes.
+#[tokio::test]
+async fn each_frame_has_a_buffer_of_its_own() {
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, BudgetMetrics::default());
+    let (mut c, mut r) = pair(&budget, &settings(5_000, 0)).await;
+    let produce = |id: u64, len: usize| {
+        frame_bytes(
+            id,
+            ProduceRequest {
+                topic: "t".into(),
+                producer_id: 1,
+                sequence: id,
+                messages: vec![Bytes::from(vec![id as u8; len])],
+            },
+        )
+    };
+    let sizes = [3_000, 1, 70_000, 2 * 1024 * 1024, 5];
+    let mut out = Vec::new();
+    for (id, len) in (1..).zip(sizes) {
+        out.extend(produce(id, len));
+        out.extend(frame_bytes(100 + id, TailRequest));
+    }
+    c.write_all(&out).await.unwrap();
+    let mut kept = Vec::new();
+    for id in 1..=sizes.len() as u64 {
+        let got = next(&mut r).await.unwrap();
+        let Body::ProduceRequest(p) = got.frame.body else {
+            panic!("expected a produce, got {:?}", got.frame.body)
+        };
+        kept.extend(p.messages);
+        assert_eq!(
+            next(&mut r).await.unwrap().frame.request_id,
+            RequestId(100 + id)
+        );
+    }
+    for (message, len) in kept.into_iter().zip(sizes) {
+        assert_eq!(message.len(), len);
+        let owned = message
+            .try_into_mut()
+            .unwrap_or_else(|m| panic!("the {}-byte message shares its buffer", m.len()));
+        assert!(
+            owned.capacity() <= len + HEADER_BYTES,
+            "a {len}-byte message at a frame's end sits in {} bytes",
+            owned.capacity()
+        );
+    }
+    assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+}

@@ -1166,3 +1166,78 @@ fn idle_connections_beyond_connections_max_are_refused_and_replication_goes_on()
     }
     drop((store_floods, broker_floods));
 }
+
+/// Rounds of the pinning trial: each is a refused 8 MiB produce, then a small one.
+const PIN_ROUNDS: u64 = 16;
+/// The refused message of each round, in bytes (above the broker's 1 MiB
+/// `message_bytes_max`).
+const PIN_REFUSED_BYTES: usize = 8 * 1024 * 1024;
+
+/// A message the master keeps holds its own produce frame's bytes and no other frame's:
+/// the reader gives every frame a buffer of its own, and the master chains each message
+/// uncopied into its event, which it keeps in its log suffix and recent-events cache.
+///
+/// The fault (found by an adversarial trial): one connection sends, in one write, rounds
+/// of a produce the broker refuses (one 8 MiB message) followed by a produce of one small
+/// message. When the reader shared one buffer between the frames of a read, each small
+/// message kept its 8 MiB neighbour alive: 7.8 MB of RSS per acked message, against the
+/// ~1 KB the master's bounds charge. What must hold: every small message is acked and
+/// fetched back, and the master's RSS grows by less than a quarter of the refused bytes.
+#[test]
+fn a_kept_message_holds_only_its_own_frame() {
+    let _t = quire_tests::proc_test();
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let pid = cluster.broker(1).pid().expect("the broker runs");
+    // Warm the broker's allocator and buffers up with one ordinary produce.
+    let mut c = Client::connect(&addr).expect("connects");
+    let warm = c.request(produce_request("warm", 1, 0, 10)).map(produce_answer);
+    assert!(matches!(warm, Ok(Ok(_))), "{warm:?}");
+    let baseline = rss_bytes(pid);
+
+    let mut out = Vec::new();
+    for round in 0..PIN_ROUNDS {
+        out.extend(sound_frame(
+            2 * round + 1,
+            ProduceRequest {
+                topic: "pinned".into(),
+                producer_id: 8,
+                sequence: round,
+                messages: vec![Bytes::from(vec![1u8; PIN_REFUSED_BYTES])],
+            },
+        ));
+        out.extend(sound_frame(2 * round + 2, produce_request("pinned", 7, round, 1)));
+    }
+    let mut s = connect(&addr);
+    let writer = {
+        let mut s = s.try_clone().expect("clones the socket");
+        std::thread::spawn(move || s.write_all(&out).expect("the broker reads it all"))
+    };
+    let mut buf = BytesMut::new();
+    for _ in 0..2 * PIN_ROUNDS {
+        let f = read_frame(&mut s, &mut buf).expect("an answer for every produce");
+        match (f.request_id.0 % 2, produce_answer(f.body)) {
+            (1, Err(e)) => assert_eq!(e.code, ErrorCode::MessageTooLarge, "{e:?}"),
+            (0, Ok(r)) => assert_eq!(r.count, 1),
+            (_, other) => panic!("request {}: {other:?}", f.request_id.0),
+        }
+    }
+    writer.join().expect("writer thread");
+    let kept = rss_bytes(pid);
+    let grown = kept.saturating_sub(baseline);
+    eprintln!(
+        "master RSS {} MiB before, {} MiB with {PIN_ROUNDS} small messages kept",
+        baseline >> 20,
+        kept >> 20
+    );
+    assert!(
+        grown < PIN_ROUNDS * PIN_REFUSED_BYTES as u64 / 4,
+        "the master's RSS grew by {} MiB for {PIN_ROUNDS} small messages",
+        grown >> 20
+    );
+    let got = fetch_all(&mut c, "pinned", PIN_ROUNDS as usize);
+    let want: Vec<Bytes> = (0..PIN_ROUNDS).map(|i| payload(7, i)).collect();
+    assert_eq!(got.into_iter().map(|(_, p)| p).collect::<Vec<_>>(), want);
+}

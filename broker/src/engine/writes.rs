@@ -26,8 +26,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::BytesMut;
 use quire_proto::{
-    encode_message_event, message_event_bytes, CommitCursorRequest, CursorCommitEvent, ErrorCode,
-    ErrorResponse, EventBody, EventKind, Offset, Payload, ProduceRequest,
+    encode_message_header, message_event_bytes, message_header_bytes, CommitCursorRequest,
+    CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, Offset, Payload,
+    ProduceRequest,
 };
 
 use super::RequestToken;
@@ -657,33 +658,29 @@ fn batch_bytes(p: &ProduceRequest) -> u64 {
         .sum()
 }
 
-/// Builds the message events of a produce in one buffer: each message is copied once,
-/// behind its header.
+/// Builds the message events of a produce without copying a message: each event's payload
+/// is its header (from one buffer shared by the batch) chained to the producer's bytes,
+/// which stay in the produce frame they were decoded from ([`Payload::chained`]).
 ///
-/// Not chained to the producer's bytes ([`Payload::chained`], which the rest of the path
-/// carries without a copy): a message slice would keep its produce frame's whole read
-/// buffer alive for as long as the master holds the event (its log suffix, the
-/// recent-events cache), and the reader (`quire_net::reader`) shares one buffer between
-/// frames. A break-it trial pinned 4 KB per 1,025-byte message, and 7.8 MB per message sent
-/// behind a refused 8 MB frame, against the ~1 KB the master's bounds charge. Chaining
-/// waits for frame buffers the reader owns per frame.
+/// What that keeps alive is the frame and nothing more: the reader
+/// (`quire_net::reader`) gives every frame a buffer of its own, so the events of a
+/// produce hold its frame's bytes (about what the master's bounds charge for them) until
+/// the last of them leaves the master's log suffix and recent-events cache. When the
+/// reader shared one buffer between frames, a 1,025-byte message kept ~4 KB alive, and
+/// one sent behind a refused 8 MB frame kept 7.8 MB.
 fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireError> {
-    let total: usize = p
-        .messages
-        .iter()
-        .map(|m| message_event_bytes(p.topic.len(), m.len()))
-        .sum();
-    let mut buf = BytesMut::with_capacity(total);
+    let mut headers =
+        BytesMut::with_capacity(message_header_bytes(p.topic.len()) * p.messages.len());
     let mut out = Vec::with_capacity(p.messages.len());
     for (i, msg) in p.messages.iter().enumerate() {
-        encode_message_event(
+        encode_message_header(
             &p.topic,
             p.producer_id,
             p.sequence.wrapping_add(i as u64),
-            msg,
-            &mut buf,
+            msg.len(),
+            &mut headers,
         )?;
-        out.push(Payload::from(buf.split().freeze()));
+        out.push(Payload::chained(headers.split().freeze(), msg.clone()));
     }
     Ok(out)
 }
