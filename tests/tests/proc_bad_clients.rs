@@ -102,6 +102,16 @@ fn rss_bytes(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// A running cluster of three stores and one broker (the master), its address and pid.
+fn one_broker() -> (Cluster, String, u32) {
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let pid = cluster.broker(1).pid().expect("the broker runs");
+    (cluster, addr, pid)
+}
+
 /// A header whose CRC holds, announcing `frame_bytes` of `frame_type`.
 fn header(frame_bytes: u32, frame_type: FrameType, request_id: u64, body_crc: u32) -> Vec<u8> {
     FrameHeader {
@@ -854,11 +864,7 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
 #[test]
 fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
     let _t = quire_tests::proc_test();
-    let mut cluster = Cluster::new(3, 1, Timing::default());
-    cluster.start_all();
-    cluster.settle();
-    let addr = cluster.broker(1).addr.clone();
-    let pid = cluster.broker(1).pid().expect("the broker runs");
+    let (cluster, addr, pid) = one_broker();
 
     // 10 MiB of messages in the broker's recent window, so every fetch is answered with
     // (nearly) its whole 8 MiB.
@@ -1186,11 +1192,7 @@ const PIN_REFUSED_BYTES: usize = 8 * 1024 * 1024;
 #[test]
 fn a_kept_message_holds_only_its_own_frame() {
     let _t = quire_tests::proc_test();
-    let mut cluster = Cluster::new(3, 1, Timing::default());
-    cluster.start_all();
-    cluster.settle();
-    let addr = cluster.broker(1).addr.clone();
-    let pid = cluster.broker(1).pid().expect("the broker runs");
+    let (_cluster, addr, pid) = one_broker();
     // Warm the broker's allocator and buffers up with one ordinary produce.
     let mut c = Client::connect(&addr).expect("connects");
     let warm = c.request(produce_request("warm", 1, 0, 10)).map(produce_answer);
