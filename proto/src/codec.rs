@@ -108,12 +108,16 @@ pub(crate) trait BodyWriter {
     /// by writers that share payloads).
     fn payload_chunks(&mut self, field: &'static str, payload: &Payload) -> Result<(), WireError> {
         self.payload_length(field, payload.len())?;
-        for chunk in [payload.head(), payload.tail()] {
-            if !chunk.is_empty() {
-                self.put_payload_bytes(chunk);
-            }
-        }
+        self.put_payload(payload);
         Ok(())
+    }
+
+    /// Appends a [`Payload`]'s chunks. Writers that can share chunks instead of copying
+    /// them override this.
+    fn put_payload(&mut self, payload: &Payload) {
+        for chunk in payload.chunks() {
+            self.put(chunk);
+        }
     }
 
     /// The u32 length of a payload of `bytes` bytes, checked against `FRAME_BYTES_MAX`.
@@ -212,7 +216,34 @@ impl BodyWriter for ChunkWriter<'_> {
             self.chunks.push(payload.clone());
         }
     }
+
+    /// A payload of at most [`INLINE_PAYLOAD_BYTES_MAX`] bytes is copied into the scratch
+    /// buffer whole; a larger one goes out as its chunks, each shared unless it is small
+    /// (a message event's header, chained to a message of 1 KiB or more, is copied; the
+    /// message is not). Deciding on the whole payload, not on each chunk, keeps a message of
+    /// exactly the inline bound as uncopied as the contiguous event it replaces.
+    fn put_payload(&mut self, payload: &Payload) {
+        if payload.len() <= INLINE_PAYLOAD_BYTES_MAX {
+            for chunk in payload.chunks() {
+                self.scratch.extend_from_slice(chunk);
+            }
+            return;
+        }
+        for chunk in [payload.head(), payload.tail()] {
+            if chunk.len() <= CHUNK_COPY_BYTES_MAX {
+                self.scratch.extend_from_slice(chunk);
+            } else {
+                self.flush();
+                self.chunks.push(chunk.clone());
+            }
+        }
+    }
 }
+
+/// A chunk of a large payload at most this long is copied into the scratch buffer rather
+/// than given a buffer of the vectored write of its own (a message event's header with a
+/// topic of up to 249 bytes is below it).
+const CHUNK_COPY_BYTES_MAX: usize = 512;
 
 /// A bounds-checked cursor over one body. Payloads it returns are slices of the body's
 /// `Bytes` (no copy).

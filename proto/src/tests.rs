@@ -1074,6 +1074,37 @@ fn a_chained_message_event_goes_out_without_a_copy() {
     assert_eq!(f, Frame::new(RequestId(1), append(chained)));
 }
 
+/// The vectored write decides on a chained payload's whole length: a message of exactly
+/// the inline bound goes out shared (its event is larger than the bound, as the contiguous
+/// event it replaces was), with its header copied into the field run; a small event is
+/// copied whole.
+#[test]
+fn a_chained_payload_is_copied_or_shared_by_its_whole_length() {
+    let chunks_of = |message_bytes: usize| {
+        let message = Bytes::from(vec![3u8; message_bytes]);
+        let mut header = BytesMut::new();
+        encode_message_header("t", 1, 2, message.len(), &mut header).expect("encodes");
+        let header = header.freeze();
+        let append = AppendRequest {
+            epoch: Epoch(1),
+            prev: None,
+            events: vec![Event {
+                epoch: Epoch(1),
+                offset: Offset(0),
+                kind: EventKind::Message,
+                payload: Payload::chained(header.clone(), message.clone()),
+            }],
+            hwm: None,
+        };
+        let mut scratch = BytesMut::new();
+        let enc = encode_body(&append.into(), &mut scratch).expect("encodes");
+        let shared = |b: &Bytes| enc.chunks().iter().any(|c| c.as_ptr() == b.as_ptr());
+        (shared(&header), shared(&message))
+    };
+    assert_eq!(chunks_of(INLINE_PAYLOAD_BYTES_MAX), (false, true));
+    assert_eq!(chunks_of(INLINE_PAYLOAD_BYTES_MAX - 100), (false, false));
+}
+
 #[test]
 fn largest_event_and_message_fit_in_their_frames() {
     let payload = Bytes::from(vec![7u8; EVENT_PAYLOAD_BYTES_MAX]);

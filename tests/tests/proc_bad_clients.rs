@@ -1195,7 +1195,9 @@ fn a_kept_message_holds_only_its_own_frame() {
     let (_cluster, addr, pid) = one_broker();
     // Warm the broker's allocator and buffers up with one ordinary produce.
     let mut c = Client::connect(&addr).expect("connects");
-    let warm = c.request(produce_request("warm", 1, 0, 10)).map(produce_answer);
+    let warm = c
+        .request(produce_request("warm", 1, 0, 10))
+        .map(produce_answer);
     assert!(matches!(warm, Ok(Ok(_))), "{warm:?}");
     let baseline = rss_bytes(pid);
 
@@ -1210,7 +1212,10 @@ fn a_kept_message_holds_only_its_own_frame() {
                 messages: vec![Bytes::from(vec![1u8; PIN_REFUSED_BYTES])],
             },
         ));
-        out.extend(sound_frame(2 * round + 2, produce_request("pinned", 7, round, 1)));
+        out.extend(sound_frame(
+            2 * round + 2,
+            produce_request("pinned", 7, round, 1),
+        ));
     }
     let mut s = connect(&addr);
     let writer = {
