@@ -51,6 +51,9 @@ pub enum ProcError {
 /// The fields of `/proc/self/stat` the metrics use, in the kernel's units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcStat {
+    /// Minor page faults (served without I/O: a page first touched, a copy on write), a
+    /// count (field 10).
+    pub minor_faults: u64,
     /// User-mode CPU time, clock ticks (field 14).
     pub utime_ticks: u64,
     /// Kernel-mode CPU time, clock ticks (field 15).
@@ -93,6 +96,7 @@ pub fn parse_stat(text: &str) -> Result<ProcStat, ProcError> {
             .ok_or_else(|| parse_error(STAT, what))
     };
     Ok(ProcStat {
+        minor_faults: field(10, "minflt (field 10)")?,
         utime_ticks: field(14, "utime (field 14)")?,
         stime_ticks: field(15, "stime (field 15)")?,
         starttime_ticks: field(22, "starttime (field 22)")?,
@@ -304,6 +308,7 @@ mod tests {
         assert_eq!(
             parse_stat(text).expect("parses"),
             ProcStat {
+                minor_faults: 97,
                 utime_ticks: 12,
                 stime_ticks: 34,
                 starttime_ticks: 30816,

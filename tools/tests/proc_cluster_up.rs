@@ -175,6 +175,37 @@ fn a_detached_cluster_serves_then_goes_down_leaving_verifiable_logs() {
     let summary: Value = serde_json::from_str(text(&produced.stdout).trim()).unwrap();
     assert_eq!(summary["acked"], 500, "{summary}");
 
+    // A short benchmark that also reports what it cost each of the cluster's processes.
+    let bench = quire(&[
+        "bench",
+        "cluster",
+        "--brokers",
+        &list,
+        "--cluster-dir",
+        &dir,
+        "--duration",
+        "1s",
+        "--format",
+        "json",
+    ]);
+    assert!(bench.status.success(), "bench: {}", text(&bench.stderr));
+    let report: Value = serde_json::from_str(text(&bench.stdout).trim()).unwrap();
+    let servers = report["servers"].as_array().expect("servers reported");
+    assert_eq!(servers.len(), 5, "{report}");
+    assert_eq!(
+        servers.iter().filter(|s| s["master"] == true).count(),
+        1,
+        "{report}"
+    );
+    assert!(
+        report["servers_cpu_us_per_msg"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["master_minor_faults_per_msg"].as_f64().is_some(),
+        "{report}"
+    );
+
     let consumed = quire(&[
         "consume",
         "--brokers",

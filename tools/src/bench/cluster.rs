@@ -30,7 +30,11 @@
 //! warm-up is counted.
 //!
 //! `cpu_s` is this process's user + system CPU time (getrusage) over the measured period and
-//! its drain: the client's cost, not the servers'.
+//! its drain: the client's cost, not the servers'. With `--cluster-dir DIR` (a cluster
+//! started here by `quire cluster up --detach --dir DIR`) the report adds the servers'
+//! cost over the same window: each process's CPU time and minor page faults from
+//! `/proc/PID/stat` ([`super::servers`]), all servers' CPU-µs per message and the master's
+//! minor faults per message.
 //!
 //! # `--hdr-out FILE`
 //! Writes the latency histogram as an HdrHistogram **interval log** (the format of the Java
@@ -55,6 +59,9 @@
 //! | `cpu_s`, `cpu_user_s`, `cpu_sys_s` | CPU seconds of this process |
 //! | `cpu_s_per_gb` | `cpu_s` per 10^9 payload bytes acknowledged |
 //! | `hdr_out` | the file written, or `null` |
+//! | `servers` | with `--cluster-dir`: `[{name, role, master, cpu_s, minor_faults}]` per process, else `null` |
+//! | `servers_cpu_us_per_msg` | with `--cluster-dir`: all servers' CPU microseconds per acknowledged message |
+//! | `master_minor_faults_per_msg` | with `--cluster-dir`: the master's minor page faults per acknowledged message |
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -75,6 +82,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::servers::{self, ServerUsage};
 use crate::cli::FormatArgs;
 use crate::cluster::master::{self, ConnectArgs, MasterBound};
 use crate::cluster::{runtime, BrokersArgs};
@@ -142,6 +150,12 @@ pub struct ClusterBenchArgs {
     #[arg(long, value_name = "FILE")]
     pub hdr_out: Option<PathBuf>,
 
+    /// The directory of a cluster started on this machine with `quire cluster up --detach
+    /// --dir DIR`: the report adds each of its processes' CPU time and minor page faults
+    /// over the measured period (from /proc/PID/stat), per message.
+    #[arg(long, value_name = "DIR")]
+    pub cluster_dir: Option<PathBuf>,
+
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -173,6 +187,8 @@ pub struct ClusterBenchConfig {
     pub rate: Option<u64>,
     /// Interval log to write.
     pub hdr_out: Option<PathBuf>,
+    /// A local cluster's directory, whose processes' usage the report adds.
+    pub cluster_dir: Option<PathBuf>,
 }
 
 impl ClusterBenchArgs {
@@ -213,6 +229,7 @@ impl ClusterBenchArgs {
             warmup: self.warmup,
             rate: self.rate,
             hdr_out: self.hdr_out.clone(),
+            cluster_dir: self.cluster_dir.clone(),
         })
     }
 }
@@ -270,6 +287,12 @@ pub struct ClusterBenchReport {
     pub cpu_sys_s: f64,
     pub cpu_s_per_gb: f64,
     pub hdr_out: Option<PathBuf>,
+    /// Each server's CPU and minor faults over the measured period (`--cluster-dir`).
+    pub servers: Option<Vec<ServerUsage>>,
+    /// All servers' CPU per acknowledged message, microseconds (`--cluster-dir`).
+    pub servers_cpu_us_per_msg: Option<f64>,
+    /// The master's minor page faults per acknowledged message (`--cluster-dir`).
+    pub master_minor_faults_per_msg: Option<f64>,
     /// The first error met, if any (not in JSON: see `errors`).
     #[serde(skip)]
     pub first_error: Option<String>,
@@ -316,6 +339,26 @@ impl Report for ClusterBenchReport {
                     self.cpu_s, self.cpu_user_s, self.cpu_sys_s, self.cpu_s_per_gb
                 ),
             );
+        if let Some(servers) = &self.servers {
+            if let Some(us) = self.servers_cpu_us_per_msg {
+                t.row(
+                    "servers cpu",
+                    format!("{us:.1} CPU-us per message, {} processes", servers.len()),
+                );
+            }
+            let per_msg = |n: u64| n as f64 / self.ops.max(1) as f64;
+            for s in servers {
+                t.row(
+                    format!("  {}{}", s.name, if s.master { " (master)" } else { "" }),
+                    format!(
+                        "{:.2} cpu s, {} minor faults ({:.4} per message)",
+                        s.cpu_s,
+                        s.minor_faults,
+                        per_msg(s.minor_faults)
+                    ),
+                );
+            }
+        }
         if let Some(p) = &self.hdr_out {
             t.row("histogram", p.display().to_string());
         }
@@ -405,12 +448,14 @@ async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport
     let discovery = Discovery::new(config.brokers.clone(), producer_config.discovery.clone())
         .context("reading --brokers")?;
     let mut producers = Vec::with_capacity(config.producers);
+    let mut master_addr = None;
     for _ in 0..config.producers {
         // Each producer its own connection (every search opens new ones); an unreachable
         // master is noted on stderr at once.
         let found = master::find_master_noting(&discovery, config.connect)
             .await
             .context("connecting a producer to the master")?;
+        master_addr.get_or_insert_with(|| found.master.addr.clone());
         producers.push(Producer::start(
             discovery.clone(),
             Some(found),
@@ -442,6 +487,11 @@ async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport
     }
     tokio::time::sleep_until(schedule.measure_from).await;
     let (user0, sys0) = cpu_times();
+    let servers0 = config
+        .cluster_dir
+        .as_deref()
+        .map(servers::sample)
+        .transpose()?;
     let mut histogram = new_histogram();
     let (mut ops, mut errors) = (0u64, 0u64);
     let mut last_ack: Option<Instant> = None;
@@ -457,6 +507,14 @@ async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport
         }
     }
     let (user1, sys1) = cpu_times();
+    let servers = match (&servers0, config.cluster_dir.as_deref()) {
+        (Some(before), Some(dir)) => Some(servers::usage(
+            before,
+            &servers::sample(dir)?,
+            master_addr.as_deref(),
+        )),
+        _ => None,
+    };
     let Some(last_ack) = last_ack else {
         bail!(
             "no message was acknowledged ({errors} failed{})",
@@ -511,6 +569,15 @@ async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport
             0.0
         },
         hdr_out: config.hdr_out.clone(),
+        servers_cpu_us_per_msg: servers
+            .as_ref()
+            .map(|s| s.iter().map(|s| s.cpu_s).sum::<f64>() * 1e6 / ops.max(1) as f64),
+        master_minor_faults_per_msg: servers.as_ref().and_then(|s| {
+            s.iter()
+                .find(|s| s.master)
+                .map(|m| m.minor_faults as f64 / ops.max(1) as f64)
+        }),
+        servers,
         first_error,
     })
 }
@@ -675,6 +742,7 @@ mod tests {
             warmup: Duration::ZERO,
             rate: None,
             hdr_out: None,
+            cluster_dir: None,
         }
     }
 

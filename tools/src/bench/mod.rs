@@ -14,4 +14,5 @@ pub mod cpu;
 pub mod disk;
 pub mod node;
 pub mod report;
+pub mod servers;
 pub mod wal;

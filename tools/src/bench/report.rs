@@ -281,6 +281,7 @@ fn cluster_rows(dir: &Path, duration: Duration) -> anyhow::Result<Vec<Row>> {
             warmup: Duration::ZERO,
             rate: None,
             hdr_out: None,
+            cluster_dir: None,
         })
         .context("bench cluster")?;
         rows.push(row(
