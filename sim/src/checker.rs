@@ -336,6 +336,10 @@ pub struct Checker {
     pub(crate) violations: Vec<Violation>,
     /// Messages verified at the end.
     pub(crate) messages_checked: u64,
+    /// Reads consumers were served of a copy the topic no longer indexes at the end: the
+    /// adopted prefix of a batch a failover cut, served before the batch was written again
+    /// (at-least-once).
+    pub(crate) superseded_reads: u64,
     /// What consumers of a topic were served: `(consumer, topic, reads)`, checked at the
     /// end against the broker state's index of the stabilized log.
     topic_reads: Vec<TopicReads>,
@@ -720,6 +724,12 @@ impl Checker {
             let index = state.topic_offsets(&topic, Offset::ZERO, usize::MAX);
             let empty = BTreeSet::new();
             let ever = ever_indexed.get(&topic).unwrap_or(&empty);
+            self.superseded_reads += reads
+                .iter()
+                .filter(|r| {
+                    matches!(r, TopicRead::Message { offset, .. } if index.binary_search(offset).is_err())
+                })
+                .count() as u64;
             if let Some(v) = self.check_reads(consumer, &topic, &reads, (&index, ever), trim_point)
             {
                 problems.push(v);

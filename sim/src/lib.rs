@@ -364,6 +364,9 @@ pub struct RunStats {
     pub store_trims: u64,
     /// Messages consumers were served through the broker engine's fetch.
     pub messages_consumed: u64,
+    /// Of those, copies the log's final index does not hold: the prefix of a batch a
+    /// failover cut, served before the batch was written again (at-least-once delivery).
+    pub superseded_reads: u64,
     /// Fetches answered "trimmed" (the consumer went on from the trim point).
     pub fetches_trimmed: u64,
     /// Cursor commits acknowledged (`--cursors`).
@@ -406,6 +409,7 @@ impl RunStats {
         self.handoffs_failed += o.handoffs_failed;
         self.store_trims += o.store_trims;
         self.messages_consumed += o.messages_consumed;
+        self.superseded_reads += o.superseded_reads;
         self.fetches_trimmed += o.fetches_trimmed;
         self.cursor_commits_acked += o.cursor_commits_acked;
         self.consumer_restarts += o.consumer_restarts;

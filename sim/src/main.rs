@@ -268,9 +268,10 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.handoffs_failed
     );
     println!(
-        "  retention: store trims {}, messages consumed {}, fetches answered trimmed {}; cursor commits acked {}, consumer restarts {}",
+        "  retention: store trims {}, messages consumed {} (superseded copies {}), fetches answered trimmed {}; cursor commits acked {}, consumer restarts {}",
         stats.store_trims,
         stats.messages_consumed,
+        stats.superseded_reads,
         stats.fetches_trimmed,
         stats.cursor_commits_acked,
         stats.consumer_restarts

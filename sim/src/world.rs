@@ -561,6 +561,7 @@ impl World {
         self.checker
             .check_quorums(&voters, self.fence_quorum, self.stores.len());
         self.stats.messages_checked = self.checker.messages_checked;
+        self.stats.superseded_reads = self.checker.superseded_reads;
         self.stats.mutated += self.stores.iter().map(|s| s.mutated_acks).sum::<u64>();
         self.stats.mutated += self
             .brokers

@@ -469,6 +469,9 @@ pub struct MasterCore {
     voted_tick: Vec<Option<u64>>,
     /// Set once [`MasterCommand::QuorumLost`] was emitted.
     quorum_lost: bool,
+    /// Last offsets of the batches marked with [`MasterCore::end_batch`] that are still in
+    /// memory, in order: the places an append may stop.
+    batch_ends: VecDeque<Offset>,
     scratch: Vec<Offset>,
     stats: MasterStats,
 }
@@ -560,6 +563,7 @@ impl MasterCore {
             check_quorum_since: 0,
             voted_tick: vec![None; slot_count],
             quorum_lost: false,
+            batch_ends: VecDeque::new(),
             stats: MasterStats::default(),
         };
         for i in 0..core.slots.len() {
@@ -634,6 +638,25 @@ impl MasterCore {
         self.log.append(event);
         self.unstable_bytes += event_bytes;
         Ok(offset)
+    }
+
+    /// Marks the events proposed so far as the end of a batch (a producer's produce, a
+    /// cursor commit): an append never stops inside a batch unless the batch alone is larger
+    /// than one append may be ([`ReplicationLimits::append_events_max`],
+    /// `append_bytes_max`) or the append starts inside it. A store persists an append
+    /// whole, so a master that dies leaves every store — and the log a takeover adopts —
+    /// with each such batch whole or not at all, and a producer's retry finds its batch
+    /// either stabilized (answered from the idempotent-producer table) or absent, instead
+    /// of cut: a cut batch is written again and its adopted prefix may already have been
+    /// served to consumers (docs/protocol.md, "A batch cut by a failover"). Kafka keeps a
+    /// producer's record batch whole in its log for the same reason.
+    pub fn end_batch(&mut self) {
+        let Some(last) = self.log.end().0.checked_sub(1).map(Offset) else {
+            return;
+        };
+        if self.batch_ends.back().is_none_or(|&b| b < last) {
+            self.batch_ends.push_back(last);
+        }
     }
 
     /// Sends every slot what is due within its pipeline window: the events proposed with
@@ -1171,9 +1194,10 @@ impl MasterCore {
             }
             let events_max = u64::from(self.limits.append_events_max);
             if first >= self.log.mem_start() {
-                let events =
+                let mut events =
                     self.log
                         .batch(first, events_max as usize, self.limits.append_bytes_max);
+                self.cut_at_batch_end(first, &mut events);
                 let count = events.len() as u64;
                 assert!(count > 0, "an in-memory batch below the end is never empty");
                 self.send(i, first, count, AppendEvents::InMemory(events), out);
@@ -1185,6 +1209,25 @@ impl MasterCore {
                     return;
                 };
                 self.send(i, first, count, AppendEvents::FromStore { source }, out);
+            }
+        }
+    }
+
+    /// Shortens `events` (from `first` on, not empty) to end at the last batch end inside
+    /// it, when it stops before the log's end and one is there ([`MasterCore::end_batch`]).
+    fn cut_at_batch_end(&mut self, first: Offset, events: &mut Vec<Event>) {
+        let mem_start = self.log.mem_start();
+        while self.batch_ends.front().is_some_and(|&b| b < mem_start) {
+            self.batch_ends.pop_front();
+        }
+        let last = Offset(first.0 + events.len() as u64 - 1);
+        if last.next() >= self.log.end() {
+            return;
+        }
+        let after = self.batch_ends.partition_point(|&b| b <= last);
+        if let Some(&end) = after.checked_sub(1).and_then(|i| self.batch_ends.get(i)) {
+            if end >= first {
+                events.truncate(usize::try_from(end.0 - first.0 + 1).unwrap_or(usize::MAX));
             }
         }
     }

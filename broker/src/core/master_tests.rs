@@ -680,6 +680,27 @@ fn batches_respect_event_and_byte_bounds() {
     assert_eq!(counts, vec![2, 2, 1]);
 }
 
+/// An append stops at the end of a marked batch, not inside it, unless the batch alone
+/// is larger than an append may be (then it is cut at the bound, as before).
+#[test]
+fn appends_keep_marked_batches_whole() {
+    let limits = ReplicationLimits {
+        append_events_max: 4,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(1), limits, Log::new(), None);
+    let probe = h.appends().remove(0);
+    for batch in [3, 3, 5] {
+        for _ in 0..batch {
+            h.propose();
+        }
+        h.m.end_batch();
+    }
+    h.ack_append(&probe);
+    let counts: Vec<u64> = h.appends().iter().map(|a| a.count).collect();
+    assert_eq!(counts, vec![3, 3, 4, 1]);
+}
+
 #[test]
 fn heartbeats_carry_the_hwm_and_lost_appends_are_resent() {
     let limits = ReplicationLimits {

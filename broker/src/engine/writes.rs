@@ -553,6 +553,9 @@ impl Writes {
                 }
             }
         }
+        // Appends keep the request's events together (a retry after a failover then finds
+        // them all or none).
+        core.end_batch();
         let (Some(base), Some(last)) = (base, last) else {
             reply(
                 out,
