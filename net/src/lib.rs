@@ -64,7 +64,8 @@ pub use process::{
     ProcessCollector, StandardMetrics,
 };
 pub use reader::{
-    wire_reject_reason, FrameReader, ReadError, Received, READ_ROOM_BYTES_MAX, READ_ROOM_BYTES_MIN,
+    wire_reject_reason, FrameReader, ReadError, Received, FRAME_BUFFER_FIRST_BYTES_MAX,
+    READ_ROOM_BYTES_MAX, READ_ROOM_BYTES_MIN,
 };
 pub use settings::{
     ReadSettings, SettingError, IDLE_TIMEOUT_MS_DEFAULT, IDLE_TIMEOUT_MS_MIN,

@@ -18,11 +18,14 @@
 //!   broker reads requests the same way (`NetworkReceive`: size first, then a buffer of
 //!   that size).
 //! - **No allocation from a length prefix.** The room of one read is at most
-//!   [`READ_ROOM_BYTES_MAX`]; a frame's buffer starts at most that large (a block that big
-//!   is mapped on its own, see [`crate::return_large_buffers_to_the_os`], and its pages
-//!   are not touched until bytes arrive) and grows by at most doubling what it holds, by
-//!   `mremap` rather than a copy. A header that announces 16 MiB and is followed by
-//!   nothing costs its 24 bytes of budget and memory.
+//!   [`READ_ROOM_BYTES_MAX`]; a frame's buffer starts at the announced body, at most
+//!   [`FRAME_BUFFER_FIRST_BYTES_MAX`] (a block that big is mapped on its own, see
+//!   [`crate::return_large_buffers_to_the_os`], and its pages are not touched until bytes
+//!   arrive), and grows by at most doubling what it holds, by `mremap` rather than a copy.
+//!   A header that announces 16 MiB and is followed by nothing costs its 24 bytes of budget
+//!   and of resident memory, and 256 KiB of address space (a break-it trial: 1,000 such
+//!   connections at a 1 MiB start added ~1 GB of virtual size, which a process under an
+//!   address-space limit or strict overcommit cannot afford).
 //! - **Budget.** Bytes in the buffer hold budget permits; a decoded frame's permits go
 //!   back. Room is taken only once the socket is readable, so an idle connection holds
 //!   none.
@@ -55,9 +58,12 @@ use crate::settings::ReadSettings;
 /// Smallest room a read waits for in the budget, in bytes (less when the frame needs less):
 /// a nearly used-up budget still lets readers make progress in small steps.
 pub const READ_ROOM_BYTES_MIN: usize = 4 * 1024;
-/// Largest room of one read, in bytes: the most memory one read can add, and the most a
-/// frame's buffer starts with.
+/// Largest room of one read, in bytes: the most memory one read can add.
 pub const READ_ROOM_BYTES_MAX: usize = 1024 * 1024;
+/// The most a frame's buffer starts with, in bytes, whatever its header announces: glibc's
+/// mmap threshold as the servers pin it ([`crate::MMAP_THRESHOLD_BYTES`]), so a buffer
+/// that must grow past it is a mapping of its own, grown by `mremap` without a copy.
+pub const FRAME_BUFFER_FIRST_BYTES_MAX: usize = crate::MMAP_THRESHOLD_BYTES;
 
 const _: () = assert!(READ_ROOM_BYTES_MIN <= READ_ROOM_BYTES_MAX);
 const _: () = assert!(READ_ROOM_BYTES_MAX <= u32::MAX as usize);
@@ -247,7 +253,7 @@ impl FrameReader {
                 let header = FrameHeader::decode(&self.head)?;
                 self.head_len = 0;
                 self.header = Some(header);
-                let first = header.body_bytes().min(READ_ROOM_BYTES_MAX);
+                let first = header.body_bytes().min(FRAME_BUFFER_FIRST_BYTES_MAX);
                 if first > 0 {
                     self.body = Vec::with_capacity(first + HEADER_BYTES);
                 }
