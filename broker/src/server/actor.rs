@@ -55,6 +55,10 @@ pub const DRAIN_BATCH_MAX: usize = 1024;
 pub const TAKEOVER_FETCH_EVENTS_MAX: u32 = 4096;
 /// Most payload bytes asked of a store in one read.
 pub const READ_BYTES_MAX: u32 = 8 << 20;
+/// Most payload bytes of one append to a lagging store, read from another store (at least
+/// one event): the in-memory appends' default bound (`APPEND_BYTES_MAX_DEFAULT`), far
+/// below the frame limit an append must fit in.
+pub const CATCH_UP_APPEND_BYTES_MAX: u32 = 1 << 20;
 pub use crate::engine::broker::SLAVE_READY_LAG_EVENTS_MAX;
 
 /// A fetch the engine holds by its token: what answers it.
@@ -506,9 +510,12 @@ impl Actor {
             Internal::ReadTrimmed { cmd, first_offset } => {
                 self.engine.read_trimmed(&cmd, first_offset, now);
             }
-            Internal::ReadForAppend { cmd, outcome } => match outcome {
+            Internal::ReadForAppend { mut cmd, outcome } => match outcome {
                 Ok(events) => {
                     if self.engine.master_epoch() == Some(cmd.epoch) {
+                        // The read may have stopped at its byte bound: the append, and the
+                        // `through` its ack will be counted at, cover what was read.
+                        cmd.count = events.len() as u64;
                         self.send_append(&cmd, Cow::Owned(events), &mut Vec::new());
                     }
                 }
@@ -919,15 +926,25 @@ impl Actor {
         tokio::spawn(async move {
             let want = u32::try_from(cmd.count).unwrap_or(u32::MAX);
             let mut events: Vec<quire_proto::Event> = Vec::new();
+            let mut bytes = 0u32;
             let mut next = cmd.first;
             let outcome = loop {
-                if events.len() as u64 >= cmd.count {
+                // Stop at the count, or once the bytes bound is reached: the append then
+                // carries fewer events than the core planned, the store acks what it got,
+                // and the core's next append there is refused as a log mismatch and resent
+                // from the store's end (a break-it trial: 1,024 one-megabyte events made
+                // an append no frame could hold, dropped and retried forever while each
+                // retry's read held up to 1 GB).
+                if events.len() as u64 >= cmd.count || bytes >= CATCH_UP_APPEND_BYTES_MAX {
                     break Ok(events);
                 }
                 let left = want - u32::try_from(events.len()).unwrap_or(u32::MAX);
-                match client.read(next, left, READ_BYTES_MAX).await {
+                let bytes_left = CATCH_UP_APPEND_BYTES_MAX - bytes;
+                match client.read(next, left, bytes_left).await {
                     Ok(r) if r.events.first().is_some_and(|e| e.offset == next) => {
                         next = Offset(next.0 + r.events.len() as u64);
+                        let read: usize = r.events.iter().map(|e| e.payload.len()).sum();
+                        bytes = bytes.saturating_add(u32::try_from(read).unwrap_or(u32::MAX));
                         events.extend(r.events);
                     }
                     Ok(_) => break Err(format!("the store does not hold offset {next}")),
