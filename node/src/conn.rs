@@ -265,20 +265,23 @@ impl Reader {
         match e {
             ReadError::Closed => {}
             ReadError::Io(_) => tracing::debug!(peer = %self.peer, error = %e, "read failed"),
+            // What a peer sends wrong is counted (`quire_rejected_frames_total`,
+            // `quire_connections_timed_out_total`) and logged at debug, as the broker does:
+            // a warning per connection let one attacker write a log line per connection.
             ReadError::PartialFrameTimeout { .. } | ReadError::IdleTimeout { .. } => {
-                tracing::warn!(peer = %self.peer, error = %e, reason, "closing the connection");
+                tracing::info!(peer = %self.peer, error = %e, reason, "closing the connection");
                 metrics.time_out_connection(reason);
             }
             ReadError::ClosedMidFrame { .. } => {
-                tracing::warn!(peer = %self.peer, error = %e, "the peer closed the connection in the middle of a frame");
+                tracing::debug!(peer = %self.peer, error = %e, "the peer closed the connection in the middle of a frame");
                 metrics.reject_frame(reason);
             }
             ReadError::Wire(w) if w.is_connection_fatal() => {
-                tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame header: closing the connection");
+                tracing::debug!(peer = %self.peer, error = %e, reason, "bad frame header: closing the connection");
                 metrics.reject_frame(reason);
             }
             ReadError::Wire(_) => {
-                tracing::warn!(peer = %self.peer, error = %e, reason, "bad frame");
+                tracing::debug!(peer = %self.peer, error = %e, reason, "bad frame");
                 metrics.reject_frame(reason);
             }
         }

@@ -1248,3 +1248,67 @@ fn a_kept_message_holds_only_its_own_frame() {
     let want: Vec<Bytes> = (0..PIN_ROUNDS).map(|i| payload(7, i)).collect();
     assert_eq!(got.into_iter().map(|(_, p)| p).collect::<Vec<_>>(), want);
 }
+
+/// Metadata requests one client pipelines in the test below: their answers (~20 MB) are
+/// more than the loopback socket buffers hold.
+const PIPELINED_REQUESTS: u64 = 100_000;
+/// How long that client reads nothing after it starts writing.
+const NOT_READING: Duration = Duration::from_secs(2);
+
+/// A client that pipelines requests faster than it reads the answers is held back, not cut
+/// off: requests the broker answers at once (metadata here) keep their connection's request
+/// slot until the answer is written, so the broker stops reading the client at
+/// `CONN_REQUESTS_MAX` (TCP pushes back on it) rather than filling its writer queue.
+///
+/// The fault: one connection writes 100,000 metadata requests and reads nothing for 2 s,
+/// then reads every answer. Before, such answers gave their slot back when queued, the
+/// queue of 4,160 frames filled behind the full socket buffers, and the connection was
+/// closed as a peer that does not read (an adversarial trial: cut off after 26,647 of
+/// 100,000 while reading). What must hold: every request is answered, in order, and no
+/// connection is counted as dropped for being slow.
+#[test]
+fn a_client_that_pipelines_faster_than_it_reads_is_held_back_not_cut_off() {
+    let _t = quire_tests::proc_test();
+    let (mut cluster, addr, _pid) = one_broker();
+    let s = connect(&addr);
+    let writer = {
+        let mut s = s.try_clone().expect("clones the socket");
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            for id in 1..=PIPELINED_REQUESTS {
+                out.extend(sound_frame(id, MetadataRequest));
+            }
+            s.write_all(&out).expect("the broker reads every request");
+        })
+    };
+    let mut s = s;
+    std::thread::sleep(NOT_READING);
+    let mut buf = BytesMut::new();
+    let mut chunk = [0u8; 64 * 1024];
+    let mut answered = 0u64;
+    while answered < PIPELINED_REQUESTS {
+        while let Ok(Some(f)) = decode(&mut buf) {
+            answered += 1;
+            assert_eq!(f.request_id, RequestId(answered), "answers in order");
+            assert!(
+                matches!(f.body, Body::MetadataResponse(_)),
+                "request {answered}: {:?}",
+                f.body
+            );
+        }
+        if answered == PIPELINED_REQUESTS {
+            break;
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => panic!("the broker closed the connection after {answered} answers"),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    writer.join().expect("writer thread");
+    let metrics = cluster.broker(1).scrape();
+    assert_eq!(
+        metric(&metrics, "quire_connections_dropped_slow_total"),
+        0.0,
+        "{metrics}"
+    );
+}

@@ -42,7 +42,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -90,6 +90,9 @@ pub(crate) struct Responder {
     id: u64,
     tx: mpsc::Sender<OutFrame>,
     kill: Arc<Notify>,
+    /// Set when the connection is closed for not reading its answers, so it is counted and
+    /// logged once however many answers find its queue full afterwards.
+    dropped: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
 }
 
@@ -135,11 +138,13 @@ impl Responder {
             }
         }
         if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(frame) {
-            tracing::warn!(
-                conn = self.id,
-                "the peer does not read its answers: closing the connection"
-            );
-            self.metrics.connections_dropped_slow.inc();
+            if !self.dropped.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    conn = self.id,
+                    "the peer does not read its answers: closing the connection"
+                );
+                self.metrics.connections_dropped_slow.inc();
+            }
             self.kill.notify_one();
         }
     }
@@ -212,6 +217,7 @@ pub(crate) async fn serve(
         id,
         tx,
         kill: kill.clone(),
+        dropped: Arc::new(AtomicBool::new(false)),
         metrics: shared.metrics.clone(),
     };
     let requests = Arc::new(Semaphore::new(CONN_REQUESTS_MAX));
