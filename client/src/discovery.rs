@@ -45,7 +45,13 @@ pub struct DiscoveryConfig {
     pub probe_timeout_ms: u64,
     /// First wait between two rounds. Default 20.
     pub backoff_initial_ms: u64,
-    /// Longest wait between two rounds (the wait doubles up to it). Default 1000.
+    /// Longest wait between two rounds (the wait doubles up to it). Default 100: a search
+    /// for the master is a metadata refresh, which Kafka's clients retry every 100 ms
+    /// (`retry.backoff.ms`). Measured over 20 `quire demo` master kills each (2026-12-03):
+    /// with 1000, failover (kill to the first ack from the new master) took 2.30 s at the
+    /// median and 2.32 s at most — the new master served from about 1.3 s, and the
+    /// producers slept in a 1 s backoff until 2.3 s; with 200, 1.66 s and 1.97 s; with 100,
+    /// 1.50 s and 1.82 s.
     pub backoff_max_ms: u64,
     /// Longest [`Discovery::find_master`] call. Default 30 000.
     pub discovery_timeout_ms: u64,
@@ -57,7 +63,7 @@ impl Default for DiscoveryConfig {
             conn: ConnConfig::default(),
             probe_timeout_ms: 2_000,
             backoff_initial_ms: 20,
-            backoff_max_ms: 1_000,
+            backoff_max_ms: 100,
             discovery_timeout_ms: 30_000,
         }
     }
