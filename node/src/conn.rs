@@ -635,11 +635,12 @@ mod tests {
         wal.append(Epoch(4), records).wait().expect("appends");
         let mut scanned = Vec::new();
         quire_wal::scan::scan_dir(dir.path(), &mut |r| {
-            if let Some(h) = r.header {
+            if let (Some(h), Some(crc)) = (r.header, r.content_crc()) {
+                // The digest holds content checksums: without the segment's tag.
                 scanned.push(EntryId {
                     epoch: h.epoch,
                     offset: h.offset,
-                    crc: h.crc,
+                    crc,
                 });
             }
         })

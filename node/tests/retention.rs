@@ -115,17 +115,18 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         let node = quire_node::Node::start(config).await.unwrap();
         let c = StoreClient::connect(node.local_addr()).await.unwrap();
 
-        // One 4 KiB block per event, 16 per segment: segments 0, 16, 32.
+        // One 4 KiB block per event, 15 per segment after its header block: segments 0,
+        // 15, 30.
         for o in 0..40u64 {
             let payload = Bytes::from(vec![u8::try_from(o).unwrap(); 3000]);
             append(&c, event(o, EventKind::Message, payload), None).await;
         }
-        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([0, 16, 32]));
+        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([0, 15, 30]));
 
         // A Trim to 20 at offset 40, not yet known stabilized: nothing goes.
         append(&c, trim_event(40, 20), Some(39)).await;
-        // A heartbeat brings the HWM to 40: the trim is stabilized; segment 0 goes (16
-        // is inside segment 16, which is kept whole).
+        // A heartbeat brings the HWM to 40: the trim is stabilized; segment 0 goes (20
+        // is inside segment 15, which is kept whole).
         c.heartbeat(Heartbeat {
             epoch: EPOCH,
             hwm: Some(Offset(40)),
@@ -133,15 +134,15 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         })
         .await
         .unwrap();
-        wait_first_offset(&c, 16).await;
-        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([16, 32]));
-        let r = c.read(Offset(16), 100, 1 << 20).await.unwrap();
-        assert_eq!(r.events.first().map(|e| e.offset), Some(Offset(16)));
-        assert_eq!(r.events.len(), 25);
-        assert_eq!(r.events[24].kind, EventKind::Trim);
+        wait_first_offset(&c, 15).await;
+        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([15, 30]));
+        let r = c.read(Offset(15), 100, 1 << 20).await.unwrap();
+        assert_eq!(r.events.first().map(|e| e.offset), Some(Offset(15)));
+        assert_eq!(r.events.len(), 26);
+        assert_eq!(r.events[25].kind, EventKind::Trim);
 
         // A Trim to 1000 at offset 41 with the HWM at 41: capped at the HWM, so segment
-        // 16 goes (32 <= 41) and segment 32, the last, stays.
+        // 15 goes (30 <= 41) and segment 30, the last, stays.
         append(&c, trim_event(41, 1_000), Some(41)).await;
         c.heartbeat(Heartbeat {
             epoch: EPOCH,
@@ -150,10 +151,10 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         })
         .await
         .unwrap();
-        wait_first_offset(&c, 32).await;
-        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([32]));
-        let r = c.read(Offset(32), 100, 1 << 20).await.unwrap();
-        assert_eq!(r.events.len(), 10);
+        wait_first_offset(&c, 30).await;
+        assert_eq!(segment_bases(&wal_dir), BTreeSet::from([30]));
+        let r = c.read(Offset(30), 100, 1 << 20).await.unwrap();
+        assert_eq!(r.events.len(), 12);
 
         // After a restart the store starts at its first segment's base.
         drop(c);
@@ -164,10 +165,10 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         let node = quire_node::Node::start(config).await.unwrap();
         let c = StoreClient::connect(node.local_addr()).await.unwrap();
         let t = c.tail().await.unwrap();
-        assert_eq!(t.first_offset, Offset(32));
+        assert_eq!(t.first_offset, Offset(30));
         match c.read(Offset(5), 100, 1 << 20).await {
             Err(ClientError::Trimmed { first_offset, .. }) => {
-                assert_eq!(first_offset, Offset(32));
+                assert_eq!(first_offset, Offset(30));
             }
             other => panic!("a read below the first offset gave {other:?}"),
         }

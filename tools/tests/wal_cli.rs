@@ -908,3 +908,51 @@ fn verify_calls_a_last_segment_cut_at_a_record_boundary_a_torn_tail() {
     assert_eq!(json["end"]["offset"], EVENTS - 1, "{json}");
     assert!(json.to_string().contains("cut to"), "{json}");
 }
+
+/// A log whose segments are reused files (retention handed trimmed segments back as
+/// spares): `verify` calls it clean and `stat` shows each segment's version and tag, a new
+/// tag for every life of a file.
+#[test]
+fn verify_and_stat_read_reused_and_version_1_segments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (wal, _) = open_small(dir.path()).expect("open");
+    let mut next = 0u64;
+    let deadline = Instant::now() + RUN_TIME_MAX;
+    // 3000-byte events take a 4 KiB block each; trim to keep about two segments.
+    while wal.stats().spares_reused < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no spare was made from a reused file"
+        );
+        let e = Event {
+            epoch: Epoch(1),
+            offset: Offset(next),
+            kind: EventKind::Message,
+            payload: Bytes::from(vec![b'r'; 3000]).into(),
+        };
+        wal.append(Epoch(1), vec![e]).wait().expect("append");
+        next += 1;
+        wal.trim_before(Offset(next.saturating_sub(20)))
+            .expect("trim");
+    }
+    wal.close().expect("close");
+    let out = quire(&["wal", "verify", path_str(dir.path())]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = quire(&["wal", "stat", path_str(dir.path()), "--format", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let segs = v["segments"].as_array().expect("segments");
+    assert!(segs.iter().all(|s| s["version"] == 2), "{v}");
+    let tags: std::collections::BTreeSet<&str> = segs
+        .iter()
+        .map(|s| s["tag"].as_str().expect("a tag"))
+        .collect();
+    assert_eq!(
+        tags.len(),
+        segs.len(),
+        "every segment has a tag of its own: {v}"
+    );
+    assert_eq!(v["totals"]["next_offset"].as_u64(), Some(next), "{v}");
+    let out = quire(&["wal", "stat", path_str(dir.path())]);
+    assert!(text(&out.stdout).contains(" VER "), "{out:?}");
+}

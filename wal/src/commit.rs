@@ -36,7 +36,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ use quire_proto::{Epoch, Event, Offset};
 use crate::append::AckSlot;
 use crate::disk::{AlignedBuf, DirectIo, Disk, DiskCompletion, DiskOp, DiskWaker, HUGE_PAGE_BYTES};
 use crate::error::WalError;
-use crate::format::{self, align_up, KIND_TRUNCATE};
+use crate::format::{self, align_up, SegmentTag, KIND_TRUNCATE};
 use crate::index::{EpochRuns, Index, IndexedSegment};
 use crate::recovery::{open_for_read, Tail};
 use crate::segment::{self, segment_name, Preallocator};
@@ -65,9 +65,13 @@ const FREE_BUFFERS_MAX: usize = 3;
 pub(crate) struct Request {
     pub writer_epoch: Epoch,
     pub records: Vec<Event>,
-    /// Each record's CRC-32C ([`format::record_crc`]), computed by the appender before the
-    /// handoff so the commit thread only copies.
+    /// Each record's CRC-32C ([`format::event_crc_in`] with `crc_tag`), computed by the
+    /// appender before the handoff so the commit thread only copies.
     pub crcs: Vec<u32>,
+    /// The tag the checksums were computed for: the current segment's when the appender
+    /// looked ([`Shared::current_tag`]). A batch that lands in another segment (a roll
+    /// came between) computes them again.
+    pub crc_tag: SegmentTag,
     /// Set when the append replaces the suffix from this offset: a marker precedes it.
     pub truncate_at: Option<Offset>,
     /// Encoded bytes (records, plus the marker if any), before padding.
@@ -116,6 +120,9 @@ pub(crate) struct Shared<S: Storage> {
     /// While a batch is held open for concurrent appenders: the queue length at which an
     /// appender wakes the commit thread (`usize::MAX` otherwise).
     pub wake_at_queue_len: AtomicUsize,
+    /// The tag of the segment appends go to now ([`SegmentTag::get`]), for the appenders'
+    /// checksums; set by the commit thread at each roll.
+    pub current_tag: AtomicU64,
 }
 
 impl<S: Storage> Shared<S> {
@@ -185,6 +192,7 @@ struct Current<F> {
     file: Arc<F>,
     capacity: u64,
     write_pos: u64,
+    tag: SegmentTag,
 }
 
 enum Placement {
@@ -231,6 +239,7 @@ impl<S: Storage> Committer<S> {
                     .storage
                     .open(&t.path, OpenMode::WriteDirect)
                     .map_err(|e| WalError::io("open", &t.path, e))?;
+                shared.current_tag.store(t.tag.get(), Ordering::Relaxed);
                 Some(Current {
                     index_id: t.index_id,
                     base: t.base,
@@ -238,6 +247,7 @@ impl<S: Storage> Committer<S> {
                     file: Arc::new(file),
                     capacity: t.capacity,
                     write_pos: t.write_position,
+                    tag: t.tag,
                 })
             }
         };
@@ -564,21 +574,28 @@ impl<S: Storage> Committer<S> {
             .as_mut()
             .expect("invariant: a segment is open before a batch");
         let start = cur.write_pos;
+        let tag = cur.tag;
         let mut ops = Vec::new();
         let mut acks = Vec::with_capacity(requests.len());
         let mut truncations = 0;
         for r in requests {
             if let Some(x) = r.truncate_at {
-                let n = format::encode(buf.spare_mut(), r.writer_epoch, x, KIND_TRUNCATE, &[]);
+                let n = format::encode(buf.spare_mut(), tag, r.writer_epoch, x, KIND_TRUNCATE, &[]);
                 buf.advance(n);
                 ops.push(IndexOp::Truncate(x));
                 truncations += 1;
             }
             let mut payload_bytes = 0u64;
             debug_assert_eq!(r.crcs.len(), r.records.len());
+            let same_tag = r.crc_tag == tag;
             for (rec, &crc) in r.records.iter().zip(&r.crcs) {
                 let position = start + buf.len() as u64;
-                let n = format::encode_event_with_crc(buf.spare_mut(), rec, crc);
+                let crc = if same_tag {
+                    crc
+                } else {
+                    format::event_crc_in(tag, rec)
+                };
+                let n = format::encode_event_with_crc(buf.spare_mut(), tag, rec, crc);
                 buf.advance(n);
                 payload_bytes += rec.payload.len() as u64;
                 ops.push(IndexOp::Push {
@@ -616,6 +633,12 @@ impl<S: Storage> Committer<S> {
         let file = cur.file.clone();
         let path = cur.path.clone();
         let segment = cur.index_id;
+        if truncations > 0 {
+            // A file that holds a marker is never reused (docs/format.md, "Reuse").
+            if let Some(s) = self.shared.write_index().segment_mut(segment) {
+                s.has_marker = true;
+            }
+        }
 
         let c = &self.shared.counters;
         Counters::add(&c.batches, 1);
@@ -695,7 +718,7 @@ impl<S: Storage> Committer<S> {
             );
         }
         let path = dir.join(segment_name(name));
-        self.prealloc.take(&path)?;
+        let tag = self.prealloc.take(&path)?;
         let file = self
             .shared
             .storage
@@ -714,7 +737,10 @@ impl<S: Storage> Committer<S> {
             base: name,
             path: path.clone(),
             file: read,
+            tag,
+            has_marker: false,
         });
+        self.shared.current_tag.store(tag.get(), Ordering::Relaxed);
         Counters::add(&self.shared.counters.segments_created, 1);
         tracing::debug!(segment = %path.display(), "started a new segment");
         self.current = Some(Current {
@@ -723,7 +749,8 @@ impl<S: Storage> Committer<S> {
             path,
             file: Arc::new(file),
             capacity,
-            write_pos: 0,
+            write_pos: tag.data_start(self.shared.align),
+            tag,
         });
         Ok(())
     }

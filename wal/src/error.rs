@@ -217,6 +217,13 @@ pub enum CorruptionKind {
     /// A segment's name does not match its content (first record, base offset).
     #[error("the segment does not start with the record its name promises")]
     SegmentStart,
+    /// A version-2 segment's header (its first bytes say "QS") is damaged, so its records
+    /// cannot be told from an earlier life of the file.
+    #[error("the segment header is damaged ({problem:?})")]
+    SegmentHeader {
+        /// What is wrong with it.
+        problem: crate::format::SegmentHeaderProblem,
+    },
     /// A segment's base offset leaves a gap after the previous segment.
     #[error("a segment is missing before this one")]
     MissingSegment,

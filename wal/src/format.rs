@@ -13,20 +13,25 @@
 //! ```text
 //!  byte  0        4        6   7   8            12           16                  24                  32
 //!        +--------+--------+---+---+------------+------------+-------------------+-------------------+---------
-//!        | crc32c | magic  |ver|knd|  length    |  reserved  |      epoch        |      offset       | payload…
-//!        |  u32   |  u16   |u8 |u8 |   u32      |  u32 = 0   |       u64         |       u64         | length B
+//!        | crc32c | magic  |ver|knd|  length    |    tag     |      epoch        |      offset       | payload…
+//!        |  u32   |  u16   |u8 |u8 |   u32      |    u32     |       u64         |       u64         | length B
 //!        +--------+--------+---+---+------------+------------+-------------------+-------------------+---------
 //! ```
 //!
 //! - `crc32c`: CRC-32C (Castagnoli, the `crc32c` crate) over header bytes `4..32` followed
-//!   by the payload. It does not cover itself.
+//!   by the payload, continued from the segment's seed ([`SegmentTag::seed`]: 0 in version
+//!   1). It does not cover itself.
 //! - `magic`: [`MAGIC`] (`"QW"` as the bytes `0x51 0x57`). A zero magic means "no record
 //!   here" (zero padding or preallocated space); a record can never start with it.
-//! - `ver`: [`VERSION`].
+//! - `ver`: the segment's format version: [`VERSION_1`] in a segment without a header,
+//!   [`VERSION`] (2) in a segment with one (see [`SegmentTag`]).
 //! - `knd`: the event kind byte, opaque to the WAL, except [`KIND_TRUNCATE`] (`0xFF`), the
 //!   WAL's own truncation marker, which no event may use.
 //! - `length`: payload bytes, at most [`PAYLOAD_BYTES_MAX`].
-//! - `reserved`: zero in version 1; a non-zero value makes the header invalid.
+//! - `tag` (version 2; `reserved`, zero, in version 1): the low 32 bits of the segment's
+//!   [`SegmentTag`]. In version 2 the checksum also covers the whole 64-bit tag: it starts
+//!   from the CRC-32C of the tag's 8 bytes. A record left in a reused file from its previous
+//!   life therefore never reads as a record of the file's current life.
 //! - `epoch`: the entry epoch (or, for a truncation marker, the writer epoch).
 //! - `offset`: the entry's log offset (or, for a marker, the first offset it replaces).
 
@@ -38,8 +43,25 @@ pub const HEADER_BYTES: usize = 32;
 /// The two magic bytes at header bytes 4..6: `"QW"`, read as a little-endian `u16`.
 pub const MAGIC: u16 = u16::from_le_bytes(*b"QW");
 
-/// The record format version this crate writes and reads.
-pub const VERSION: u8 = 1;
+/// The format version of segments without a header (records from position 0, no tag).
+/// Read, and continued until the segment rolls; never started anew.
+pub const VERSION_1: u8 = 1;
+
+/// The format version of the segments this crate starts: a [`SegmentHeader`] in the first
+/// [`SEGMENT_HEADER_BYTES`], then records that carry the segment's tag.
+pub const VERSION: u8 = 2;
+
+/// The bytes at the start of a version-2 segment reserved for its header (the header
+/// proper is [`SEGMENT_HEADER_ENCODED_BYTES`]; the rest is zero). Records start at the
+/// first multiple of the write alignment at or above it.
+pub const SEGMENT_HEADER_BYTES: u64 = 512;
+
+/// The encoded size of a [`SegmentHeader`], in bytes.
+pub const SEGMENT_HEADER_ENCODED_BYTES: usize = 32;
+
+/// The two magic bytes of a segment header at bytes 4..6: `"QS"`. A record has `"QW"`
+/// there, so the first bytes of a file tell a version-2 segment from a version-1 one.
+pub const SEGMENT_MAGIC: u16 = u16::from_le_bytes(*b"QS");
 
 /// The kind byte of a truncation marker. Owned by the WAL: an event may not use it.
 pub const KIND_TRUNCATE: u8 = 0xFF;
@@ -56,13 +78,178 @@ const _: () = assert!(HEADER_BYTES == 4 + 2 + 1 + 1 + 4 + 4 + 8 + 8);
 const _: () = assert!(HEADER_BYTES as u64 <= PAD_GRANULE_BYTES);
 const _: () = assert!(PAYLOAD_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(MAGIC != 0);
+const _: () = assert!(SEGMENT_MAGIC != MAGIC);
+const _: () = assert!(SEGMENT_HEADER_BYTES == PAD_GRANULE_BYTES);
 const _: () = assert!(PAD_GRANULE_BYTES.is_power_of_two());
+
+/// The identity of one life of a segment file: a random 64-bit value drawn when the file
+/// is prepared to become a segment (freshly zero-filled, or reused after retention), kept
+/// in its [`SegmentHeader`] and mixed into every record's checksum. [`SegmentTag::V1`]
+/// stands for a version-1 segment, which has no header and no tag.
+///
+/// Why: a reused file still holds its previous life's records. Their checksums were
+/// computed from another tag, so none of them — nor a record a payload embeds, whose
+/// writer could not know the tag — checks out as one of the current life's (the odds are
+/// those of two 64-bit random values being equal). The idea is RocksDB's recyclable log
+/// format (a log number in every record header; `db/log_format.h`), with a random value in
+/// place of the number because a Quire segment's name can come back after a truncation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SegmentTag(u64);
+
+impl SegmentTag {
+    /// A version-1 segment: no header, records from position 0, checksums without a seed.
+    pub const V1: SegmentTag = SegmentTag(0);
+
+    /// The tag `value`, or `None` if it cannot be one: its low 32 bits (the field every
+    /// record carries) must not be zero.
+    #[must_use]
+    pub fn new(value: u64) -> Option<SegmentTag> {
+        (value as u32 != 0).then_some(SegmentTag(value))
+    }
+
+    /// A fresh tag from `draw` (64 random bits per call) that is not `previous` (the tag of
+    /// the file's earlier life, when a file is reused).
+    pub fn draw(mut draw: impl FnMut() -> u64, previous: SegmentTag) -> SegmentTag {
+        loop {
+            if let Some(t) = SegmentTag::new(draw()) {
+                if t != previous {
+                    return t;
+                }
+            }
+        }
+    }
+
+    /// The 64-bit value (0 for [`SegmentTag::V1`]).
+    #[must_use]
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The record format version of the segment.
+    #[must_use]
+    pub fn version(self) -> u8 {
+        if self == SegmentTag::V1 {
+            VERSION_1
+        } else {
+            VERSION
+        }
+    }
+
+    /// The value of every record's tag field (header bytes 12..16): the low 32 bits.
+    #[must_use]
+    pub fn field(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The CRC-32C state a record's checksum starts from: 0 in version 1, the CRC-32C of
+    /// the tag's 8 little-endian bytes in version 2.
+    #[must_use]
+    pub fn seed(self) -> u32 {
+        if self == SegmentTag::V1 {
+            0
+        } else {
+            crc32c::crc32c(&self.0.to_le_bytes())
+        }
+    }
+
+    /// Where the first record of a segment with this tag may start, for writes aligned to
+    /// `align` bytes: 0 in version 1; after the header, at an aligned position, in version 2.
+    #[must_use]
+    pub fn data_start(self, align: u64) -> u64 {
+        if self == SegmentTag::V1 {
+            0
+        } else {
+            align_up(SEGMENT_HEADER_BYTES, align)
+        }
+    }
+}
+
+/// The header of a version-2 segment: the first [`SEGMENT_HEADER_ENCODED_BYTES`] of the
+/// file (the rest of the first [`SEGMENT_HEADER_BYTES`] is zero). Little-endian:
+///
+/// ```text
+///  byte 0        4        6   7   8                  16                                   32
+///       +--------+--------+---+---+------------------+------------------------------------+
+///       | crc32c | "QS"   |ver| 0 |    tag (u64)     |          reserved, zero            |
+///       +--------+--------+---+---+------------------+------------------------------------+
+/// ```
+///
+/// `crc32c` covers bytes 4..32; `ver` is [`VERSION`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// The segment's tag.
+    pub tag: SegmentTag,
+}
+
+/// Why the first bytes of a file that claims to be a version-2 segment are not a header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegmentHeaderProblem {
+    /// The file is shorter than a header.
+    Short,
+    /// An unknown segment format version.
+    BadVersion(u8),
+    /// The checksum does not match.
+    Checksum,
+    /// Reserved bytes are not zero, or the tag is not one [`SegmentTag::new`] accepts.
+    BadField,
+}
+
+impl SegmentHeader {
+    /// The encoded header.
+    #[must_use]
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_ENCODED_BYTES] {
+        let mut b = [0u8; SEGMENT_HEADER_ENCODED_BYTES];
+        b[4..6].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
+        b[6] = VERSION;
+        b[8..16].copy_from_slice(&self.tag.0.to_le_bytes());
+        let crc = crc32c::crc32c(&b[4..]);
+        b[0..4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Reads the start of a segment file: `Ok(None)` if it is not a version-2 header (so the
+    /// file is a version-1 segment: bytes 4..6 are not [`SEGMENT_MAGIC`]), `Ok(Some)` for a
+    /// good header.
+    ///
+    /// # Errors
+    /// A [`SegmentHeaderProblem`] if the magic says version 2 but the header is damaged.
+    pub fn decode(bytes: &[u8]) -> Result<Option<SegmentHeader>, SegmentHeaderProblem> {
+        if bytes.len() >= 6 && u16::from_le_bytes([bytes[4], bytes[5]]) != SEGMENT_MAGIC {
+            return Ok(None);
+        }
+        let Some(b) = bytes.get(..SEGMENT_HEADER_ENCODED_BYTES) else {
+            return if bytes.len() < 6 {
+                Ok(None)
+            } else {
+                Err(SegmentHeaderProblem::Short)
+            };
+        };
+        if b[6] != VERSION {
+            return Err(SegmentHeaderProblem::BadVersion(b[6]));
+        }
+        let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if crc32c::crc32c(&b[4..]) != stored {
+            return Err(SegmentHeaderProblem::Checksum);
+        }
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&b[8..16]);
+        let tag = SegmentTag::new(u64::from_le_bytes(t)).ok_or(SegmentHeaderProblem::BadField)?;
+        if b[7] != 0 || b[16..].iter().any(|&x| x != 0) {
+            return Err(SegmentHeaderProblem::BadField);
+        }
+        Ok(Some(SegmentHeader { tag }))
+    }
+}
 
 /// A decoded record header (the checksum is checked separately, see [`checksum_ok`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     /// The stored CRC-32C.
     pub crc: u32,
+    /// The format version ([`VERSION_1`] or [`VERSION`]).
+    pub version: u8,
+    /// The tag field: the low 32 bits of the segment's tag in version 2, zero in version 1.
+    pub tag_field: u32,
     /// Kind byte: an event kind, or [`KIND_TRUNCATE`].
     pub kind: u8,
     /// Payload length in bytes.
@@ -98,7 +285,7 @@ pub enum HeaderProblem {
     BadMagic,
     /// An unknown format version.
     BadVersion(u8),
-    /// The reserved field is not zero.
+    /// The reserved field of a version-1 record is not zero.
     BadReserved,
     /// The payload length exceeds [`PAYLOAD_BYTES_MAX`].
     TooLong(u32),
@@ -117,19 +304,32 @@ pub const fn record_bytes(payload_len: usize) -> usize {
 /// # Panics
 /// If `dst` is shorter than the record or `payload` exceeds [`PAYLOAD_BYTES_MAX`]; callers
 /// size their buffers from [`record_bytes`] and validate payloads first.
-pub fn encode(dst: &mut [u8], epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> usize {
-    let crc = record_crc(epoch, offset, kind, payload);
-    encode_with_crc(dst, epoch, offset, kind, payload, crc)
+pub fn encode(
+    dst: &mut [u8],
+    tag: SegmentTag,
+    epoch: Epoch,
+    offset: Offset,
+    kind: u8,
+    payload: &[u8],
+) -> usize {
+    let crc = record_crc(tag, epoch, offset, kind, payload);
+    encode_with_crc(dst, tag, epoch, offset, kind, payload, crc)
 }
 
 /// The header fields after the checksum (bytes `4..32`) of a record.
-fn header_tail(epoch: Epoch, offset: Offset, kind: u8, length: u32) -> [u8; HEADER_BYTES - 4] {
+fn header_tail(
+    tag: SegmentTag,
+    epoch: Epoch,
+    offset: Offset,
+    kind: u8,
+    length: u32,
+) -> [u8; HEADER_BYTES - 4] {
     let mut t = [0u8; HEADER_BYTES - 4];
     t[0..2].copy_from_slice(&MAGIC.to_le_bytes());
-    t[2] = VERSION;
+    t[2] = tag.version();
     t[3] = kind;
     t[4..8].copy_from_slice(&length.to_le_bytes());
-    // t[8..12]: reserved, zero.
+    t[8..12].copy_from_slice(&tag.field().to_le_bytes());
     t[12..20].copy_from_slice(&epoch.0.to_le_bytes());
     t[20..28].copy_from_slice(&offset.0.to_le_bytes());
     t
@@ -142,17 +342,19 @@ fn header_tail(epoch: Epoch, offset: Offset, kind: u8, length: u32) -> [u8; HEAD
 /// # Panics
 /// If `payload` exceeds [`PAYLOAD_BYTES_MAX`].
 #[must_use]
-pub fn record_crc(epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> u32 {
-    crc_of_chunks(epoch, offset, kind, [payload, &[]])
+pub fn record_crc(tag: SegmentTag, epoch: Epoch, offset: Offset, kind: u8, payload: &[u8]) -> u32 {
+    crc_of_chunks(tag, epoch, offset, kind, [payload, &[]])
 }
 
-/// [`record_crc`] of the record that holds `event` (its payload's chunks in order).
+/// [`record_crc`] of the record that holds `event` in a segment tagged `tag` (its
+/// payload's chunks in order).
 ///
 /// # Panics
 /// If the payload exceeds [`PAYLOAD_BYTES_MAX`].
 #[must_use]
-pub fn event_crc(event: &Event) -> u32 {
+pub fn event_crc_in(tag: SegmentTag, event: &Event) -> u32 {
     crc_of_chunks(
+        tag,
         event.epoch,
         event.offset,
         event.kind.as_u8(),
@@ -160,15 +362,32 @@ pub fn event_crc(event: &Event) -> u32 {
     )
 }
 
-fn crc_of_chunks(epoch: Epoch, offset: Offset, kind: u8, chunks: [&[u8]; 2]) -> u32 {
+/// The checksum of `event`'s content, whichever segment holds it: [`event_crc_in`] with
+/// [`SegmentTag::V1`] (epoch, offset, kind, length and payload; no tag). Stores compare
+/// ranges of their logs by it (range digests), so it must not depend on the file.
+///
+/// # Panics
+/// If the payload exceeds [`PAYLOAD_BYTES_MAX`].
+#[must_use]
+pub fn event_crc(event: &Event) -> u32 {
+    event_crc_in(SegmentTag::V1, event)
+}
+
+fn crc_of_chunks(
+    tag: SegmentTag,
+    epoch: Epoch,
+    offset: Offset,
+    kind: u8,
+    chunks: [&[u8]; 2],
+) -> u32 {
     let len = chunks[0].len() + chunks[1].len();
     assert!(
         len <= PAYLOAD_BYTES_MAX,
         "payload of {len} bytes exceeds the maximum"
     );
     let length = u32::try_from(len).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
-    let tail = header_tail(epoch, offset, kind, length);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&tail), chunks[0]);
+    let tail = header_tail(tag, epoch, offset, kind, length);
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(tag.seed(), &tail), chunks[0]);
     crc32c::crc32c_append(crc, chunks[1])
 }
 
@@ -181,23 +400,26 @@ fn crc_of_chunks(epoch: Epoch, offset: Offset, kind: u8, chunks: [&[u8]; 2]) -> 
 /// would read back as corrupt, so callers pass exactly what `record_crc` returned.
 pub fn encode_with_crc(
     dst: &mut [u8],
+    tag: SegmentTag,
     epoch: Epoch,
     offset: Offset,
     kind: u8,
     payload: &[u8],
     crc: u32,
 ) -> usize {
-    encode_chunks(dst, epoch, offset, kind, [payload, &[]], crc)
+    encode_chunks(dst, tag, epoch, offset, kind, [payload, &[]], crc)
 }
 
-/// [`encode_with_crc`] of the record that holds `event`, with `crc` from [`event_crc`]: the
-/// payload's chunks are copied one after the other (the only copy the write path makes).
+/// [`encode_with_crc`] of the record that holds `event`, with `crc` from [`event_crc_in`]
+/// for the same `tag`: the payload's chunks are copied one after the other (the only copy
+/// the write path makes).
 ///
 /// # Panics
 /// As [`encode`].
-pub fn encode_event_with_crc(dst: &mut [u8], event: &Event, crc: u32) -> usize {
+pub fn encode_event_with_crc(dst: &mut [u8], tag: SegmentTag, event: &Event, crc: u32) -> usize {
     encode_chunks(
         dst,
+        tag,
         event.epoch,
         event.offset,
         event.kind.as_u8(),
@@ -208,6 +430,7 @@ pub fn encode_event_with_crc(dst: &mut [u8], event: &Event, crc: u32) -> usize {
 
 fn encode_chunks(
     dst: &mut [u8],
+    tag: SegmentTag,
     epoch: Epoch,
     offset: Offset,
     kind: u8,
@@ -227,7 +450,7 @@ fn encode_chunks(
     );
     let length = u32::try_from(len).expect("invariant: PAYLOAD_BYTES_MAX fits in u32");
     let (head, rest) = dst.split_at_mut(HEADER_BYTES);
-    head[4..].copy_from_slice(&header_tail(epoch, offset, kind, length));
+    head[4..].copy_from_slice(&header_tail(tag, epoch, offset, kind, length));
     let (first, second) = rest[..len].split_at_mut(chunks[0].len());
     crate::copy::copy_for_device(first, chunks[0]);
     crate::copy::copy_for_device(second, chunks[1]);
@@ -255,10 +478,12 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, HeaderProblem> {
     if u16::from_le_bytes([head[4], head[5]]) != MAGIC {
         return Err(HeaderProblem::BadMagic);
     }
-    if head[6] != VERSION {
-        return Err(HeaderProblem::BadVersion(head[6]));
+    let version = head[6];
+    if version != VERSION_1 && version != VERSION {
+        return Err(HeaderProblem::BadVersion(version));
     }
-    if u32_at(12) != 0 {
+    let tag_field = u32_at(12);
+    if version == VERSION_1 && tag_field != 0 {
         return Err(HeaderProblem::BadReserved);
     }
     let length = u32_at(8);
@@ -267,6 +492,8 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, HeaderProblem> {
     }
     Ok(Header {
         crc: u32_at(0),
+        version,
+        tag_field,
         kind: head[7],
         length,
         epoch: Epoch(u64_at(16)),
@@ -274,18 +501,22 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, HeaderProblem> {
     })
 }
 
-/// Whether `record` (header followed by exactly the payload) carries a correct checksum.
+/// Whether `record` (header followed by exactly the payload) is a record of a segment
+/// tagged `tag`: its version and tag field are the segment's, and its checksum (from the
+/// tag's seed) holds.
 ///
 /// # Panics
 /// If `record` is shorter than a header.
 #[must_use]
-pub fn checksum_ok(record: &[u8]) -> bool {
+pub fn checksum_ok(tag: SegmentTag, record: &[u8]) -> bool {
     assert!(
         record.len() >= HEADER_BYTES,
         "a record is at least a header"
     );
     let stored = u32::from_le_bytes([record[0], record[1], record[2], record[3]]);
-    crc32c::crc32c(&record[4..]) == stored
+    record[6] == tag.version()
+        && record[12..16] == tag.field().to_le_bytes()
+        && crc32c::crc32c_append(tag.seed(), &record[4..]) == stored
 }
 
 /// Rounds `value` up to a multiple of `align` (a power of two).
@@ -313,11 +544,17 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn encoded(epoch: u64, offset: u64, kind: u8, payload: &[u8]) -> Vec<u8> {
+    const TAG: SegmentTag = SegmentTag(0x0123_4567_89ab_cdef);
+
+    fn encoded_in(tag: SegmentTag, epoch: u64, offset: u64, kind: u8, payload: &[u8]) -> Vec<u8> {
         let mut buf = vec![0u8; record_bytes(payload.len())];
-        let n = encode(&mut buf, Epoch(epoch), Offset(offset), kind, payload);
+        let n = encode(&mut buf, tag, Epoch(epoch), Offset(offset), kind, payload);
         assert_eq!(n, buf.len());
         buf
+    }
+
+    fn encoded(epoch: u64, offset: u64, kind: u8, payload: &[u8]) -> Vec<u8> {
+        encoded_in(TAG, epoch, offset, kind, payload)
     }
 
     /// The marker's kind byte can never be an event's: every event is a
@@ -334,26 +571,103 @@ mod tests {
         assert_eq!(buf[6], VERSION);
         assert_eq!(buf[7], 7);
         assert_eq!(&buf[8..12], &5u32.to_le_bytes());
-        assert_eq!(&buf[12..16], &[0, 0, 0, 0]);
+        assert_eq!(&buf[12..16], &0x89ab_cdefu32.to_le_bytes());
         assert_eq!(&buf[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
         assert_eq!(&buf[24..32], &0x1112_1314_1516_1718u64.to_le_bytes());
         assert_eq!(&buf[32..], b"hello");
-        let crc = crc32c::crc32c(&buf[4..]);
+        let seed = crc32c::crc32c(&0x0123_4567_89ab_cdefu64.to_le_bytes());
+        let crc = crc32c::crc32c_append(seed, &buf[4..]);
         assert_eq!(&buf[0..4], &crc.to_le_bytes());
+        let h = decode_header(&buf).unwrap();
+        assert_eq!((h.version, h.tag_field), (VERSION, 0x89ab_cdef));
+    }
+
+    /// Version-1 records are what they always were: a zero reserved field and a checksum
+    /// from no seed. So old segments still read, and the stores' content checksums
+    /// ([`event_crc`]) did not change.
+    #[test]
+    fn version_1_records_are_unchanged() {
+        let buf = encoded_in(SegmentTag::V1, 3, 4, 1, b"old");
+        assert_eq!(buf[6], VERSION_1);
+        assert_eq!(&buf[12..16], &[0, 0, 0, 0]);
+        assert_eq!(&buf[0..4], &crc32c::crc32c(&buf[4..]).to_le_bytes());
+        assert!(checksum_ok(SegmentTag::V1, &buf));
+        assert!(!checksum_ok(TAG, &buf));
+        let event = Event {
+            epoch: Epoch(3),
+            offset: Offset(4),
+            kind: quire_proto::EventKind::Message,
+            payload: bytes::Bytes::from_static(b"old").into(),
+        };
+        assert_eq!(
+            event_crc(&event),
+            record_crc(SegmentTag::V1, Epoch(3), Offset(4), 1, b"old")
+        );
+    }
+
+    /// A record of one life of a file never checks out in another: neither with another
+    /// tag that shares its low 32 bits (the whole tag seeds the checksum), nor as version 1.
+    #[test]
+    fn a_record_checks_out_only_under_its_own_tag() {
+        let buf = encoded(1, 2, 1, b"payload");
+        assert!(checksum_ok(TAG, &buf));
+        let same_field = SegmentTag::new(TAG.get() ^ (1 << 40)).unwrap();
+        assert_eq!(same_field.field(), TAG.field());
+        assert!(!checksum_ok(same_field, &buf));
+        assert!(!checksum_ok(SegmentTag::new(TAG.get() ^ 1).unwrap(), &buf));
+        assert!(!checksum_ok(SegmentTag::V1, &buf));
+    }
+
+    #[test]
+    fn segment_headers_round_trip_and_tell_the_versions_apart() {
+        let h = SegmentHeader { tag: TAG };
+        let b = h.encode();
+        assert_eq!(&b[4..6], b"QS");
+        assert_eq!(SegmentHeader::decode(&b), Ok(Some(h)));
+        // A version-1 segment starts with a record, or with zeros.
+        assert_eq!(
+            SegmentHeader::decode(&encoded_in(SegmentTag::V1, 1, 0, 1, b"x")),
+            Ok(None)
+        );
+        assert_eq!(SegmentHeader::decode(&[0u8; 32]), Ok(None));
+        assert_eq!(SegmentHeader::decode(&[]), Ok(None));
+        let mut bad = b;
+        bad[9] ^= 1;
+        assert_eq!(
+            SegmentHeader::decode(&bad),
+            Err(SegmentHeaderProblem::Checksum)
+        );
+        let mut bad = b;
+        bad[6] = 3;
+        assert_eq!(
+            SegmentHeader::decode(&bad),
+            Err(SegmentHeaderProblem::BadVersion(3))
+        );
+        assert_eq!(
+            SegmentHeader::decode(&b[..20]),
+            Err(SegmentHeaderProblem::Short)
+        );
+        assert_eq!(
+            SegmentTag::new(1 << 32),
+            None,
+            "a tag's record field may not be zero"
+        );
+        assert_eq!(TAG.data_start(4096), 4096);
+        assert_eq!(SegmentTag::V1.data_start(4096), 0);
     }
 
     #[test]
     fn a_checksum_computed_ahead_matches_the_one_encode_computes() {
         let payload: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
         let (e, o) = (Epoch(9), Offset(1234));
-        let crc = record_crc(e, o, 5, &payload);
+        let crc = record_crc(TAG, e, o, 5, &payload);
         let mut a = vec![0u8; record_bytes(payload.len())];
         let mut b = a.clone();
-        encode(&mut a, e, o, 5, &payload);
-        encode_with_crc(&mut b, e, o, 5, &payload, crc);
+        encode(&mut a, TAG, e, o, 5, &payload);
+        encode_with_crc(&mut b, TAG, e, o, 5, &payload, crc);
         assert_eq!(a, b);
-        assert!(checksum_ok(&a));
-        assert_ne!(crc, record_crc(e, Offset(1235), 5, &payload));
+        assert!(checksum_ok(TAG, &a));
+        assert_ne!(crc, record_crc(TAG, e, Offset(1235), 5, &payload));
     }
 
     #[test]
@@ -371,7 +685,7 @@ mod tests {
         let mut b = good.clone();
         b[6] = 9;
         assert_eq!(decode_header(&b), Err(HeaderProblem::BadVersion(9)));
-        let mut b = good.clone();
+        let mut b = encoded_in(SegmentTag::V1, 1, 2, 3, b"x");
         b[13] = 1;
         assert_eq!(decode_header(&b), Err(HeaderProblem::BadReserved));
         let mut b = good;
@@ -397,7 +711,7 @@ mod tests {
             prop_assert_eq!(h.kind, kind);
             prop_assert_eq!(h.length as usize, payload.len());
             prop_assert_eq!(h.record_bytes() as usize, buf.len());
-            prop_assert!(checksum_ok(&buf));
+            prop_assert!(checksum_ok(TAG, &buf));
         }
 
         #[test]
@@ -410,7 +724,7 @@ mod tests {
                 Err(_) => {}
                 Ok(h) => {
                     let end = h.record_bytes() as usize;
-                    prop_assert!(end > buf.len() || !checksum_ok(&buf[..end]));
+                    prop_assert!(end > buf.len() || !checksum_ok(TAG, &buf[..end]));
                 }
             }
         }

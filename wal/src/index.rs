@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use quire_proto::{Epoch, LogPosition, Offset};
 
+use crate::format::SegmentTag;
 use crate::Position;
 
 /// Epoch of every entry in `[start, next)`, stored as runs (epochs change rarely).
@@ -126,6 +127,10 @@ pub struct IndexedSegment<F = File> {
     pub path: PathBuf,
     /// A read handle (buffered I/O sees what the O_DIRECT writes put on disk).
     pub file: Arc<F>,
+    /// The segment's tag, which every record read back must carry.
+    pub tag: SegmentTag,
+    /// Whether the segment holds a truncation marker (such a file is never reused).
+    pub has_marker: bool,
 }
 
 /// Where one entry's record lies.
@@ -199,6 +204,12 @@ impl<F> Index<F> {
     pub fn segment(&self, id: u32) -> Option<&IndexedSegment<F>> {
         let i = id.checked_sub(self.first_segment_id)?;
         self.segments.get(i as usize)
+    }
+
+    /// The segment with id `id`, to update its tag or marker flag.
+    pub fn segment_mut(&mut self, id: u32) -> Option<&mut IndexedSegment<F>> {
+        let i = id.checked_sub(self.first_segment_id)?;
+        self.segments.get_mut(i as usize)
     }
 
     /// The held segments with their ids, in base order.

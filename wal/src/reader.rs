@@ -13,7 +13,7 @@ use bytes::Bytes;
 use quire_proto::{Epoch, Event, EventKind, Offset};
 
 use crate::error::{CorruptionKind, WalError};
-use crate::format::{self, HEADER_BYTES};
+use crate::format::{self, SegmentTag, HEADER_BYTES};
 use crate::index::{Index, Location};
 use crate::storage::StorageFile;
 use crate::Position;
@@ -76,13 +76,13 @@ pub(crate) fn read<F: StorageFile>(
             o = o.next();
         }
         // Only the segments this read touches (usually one or two).
-        let mut files: Vec<(u32, Arc<F>, PathBuf)> = Vec::new();
+        let mut files: Vec<(u32, Arc<F>, PathBuf, SegmentTag)> = Vec::new();
         for w in &wanted {
-            if files.last().is_none_or(|(id, _, _)| *id != w.loc.segment) {
+            if files.last().is_none_or(|(id, ..)| *id != w.loc.segment) {
                 let seg = index
                     .segment(w.loc.segment)
                     .expect("invariant: an indexed entry's segment is held");
-                files.push((w.loc.segment, seg.file.clone(), seg.path.clone()));
+                files.push((w.loc.segment, seg.file.clone(), seg.path.clone(), seg.tag));
             }
         }
         (wanted, files)
@@ -105,9 +105,9 @@ pub(crate) fn read<F: StorageFile>(
             end = u64::from(l.position) + u64::from(l.bytes);
             j += 1;
         }
-        let (_, file, path) = files
+        let (_, file, path, tag) = files
             .iter()
-            .find(|(id, _, _)| *id == first.segment)
+            .find(|(id, ..)| *id == first.segment)
             .expect("invariant: every wanted segment was collected");
         let start = u64::from(first.position);
         let len = usize::try_from(end - start).expect("invariant: a read run fits memory");
@@ -130,7 +130,7 @@ pub(crate) fn read<F: StorageFile>(
             if h.record_bytes() != rec_len as u64
                 || h.offset != w.offset
                 || h.epoch != w.epoch
-                || !format::checksum_ok(bytes)
+                || !format::checksum_ok(*tag, bytes)
             {
                 return Err(mismatch());
             }

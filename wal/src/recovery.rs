@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use quire_proto::{Epoch, LogPosition, Offset};
 
 use crate::error::WalError;
+use crate::format::SegmentTag;
 use crate::index::{Index, IndexedSegment};
 use crate::scan::{self, BadRecord, RecordStatus, ScanEnd, ScanReport, TornTail};
 use crate::segment::{self, DirLock, SegmentPath};
@@ -47,6 +48,8 @@ pub(crate) struct Tail {
     pub path: std::path::PathBuf,
     /// Where the next batch goes (a multiple of the alignment).
     pub write_position: u64,
+    /// The segment's tag.
+    pub tag: SegmentTag,
     /// Usable bytes of the file (a multiple of the alignment).
     pub capacity: u64,
 }
@@ -97,6 +100,9 @@ pub(crate) fn recover<S: Storage>(
             base: s.base,
             path: s.path.clone(),
             file: open_for_read(storage, &s.path)?,
+            // Both from the scan, below.
+            tag: SegmentTag::V1,
+            has_marker: false,
         });
     }
     let report = scan::scan_segments_in(
@@ -121,6 +127,13 @@ pub(crate) fn recover<S: Storage>(
         },
         mutations,
     )?;
+    for (i, r) in report.segments.iter().enumerate() {
+        let id = u32::try_from(i).expect("invariant: fewer than 2^32 segments");
+        if let Some(seg) = index.segment_mut(id) {
+            seg.tag = r.tag;
+            seg.has_marker = r.markers > 0;
+        }
+    }
     let torn = match &report.end {
         ScanEnd::Clean => file_cut(&report, align, index.next()),
         ScanEnd::Corruption(e) => return Err(e.clone()),
@@ -245,12 +258,15 @@ fn prepare_tail<S: Storage>(
             .map_err(|e| WalError::io("fsync", &seg.path, e))?;
     }
     let capacity = crate::format::align_down(len.max(segment_bytes), align);
+    let tag = report.segments.get(i).map_or(SegmentTag::V1, |s| s.tag);
     Ok(Tail {
         index_id: u32::try_from(i).expect("invariant: fewer than 2^32 segments"),
         base: seg.base,
         path: seg.path.clone(),
-        write_position: crate::format::align_up(end, align).min(capacity),
+        write_position: crate::format::align_up(end.max(tag.data_start(align)), align)
+            .min(capacity),
         capacity,
+        tag,
     })
 }
 

@@ -7,8 +7,15 @@
 //!   starts. A later segment's base must not exceed the next expected offset (else a
 //!   segment is missing); a base below it means the segment was started by a truncation,
 //!   and its first record must be an accepted truncation marker at exactly its base.
-//! - A header of 32 zero bytes is padding (or preallocated space): the scan moves to the
-//!   next multiple of [`PAD_GRANULE_BYTES`].
+//! - A segment that starts with a [`SegmentHeader`] is version 2: its records start after
+//!   the header and must carry its [`SegmentTag`]. Any other segment is version 1.
+//! - Bytes that are not a record of this segment's life are skipped to the next multiple of
+//!   [`PAD_GRANULE_BYTES`]: in version 1, zeros (padding and preallocated space); in
+//!   version 2, anything that is not **ours** — a header whose tag field is not the
+//!   segment's, unless it is a well-formed version-2 header holding exactly the next
+//!   expected offset. Zeros, a reused file's previous life and its payloads' bytes are not
+//!   ours; the records of this life are, and so is any of them with one bit flipped
+//!   (a flip in the tag field leaves the offset, a flip elsewhere leaves the tag).
 //! - An event record counts only if its header is well-formed, its checksum holds and its
 //!   offset is the next expected one.
 //! - A truncation marker `{offset: x, epoch: w}` counts only if its checksum holds, the
@@ -28,7 +35,10 @@ use std::path::{Path, PathBuf};
 use quire_proto::{Epoch, LogPosition, Offset};
 
 use crate::error::{CorruptionKind, WalError};
-use crate::format::{self, align_up, Header, HeaderProblem, HEADER_BYTES, PAD_GRANULE_BYTES};
+use crate::format::{
+    self, align_up, Header, HeaderProblem, SegmentHeader, SegmentHeaderProblem, SegmentTag,
+    HEADER_BYTES, PAD_GRANULE_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_HEADER_ENCODED_BYTES,
+};
 use crate::index::EpochRuns;
 use crate::segment::SegmentPath;
 use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
@@ -59,6 +69,9 @@ pub enum BadRecord {
     Short,
     /// The header is malformed.
     Header(HeaderProblem),
+    /// A well-formed header of another version or tag than the segment's: in version 2,
+    /// bytes of an earlier life of the file (or a flipped bit in the tag field).
+    OtherTag,
     /// The checksum does not match.
     Checksum,
     /// The checksum holds but the offset is not the next expected one.
@@ -85,6 +98,7 @@ impl std::fmt::Display for BadRecord {
         match self {
             BadRecord::Short => write!(f, "file ends inside the record"),
             BadRecord::Header(p) => write!(f, "malformed header ({p:?})"),
+            BadRecord::OtherTag => write!(f, "the record's version or tag is not the segment's"),
             BadRecord::Checksum => write!(f, "checksum mismatch"),
             BadRecord::UnexpectedOffset { expected } => {
                 write!(f, "offset is not the expected {expected}")
@@ -124,6 +138,23 @@ pub struct ScannedRecord<'a> {
     pub payload: &'a [u8],
 }
 
+impl ScannedRecord<'_> {
+    /// The checksum of the record's content, whatever segment holds it
+    /// ([`format::event_crc`]: no tag), for comparing logs across stores; `None` if the
+    /// header did not parse.
+    #[must_use]
+    pub fn content_crc(&self) -> Option<u32> {
+        let h = self.header?;
+        Some(format::record_crc(
+            SegmentTag::V1,
+            h.epoch,
+            h.offset,
+            h.kind,
+            self.payload,
+        ))
+    }
+}
+
 /// One segment's summary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegmentReport {
@@ -133,12 +164,22 @@ pub struct SegmentReport {
     pub path: PathBuf,
     /// File size in bytes.
     pub file_bytes: u64,
+    /// The segment's tag ([`SegmentTag::V1`] for a version-1 segment).
+    pub tag: SegmentTag,
     /// Event records accepted in this segment (some may be dropped by later markers).
     pub entries: u64,
     /// Truncation markers accepted in this segment.
     pub markers: u64,
     /// End of the last accepted record (0 if none).
     pub end: Position,
+}
+
+impl SegmentReport {
+    /// The segment's record format version.
+    #[must_use]
+    pub fn version(&self) -> u8 {
+        self.tag.version()
+    }
 }
 
 /// A torn tail: where the log's valid part ends and what follows it.
@@ -152,7 +193,9 @@ pub struct TornTail {
     pub position: Position,
     /// The offset expected there.
     pub offset: Offset,
-    /// Bytes from `position` to the end of the last non-zero byte after it.
+    /// Bytes to overwrite with zeros from `position` on: to the end of the last non-zero
+    /// [`PAD_GRANULE_BYTES`] after it in version 1; in version 2, to the end of the last
+    /// granule that starts with a header of ours (at least the bad record's header).
     pub bytes: u64,
     /// Why the record at `position` does not count.
     pub problem: BadRecord,
@@ -200,6 +243,12 @@ struct SegmentReader<F> {
     len: u64,
     window: Vec<u8>,
     window_pos: u64,
+    /// The segment's tag, from its header (V1 without one).
+    tag: SegmentTag,
+    /// Where records may start: 0 in version 1, after the header in version 2.
+    data_start: u64,
+    /// The header claims version 2 but is damaged.
+    header_problem: Option<SegmentHeaderProblem>,
 }
 
 impl<F: StorageFile> SegmentReader<F> {
@@ -208,12 +257,49 @@ impl<F: StorageFile> SegmentReader<F> {
             .open(path, OpenMode::Read)
             .map_err(|e| WalError::io("open", path, e))?;
         let len = file.size().map_err(|e| WalError::io("stat", path, e))?;
-        Ok(SegmentReader {
+        let mut r = SegmentReader {
             file,
             len,
             window: Vec::new(),
             window_pos: 0,
-        })
+            tag: SegmentTag::V1,
+            data_start: 0,
+            header_problem: None,
+        };
+        let n = usize::try_from(len.min(SEGMENT_HEADER_ENCODED_BYTES as u64))
+            .expect("invariant: a header fits usize");
+        let head = r.bytes(0, n).map_err(|e| WalError::io("read", path, e))?;
+        match SegmentHeader::decode(head) {
+            Ok(None) => {}
+            Ok(Some(h)) => {
+                r.tag = h.tag;
+                r.data_start = SEGMENT_HEADER_BYTES.min(len);
+            }
+            Err(p) => r.header_problem = Some(p),
+        }
+        Ok(r)
+    }
+
+    /// Whether the bytes at `pos` are ours (see the module docs): always, if not all zero,
+    /// in version 1; in version 2, a header with the segment's tag field, or a well-formed
+    /// version-2 header at offset `expected`.
+    fn ours(&mut self, pos: u64, expected: Offset) -> io::Result<bool> {
+        let end = (pos + HEADER_BYTES as u64).min(self.len);
+        if self.tag == SegmentTag::V1 {
+            let granule_end = align_up(pos + 1, PAD_GRANULE_BYTES).min(self.len);
+            return Ok(!self.all_zero(pos, granule_end)?);
+        }
+        if end < pos + HEADER_BYTES as u64 {
+            // The file ends inside the header (cut short): anything but zeros may be ours.
+            return Ok(!self.all_zero(pos, end)?);
+        }
+        let field = self.tag.field().to_le_bytes();
+        let head = self.bytes(pos, HEADER_BYTES)?;
+        if head[12..16] == field {
+            return Ok(true);
+        }
+        Ok(format::decode_header(head)
+            .is_ok_and(|h| h.version == format::VERSION && h.offset == expected))
     }
 
     /// The bytes `[pos, pos + n)`, which must lie inside the file.
@@ -256,11 +342,15 @@ impl<F: StorageFile> SegmentReader<F> {
             Err(p) => return Ok(Err((BadRecord::Header(p), None))),
         };
         let total = h.record_bytes();
+        if h.version != self.tag.version() || h.tag_field != self.tag.field() {
+            return Ok(Err((BadRecord::OtherTag, Some(total))));
+        }
         if pos + total > self.len {
             return Ok(Err((BadRecord::Short, Some(total))));
         }
         let n = usize::try_from(total).expect("invariant: record length fits usize");
-        if !format::checksum_ok(self.bytes(pos, n)?) {
+        let tag = self.tag;
+        if !format::checksum_ok(tag, self.bytes(pos, n)?) {
             return Ok(Err((BadRecord::Checksum, Some(total))));
         }
         Ok(Ok(h))
@@ -277,30 +367,45 @@ impl<F: StorageFile> SegmentReader<F> {
         Ok(self.bytes(from, n)?.iter().all(|&b| b == 0))
     }
 
-    /// Looks past a bad record at `bad` (whose header said `len_hint` bytes, if it parsed):
-    /// returns whether a valid record follows, and the end of the last non-zero
-    /// [`PAD_GRANULE_BYTES`] chunk after `bad`.
-    fn look_past(&mut self, bad: u64, len_hint: Option<u64>) -> io::Result<(bool, u64)> {
+    /// Looks past a bad record at `bad` (whose header said `len_hint` bytes, if it parsed;
+    /// `expected` is the offset the log expected there): returns whether a valid record
+    /// follows, and where the bytes to cut end ([`TornTail::bytes`]).
+    fn look_past(
+        &mut self,
+        bad: u64,
+        len_hint: Option<u64>,
+        expected: Offset,
+    ) -> io::Result<(bool, u64)> {
         let mut valid_after = false;
         if let Some(len) = len_hint {
-            if len > 0 && self.valid_record_at(bad + len)? {
+            if len > 0 && bad + len < self.len && self.valid_record_at(bad + len)? {
                 valid_after = true;
             }
         }
-        let mut nonzero_end = bad;
-        let mut pos = format::align_down(bad, PAD_GRANULE_BYTES);
+        let v1 = self.tag == SegmentTag::V1;
+        let mut live_end = if v1 || bad >= self.len {
+            bad
+        } else {
+            align_up(bad + HEADER_BYTES as u64, PAD_GRANULE_BYTES).min(self.len)
+        };
+        let mut pos = format::align_down(bad, PAD_GRANULE_BYTES).max(self.data_start);
         while pos < self.len {
             let end = (pos + PAD_GRANULE_BYTES).min(self.len);
-            let n = usize::try_from(end - pos).expect("invariant: a granule fits usize");
-            if self.bytes(pos, n)?.iter().any(|&b| b != 0) {
-                nonzero_end = nonzero_end.max(end);
+            let live = if v1 {
+                let n = usize::try_from(end - pos).expect("invariant: a granule fits usize");
+                self.bytes(pos, n)?.iter().any(|&b| b != 0)
+            } else {
+                pos > bad && self.ours(pos, expected)?
+            };
+            if live {
+                live_end = live_end.max(end);
                 if !valid_after && pos > bad && self.valid_record_at(pos)? {
                     valid_after = true;
                 }
             }
             pos = end;
         }
-        Ok((valid_after, nonzero_end))
+        Ok((valid_after, live_end))
     }
 }
 
@@ -365,6 +470,7 @@ pub fn scan_segments_in<S: Storage>(
             base: seg.base,
             path: seg.path.clone(),
             file_bytes: reader.len,
+            tag: reader.tag,
             entries: 0,
             markers: 0,
             end: Position(0),
@@ -381,18 +487,29 @@ pub fn scan_segments_in<S: Storage>(
             reports.push(report);
             break 'segments;
         }
+        if let Some(problem) = reader.header_problem {
+            end = ScanEnd::Corruption(WalError::Corruption {
+                segment: seg.path.clone(),
+                position: Position(0),
+                offset: expected_at_start,
+                problem: CorruptionKind::SegmentHeader { problem },
+            });
+            reports.push(report);
+            break 'segments;
+        }
         let must_start_with_marker = seg.base < expected_at_start;
         let mut accepted_here = 0u64;
-        let mut pos = 0u64;
+        let mut pos = reader.data_start;
         let mut bad: Option<(u64, BadRecord, Option<u64>)> = None;
         while pos < reader.len {
             let header = match reader.probe(pos).map_err(io_err)? {
                 Ok(h) => h,
                 Err((problem, len_hint)) => {
-                    // Not a record: zero padding up to the next granule (a batch's
-                    // padding may be shorter than a header), or where the log ends.
+                    // Not a record: padding, preallocated space or (version 2) an earlier
+                    // life of the file, up to the next granule (a batch's padding may be
+                    // shorter than a header); or where the log ends.
                     let gap_end = align_up(pos + 1, PAD_GRANULE_BYTES).min(reader.len);
-                    if reader.all_zero(pos, gap_end).map_err(io_err)? {
+                    if !reader.ours(pos, epochs.next()).map_err(io_err)? {
                         pos = gap_end;
                         continue;
                     }
@@ -464,8 +581,9 @@ pub fn scan_segments_in<S: Storage>(
                     if h.is_some() && bad_pos + total <= reader.len {
                         let n =
                             usize::try_from(total).expect("invariant: record length fits usize");
+                        let tag = reader.tag;
                         let bytes = reader.bytes(bad_pos, n).map_err(io_err)?;
-                        (h, &bytes[HEADER_BYTES..], format::checksum_ok(bytes))
+                        (h, &bytes[HEADER_BYTES..], format::checksum_ok(tag, bytes))
                     } else {
                         (h, &[][..], false)
                     }
@@ -482,17 +600,21 @@ pub fn scan_segments_in<S: Storage>(
                 status: RecordStatus::Bad(problem),
                 payload,
             });
-            let (mut valid_after, nonzero_end) =
-                reader.look_past(bad_pos, len_hint).map_err(io_err)?;
+            let (mut valid_after, nonzero_end) = reader
+                .look_past(bad_pos, len_hint, epochs.next())
+                .map_err(io_err)?;
             let mut empty_after = Vec::new();
             for later in &segments[si + 1..] {
                 let mut r = SegmentReader::open(storage, &later.path)?;
-                let (v, _) = r
-                    .look_past(0, None)
-                    .map_err(|e| WalError::io("read", &later.path, e))?;
-                let v = v
-                    || r.valid_record_at(0)
-                        .map_err(|e| WalError::io("read", &later.path, e))?;
+                // A damaged header hides the segment's records: count it as holding some.
+                let start = r.data_start;
+                let v = r.header_problem.is_some()
+                    || r.look_past(start, None, epochs.next())
+                        .map_err(|e| WalError::io("read", &later.path, e))?
+                        .0
+                    || (start < r.len
+                        && r.valid_record_at(start)
+                            .map_err(|e| WalError::io("read", &later.path, e))?);
                 if v {
                     valid_after = true;
                     break;
@@ -536,6 +658,7 @@ pub fn scan_segments_in<S: Storage>(
                     base: later.base,
                     path: later.path.clone(),
                     file_bytes,
+                    tag: SegmentTag::V1,
                     entries: 0,
                     markers: 0,
                     end: Position(0),

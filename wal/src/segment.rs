@@ -6,12 +6,18 @@
 //! segment started by a truncation below the current segment — the truncation marker at
 //! `base`. This module does not read or write records (see `scan.rs` and `commit.rs`).
 //!
-//! Segments are preallocated **and zero-filled** before they take appends: on ext4 an
-//! O_DIRECT write past the end of a file or into an unwritten extent costs a journal commit
-//! and runs several times slower. [`Preallocator`] keeps one such file ready
-//! (`spare.prealloc`) on a background thread; a roll renames it to the new segment's name
-//! and fsyncs the directory. Old segments are never recycled: a spare is always freshly
-//! zero-filled, so stale records can never be mistaken for data. On a storage that allows no
+//! Segments are preallocated **and written** before they take appends: on ext4 an O_DIRECT
+//! write past the end of a file or into an unwritten extent costs a journal commit and runs
+//! several times slower. [`Preallocator`] keeps one such file ready (`spare.prealloc`) on a
+//! background thread; a roll renames it to the new segment's name and fsyncs the directory.
+//! A spare is either a fresh file zero-filled whole, or — once retention deletes segments —
+//! a **reused** one: the trim hands its oldest segment over as `spare.recycle` (a file that
+//! holds no truncation marker and has the configured size), and the spare is that file with
+//! a new [`SegmentHeader`] (a fresh random [`SegmentTag`]) written over its first block.
+//! Nothing else of the file is written again: its earlier life's records carry another tag
+//! and never check out (docs/format.md, "Reuse"). The directory is fsynced after the
+//! reused file is renamed away from its segment name and before its header changes, so no
+//! crash leaves a segment name on a file whose records no longer count. On a storage that allows no
 //! background work ([`crate::Storage::background_work`]: the simulated [`crate::CrashDisk`])
 //! there is no thread: the roll that needs the spare prepares it inline, so every file
 //! operation happens in an order the caller drives.
@@ -38,6 +44,7 @@ use quire_proto::Offset;
 
 use crate::disk::{AlignedBuf, DirectIo};
 use crate::error::WalError;
+use crate::format::{SegmentHeader, SegmentTag, SEGMENT_HEADER_ENCODED_BYTES};
 use crate::storage::{OpenMode, OsStorage, Storage, StorageFile};
 
 /// File name suffix of a segment.
@@ -48,6 +55,8 @@ pub const SPARE_NAME: &str = "spare.prealloc";
 pub const SPARE_TMP_NAME: &str = "spare.prealloc.tmp";
 /// Name of the directory lock file.
 pub const LOCK_NAME: &str = "LOCK";
+/// Name of a trimmed segment's file waiting to be reused as the next spare.
+pub const RECYCLE_NAME: &str = "spare.recycle";
 
 /// The bytes of zeros written per call when preparing a spare, in bytes: few, large
 /// requests (each costs the device a request and the kernel a bio), from a buffer of huge
@@ -205,8 +214,12 @@ pub fn write_zeros<F: StorageFile>(file: &F, from: u64, to: u64) -> io::Result<(
 
 #[derive(Debug, Default)]
 struct SpareState {
-    /// `spare.prealloc` exists, is zero-filled to the right size and durable.
+    /// `spare.prealloc` exists, is written to the right size, has a header and is durable.
     ready: bool,
+    /// The ready spare's tag.
+    tag: SegmentTag,
+    /// `spare.recycle` exists (the right size), waiting to become the next spare.
+    recycle_ready: bool,
     /// The thread should prepare a spare.
     wanted: bool,
     /// The last preparation failed with this error.
@@ -231,9 +244,74 @@ struct SpareShared<S: Storage> {
     /// When the log last wrote, in µs after `started`.
     written_at_us: AtomicU64,
     started: Instant,
+    /// A file to reuse was handed over: a zero-fill in progress stops and reuses it.
+    recycle_offered: AtomicBool,
+    /// Bytes of zeros written into fresh spares (monotonic).
+    zeroed_bytes: AtomicU64,
+    /// Spares made from reused files (monotonic).
+    recycled: AtomicU64,
 }
 
-/// Keeps one zero-filled, preallocated spare segment ready on a background thread.
+/// What the log's retention needs of the [`Preallocator`]: a way to hand over a trimmed
+/// segment's file for reuse, and the spare counters. Cheap to clone.
+#[derive(Debug)]
+pub struct Recycler<S: Storage = OsStorage> {
+    shared: Arc<SpareShared<S>>,
+}
+
+impl<S: Storage> Clone for Recycler<S> {
+    fn clone(&self) -> Self {
+        Recycler {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: Storage> Recycler<S> {
+    /// Takes the segment file at `path` (just removed from the log by a trim; it must hold
+    /// no truncation marker and be the configured size) for the next spare: renames it to
+    /// `spare.recycle` and returns `true`, or returns `false` if a file already waits
+    /// there (the caller deletes this one). The caller fsyncs the directory afterwards, as
+    /// for a deletion.
+    ///
+    /// # Errors
+    /// The rename's.
+    pub fn offer(&self, path: &Path) -> Result<bool, WalError> {
+        let s = &self.shared;
+        let mut st = s.lock();
+        if st.recycle_ready || st.stop {
+            return Ok(false);
+        }
+        let to = s.dir.join(RECYCLE_NAME);
+        s.storage
+            .rename(path, &to)
+            .map_err(|e| WalError::io("rename", &to, e))?;
+        st.recycle_ready = true;
+        s.recycle_offered.store(true, Ordering::Relaxed);
+        s.cv.notify_all();
+        Ok(true)
+    }
+
+    /// The size every segment file has, in bytes: only such a file may be offered.
+    #[must_use]
+    pub fn segment_bytes(&self) -> u64 {
+        self.shared.bytes
+    }
+
+    /// Bytes of zeros written into fresh spares so far.
+    #[must_use]
+    pub fn zeroed_bytes(&self) -> u64 {
+        self.shared.zeroed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Spares made from reused files so far.
+    #[must_use]
+    pub fn recycled(&self) -> u64 {
+        self.shared.recycled.load(Ordering::Relaxed)
+    }
+}
+
+/// Keeps one preallocated, written spare segment ready on a background thread.
 #[derive(Debug)]
 pub struct Preallocator<S: Storage = OsStorage> {
     shared: Arc<SpareShared<S>>,
@@ -253,7 +331,8 @@ impl Preallocator {
 impl<S: Storage> Preallocator<S> {
     /// Starts the background thread for `dir` of `storage`, preparing spares of
     /// `segment_bytes` bytes (a multiple of `align`). A complete spare left by an earlier
-    /// run is reused; a partial one is deleted.
+    /// run is kept (one without a header — an older version's — gets one), as is a file
+    /// waiting for reuse; a partial spare is deleted.
     ///
     /// # Errors
     /// If the leftover files cannot be inspected or removed, or the thread cannot start.
@@ -269,10 +348,31 @@ impl<S: Storage> Preallocator<S> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(WalError::io("remove", &tmp, e)),
         }
+        let recycle = dir.join(RECYCLE_NAME);
+        let mut recycle_ready = false;
+        match storage.file_len(&recycle) {
+            Ok(len) if len == segment_bytes => recycle_ready = true,
+            Ok(_) => storage
+                .remove_file(&recycle)
+                .map_err(|e| WalError::io("remove", &recycle, e))?,
+            Err(_) => {}
+        }
         let spare = dir.join(SPARE_NAME);
-        let mut ready = false;
+        let mut ready = None;
         match storage.file_len(&spare) {
-            Ok(len) if len == segment_bytes => ready = true,
+            Ok(len) if len == segment_bytes => match read_tag(&storage, &spare)? {
+                Some(tag) => ready = Some(tag),
+                // Zero-filled by an older version: a header makes it a spare.
+                None if !recycle_ready => {
+                    storage
+                        .rename(&spare, &recycle)
+                        .map_err(|e| WalError::io("rename", &recycle, e))?;
+                    recycle_ready = true;
+                }
+                None => storage
+                    .remove_file(&spare)
+                    .map_err(|e| WalError::io("remove", &spare, e))?,
+            },
             Ok(_) => storage
                 .remove_file(&spare)
                 .map_err(|e| WalError::io("remove", &spare, e))?,
@@ -284,8 +384,10 @@ impl<S: Storage> Preallocator<S> {
             bytes: segment_bytes,
             align,
             state: Mutex::new(SpareState {
-                ready,
-                wanted: !ready,
+                ready: ready.is_some(),
+                tag: ready.unwrap_or_default(),
+                recycle_ready,
+                wanted: ready.is_none(),
                 error: None,
                 stop: false,
             }),
@@ -295,6 +397,9 @@ impl<S: Storage> Preallocator<S> {
             written: AtomicU64::new(0),
             written_at_us: AtomicU64::new(0),
             started: Instant::now(),
+            recycle_offered: AtomicBool::new(recycle_ready),
+            zeroed_bytes: AtomicU64::new(0),
+            recycled: AtomicU64::new(0),
         });
         if !shared.storage.background_work() {
             // Inline: the spare is prepared by the roll that needs it (see `take`).
@@ -314,6 +419,14 @@ impl<S: Storage> Preallocator<S> {
         })
     }
 
+    /// The handle retention uses to hand trimmed segments over for reuse.
+    #[must_use]
+    pub fn recycler(&self) -> Recycler<S> {
+        Recycler {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Asks for the spare at normal I/O priority from now on (the current segment is filling
     /// up and a roll will soon need it). Cheap; call as often as convenient.
     pub fn hurry(&self) {
@@ -330,16 +443,18 @@ impl<S: Storage> Preallocator<S> {
     }
 
     /// Renames the spare to `dest` and fsyncs the directory, waiting for the spare if it is
-    /// still being prepared; then asks for the next one.
+    /// still being prepared; then asks for the next one. Returns the new segment's tag.
     ///
     /// # Errors
     /// The preparation's error (e.g. [`WalError::NoSpace`]), or the rename's.
-    pub fn take(&self, dest: &Path) -> Result<(), WalError> {
+    pub fn take(&self, dest: &Path) -> Result<SegmentTag, WalError> {
         let s = &self.shared;
         if self.thread.is_none() && !s.lock().ready {
             // No background thread (a storage without background work): prepare it now.
-            s.prepare()?;
-            s.lock().ready = true;
+            let tag = s.prepare()?;
+            let mut st = s.lock();
+            st.ready = true;
+            st.tag = tag;
         }
         let mut st = s.lock();
         if !st.ready && st.error.is_none() {
@@ -367,7 +482,7 @@ impl<S: Storage> Preallocator<S> {
         // A segment has just started: no roll needs the next spare yet.
         s.urgent.store(false, Ordering::Relaxed);
         s.cv.notify_all();
-        Ok(())
+        Ok(st.tag)
     }
 }
 
@@ -406,8 +521,9 @@ impl<S: Storage> SpareShared<S> {
             let result = self.prepare();
             let mut st = self.lock();
             match result {
-                Ok(()) => {
+                Ok(tag) => {
                     st.ready = true;
+                    st.tag = tag;
                     st.error = None;
                 }
                 Err(WalError::Closed) => return,
@@ -437,23 +553,83 @@ impl<S: Storage> SpareShared<S> {
         idle_us >= u64::try_from(ZERO_FILL_IDLE.as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Creates `spare.prealloc.tmp`, allocates and zero-fills it, fsyncs it, renames it to
-    /// `spare.prealloc` and fsyncs the directory.
-    fn prepare(&self) -> Result<(), WalError> {
+    /// Makes `spare.prealloc.tmp` — the file waiting for reuse, or a fresh one allocated
+    /// and zero-filled — writes a new header into it, syncs it, renames it to
+    /// `spare.prealloc` and fsyncs the directory. Returns the spare's tag.
+    fn prepare(&self) -> Result<SegmentTag, WalError> {
         let tmp = self.dir.join(SPARE_TMP_NAME);
-        let result = self.fill(&tmp);
+        let result = self.make(&tmp);
         if result.is_err() {
             let _ = self.storage.remove_file(&tmp);
         }
-        result?;
+        let tag = result?;
         let spare = self.dir.join(SPARE_NAME);
         self.storage
             .rename(&tmp, &spare)
             .map_err(|e| WalError::io("rename", &spare, e))?;
-        fsync_dir_in(&self.storage, &self.dir)
+        fsync_dir_in(&self.storage, &self.dir)?;
+        Ok(tag)
     }
 
-    fn fill(&self, tmp: &Path) -> Result<(), WalError> {
+    fn make(&self, tmp: &Path) -> Result<SegmentTag, WalError> {
+        loop {
+            if let Some(previous) = self.claim_recycled(tmp)? {
+                let tag = self.stamp(tmp, previous)?;
+                self.recycled.fetch_add(1, Ordering::Relaxed);
+                return Ok(tag);
+            }
+            if self.fill(tmp)? {
+                return self.stamp(tmp, SegmentTag::V1);
+            }
+            // A file to reuse turned up during the zero-fill: use it instead.
+            self.storage
+                .remove_file(tmp)
+                .map_err(|e| WalError::io("remove", tmp, e))?;
+        }
+    }
+
+    /// If a file waits for reuse: renames it to `tmp`, fsyncs the directory (so that no
+    /// crash can leave it under a segment name once its header changes) and returns the
+    /// tag of its earlier life.
+    fn claim_recycled(&self, tmp: &Path) -> Result<Option<SegmentTag>, WalError> {
+        let mut st = self.lock();
+        if !st.recycle_ready {
+            return Ok(None);
+        }
+        let from = self.dir.join(RECYCLE_NAME);
+        self.storage
+            .rename(&from, tmp)
+            .map_err(|e| WalError::io("rename", tmp, e))?;
+        st.recycle_ready = false;
+        self.recycle_offered.store(false, Ordering::Relaxed);
+        drop(st);
+        fsync_dir_in(&self.storage, &self.dir)?;
+        Ok(Some(
+            read_tag(&self.storage, tmp)?.unwrap_or(SegmentTag::V1),
+        ))
+    }
+
+    /// Writes a header with a fresh tag (not `previous`) over the first block of `tmp` and
+    /// syncs the file.
+    fn stamp(&self, tmp: &Path, previous: SegmentTag) -> Result<SegmentTag, WalError> {
+        let tag = SegmentTag::draw(|| self.storage.random_u64(), previous);
+        let file = self
+            .storage
+            .open(tmp, OpenMode::WriteDirect)
+            .map_err(|e| WalError::io("open", tmp, e))?;
+        let mut block = AlignedBuf::zeroed(self.align, self.align);
+        block.spare_mut()[..SEGMENT_HEADER_ENCODED_BYTES]
+            .copy_from_slice(&SegmentHeader { tag }.encode());
+        block.advance(self.align);
+        file.write_all_at(block.as_slice(), 0)
+            .map_err(|e| WalError::io("write segment header", tmp, e))?;
+        file.sync_all().map_err(|e| WalError::io("fsync", tmp, e))?;
+        Ok(tag)
+    }
+
+    /// Creates `tmp`, allocates and zero-fills it (without syncing). Returns `false` if it
+    /// stopped because a file to reuse was offered meanwhile.
+    fn fill(&self, tmp: &Path) -> Result<bool, WalError> {
         let file = self
             .storage
             .open(tmp, OpenMode::CreateDirect)
@@ -478,6 +654,10 @@ impl<S: Storage> SpareShared<S> {
                 if self.stopping.load(Ordering::Relaxed) {
                     return Err(WalError::Closed);
                 }
+                if self.recycle_offered.load(Ordering::Relaxed) {
+                    set_thread_io_priority(IoPriority::Normal);
+                    return Ok(false);
+                }
                 if !raised && self.urgent.load(Ordering::Relaxed) {
                     set_thread_io_priority(IoPriority::Normal);
                     raised = true;
@@ -500,13 +680,28 @@ impl<S: Storage> SpareShared<S> {
                     ));
                 }
                 pos += written as u64;
+                self.zeroed_bytes
+                    .fetch_add(written as u64, Ordering::Relaxed);
             }
         } else {
             write_zeros(&file, 0, self.bytes).map_err(|e| WalError::io("zero-fill", tmp, e))?;
+            self.zeroed_bytes.fetch_add(self.bytes, Ordering::Relaxed);
         }
         set_thread_io_priority(IoPriority::Normal);
-        file.sync_all().map_err(|e| WalError::io("fsync", tmp, e))
+        Ok(true)
     }
+}
+
+/// The tag in the header of the file at `path`, or `None` if it has none (a version-1
+/// file, zeros) or a damaged one.
+fn read_tag<S: Storage>(storage: &S, path: &Path) -> Result<Option<SegmentTag>, WalError> {
+    let file = storage
+        .open(path, OpenMode::Read)
+        .map_err(|e| WalError::io("open", path, e))?;
+    let mut head = [0u8; SEGMENT_HEADER_ENCODED_BYTES];
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| WalError::io("read", path, e))?;
+    Ok(SegmentHeader::decode(&head).ok().flatten().map(|h| h.tag))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -567,6 +762,9 @@ mod tests {
             // "Just wrote": far in the future, so the idle rule cannot fire by accident.
             written_at_us: AtomicU64::new(u64::MAX),
             started: Instant::now(),
+            recycle_offered: AtomicBool::new(false),
+            zeroed_bytes: AtomicU64::new(0),
+            recycled: AtomicU64::new(0),
         };
         let chunk = ZERO_FILL_CHUNK_BYTES as u64;
         let lead = ZERO_FILL_LEAD_CHUNKS * chunk;
@@ -597,16 +795,63 @@ mod tests {
     }
 
     #[test]
-    fn spare_is_zero_filled_and_renamed() {
+    fn spare_is_zero_filled_stamped_and_renamed() {
         let dir = tempfile::tempdir().unwrap();
         let p = Preallocator::start(dir.path(), 64 * 1024, 4096).unwrap();
         let dest = dir.path().join(segment_name(Offset(0)));
-        p.take(&dest).unwrap();
+        let tag = p.take(&dest).unwrap();
         let bytes = std::fs::read(&dest).unwrap();
         assert_eq!(bytes.len(), 64 * 1024);
-        assert!(bytes.iter().all(|&b| b == 0));
+        assert_eq!(
+            SegmentHeader::decode(&bytes),
+            Ok(Some(SegmentHeader { tag }))
+        );
+        assert!(bytes[SEGMENT_HEADER_ENCODED_BYTES..]
+            .iter()
+            .all(|&b| b == 0));
         let dest2 = dir.path().join(segment_name(Offset(7)));
-        p.take(&dest2).unwrap();
+        let tag2 = p.take(&dest2).unwrap();
+        assert_ne!(tag, tag2);
         assert_eq!(std::fs::metadata(&dest2).unwrap().len(), 64 * 1024);
+    }
+
+    /// A file handed over for reuse becomes the next spare with only its first block
+    /// written again: a new header with another tag, the rest of its bytes as they were.
+    #[test]
+    fn an_offered_file_is_reused_with_a_new_tag_and_nothing_else_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = Preallocator::start(dir.path(), 64 * 1024, 4096).unwrap();
+        let first = dir.path().join(segment_name(Offset(0)));
+        let tag = p.take(&first).unwrap();
+        // Its "records": anything but zeros after the first block.
+        let mut bytes = std::fs::read(&first).unwrap();
+        bytes[4096..].fill(0xA5);
+        std::fs::write(&first, &bytes).unwrap();
+        // Let the next fresh spare finish, so that the offered file waits its turn.
+        let second = dir.path().join(segment_name(Offset(10)));
+        p.take(&second).unwrap();
+        assert!(p.recycler().offer(&first).unwrap());
+        assert!(!first.exists());
+        let mut tags = vec![tag];
+        let mut reused = 0;
+        for name in [20, 30] {
+            let dest = dir.path().join(segment_name(Offset(name)));
+            let t = p.take(&dest).unwrap();
+            assert!(!tags.contains(&t));
+            tags.push(t);
+            let got = std::fs::read(&dest).unwrap();
+            assert_eq!(
+                SegmentHeader::decode(&got),
+                Ok(Some(SegmentHeader { tag: t }))
+            );
+            assert!(got[SEGMENT_HEADER_ENCODED_BYTES..4096]
+                .iter()
+                .all(|&b| b == 0));
+            if got[4096] == 0xA5 {
+                assert!(got[4096..].iter().all(|&b| b == 0xA5));
+                reused += 1;
+            }
+        }
+        assert_eq!((reused, p.recycler().recycled()), (1, 1));
     }
 }

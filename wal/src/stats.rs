@@ -41,8 +41,15 @@ pub struct WalStats {
     pub truncations: u64,
     /// Segments started (rolls and truncations below the current segment).
     pub segments_created: u64,
-    /// Segments deleted by retention ([`crate::Wal::trim_before`]).
+    /// Segments deleted by retention ([`crate::Wal::trim_before`]), reused ones included.
     pub segments_trimmed: u64,
+    /// Of those, files kept to be reused as a spare segment (docs/format.md, "Reuse").
+    pub segments_reused: u64,
+    /// Spare segments made from reused files (a header written, nothing else).
+    pub spares_reused: u64,
+    /// Bytes of zeros written into fresh spare segments: what a log that reuses no file
+    /// writes on top of its records.
+    pub spare_zero_bytes: u64,
     /// Appends refused by validation.
     pub appends_refused: u64,
     /// Where append latency goes, as sums over the counted appends or batches
@@ -99,6 +106,7 @@ pub(crate) struct Counters {
     pub truncations: AtomicU64,
     pub segments_created: AtomicU64,
     pub segments_trimmed: AtomicU64,
+    pub segments_reused: AtomicU64,
     pub appends_refused: AtomicU64,
     pub stage_queued: AtomicU64,
     pub stage_prepare_ns: AtomicU64,
@@ -154,6 +162,10 @@ impl Counters {
             truncations: get(&self.truncations),
             segments_created: get(&self.segments_created),
             segments_trimmed: get(&self.segments_trimmed),
+            segments_reused: get(&self.segments_reused),
+            // Filled in by `Wal::stats` from the preallocator.
+            spares_reused: 0,
+            spare_zero_bytes: 0,
             appends_refused: get(&self.appends_refused),
             stages: StageSums {
                 queued: get(&self.stage_queued),

@@ -232,6 +232,11 @@ pub trait Storage: Clone + Send + Sync + fmt::Debug + 'static {
         true
     }
 
+    /// 64 unpredictable bits, for a new segment's [`crate::format::SegmentTag`]: from the
+    /// kernel's random source (`getrandom`) on a real file system, from the seed on a
+    /// simulated one (so that a run replays).
+    fn random_u64(&self) -> u64;
+
     /// The disk the commit thread writes batches and fdatasyncs through, for `backend`
     /// (which a simulated storage may ignore).
     ///

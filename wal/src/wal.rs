@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,9 +17,11 @@ use crate::append::{AckSlot, Append};
 use crate::commit::{CommitState, Committer, Request, Shared};
 use crate::disk::{self, Disk};
 use crate::error::WalError;
-use crate::format::{self, align_down, align_up, record_bytes, HEADER_BYTES, PAYLOAD_BYTES_MAX};
+use crate::format::{
+    self, align_down, align_up, record_bytes, SegmentTag, HEADER_BYTES, PAYLOAD_BYTES_MAX,
+};
 use crate::recovery::{self, RecoveryReport};
-use crate::segment::{DirLock, Preallocator};
+use crate::segment::{DirLock, Preallocator, Recycler};
 use crate::stats::{Counters, WalStats};
 use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::Mutations;
@@ -106,6 +108,7 @@ impl<S: Storage> Clone for Wal<S> {
 #[derive(Debug)]
 struct WalInner<S: Storage> {
     shared: Arc<Shared<S>>,
+    recycler: Recycler<S>,
     thread: Mutex<Option<JoinHandle<()>>>,
     _lock: DirLock<S>,
 }
@@ -266,7 +269,9 @@ impl<S: Storage> Wal<S> {
             counters: Counters::default(),
             waker: disk.waker(),
             wake_at_queue_len: AtomicUsize::new(usize::MAX),
+            current_tag: AtomicU64::new(0),
         });
+        let recycler = prealloc.recycler();
         let committer = Committer::new(shared.clone(), disk, prealloc, rec.tail)?;
         let thread = std::thread::Builder::new()
             .name("quire-wal-commit".into())
@@ -275,6 +280,7 @@ impl<S: Storage> Wal<S> {
         let wal = Wal {
             inner: Arc::new(WalInner {
                 shared,
+                recycler,
                 thread: Mutex::new(Some(thread)),
                 _lock: lock,
             }),
@@ -311,11 +317,13 @@ impl<S: Storage> Wal<S> {
         // The checksums are computed here, on the appender's thread and outside the lock,
         // so the commit thread (one per log) only copies. Oversized payloads are refused by
         // `validate` below; they get no checksum.
+        let crc_tag =
+            SegmentTag::new(shared.current_tag.load(Ordering::Relaxed)).unwrap_or(SegmentTag::V1);
         let crcs: Vec<u32> = records
             .iter()
             .map(|r| {
                 if r.payload.len() <= PAYLOAD_BYTES_MAX {
-                    format::event_crc(r)
+                    format::event_crc_in(crc_tag, r)
                 } else {
                     0
                 }
@@ -368,6 +376,7 @@ impl<S: Storage> Wal<S> {
             writer_epoch,
             records,
             crcs,
+            crc_tag,
             truncate_at: plan.truncate_at,
             bytes: plan.bytes,
             ack: slot.clone(),
@@ -489,22 +498,33 @@ impl<S: Storage> Wal<S> {
         let mut report = TrimReport {
             first_offset,
             segments_deleted: 0,
+            segments_reused: 0,
             bytes_deleted: 0,
         };
         if removed.is_empty() {
             return Ok(report);
         }
+        let recycler = &self.inner.recycler;
         for seg in &removed {
             let bytes = seg.file.size().unwrap_or(0);
-            shared
-                .storage
-                .remove_file(&seg.path)
-                .map_err(|e| WalError::io("remove", &seg.path, e))?;
+            // The oldest file goes to the preallocator for reuse if it can be (no marker,
+            // the configured size, and no other file already waiting); the rest go.
+            let reused = !seg.has_marker
+                && bytes == recycler.segment_bytes()
+                && recycler.offer(&seg.path)?;
+            if !reused {
+                shared
+                    .storage
+                    .remove_file(&seg.path)
+                    .map_err(|e| WalError::io("remove", &seg.path, e))?;
+            }
             report.segments_deleted += 1;
+            report.segments_reused += u64::from(reused);
             report.bytes_deleted += bytes;
         }
         crate::segment::fsync_dir_in(&shared.storage, &shared.dir)?;
         Counters::add(&shared.counters.segments_trimmed, report.segments_deleted);
+        Counters::add(&shared.counters.segments_reused, report.segments_reused);
         tracing::info!(
             before = before.0,
             first_offset = first_offset.0,
@@ -518,7 +538,10 @@ impl<S: Storage> Wal<S> {
     /// A snapshot of the counters.
     #[must_use]
     pub fn stats(&self) -> WalStats {
-        self.shared().counters.snapshot()
+        let mut s = self.shared().counters.snapshot();
+        s.spares_reused = self.inner.recycler.recycled();
+        s.spare_zero_bytes = self.inner.recycler.zeroed_bytes();
+        s
     }
 
     /// Whether the log has failed (fail-stop) and refuses appends.
@@ -579,8 +602,10 @@ impl<S: Storage> Wal<S> {
 pub struct TrimReport {
     /// The log's first offset after the trim (the trim point).
     pub first_offset: Offset,
-    /// Segment files deleted by this call.
+    /// Segment files taken out of the log by this call (deleted, or kept for reuse).
     pub segments_deleted: u64,
+    /// Of those, files kept to become a spare segment again.
+    pub segments_reused: u64,
     /// Their total size, in bytes.
     pub bytes_deleted: u64,
 }
@@ -677,11 +702,13 @@ fn validate(
     } else {
         None
     };
-    if align_up(bytes, align) > segment_bytes {
+    // What a new segment holds after its header.
+    let room = segment_bytes - align_up(format::SEGMENT_HEADER_BYTES, align);
+    if align_up(bytes, align) > room {
         return Err(WalError::TooLarge {
             what: "append",
             bytes,
-            max: segment_bytes,
+            max: room,
         });
     }
     Ok(Plan { truncate_at, bytes })

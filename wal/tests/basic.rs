@@ -299,15 +299,16 @@ fn a_record_of_an_unknown_kind_reads_as_a_typed_error() {
         wal.close().unwrap();
     }
     let mut target = None;
-    quire_wal::scan::scan_dir(dir.path(), &mut |r| {
+    let scan = quire_wal::scan::scan_dir(dir.path(), &mut |r| {
         if r.header.is_some_and(|h| h.offset == Offset(1)) {
             target = Some((r.segment.to_path_buf(), r.position.0, r.payload.to_vec()));
         }
     })
     .unwrap();
     let (segment, position, payload) = target.expect("offset 1 was written");
+    let tag = scan.segments[0].tag;
     let mut record = vec![0u8; quire_wal::format::record_bytes(payload.len())];
-    quire_wal::format::encode(&mut record, Epoch(1), Offset(1), 0x42, &payload);
+    quire_wal::format::encode(&mut record, tag, Epoch(1), Offset(1), 0x42, &payload);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(&segment)

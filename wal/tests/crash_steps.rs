@@ -254,6 +254,88 @@ fn workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
     let _ = wal.close();
 }
 
+/// Retention with reuse: the log trims its oldest segment after each roll, so from the
+/// third segment on every new segment is an earlier segment's file with a new header over
+/// the records of its earlier life; one segment takes a truncation marker (such a file is
+/// deleted, never reused). Crashes land in every step of the hand-over (rename to
+/// `spare.recycle`, the claim, the directory fsync, the new header) as well as in the
+/// appends that overwrite the earlier life.
+fn reuse_workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
+    let Ok((wal, _)) = Wal::open_in(disk.clone(), config(), None, &mut |_| Ok(()), mutations)
+    else {
+        return;
+    };
+    h.promised_acked = 0;
+    let mut writer = 1;
+    for i in 0..90u64 {
+        if i == 33 {
+            // A truncation inside the current segment by a new epoch.
+            writer = 2;
+            let x = wal.next_offset().0 - 2;
+            let g = vec![issue(h, &wal, writer, Some(x), 2)];
+            if !wait_group(h, g) {
+                return;
+            }
+        }
+        let g = vec![issue(h, &wal, writer, None, 1 + i % 3)];
+        if !wait_group(h, g) {
+            return;
+        }
+        // Keep about two segments: trim below the second-to-last segment's base.
+        let before = wal.next_offset().0.saturating_sub(12);
+        h.trim_before = h.trim_before.max(Some(before));
+        if wal.trim_before(Offset(before)).is_err() {
+            return;
+        }
+    }
+    let _ = wal.close();
+}
+
+#[test]
+fn the_reuse_workload_reuses_files() {
+    let disk = CrashDisk::new(0);
+    let mut h = History::default();
+    reuse_workload(&disk, Mutations::default(), &mut h);
+    assert_eq!(h.acked, h.issued.len());
+    let trace = disk.trace();
+    let count = |s: &str| trace.iter().filter(|l| l.contains(s)).count();
+    let handed = count("-> /data/wal/spare.recycle");
+    let claimed = count("rename /data/wal/spare.recycle -> /data/wal/spare.prealloc.tmp");
+    assert!(
+        claimed >= 3 && handed >= claimed,
+        "{handed} handed over, {claimed} reused: {trace:#?}"
+    );
+    let (wal, _) = Wal::open_on(disk.clone(), config()).unwrap();
+    assert!(wal.first_offset().0 > 0);
+    let (first, got) = read_all(&wal).unwrap();
+    assert_eq!(got, h.log_after(h.issued.len())[first as usize..]);
+    println!("{handed} files handed over for reuse, {claimed} reused");
+}
+
+#[test]
+fn every_crash_point_of_a_log_that_reuses_files_recovers_a_durable_prefix() {
+    for (mode, seeds, tolerate) in [
+        (CrashMode::Prefix, 0..2, Tolerate::Nothing),
+        (CrashMode::Subset, 0..4, Tolerate::UnsyncedCorruption),
+    ] {
+        let s = sweep(
+            &reuse_workload,
+            seeds,
+            mode,
+            Mutations::default(),
+            Mutations::default(),
+            tolerate,
+        );
+        println!(
+            "reuse, {mode:?}: {} crash points checked, {} second crashes, refused {}",
+            s.points, s.second_crashes, s.refused
+        );
+        if let Some(f) = s.finding {
+            panic!("{mode:?}: {f:#?}");
+        }
+    }
+}
+
 /// What [`PipelineDisk`] and the workload driving it share.
 #[derive(Debug, Default)]
 struct GateState {
@@ -1167,12 +1249,14 @@ fn read_faults_come_back_as_typed_errors() {
         wal.append(Epoch(1), vec![record(1, o)]).wait().unwrap();
     }
     let seg = dir().join("00000000000000000000.log");
-    disk.inject_bit_flip(&seg, 40, 0).unwrap();
+    // The first record starts after the segment's header block.
+    let first = wal.alignment_bytes();
+    disk.inject_bit_flip(&seg, first + 40, 0).unwrap();
     let err = wal.read(Offset(0), 1, u64::MAX).unwrap_err();
     assert!(err.is_corruption(), "a flipped bit read back: {err}");
     disk.clear_read_faults();
     assert_eq!(wal.read(Offset(0), 1, u64::MAX).unwrap().len(), 1);
-    disk.inject_sector_error(&seg, 0).unwrap();
+    disk.inject_sector_error(&seg, first).unwrap();
     match wal.read(Offset(0), 1, u64::MAX).unwrap_err() {
         WalError::Io { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::EIO)),
         other => panic!("expected EIO, got {other}"),

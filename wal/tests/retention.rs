@@ -31,32 +31,33 @@ fn trim_deletes_whole_segments_below_the_point_and_survives_reopen() {
     for io in backends() {
         let dir = tempfile::tempdir().unwrap();
         let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
-        // One block per record, 16 per 64 KiB segment: segments 0, 16, 32.
+        // One block per record, 15 per 64 KiB segment after its header block: segments 0,
+        // 15, 30.
         append_range(&wal, 0, 40, 1, 3000);
-        assert_eq!(segment_names(dir.path()), names(&[0, 16, 32]));
+        assert_eq!(segment_names(dir.path()), names(&[0, 15, 30]));
 
         // Nothing lies wholly below 10: no change.
         let r = wal.trim_before(Offset(10)).unwrap();
         assert_eq!((r.first_offset, r.segments_deleted), (Offset(0), 0));
-        assert_eq!(segment_names(dir.path()), names(&[0, 16, 32]));
+        assert_eq!(segment_names(dir.path()), names(&[0, 15, 30]));
 
-        // 20 is inside segment 16: only segment 0 goes; the start is 16, not 20.
+        // 20 is inside segment 15: only segment 0 goes; the start is 15, not 20.
         let r = wal.trim_before(Offset(20)).unwrap();
-        assert_eq!((r.first_offset, r.segments_deleted), (Offset(16), 1));
+        assert_eq!((r.first_offset, r.segments_deleted), (Offset(15), 1));
         assert!(r.bytes_deleted >= 64 * 1024, "{r:?}");
-        assert_eq!(segment_names(dir.path()), names(&[16, 32]));
-        assert_eq!(wal.first_offset(), Offset(16));
+        assert_eq!(segment_names(dir.path()), names(&[15, 30]));
+        assert_eq!(wal.first_offset(), Offset(15));
         assert_eq!(wal.stats().segments_trimmed, 1);
         match wal.read(Offset(0), 10, 1 << 20) {
             Err(WalError::Trimmed { requested, first }) => {
-                assert_eq!((requested, first), (Offset(0), Offset(16)));
+                assert_eq!((requested, first), (Offset(0), Offset(15)));
             }
             other => panic!("expected Trimmed, got {other:?}"),
         }
-        let expected: Vec<Event> = (16..40).map(|o| record(o, 1, 3000)).collect();
+        let expected: Vec<Event> = (15..40).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
-        assert_eq!(wal.entry_epoch(Offset(15)), None);
-        assert_eq!(wal.entry_epoch(Offset(16)), Some(Epoch(1)));
+        assert_eq!(wal.entry_epoch(Offset(14)), None);
+        assert_eq!(wal.entry_epoch(Offset(15)), Some(Epoch(1)));
 
         // A truncation below the trim point is refused and changes nothing.
         let err = wal
@@ -72,26 +73,26 @@ fn trim_deletes_whole_segments_below_the_point_and_survives_reopen() {
         // Reopen: the start is the first segment's base, nothing is corruption.
         let rep = inspect(dir.path(), |_| {}).unwrap();
         assert!(matches!(rep.end, ScanEnd::Clean), "{:?}", rep.end);
-        assert_eq!((rep.start, rep.next), (Offset(16), Offset(40)));
+        assert_eq!((rep.start, rep.next), (Offset(15), Offset(40)));
         let (wal, rec) = Wal::open(config(dir.path(), io)).unwrap();
-        assert_eq!(rec.first, Offset(16));
+        assert_eq!(rec.first, Offset(15));
         assert!(rec.torn_tail.is_none());
-        assert_eq!(wal.first_offset(), Offset(16));
+        assert_eq!(wal.first_offset(), Offset(15));
         assert_eq!(read_all(&wal), expected);
 
         // Appends continue; a trim far above the log keeps the last segment.
         append_range(&wal, 40, 42, 1, 3000);
         let r = wal.trim_before(Offset(1_000)).unwrap();
-        assert_eq!((r.first_offset, r.segments_deleted), (Offset(32), 1));
-        assert_eq!(segment_names(dir.path()), names(&[32]));
-        let expected: Vec<Event> = (32..42).map(|o| record(o, 1, 3000)).collect();
+        assert_eq!((r.first_offset, r.segments_deleted), (Offset(30), 1));
+        assert_eq!(segment_names(dir.path()), names(&[30]));
+        let expected: Vec<Event> = (30..42).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
         append_range(&wal, 42, 50, 1, 3000);
         drop(wal);
         let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
-        assert_eq!(wal.first_offset(), Offset(32));
+        assert_eq!(wal.first_offset(), Offset(30));
         assert_eq!(wal.next_offset(), Offset(50));
-        let expected: Vec<Event> = (32..50).map(|o| record(o, 1, 3000)).collect();
+        let expected: Vec<Event> = (30..50).map(|o| record(o, 1, 3000)).collect();
         assert_eq!(read_all(&wal), expected);
     }
 }
@@ -100,17 +101,17 @@ fn trim_deletes_whole_segments_below_the_point_and_survives_reopen() {
 fn trim_at_a_segment_base_deletes_the_segment_below_it() {
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
-    append_range(&wal, 0, 33, 1, 3000);
-    assert_eq!(segment_names(dir.path()), names(&[0, 16, 32]));
-    // Exactly 16: every entry of segment 0 is below it.
-    let r = wal.trim_before(Offset(16)).unwrap();
-    assert_eq!(r.first_offset, Offset(16));
-    // 32 is the base of the segment holding the last durable entry: segment 16 goes,
-    // segment 32 (one entry) stays.
-    let r = wal.trim_before(Offset(32)).unwrap();
-    assert_eq!(r.first_offset, Offset(32));
-    assert_eq!(segment_names(dir.path()), names(&[32]));
-    assert_eq!(read_all(&wal), vec![record(32, 1, 3000)]);
+    append_range(&wal, 0, 31, 1, 3000);
+    assert_eq!(segment_names(dir.path()), names(&[0, 15, 30]));
+    // Exactly 15: every entry of segment 0 is below it.
+    let r = wal.trim_before(Offset(15)).unwrap();
+    assert_eq!(r.first_offset, Offset(15));
+    // 30 is the base of the segment holding the last durable entry: segment 15 goes,
+    // segment 30 (one entry) stays.
+    let r = wal.trim_before(Offset(30)).unwrap();
+    assert_eq!(r.first_offset, Offset(30));
+    assert_eq!(segment_names(dir.path()), names(&[30]));
+    assert_eq!(read_all(&wal), vec![record(30, 1, 3000)]);
     // Reading at the durable end is still an empty answer, not an error.
-    assert!(wal.read(Offset(33), 10, 1 << 20).unwrap().is_empty());
+    assert!(wal.read(Offset(31), 10, 1 << 20).unwrap().is_empty());
 }

@@ -218,13 +218,13 @@ proptest! {
     }
 }
 
-/// A last segment whose only record is torn at byte 0 of the file: the segment goes away
-/// and the log continues at the same offset.
+/// A last segment whose only record is torn at its first byte: the log continues at the
+/// same offset.
 #[test]
 fn single_record_segment_torn_at_its_first_byte() {
-    // Every append is padded to a 4 KiB block, so a 64 KiB segment holds 16 of them and
-    // the 17th starts a segment of its own.
-    check_cuts((0..17).map(|_| vec![10]).collect(), 7);
+    // Every append is padded to a 4 KiB block, so a 64 KiB segment holds 15 of them after
+    // its 4 KiB header block, and the 16th starts a segment of its own.
+    check_cuts((0..16).map(|_| vec![10]).collect(), 7);
 }
 
 /// The pre-cut hook (`Wal::open_with_hook`) sees the torn tail before anything changes:

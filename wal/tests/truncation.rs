@@ -94,7 +94,8 @@ fn truncation_below_the_current_segment_survives_reopen() {
     for io in backends() {
         let dir = tempfile::tempdir().unwrap();
         let (wal, _) = Wal::open(config(dir.path(), io)).unwrap();
-        // 40 appends of one block each: 64 KiB segments hold 16, so 3 segments.
+        // 40 appends of one block each: 64 KiB segments hold 15 after their header
+        // block, so 3 segments.
         append_range(&wal, 0, 40, 1, 3000);
         let before = segment_names(dir.path());
         assert!(before.len() >= 3, "{before:?}");
@@ -113,7 +114,7 @@ fn truncation_below_the_current_segment_survives_reopen() {
         drop(wal);
 
         // The new segment starts with the marker, and the marker cuts the stale tail of
-        // segment 0 (offsets 10..16 stay in that file, dropped).
+        // segment 0 (offsets 10..15 stay in that file, dropped).
         let mut markers = Vec::new();
         let rep = inspect(dir.path(), |r| {
             if let RecordStatus::Marker { dropped } = r.status {
@@ -125,7 +126,8 @@ fn truncation_below_the_current_segment_survives_reopen() {
             }
         })
         .unwrap();
-        assert_eq!(markers, vec![("00000000000000000010.log".into(), 0, 6)]);
+        // The marker is the segment's first record, in the block after its header.
+        assert_eq!(markers, vec![("00000000000000000010.log".into(), 4096, 5)]);
         assert_eq!(rep.next, Offset(15));
         let wal = assert_same_after_reopen(dir.path(), io, &expected);
         drop(wal);

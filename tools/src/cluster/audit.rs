@@ -391,7 +391,9 @@ fn scan_dir(dir: &Path) -> Result<Scanned, String> {
                     entries.push(EntryId {
                         epoch: h.epoch,
                         offset: h.offset,
-                        crc: h.crc,
+                        // What the stores' range digests hold: the content's checksum,
+                        // not the stored one (which also covers the segment's tag).
+                        crc: r.content_crc().unwrap_or(h.crc),
                     });
                 } else {
                     too_many = true;

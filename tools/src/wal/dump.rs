@@ -369,6 +369,8 @@ mod record_tests {
             position: Position(4096),
             header: Some(Header {
                 crc: 0,
+                version: 2,
+                tag_field: 7,
                 kind: 1,
                 length: u32::try_from(payload.len()).unwrap(),
                 epoch: Epoch(3),

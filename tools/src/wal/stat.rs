@@ -19,6 +19,8 @@
 //! | `records`, `markers` | event records and truncation markers accepted in it (entries a later marker dropped still count here) |
 //! | `used_bytes` | end of its last accepted record, bytes |
 //! | `file_bytes` | its size on disk (preallocated), bytes |
+//! | `version` | its format version: 1 (no header) or 2 (a segment header; docs/format.md) |
+//! | `tag` | a version-2 segment's tag as 16 hex digits (a new one each time the file is prepared, reused files included), `null` in version 1 |
 //! | `epochs` | distinct epochs of its accepted records, in log order, at most [`EPOCHS_LISTED_MAX`] |
 //! | `epochs_count` | how many distinct epochs (may exceed the list) |
 
@@ -62,6 +64,10 @@ pub struct SegmentStat {
     pub used_bytes: u64,
     /// File size, bytes.
     pub file_bytes: u64,
+    /// Format version (1 or 2).
+    pub version: u8,
+    /// A version-2 segment's tag (16 hex digits).
+    pub tag: Option<String>,
     /// Distinct epochs, in order, at most [`EPOCHS_LISTED_MAX`].
     pub epochs: Vec<u64>,
     /// Distinct epochs in all.
@@ -120,8 +126,8 @@ impl Report for StatReport {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
             out,
-            "{:<24} {:>12} {:>12} {:>10} {:>7} {:>12} {:>12}  EPOCHS",
-            "SEGMENT", "BASE", "LAST", "RECORDS", "MARKERS", "USED_BYTES", "FILE_BYTES"
+            "{:<24} {:>3} {:>12} {:>12} {:>10} {:>7} {:>12} {:>12}  EPOCHS",
+            "SEGMENT", "VER", "BASE", "LAST", "RECORDS", "MARKERS", "USED_BYTES", "FILE_BYTES"
         )?;
         for s in &self.segments {
             let mut epochs: Vec<String> = s.epochs.iter().map(u64::to_string).collect();
@@ -130,8 +136,9 @@ impl Report for StatReport {
             }
             writeln!(
                 out,
-                "{:<24} {:>12} {:>12} {:>10} {:>7} {:>12} {:>12}  {}",
+                "{:<24} {:>3} {:>12} {:>12} {:>10} {:>7} {:>12} {:>12}  {}",
                 s.name,
+                s.version,
                 s.base_offset,
                 s.last_offset
                     .map_or_else(|| "-".to_owned(), |o| o.to_string()),
@@ -264,6 +271,9 @@ pub fn stat(config: &StatConfig) -> anyhow::Result<StatReport> {
         s.markers = seg.markers;
         s.used_bytes = seg.end.0;
         s.file_bytes = seg.file_bytes;
+        s.version = seg.version();
+        s.tag = (seg.tag != quire_wal::format::SegmentTag::V1)
+            .then(|| format!("{:016x}", seg.tag.get()));
     }
     let promised_epoch = match PromisedEpoch::load(&wal_dir) {
         Ok(p) => Some(p.epoch().0),

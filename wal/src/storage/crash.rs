@@ -134,6 +134,9 @@ struct Inode {
 #[derive(Clone, Debug)]
 struct State {
     rng: u64,
+    /// The generator [`Storage::random_u64`] draws from: apart from `rng`, so that segment
+    /// tags do not move the crashes a seed gives.
+    tag_rng: u64,
     mode: CrashMode,
     align_bytes: u64,
     /// Bumped by every crash: handles from before it are dead.
@@ -273,6 +276,7 @@ impl CrashDisk {
         CrashDisk {
             state: Arc::new(Mutex::new(State {
                 rng: seed,
+                tag_rng: seed ^ 0x5147_5441_4753_0000,
                 mode: CrashMode::Subset,
                 align_bytes: SECTOR_BYTES,
                 generation: 0,
@@ -864,6 +868,15 @@ impl Storage for CrashDisk {
     /// step replay exactly.
     fn background_work(&self) -> bool {
         false
+    }
+
+    fn random_u64(&self) -> u64 {
+        let mut st = self.st();
+        let tag_rng = st.tag_rng;
+        let saved = std::mem::replace(&mut st.rng, tag_rng);
+        let v = st.next_u64();
+        st.tag_rng = std::mem::replace(&mut st.rng, saved);
+        v
     }
 
     fn open_disk(&self, _backend: IoBackend) -> Result<Box<dyn Disk<CrashFile>>, WalError> {

@@ -109,6 +109,33 @@ impl Storage for OsStorage {
     type File = File;
     type Lock = OsLock;
 
+    fn random_u64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        let mut filled = 0;
+        while filled < b.len() {
+            // SAFETY: getrandom writes at most the given length into the buffer we own.
+            let n =
+                unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
+            if n <= 0 {
+                // Interrupted (EINTR), or no getrandom (ENOSYS, before Linux 3.17): fall
+                // back on what the standard library's hash keys are seeded from.
+                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos()),
+                );
+                return h.finish();
+            }
+            filled += usize::try_from(n).expect("invariant: n > 0");
+        }
+        u64::from_le_bytes(b)
+    }
+
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<File> {
         let mut o = OpenOptions::new();
         match mode {
