@@ -266,3 +266,46 @@ fn bench_wal_vs_disk_reports_both_disk_layouts() {
     );
     assert_empty(dir.path());
 }
+
+/// `--retain`: the run trims as it goes, and trimmed segments come back as spares; the
+/// report counts them and gives the bytes written per payload byte.
+#[test]
+fn bench_wal_with_retention_reuses_segment_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = quire(&[
+        "bench",
+        "wal",
+        "--dir",
+        dir.path().to_str().expect("utf-8"),
+        "--duration",
+        "3s",
+        "--event-size",
+        "4KiB",
+        "--appenders",
+        "8",
+        "--segment-size",
+        "1MiB",
+        "--retain",
+        "2MiB",
+        "--no-baseline",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "quire failed: {}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_run_fields(&json, 8.0);
+    assert!(number(&json, "segments_trimmed") >= 1.0, "{json}");
+    assert!(number(&json, "spares_reused") >= 1.0, "{json}");
+    if !json["write_bytes_per_payload_byte"].is_null() {
+        assert!(
+            number(&json, "write_bytes_per_payload_byte") > 0.0,
+            "{json}"
+        );
+    }
+    assert_empty(dir.path());
+}

@@ -17,7 +17,10 @@
 //! Nothing else of the file is written again: its earlier life's records carry another tag
 //! and never check out (docs/format.md, "Reuse"). The directory is fsynced after the
 //! reused file is renamed away from its segment name and before its header changes, so no
-//! crash leaves a segment name on a file whose records no longer count. On a storage that allows no
+//! crash leaves a segment name on a file whose records no longer count. Once a file has been
+//! reused, the preparation of the next spare waits for the next trim to hand one over, and
+//! zero-fills a fresh file only when the current segment passes half full or a roll waits.
+//! On a storage that allows no
 //! background work ([`crate::Storage::background_work`]: the simulated [`crate::CrashDisk`])
 //! there is no thread: the roll that needs the spare prepares it inline, so every file
 //! operation happens in an order the caller drives.
@@ -68,6 +71,8 @@ const ZERO_FILL_LEAD_CHUNKS: u64 = 4;
 const ZERO_FILL_PACE_RATIO: u64 = 2;
 /// A log that has written nothing for this long does not pace the zero-fill.
 const ZERO_FILL_IDLE: Duration = Duration::from_millis(2);
+/// How often a preparation waiting for a file to reuse looks at the log's progress.
+const RECYCLE_WAIT_POLL: Duration = Duration::from_millis(5);
 /// How long a paced zero-fill sleeps before looking at the appends' progress again.
 const ZERO_FILL_PACE_SLEEP: Duration = Duration::from_micros(500);
 
@@ -578,6 +583,12 @@ impl<S: Storage> SpareShared<S> {
                 self.recycled.fetch_add(1, Ordering::Relaxed);
                 return Ok(tag);
             }
+            if self.recycled.load(Ordering::Relaxed) > 0
+                && self.storage.background_work()
+                && self.wait_for_recycle()
+            {
+                continue;
+            }
             if self.fill(tmp)? {
                 return self.stamp(tmp, SegmentTag::V1);
             }
@@ -586,6 +597,27 @@ impl<S: Storage> SpareShared<S> {
                 .remove_file(tmp)
                 .map_err(|e| WalError::io("remove", tmp, e))?;
         }
+    }
+
+    /// Retention has reused files before: rather than zero-fill a fresh spare at once,
+    /// wait for the next trim to hand one over, until the current segment is half full or
+    /// a roll waits ([`Preallocator::hurry`], `take`), or the log closes. Returns whether a
+    /// file was handed over.
+    fn wait_for_recycle(&self) -> bool {
+        let mut st = self.lock();
+        while !st.recycle_ready
+            && !st.stop
+            && !self.urgent.load(Ordering::Relaxed)
+            && !self.stopping.load(Ordering::Relaxed)
+        {
+            // `hurry` only sets a flag: look again now and then.
+            st = self
+                .cv
+                .wait_timeout(st, RECYCLE_WAIT_POLL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        st.recycle_ready
     }
 
     /// If a file waits for reuse: renames it to `tmp`, fsyncs the directory (so that no

@@ -67,6 +67,12 @@ pub struct WalBenchArgs {
     #[arg(long)]
     pub vs_disk: bool,
 
+    /// Retention: keep about this many bytes of log, trimming whole segments below it as
+    /// the run goes (every 20 ms), so that segment files are reused as spares. The report
+    /// then gives the bytes written per payload byte. Off by default (the log only grows).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub retain: Option<u64>,
+
     /// With --vs-disk: how many WAL + disk rounds (the report gives the median ratio).
     #[arg(long, value_name = "N", default_value_t = 3, requires = "vs_disk")]
     pub rounds: u32,
@@ -94,6 +100,7 @@ impl WalBenchArgs {
             batch_bytes_max: self.batch_bytes_max,
             batch_window_us: self.batch_window_us,
             vs_disk: self.vs_disk.then_some(self.rounds),
+            retain_bytes: self.retain,
         }
     }
 }

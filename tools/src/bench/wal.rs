@@ -13,6 +13,14 @@
 //! in a node's store actor. The WAL's commit thread batches whatever is queued into one
 //! O_DIRECT write and one fdatasync (group commit).
 //!
+//! With `--retain BYTES`, a thread trims the log every [`TRIM_EVERY`] to keep about that
+//! many bytes (whole segments only, as a store's retention does), so that trimmed segments'
+//! files come back as spares (docs/format.md, "Reuse"); the report's "device writes" line
+//! gives what reached the block layer per payload byte. A fresh spare costs a segment of
+//! zeros, a reused one a 4 KiB header: in steady state the figure tends to the batches'
+//! own overhead (headers and padding). Use segments small enough for several rolls in the
+//! window (`--segment-size`).
+//!
 //! With a baseline (on by default in text output, `--baseline`/`--no-baseline`), a second
 //! fresh WAL then runs **one** appender for `--baseline-duration`: one event per fdatasync,
 //! the rate a log without group commit gets. The report gives the ratio.
@@ -67,6 +75,8 @@
 //! | `segment_bytes`, `batch_bytes_max`, `batch_window_us` | WAL settings used |
 //! | `warmup_s`, `duration_s` | seconds (warm-up is in no rate) |
 //! | `events`, `payload_bytes`, `written_bytes`, `fsyncs`, `batches`, `segments_created` | totals over `duration_s` |
+//! | `segments_trimmed`, `spares_reused`, `spare_zero_bytes` | retention (`--retain`) over the window: segments trimmed, spares made from reused files, bytes of zeros written into fresh spares |
+//! | `process_write_bytes`, `write_bytes_per_payload_byte` | bytes this process had the block layer write over the window (`write_bytes` of `/proc/self/io`: batches, zeros, headers; not the journal), and that per payload byte; `null` where unreadable |
 //! | `mb_per_s`, `mib_per_s` | payload, 10^6 and 2^20 bytes per second |
 //! | `disk_mb_per_s` | bytes written by the WAL, 10^6 bytes per second |
 //! | `ops_per_s` | events (= appends) acknowledged per second |
@@ -123,6 +133,8 @@ pub const ROUNDS_MAX: u32 = 100;
 /// Size of the pre-written raw-disk run's bench file with `--vs-disk`, bytes (its writes
 /// wrap around); the lower bound of the fallocated run's (which is sized not to wrap).
 pub const VS_DISK_FILE_BYTES: u64 = 256 << 20;
+/// How often the retention of `--retain` trims the log.
+pub const TRIM_EVERY: Duration = Duration::from_millis(20);
 /// Longest wait for the WAL's preallocator to prepare the spare segment before timing.
 pub const SPARE_WAIT_MAX: Duration = Duration::from_secs(120);
 
@@ -172,6 +184,9 @@ pub struct WalBenchConfig {
     /// `Some(rounds)`: alternate `rounds` WAL runs with raw-disk runs and report the ratio
     /// (see the module docs); 1..=[`ROUNDS_MAX`].
     pub vs_disk: Option<u32>,
+    /// Retention: keep about this many bytes of log, trimming below it every
+    /// [`TRIM_EVERY`] (see the module docs); `None`: the log only grows.
+    pub retain_bytes: Option<u64>,
 }
 
 impl Default for WalBenchConfig {
@@ -188,6 +203,7 @@ impl Default for WalBenchConfig {
             batch_bytes_max: wal.batch_bytes_max,
             batch_window_us: wal.batch_window_us,
             vs_disk: None,
+            retain_bytes: None,
         }
     }
 }
@@ -219,6 +235,19 @@ pub struct WalRun {
     pub batches: u64,
     /// Segments started.
     pub segments_created: u64,
+    /// Segments trimmed by `--retain` over the window.
+    pub segments_trimmed: u64,
+    /// Spare segments made from reused (trimmed) files over the window.
+    pub spares_reused: u64,
+    /// Zeros written into fresh spare segments over the window, bytes.
+    pub spare_zero_bytes: u64,
+    /// Bytes this process had the block layer write over the window (`write_bytes` of
+    /// `/proc/self/io`: batches, spares' zeros and headers; not the file system's journal),
+    /// or `null` where the kernel does not say.
+    pub process_write_bytes: Option<u64>,
+    /// `process_write_bytes / payload_bytes`: device bytes per payload byte (`null` as
+    /// above).
+    pub write_bytes_per_payload_byte: Option<f64>,
     /// Payload MB/s (10^6).
     pub mb_per_s: f64,
     /// Payload MiB/s (2^20).
@@ -502,6 +531,23 @@ fn run_rows(table: &mut Table, r: &WalRun) {
         ));
     }
     table.row("stages", stages);
+    table.row(
+        "device writes",
+        format!(
+            "{} per payload byte ({}); spares: {} reused, {} zero-filled ({:.1} MB of zeros); \
+             {} segments trimmed",
+            r.write_bytes_per_payload_byte
+                .map_or_else(|| "unknown".to_owned(), |x| format!("{x:.3} B")),
+            r.process_write_bytes.map_or_else(
+                || "/proc/self/io unreadable".to_owned(),
+                |b| { format!("{:.1} MB by this process", b as f64 / 1e6) }
+            ),
+            r.spares_reused,
+            r.segments_created.saturating_sub(r.spares_reused),
+            r.spare_zero_bytes as f64 / 1e6,
+            r.segments_trimmed
+        ),
+    );
     let threads: Vec<String> = r
         .cpu_by_thread
         .iter()
@@ -844,10 +890,16 @@ fn measure(
         .context("cannot start the appenders' runtime")?;
     let next = Arc::new(Mutex::new(wal.next_offset().0));
     let stats_before = wal.stats();
+    let io_before = process_write_bytes();
     let cpu_before = ProcessCpu::now();
     let threads_before = ThreadSnapshot::now();
     let started = Instant::now();
     let deadline = started + duration;
+    let retention = config.retain_bytes.map(|retain| {
+        let (wal, next) = (wal.clone(), next.clone());
+        let keep = (retain / config.event_size.max(1)).max(1);
+        std::thread::spawn(move || retain_until(&wal, &next, keep, deadline))
+    });
     let results = runtime.block_on(async {
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..appenders {
@@ -865,10 +917,18 @@ fn measure(
         }
         results
     });
+    if let Some(t) = retention {
+        t.join()
+            .map_err(|_| anyhow!("the retention thread panicked"))?
+            .context("a retention trim failed")?;
+    }
     let elapsed = started.elapsed();
     let cpu = ProcessCpu::now().since(cpu_before);
     let cpu_by_thread = ThreadSnapshot::now().since(&threads_before);
     let stats = wal.stats();
+    let process_written = io_before
+        .zip(process_write_bytes())
+        .map(|(a, b)| b.saturating_sub(a));
     let backend = wal.backend();
     drop(runtime);
 
@@ -910,6 +970,13 @@ fn measure(
         fsyncs,
         batches,
         segments_created: stats.segments_created - stats_before.segments_created,
+        segments_trimmed: stats.segments_trimmed - stats_before.segments_trimmed,
+        spares_reused: stats.spares_reused - stats_before.spares_reused,
+        spare_zero_bytes: stats.spare_zero_bytes - stats_before.spare_zero_bytes,
+        process_write_bytes: process_written,
+        write_bytes_per_payload_byte: process_written
+            .filter(|_| payload_bytes > 0)
+            .map(|w| w as f64 / payload_bytes as f64),
         mb_per_s: per_sec(payload_bytes as f64) / 1e6,
         mib_per_s: per_sec(payload_bytes as f64) / f64::from(1u32 << 20),
         disk_mb_per_s: per_sec(written_bytes as f64) / 1e6,
@@ -932,6 +999,34 @@ fn measure(
         cpu_by_thread,
         stages: StageMeans::between(&stats_before, &stats, appenders, hist.mean()),
     })
+}
+
+/// `--retain`: until `deadline`, every [`TRIM_EVERY`], trims the log below its last `keep`
+/// offsets (whole segments only, as a store's retention does).
+fn retain_until(
+    wal: &Wal,
+    next: &Mutex<u64>,
+    keep: u64,
+    deadline: Instant,
+) -> Result<(), WalError> {
+    while Instant::now() < deadline && !interrupt::is_interrupted() {
+        std::thread::sleep(TRIM_EVERY);
+        let before = next
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .saturating_sub(keep);
+        wal.trim_before(Offset(before))?;
+    }
+    Ok(())
+}
+
+/// `write_bytes` of `/proc/self/io`: bytes this process caused to be written to the block
+/// layer, or `None` where the kernel does not say.
+fn process_write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// An HDR histogram of microseconds, 3 significant digits, up to [`LATENCY_US_MAX`].
