@@ -73,6 +73,9 @@ pub struct Mutations {
     /// The recovery scan calls a bad record followed by valid ones a torn tail (and cuts
     /// it) instead of reporting corruption.
     pub mid_log_bad_record_is_torn_tail: bool,
+    /// A reused segment file keeps the tag of its earlier life (so that life's records
+    /// still check out) instead of drawing a new one.
+    pub reuse_keeps_tag: bool,
 }
 
 /// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).

@@ -255,6 +255,8 @@ struct SpareShared<S: Storage> {
     zeroed_bytes: AtomicU64,
     /// Spares made from reused files (monotonic).
     recycled: AtomicU64,
+    /// Planted bug (tests only): [`crate::Mutations::reuse_keeps_tag`].
+    reuse_keeps_tag: AtomicBool,
 }
 
 /// What the log's retention needs of the [`Preallocator`]: a way to hand over a trimmed
@@ -405,6 +407,7 @@ impl<S: Storage> Preallocator<S> {
             recycle_offered: AtomicBool::new(recycle_ready),
             zeroed_bytes: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
+            reuse_keeps_tag: AtomicBool::new(false),
         });
         if !shared.storage.background_work() {
             // Inline: the spare is prepared by the roll that needs it (see `take`).
@@ -422,6 +425,14 @@ impl<S: Storage> Preallocator<S> {
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// Switches on the planted bugs of `mutations` that concern spares (tests only).
+    #[doc(hidden)]
+    pub fn set_mutations(&self, mutations: crate::Mutations) {
+        self.shared
+            .reuse_keeps_tag
+            .store(mutations.reuse_keeps_tag, Ordering::Relaxed);
     }
 
     /// The handle retention uses to hand trimmed segments over for reuse.
@@ -644,7 +655,11 @@ impl<S: Storage> SpareShared<S> {
     /// Writes a header with a fresh tag (not `previous`) over the first block of `tmp` and
     /// syncs the file.
     fn stamp(&self, tmp: &Path, previous: SegmentTag) -> Result<SegmentTag, WalError> {
-        let tag = SegmentTag::draw(|| self.storage.random_u64(), previous);
+        let tag = if previous != SegmentTag::V1 && self.reuse_keeps_tag.load(Ordering::Relaxed) {
+            previous // planted bug (tests only)
+        } else {
+            SegmentTag::draw(|| self.storage.random_u64(), previous)
+        };
         let file = self
             .storage
             .open(tmp, OpenMode::WriteDirect)
@@ -797,6 +812,7 @@ mod tests {
             recycle_offered: AtomicBool::new(false),
             zeroed_bytes: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
+            reuse_keeps_tag: AtomicBool::new(false),
         };
         let chunk = ZERO_FILL_CHUNK_BYTES as u64;
         let lead = ZERO_FILL_LEAD_CHUNKS * chunk;

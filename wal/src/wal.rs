@@ -247,6 +247,7 @@ impl<S: Storage> Wal<S> {
             segment_bytes,
             usize::try_from(align).expect("invariant: alignment fits usize"),
         )?;
+        prealloc.set_mutations(mutations);
         let shared = Arc::new(Shared {
             storage,
             mutations,

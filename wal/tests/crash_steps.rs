@@ -25,7 +25,10 @@
 //! Separately, a bit flip in a mid-log record must make the open fail with a located
 //! `WalError::Corruption`, and injected read faults come back as typed errors.
 //!
-//! The two planted bugs of `quire_wal::Mutations` must each be found.
+//! A third workload runs retention with reuse: trimmed segments' files come back as spares
+//! with a new header over their earlier life's records.
+//!
+//! The three planted bugs of `quire_wal::Mutations` must each be found.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::collections::VecDeque;
@@ -334,6 +337,32 @@ fn every_crash_point_of_a_log_that_reuses_files_recovers_a_durable_prefix() {
             panic!("{mode:?}: {f:#?}");
         }
     }
+}
+
+/// The planted bug `reuse_keeps_tag` (a reused file keeps its earlier life's tag) must be
+/// found: that life's records check out again, and the scan meets them after the new
+/// life's end.
+#[test]
+fn the_checker_finds_a_reused_file_that_keeps_its_tag() {
+    let bug = Mutations {
+        reuse_keeps_tag: true,
+        ..Mutations::default()
+    };
+    let s = sweep(
+        &reuse_workload,
+        0..1,
+        CrashMode::Prefix,
+        bug,
+        Mutations::default(),
+        Tolerate::Nothing,
+    );
+    let finding = s
+        .finding
+        .expect("a reused file that keeps its tag is found");
+    println!(
+        "reuse_keeps_tag found after {} crash points: {finding:?}",
+        s.points
+    );
 }
 
 /// What [`PipelineDisk`] and the workload driving it share.
