@@ -91,25 +91,42 @@ fn assert_empty(dir: &Path) {
 #[test]
 fn bench_wal_json_has_every_field_and_the_baseline_when_asked() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = quire(&[
+    let json = bench_wal_json(
+        dir.path(),
+        &[
+            "--duration",
+            "1s",
+            "--segment-size",
+            "8MiB",
+            "--baseline",
+            "--baseline-duration",
+            "500ms",
+        ],
+    );
+    assert_eq!(json["bench"], "wal");
+    assert_eq!(number(&json, "segment_bytes"), 8.0 * 1024.0 * 1024.0);
+    assert_run_fields(&json, 8.0);
+    assert_run_fields(&json["baseline"], 1.0);
+    assert!(number(&json, "ratio_vs_baseline") > 0.0, "{json}");
+    assert_empty(dir.path());
+}
+
+/// `quire bench wal --dir DIR --event-size 4KiB --appenders 8 ARGS --format json`: its one
+/// line of JSON (the run must succeed).
+fn bench_wal_json(dir: &Path, args: &[&str]) -> Value {
+    let mut all = vec![
         "bench",
         "wal",
         "--dir",
-        dir.path().to_str().expect("utf-8"),
-        "--duration",
-        "1s",
+        dir.to_str().expect("utf-8"),
         "--event-size",
         "4KiB",
         "--appenders",
         "8",
-        "--segment-size",
-        "8MiB",
-        "--baseline",
-        "--baseline-duration",
-        "500ms",
-        "--format",
-        "json",
-    ]);
+    ];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--format", "json"]);
+    let out = quire(&all);
     let stdout = String::from_utf8(out.stdout.clone()).expect("utf-8");
     assert!(
         out.status.success(),
@@ -118,13 +135,7 @@ fn bench_wal_json_has_every_field_and_the_baseline_when_asked() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout}");
-    let json: Value = serde_json::from_str(&stdout).expect("json");
-    assert_eq!(json["bench"], "wal");
-    assert_eq!(number(&json, "segment_bytes"), 8.0 * 1024.0 * 1024.0);
-    assert_run_fields(&json, 8.0);
-    assert_run_fields(&json["baseline"], 1.0);
-    assert!(number(&json, "ratio_vs_baseline") > 0.0, "{json}");
-    assert_empty(dir.path());
+    serde_json::from_str(&stdout).expect("json")
 }
 
 #[test]
@@ -272,32 +283,18 @@ fn bench_wal_vs_disk_reports_both_disk_layouts() {
 #[test]
 fn bench_wal_with_retention_reuses_segment_files() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = quire(&[
-        "bench",
-        "wal",
-        "--dir",
-        dir.path().to_str().expect("utf-8"),
-        "--duration",
-        "3s",
-        "--event-size",
-        "4KiB",
-        "--appenders",
-        "8",
-        "--segment-size",
-        "1MiB",
-        "--retain",
-        "2MiB",
-        "--no-baseline",
-        "--format",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "quire failed: {}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    let json = bench_wal_json(
+        dir.path(),
+        &[
+            "--duration",
+            "3s",
+            "--segment-size",
+            "1MiB",
+            "--retain",
+            "2MiB",
+            "--no-baseline",
+        ],
     );
-    let json: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_run_fields(&json, 8.0);
     assert!(number(&json, "segments_trimmed") >= 1.0, "{json}");
     assert!(number(&json, "spares_reused") >= 1.0, "{json}");
