@@ -29,7 +29,33 @@ struct Wanted {
 
 /// Reads durable records from `from` on: at most `max_events` records and, past the first
 /// record, at most `max_bytes` payload bytes in total.
+///
+/// A read that a retention trim overtakes — its records' file deleted, or handed over for
+/// reuse and given a new header, while the read ran — fails with [`WalError::Trimmed`],
+/// not with the corruption its checks then see.
 pub(crate) fn read<F: StorageFile>(
+    index: &std::sync::RwLock<Index<F>>,
+    from: Offset,
+    max_events: usize,
+    max_bytes: u64,
+) -> Result<Vec<Event>, WalError> {
+    let result = read_checked(index, from, max_events, max_bytes);
+    if let Err(WalError::Corruption { offset, .. }) = &result {
+        let first = index
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .start();
+        if *offset < first {
+            return Err(WalError::Trimmed {
+                requested: from,
+                first,
+            });
+        }
+    }
+    result
+}
+
+fn read_checked<F: StorageFile>(
     index: &std::sync::RwLock<Index<F>>,
     from: Offset,
     max_events: usize,
