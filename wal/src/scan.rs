@@ -12,10 +12,12 @@
 //! - Bytes that are not a record of this segment's life are skipped to the next multiple of
 //!   [`PAD_GRANULE_BYTES`]: in version 1, zeros (padding and preallocated space); in
 //!   version 2, anything that is not **ours** — a header whose tag field is not the
-//!   segment's, unless it is a well-formed version-2 header holding exactly the next
-//!   expected offset. Zeros, a reused file's previous life and its payloads' bytes are not
-//!   ours; the records of this life are, and so is any of them with one bit flipped
-//!   (a flip in the tag field leaves the offset, a flip elsewhere leaves the tag).
+//!   segment's, unless it is a well-formed version-2 header at exactly the next expected
+//!   offset whose checksum holds once the segment's tag field is put in place of its own.
+//!   Zeros, a reused file's previous life and its payloads' bytes (forged headers
+//!   included: their writer did not know the tag) are not ours; the records of this life
+//!   are, and so is any of them with one bit flipped (a flip in the tag field is undone by
+//!   the second test, a flip elsewhere leaves the tag).
 //! - An event record counts only if its header is well-formed, its checksum holds and its
 //!   offset is the next expected one.
 //! - A truncation marker `{offset: x, epoch: w}` counts only if its checksum holds, the
@@ -298,8 +300,25 @@ impl<F: StorageFile> SegmentReader<F> {
         if head[12..16] == field {
             return Ok(true);
         }
-        Ok(format::decode_header(head)
-            .is_ok_and(|h| h.version == format::VERSION && h.offset == expected))
+        // A record of this life whose tag field was damaged: a well-formed version-2 header
+        // at the next expected offset whose checksum holds once the segment's field is put
+        // back. A forged header (a payload's bytes, an earlier life) cannot pass: its
+        // writer did not know the tag.
+        let Ok(h) = format::decode_header(head) else {
+            return Ok(false);
+        };
+        if h.version != format::VERSION || h.offset != expected {
+            return Ok(false);
+        }
+        let total = h.record_bytes();
+        if pos + total > self.len {
+            return Ok(false);
+        }
+        let n = usize::try_from(total).expect("invariant: record length fits usize");
+        let tag = self.tag;
+        let mut record = self.bytes(pos, n)?.to_vec();
+        record[12..16].copy_from_slice(&field);
+        Ok(format::checksum_ok(tag, &record))
     }
 
     /// The bytes `[pos, pos + n)`, which must lie inside the file.

@@ -427,7 +427,7 @@ impl EndSummary {
             )
         };
         match self.result {
-            "clean" => "clean: only zeros after the last valid record".to_owned(),
+            "clean" => "clean: nothing of this log after the last valid record".to_owned(),
             "torn_tail" => {
                 let mut s = format!(
                     "torn tail in {}, {} bytes: {}",
