@@ -142,6 +142,9 @@ pub struct WalSettings {
     pub queue_bytes_max: u64,
     /// `auto`, `uring` or `sync`.
     pub io: IoSetting,
+    /// Whether a fresh log ends its first segment at a random point
+    /// ([`WalConfig::stagger_rolls`]), so that a cluster's stores do not roll together.
+    pub stagger_rolls: bool,
 }
 
 impl Default for WalSettings {
@@ -153,6 +156,8 @@ impl Default for WalSettings {
             batch_window_us: d.batch_window_us,
             queue_bytes_max: d.queue_bytes_max,
             io: IoSetting::Auto,
+            // Unlike the WAL's own default: a store is one of a cluster's.
+            stagger_rolls: true,
         }
     }
 }
@@ -269,6 +274,7 @@ impl NodeConfig {
                 Some("sync") => IoSetting::Sync,
                 _ => IoSetting::Auto,
             },
+            stagger_rolls: r.text("stagger_rolls") != Some("off"),
         };
         let socket = SocketSettings {
             send_buffer_bytes: r.usize("send_buffer_bytes")?,
@@ -369,6 +375,7 @@ impl NodeConfig {
                 IoSetting::Uring => IoBackend::Uring,
                 IoSetting::Sync => IoBackend::Sync,
             },
+            stagger_rolls: self.wal.stagger_rolls,
         }
     }
 }
@@ -509,6 +516,15 @@ pub fn schema() -> Schema {
         )
         .in_table("wal")
         .default_value(Value::Text("auto".to_owned())),
+        Setting::new(
+            "stagger_rolls",
+            Kind::Choice(&["on", "off"]),
+            "A new store ends its first WAL segment at a random point, so that stores fed the same appends do not roll together",
+        )
+        .in_table("wal")
+        .default_value(Value::Text(
+            if wal.stagger_rolls { "on" } else { "off" }.to_owned(),
+        )),
         Setting::new(
             "send_buffer_bytes",
             Kind::Size,

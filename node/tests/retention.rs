@@ -110,6 +110,7 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         .unwrap();
         let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
         config.wal.segment_bytes_max = 64 * 1024;
+        config.wal.stagger_rolls = false; // the test counts segments
         config.wal.io = quire_node::config::IoSetting::Sync;
         let wal_dir = data.join("wal");
         let node = quire_node::Node::start(config).await.unwrap();
@@ -161,6 +162,7 @@ async fn a_stabilized_trim_event_deletes_whole_segments_and_reads_below_say_trim
         node.shutdown().await.unwrap();
         let mut config = quire_node::NodeConfig::new(&data, "127.0.0.1:0");
         config.wal.segment_bytes_max = 64 * 1024;
+        config.wal.stagger_rolls = false; // the test counts segments
         config.wal.io = quire_node::config::IoSetting::Sync;
         let node = quire_node::Node::start(config).await.unwrap();
         let c = StoreClient::connect(node.local_addr()).await.unwrap();

@@ -187,6 +187,8 @@ fn wal_config() -> WalConfig {
         dir: WAL_DIR.into(),
         segment_bytes_max: SEGMENT_BYTES,
         batch_window_us: 0,
+        // As quire-node runs it.
+        stagger_rolls: true,
         ..WalConfig::default()
     }
 }
@@ -471,8 +473,11 @@ impl SimStore {
             self.armed = None;
             self.disk.fail_syncs(Some(libc::EIO));
         }
+        // Everything the disk holds completes together: an fdatasync, and after a segment
+        // roll also the old segment's and the directory's fsync, in flight at once as on
+        // a real device.
         let r = self.running();
-        r.control.complete_sync();
+        r.control.complete_all_syncs();
         r.control.settle();
         if eio {
             self.disk.fail_syncs(None);

@@ -341,8 +341,9 @@ impl World {
         let wal_mutations = quire_wal::Mutations {
             ack_before_fdatasync: mutation == Some(Mutation::AckBeforeSync),
             mid_log_bad_record_is_torn_tail: mutation == Some(Mutation::BadRecordAsTorn),
-            // Found by the WAL's crash tests (`crash_steps`), not a simulation mutation.
+            // Found by the WAL's crash tests (`crash_steps`), not simulation mutations.
             reuse_keeps_tag: false,
+            ack_before_dir_sync: false,
         };
         let stores: Vec<SimStore> = identities
             .iter()

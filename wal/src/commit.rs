@@ -26,9 +26,17 @@
 //! After an fdatasync completes, the next operations are submitted before its appends are
 //! acknowledged, so waking the appenders overlaps the disk's work.
 //!
-//! A segment roll, and a truncation below the current segment's base, wait until the
-//! pipeline is empty (so a later segment never holds data while an earlier one still
-//! waits for its fdatasync), then take the preallocated spare.
+//! A segment roll takes the preallocated spare (renamed to the new segment's name on this
+//! thread, a metadata operation only) and goes on writing: it does not wait for the
+//! batches of the old segment to become durable, and the directory fsync that makes the
+//! new name durable is one more operation on the disk, beside the writes. Each file gets
+//! its own fdatasync (at most one in flight per file), and appends are acknowledged in log
+//! order: a batch only once it and every batch before it are durable **and** the directory
+//! fsync that covers its segment's name has completed. Only a roll that a truncation below
+//! the current segment's base forces (it deletes segments) waits until the pipeline is
+//! empty. A fresh log with `stagger_rolls` ends its first segment at a random point
+//! between half and all of its size, so that logs receiving the same appends (a cluster's
+//! stores) do not roll together.
 //!
 //! Fail-stop: the first failed or short write, or failed fdatasync, fails every append in
 //! the pipeline and in the queue and every later one with [`WalError::Failed`]; nothing is
@@ -111,6 +119,8 @@ pub(crate) struct Shared<S: Storage> {
     pub batch_bytes_max: u64,
     pub batch_window: Duration,
     pub queue_bytes_max: u64,
+    /// [`crate::WalConfig::stagger_rolls`].
+    pub stagger_rolls: bool,
     pub backend: &'static str,
     pub state: Mutex<CommitState>,
     /// Durable entries only. Lock order: `state` before `index`.
@@ -160,7 +170,6 @@ struct Ack {
 
 #[derive(Debug)]
 struct Batch<F> {
-    seq: u64,
     segment: u32,
     path: PathBuf,
     file: Arc<F>,
@@ -169,19 +178,33 @@ struct Batch<F> {
     /// When its write was handed to the disk.
     submitted: Instant,
     written: bool,
+    /// The fdatasync that covers it: linked to its write, or pushed after the write
+    /// completed.
+    sync_token: Option<u64>,
+    /// That fdatasync completed.
+    synced: bool,
     acks: Vec<Ack>,
     ops: Vec<IndexOp>,
 }
 
+/// An fdatasync in flight; at most one per segment file.
 #[derive(Debug)]
 struct InFlightSync {
     token: u64,
-    covers_seq: u64,
+    /// The segment (index id) whose file it syncs.
+    segment: u32,
     /// When it was submitted; for one linked behind a write (which the kernel starts only
     /// once that write completed), moved to the write's completion.
     started: Instant,
     /// The write it is linked behind, if any.
     linked_write: Option<u64>,
+}
+
+/// A directory fsync in flight: it makes the names of `segments` durable.
+#[derive(Debug)]
+struct InFlightDirSync {
+    token: u64,
+    segments: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -191,6 +214,9 @@ struct Current<F> {
     path: PathBuf,
     file: Arc<F>,
     capacity: u64,
+    /// Once the segment is written up to here, the next batch goes to a new segment
+    /// (`capacity`, except for a staggered first segment).
+    roll_at: u64,
     write_pos: u64,
     tag: SegmentTag,
 }
@@ -212,9 +238,15 @@ pub(crate) struct Committer<S: Storage> {
     current: Option<Current<S::File>>,
     pipeline: VecDeque<Batch<S::File>>,
     write_in_flight: Option<u64>,
-    fsync: Option<InFlightSync>,
+    /// fdatasyncs in flight, at most one per segment file.
+    fsyncs: Vec<InFlightSync>,
+    /// The data directory's handle, for [`DiskOp::SyncDir`].
+    dir: Arc<S::File>,
+    /// Segments renamed at a roll whose names no completed directory fsync covers yet:
+    /// none of their batches is acknowledged until one does.
+    unnamed: Vec<u32>,
+    dir_sync: Option<InFlightDirSync>,
     next_token: u64,
-    next_seq: u64,
     free: Vec<AlignedBuf>,
     completions: Vec<DiskCompletion>,
     /// Acknowledgements of durable appends, delivered after the next submission.
@@ -246,11 +278,16 @@ impl<S: Storage> Committer<S> {
                     path: t.path,
                     file: Arc::new(file),
                     capacity: t.capacity,
+                    roll_at: t.capacity,
                     write_pos: t.write_position,
                     tag: t.tag,
                 })
             }
         };
+        let dir = shared
+            .storage
+            .open_dir(&shared.dir)
+            .map_err(|e| WalError::io("open dir", &shared.dir, e))?;
         Ok(Committer {
             shared,
             disk,
@@ -258,9 +295,11 @@ impl<S: Storage> Committer<S> {
             current,
             pipeline: VecDeque::new(),
             write_in_flight: None,
-            fsync: None,
+            fsyncs: Vec::new(),
+            dir: Arc::new(dir),
+            unnamed: Vec::new(),
+            dir_sync: None,
             next_token: 1,
-            next_seq: 1,
             free: Vec::new(),
             completions: Vec::new(),
             acks_due: Vec::new(),
@@ -344,9 +383,9 @@ impl<S: Storage> Committer<S> {
                     Counters::add(&c.stage_writes, 1);
                     Counters::add_elapsed(&c.stage_write_ns, batch.submitted);
                     if let Some(sync) = self
-                        .fsync
-                        .as_mut()
-                        .filter(|s| s.linked_write == Some(c_token))
+                        .fsyncs
+                        .iter_mut()
+                        .find(|s| s.linked_write == Some(c_token))
                     {
                         sync.started = Instant::now();
                     }
@@ -362,35 +401,59 @@ impl<S: Storage> Committer<S> {
                     self.fail(WalError::io("write", path, e));
                 }
             }
-        } else if self.fsync.as_ref().is_some_and(|s| s.token == c.token) {
-            let sync = self.fsync.take().expect("invariant: checked above");
+        } else if let Some(i) = self.fsyncs.iter().position(|s| s.token == c.token) {
+            let sync = self.fsyncs.swap_remove(i);
             match c.result {
                 Ok(_) => {
                     let us = u64::try_from(sync.started.elapsed().as_micros()).unwrap_or(u64::MAX);
                     self.shared.counters.record_fsync(us);
-                    self.durable(sync.covers_seq);
+                    for b in &mut self.pipeline {
+                        if b.sync_token == Some(sync.token) {
+                            b.synced = true;
+                        }
+                    }
+                    self.durable();
                 }
                 Err(e) => {
                     let path = self
                         .pipeline
-                        .front()
+                        .iter()
+                        .find(|b| b.segment == sync.segment)
                         .map_or_else(|| self.shared.dir.clone(), |b| b.path.clone());
                     self.fail(WalError::io("fdatasync", path, e));
+                }
+            }
+        } else if self.dir_sync.as_ref().is_some_and(|d| d.token == c.token) {
+            let done = self.dir_sync.take().expect("invariant: checked above");
+            match c.result {
+                Ok(_) => {
+                    self.unnamed.retain(|s| !done.segments.contains(s));
+                    self.durable();
+                }
+                Err(e) => {
+                    let dir = self.shared.dir.clone();
+                    self.fail(WalError::io("fsync dir", dir, e));
                 }
             }
         }
         // Otherwise: a completion that arrived after the log failed; nothing to do.
     }
 
-    /// Batches up to `covers_seq` are durable: index them, then acknowledge them.
-    fn durable(&mut self, covers_seq: u64) {
+    /// Takes the durable prefix of the pipeline — batches whose fdatasync completed, in a
+    /// segment whose name is durable — indexes it, then acknowledges it.
+    fn durable(&mut self) {
         let mut done = Vec::new();
+        // Planted bug (tests only): ignore whether the segment's name is durable.
+        let any_name = self.shared.mutations.ack_before_dir_sync;
         while self
             .pipeline
             .front()
-            .is_some_and(|b| b.seq <= covers_seq && b.written)
+            .is_some_and(|b| b.synced && (any_name || !self.unnamed.contains(&b.segment)))
         {
             done.push(self.pipeline.pop_front().expect("invariant: front exists"));
+        }
+        if done.is_empty() {
+            return;
         }
         {
             let mut index = self.shared.write_index();
@@ -427,23 +490,42 @@ impl<S: Storage> Committer<S> {
         }
     }
 
+    /// Pushes an fdatasync for each file with written batches that no fdatasync covers
+    /// (unless one already runs on that file), and a directory fsync for renamed segments
+    /// (unless one already runs).
     fn maybe_fsync(&mut self) {
-        if self.fsync.is_some() {
-            return;
+        while let Some(b) = self.pipeline.iter().find(|b| {
+            b.written
+                && b.sync_token.is_none()
+                && !self.fsyncs.iter().any(|s| s.segment == b.segment)
+        }) {
+            let segment = b.segment;
+            let file = b.file.clone();
+            let token = self.token();
+            for b in &mut self.pipeline {
+                if b.segment == segment && b.written && b.sync_token.is_none() {
+                    b.sync_token = Some(token);
+                }
+            }
+            self.disk.push(DiskOp::Fdatasync { file, token });
+            self.fsyncs.push(InFlightSync {
+                token,
+                segment,
+                started: Instant::now(),
+                linked_write: None,
+            });
         }
-        let Some(last_written) = self.pipeline.iter().rfind(|b| b.written) else {
-            return;
-        };
-        let covers_seq = last_written.seq;
-        let file = last_written.file.clone();
-        let token = self.token();
-        self.disk.push(DiskOp::Fdatasync { file, token });
-        self.fsync = Some(InFlightSync {
-            token,
-            covers_seq,
-            started: Instant::now(),
-            linked_write: None,
-        });
+        if self.dir_sync.is_none() && !self.unnamed.is_empty() {
+            let token = self.token();
+            self.disk.push(DiskOp::SyncDir {
+                dir: self.dir.clone(),
+                token,
+            });
+            self.dir_sync = Some(InFlightDirSync {
+                token,
+                segments: self.unnamed.clone(),
+            });
+        }
     }
 
     /// Where request `r` goes if `in_batch` bytes precede it in the batch being formed.
@@ -459,7 +541,7 @@ impl<S: Storage> Committer<S> {
             }
         }
         let needed = align_up(in_batch + r.bytes, self.shared.align);
-        if cur.write_pos + needed > cur.capacity {
+        if cur.write_pos + needed > cur.capacity || cur.write_pos + in_batch >= cur.roll_at {
             return Placement::NewSegment {
                 name: r.truncate_at.unwrap_or_else(|| r.first_offset()),
             };
@@ -479,7 +561,7 @@ impl<S: Storage> Committer<S> {
         let mut st = self.shared.lock_state();
         let first = st.queue.front()?;
         let full = st.queued_bytes >= self.shared.batch_bytes_max;
-        if self.fsync.is_some()
+        if !self.fsyncs.is_empty()
             && !full
             && !st.closing
             && st.queue.len() * 2 < self.last_group_appends.max(2)
@@ -507,8 +589,11 @@ impl<S: Storage> Committer<S> {
             }
         }
         if let Placement::NewSegment { name } = self.placement(first, 0) {
-            if !self.pipeline.is_empty() {
-                return None; // drain first; the fdatasync completion wakes us
+            let deletes = self.current.as_ref().is_none_or(|cur| name <= cur.base);
+            if deletes && !self.pipeline.is_empty() {
+                // A truncation below the current segment deletes segments: drain first
+                // (the fdatasync completion wakes us). A plain roll does not wait.
+                return None;
             }
             drop(st);
             if let Err(e) = self.new_segment(name) {
@@ -648,18 +733,25 @@ impl<S: Storage> Committer<S> {
         Counters::add_elapsed(&c.stage_copy_ns, encoding);
 
         let write_token = self.token();
-        let then_fdatasync = if self.fsync.is_none() {
+        let then_fdatasync = if self.fsyncs.iter().any(|s| s.segment == segment) {
+            Counters::add(&self.shared.counters.pipelined_writes, 1);
+            None
+        } else {
+            // Linked behind this write, it also covers every earlier write to the file
+            // (they completed before this one was pushed).
             let token = self.token();
-            self.fsync = Some(InFlightSync {
+            self.fsyncs.push(InFlightSync {
                 token,
-                covers_seq: self.next_seq,
+                segment,
                 started: Instant::now(),
                 linked_write: Some(write_token),
             });
+            for b in &mut self.pipeline {
+                if b.segment == segment && b.written && b.sync_token.is_none() {
+                    b.sync_token = Some(token);
+                }
+            }
             Some(token)
-        } else {
-            Counters::add(&self.shared.counters.pipelined_writes, 1);
-            None
         };
         self.disk.push(DiskOp::Write {
             file: file.clone(),
@@ -670,7 +762,6 @@ impl<S: Storage> Committer<S> {
         });
         self.write_in_flight = Some(write_token);
         self.pipeline.push_back(Batch {
-            seq: self.next_seq,
             segment,
             path,
             file,
@@ -678,20 +769,18 @@ impl<S: Storage> Committer<S> {
             write_token,
             submitted: Instant::now(),
             written: false,
+            sync_token: then_fdatasync,
+            synced: false,
             acks,
             ops,
         });
-        self.next_seq += 1;
     }
 
     /// Starts segment `name`: deletes every segment whose base >= `name` (highest first,
-    /// then fsyncs the directory), takes the spare and renames it (fsyncing the directory).
-    /// Called with an empty pipeline.
+    /// then fsyncs the directory; only with an empty pipeline), then takes the spare and
+    /// renames it. The new name becomes durable with the next directory fsync
+    /// ([`Committer::maybe_fsync`]), which its batches' acknowledgements wait for.
     fn new_segment(&mut self, name: Offset) -> Result<(), WalError> {
-        assert!(
-            self.pipeline.is_empty() && self.fsync.is_none(),
-            "roll with batches in flight"
-        );
         let dir = self.shared.dir.clone();
         let doomed: Vec<(u32, PathBuf)> = {
             let index = self.shared.read_index();
@@ -702,6 +791,10 @@ impl<S: Storage> Committer<S> {
                 .collect()
         };
         if let Some(&(first, _)) = doomed.first() {
+            assert!(
+                self.pipeline.is_empty() && self.fsyncs.is_empty(),
+                "segments deleted with batches in flight"
+            );
             // The durable view loses these segments' entries now, before the files go.
             self.shared.write_index().remove_segments_from(first);
             for (_, p) in doomed.iter().rev() {
@@ -732,6 +825,21 @@ impl<S: Storage> Committer<S> {
             file.size().map_err(|e| WalError::io("stat", &path, e))?,
             self.shared.align,
         );
+        let data_start = tag.data_start(self.shared.align);
+        let mut roll_at = capacity;
+        if self.shared.stagger_rolls
+            && self.current.is_none()
+            && self.shared.read_index().segments().next().is_none()
+        {
+            // A fresh log: end the first segment early, at a random point in its second
+            // half, so that stores fed the same appends roll at different moments. A batch
+            // that starts before that point may still run to the end of the file, so an
+            // append that fits a segment always fits this one.
+            let half = (capacity - data_start) / 2 / self.shared.align;
+            if half > 0 {
+                roll_at -= self.shared.storage.random_u64() % half * self.shared.align;
+            }
+        }
         let read = open_for_read(&self.shared.storage, &path)?;
         let index_id = self.shared.write_index().add_segment(IndexedSegment {
             base: name,
@@ -741,15 +849,17 @@ impl<S: Storage> Committer<S> {
             has_marker: false,
         });
         self.shared.current_tag.store(tag.get(), Ordering::Relaxed);
+        self.unnamed.push(index_id);
         Counters::add(&self.shared.counters.segments_created, 1);
-        tracing::debug!(segment = %path.display(), "started a new segment");
+        tracing::debug!(segment = %path.display(), roll_at, "started a new segment");
         self.current = Some(Current {
             index_id,
             base: name,
             path,
             file: Arc::new(file),
             capacity,
-            write_pos: tag.data_start(self.shared.align),
+            roll_at,
+            write_pos: data_start,
             tag,
         });
         Ok(())
@@ -786,7 +896,9 @@ impl<S: Storage> Committer<S> {
         for r in queued {
             r.ack.complete(Err(failed.clone()));
         }
-        self.fsync = None;
+        self.fsyncs.clear();
+        self.dir_sync = None;
+        self.unnamed.clear();
         self.write_in_flight = None;
     }
 }

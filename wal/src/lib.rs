@@ -76,6 +76,10 @@ pub struct Mutations {
     /// A reused segment file keeps the tag of its earlier life (so that life's records
     /// still check out) instead of drawing a new one.
     pub reuse_keeps_tag: bool,
+    /// The commit thread acknowledges the appends of a segment started by a roll once
+    /// their fdatasync completed, without waiting for the directory fsync that makes the
+    /// segment's name durable.
+    pub ack_before_dir_sync: bool,
 }
 
 /// A byte location in a file (never a log offset: that is [`quire_proto::Offset`]).

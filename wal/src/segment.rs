@@ -9,7 +9,8 @@
 //! Segments are preallocated **and written** before they take appends: on ext4 an O_DIRECT
 //! write past the end of a file or into an unwritten extent costs a journal commit and runs
 //! several times slower. [`Preallocator`] keeps one such file ready (`spare.prealloc`) on a
-//! background thread; a roll renames it to the new segment's name and fsyncs the directory.
+//! background thread; a roll renames it to the new segment's name, and the commit thread
+//! fsyncs the directory through its disk, beside the appends (see `commit.rs`).
 //! A spare is either a fresh file zero-filled whole, or — once retention deletes segments —
 //! a **reused** one: the trim hands its oldest segment over as `spare.recycle` (a file that
 //! holds no truncation marker and has the configured size), and the spare is that file with
@@ -338,8 +339,9 @@ impl Preallocator {
 impl<S: Storage> Preallocator<S> {
     /// Starts the background thread for `dir` of `storage`, preparing spares of
     /// `segment_bytes` bytes (a multiple of `align`). A complete spare left by an earlier
-    /// run is kept (one without a header — an older version's — gets one), as is a file
-    /// waiting for reuse; a partial spare is deleted.
+    /// run is reused with a new header (a new tag: records a crash left in it never count),
+    /// as is a file waiting for reuse; a partial spare is deleted, and so is a complete one
+    /// when a file already waits for reuse.
     ///
     /// # Errors
     /// If the leftover files cannot be inspected or removed, or the thread cannot start.
@@ -365,21 +367,17 @@ impl<S: Storage> Preallocator<S> {
             Err(_) => {}
         }
         let spare = dir.join(SPARE_NAME);
-        let mut ready = None;
         match storage.file_len(&spare) {
-            Ok(len) if len == segment_bytes => match read_tag(&storage, &spare)? {
-                Some(tag) => ready = Some(tag),
-                // Zero-filled by an older version: a header makes it a spare.
-                None if !recycle_ready => {
-                    storage
-                        .rename(&spare, &recycle)
-                        .map_err(|e| WalError::io("rename", &recycle, e))?;
-                    recycle_ready = true;
-                }
-                None => storage
-                    .remove_file(&spare)
-                    .map_err(|e| WalError::io("remove", &spare, e))?,
-            },
+            // A whole spare left by an earlier run is reused with a new tag, never kept as
+            // it is: a roll renames the spare without waiting for the directory fsync, so a
+            // crash can leave records under its name, of its tag (zero-filled by an older
+            // version, it gets its first header the same way).
+            Ok(len) if len == segment_bytes && !recycle_ready => {
+                storage
+                    .rename(&spare, &recycle)
+                    .map_err(|e| WalError::io("rename", &recycle, e))?;
+                recycle_ready = true;
+            }
             Ok(_) => storage
                 .remove_file(&spare)
                 .map_err(|e| WalError::io("remove", &spare, e))?,
@@ -391,10 +389,10 @@ impl<S: Storage> Preallocator<S> {
             bytes: segment_bytes,
             align,
             state: Mutex::new(SpareState {
-                ready: ready.is_some(),
-                tag: ready.unwrap_or_default(),
+                ready: false,
+                tag: SegmentTag::default(),
                 recycle_ready,
-                wanted: ready.is_none(),
+                wanted: true,
                 error: None,
                 stop: false,
             }),
@@ -458,8 +456,12 @@ impl<S: Storage> Preallocator<S> {
         s.written_at_us.store(us, Ordering::Relaxed);
     }
 
-    /// Renames the spare to `dest` and fsyncs the directory, waiting for the spare if it is
-    /// still being prepared; then asks for the next one. Returns the new segment's tag.
+    /// Renames the spare to `dest`, waiting for the spare if it is still being prepared;
+    /// then asks for the next one. Returns the new segment's tag. The rename is not durable
+    /// yet: the caller fsyncs the directory (through its disk, beside its writes) before it
+    /// counts on anything written to `dest`. Until then a crash may leave the file under
+    /// the spare's name with records in it, which is why [`Preallocator::start_in`] gives a
+    /// leftover spare a new tag.
     ///
     /// # Errors
     /// The preparation's error (e.g. [`WalError::NoSpace`]), or the rename's.
@@ -492,7 +494,6 @@ impl<S: Storage> Preallocator<S> {
         s.storage
             .rename(&spare, dest)
             .map_err(|e| WalError::io("rename", dest, e))?;
-        fsync_dir_in(&s.storage, &s.dir)?;
         st.ready = false;
         st.wanted = true;
         // A segment has just started: no roll needs the next spare yet.

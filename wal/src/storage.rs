@@ -206,6 +206,16 @@ pub trait Storage: Clone + Send + Sync + fmt::Debug + 'static {
     /// Device errors.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
 
+    /// Opens directory `dir` as a handle whose [`StorageFile::sync_all`] is
+    /// [`Storage::sync_dir`] of it: the commit thread hands it to its [`Disk`] as a
+    /// [`crate::disk::DiskOp::SyncDir`], so the fsync that makes a new segment's name
+    /// durable runs beside the appends instead of in line with them. Nothing but
+    /// `sync_all` is meaningful on it.
+    ///
+    /// # Errors
+    /// `NotFound` if there is no such directory; device errors.
+    fn open_dir(&self, dir: &Path) -> io::Result<Self::File>;
+
     /// fsyncs directory `dir`: see the module's durability promise.
     ///
     /// # Errors

@@ -64,6 +64,12 @@ pub struct WalConfig {
     pub queue_bytes_max: u64,
     /// The disk implementation. Default [`IoBackend::Auto`].
     pub io: IoBackend,
+    /// A fresh log ends its first segment at a random point between half and all of
+    /// `segment_bytes_max` (rolls after that take whole segments), so that logs receiving
+    /// the same appends — a cluster's stores — do not roll at the same moment: a roll then
+    /// delays at most one store of a quorum. The point comes from
+    /// [`crate::Storage::random_u64`]. Default `false`; quire-node turns it on.
+    pub stagger_rolls: bool,
 }
 
 impl WalConfig {
@@ -86,6 +92,7 @@ impl Default for WalConfig {
             batch_window_us: 200,
             queue_bytes_max: 256 << 20,
             io: IoBackend::Auto,
+            stagger_rolls: false,
         }
     }
 }
@@ -257,6 +264,7 @@ impl<S: Storage> Wal<S> {
             batch_bytes_max: config.batch_bytes_max,
             batch_window: Duration::from_micros(config.batch_window_us),
             queue_bytes_max: config.queue_bytes_max,
+            stagger_rolls: config.stagger_rolls,
             backend: disk.name(),
             state: Mutex::new(CommitState {
                 epochs: rec.index.epochs().clone(),

@@ -28,7 +28,7 @@
 //! A third workload runs retention with reuse: trimmed segments' files come back as spares
 //! with a new header over their earlier life's records.
 //!
-//! The three planted bugs of `quire_wal::Mutations` must each be found.
+//! The four planted bugs of `quire_wal::Mutations` must each be found.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::collections::VecDeque;
@@ -483,6 +483,8 @@ impl Disk<CrashFile> for PipelineDisk {
                     self.gate.cv.notify_all();
                 }
                 DiskOp::Fdatasync { file, token } => self.syncs.push_back((file, token)),
+                // A directory's handle: its `sync_data` is the directory's fsync as well.
+                DiskOp::SyncDir { dir, token } => self.syncs.push_back((dir, token)),
             }
         }
         if !self.gate.lock().hold {
@@ -579,8 +581,9 @@ fn pipeline_workload(disk: &CrashDisk, mutations: Mutations, h: &mut History) {
             .wait_until(|g| (g.writes > w0 || disk.is_dead()) && g.idle_since_write || g.failed);
         let (w2, i2) = gate.writes_idle();
         let b = issue(h, &wal, 1, None, 1);
-        // The commit thread either writes the second batch behind the held fdatasync, or
-        // (a roll must wait for the pipeline to drain) blocks again without writing.
+        // The commit thread writes the second batch behind the held fdatasync (into the
+        // next segment if it rolls), or blocks again without writing (a truncation below
+        // the current segment drains the pipeline first).
         let second =
             gate.wait_until(|g| g.writes > w2 || g.idle > i2 || g.failed || disk.is_dead());
         gate.hold(false);
@@ -1137,7 +1140,28 @@ fn the_pipelined_workload_pipelines() {
         .filter(|w| w[0].starts_with("write /data/wal/0") && w[1].starts_with("write /data/wal/0"))
         .count();
     assert!(pipelined >= 10, "{pipelined} pipelined writes: {trace:#?}");
-    println!("{pipelined} writes behind a held fdatasync");
+    // A write into a new segment right behind one into the old, across the rename: the
+    // roll did not wait for the old segment's fdatasync.
+    // (The spare is prepared inline on this disk, between the two writes.)
+    let across_rolls = (1..trace.len() - 1)
+        .filter(|&i| {
+            trace[i].starts_with("rename /data/wal/spare.prealloc ->")
+                && trace[i + 1].starts_with("write /data/wal/0")
+                && trace[..i]
+                    .iter()
+                    .rev()
+                    .take_while(|op| !op.starts_with("write /data/wal/0"))
+                    .all(|op| !op.starts_with("fdatasync"))
+                && trace[..i]
+                    .iter()
+                    .any(|op| op.starts_with("write /data/wal/0"))
+        })
+        .count();
+    assert!(
+        across_rolls >= 1,
+        "no roll behind a held fdatasync: {trace:#?}"
+    );
+    println!("{pipelined} writes behind a held fdatasync, {across_rolls} across a roll");
 }
 
 #[test]
@@ -1181,6 +1205,34 @@ fn the_checker_finds_acks_before_the_fdatasync() {
         .expect("acking before the fdatasync must lose an acknowledged record at some crash point");
     println!(
         "ack_before_fdatasync found after {} crash points: {found:#?}",
+        s.points
+    );
+}
+
+/// A roll renames the spare to the new segment's name and writes on at once; the
+/// directory fsync that makes the name durable runs beside the writes. Acknowledging the new
+/// segment's appends before that fsync completed loses them when the crash undoes the
+/// rename (the records are then in a file still named as the spare, which the next open
+/// reuses with a new tag).
+#[test]
+fn the_checker_finds_acks_before_the_new_segment_name_is_durable() {
+    let bug = Mutations {
+        ack_before_dir_sync: true,
+        ..Mutations::default()
+    };
+    let s = sweep(
+        &workload,
+        0..8,
+        CrashMode::Durable,
+        bug,
+        Mutations::default(),
+        Tolerate::Nothing,
+    );
+    let found = s
+        .finding
+        .expect("acking before the directory fsync must lose an acknowledged record");
+    println!(
+        "ack_before_dir_sync found after {} crash points: {found:#?}",
         s.points
     );
 }

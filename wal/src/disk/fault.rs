@@ -310,6 +310,8 @@ impl<F: std::fmt::Debug + Send + Sync + 'static> Disk<F> for FaultDisk<F> {
                 }
                 self.inner.push(DiskOp::Fdatasync { file, token });
             }
+            // Directory fsyncs are not failpoints: they pass through.
+            op @ DiskOp::SyncDir { .. } => self.inner.push(op),
         }
     }
 

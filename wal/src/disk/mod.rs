@@ -1,7 +1,8 @@
 //! The I/O layer of the write path, behind the small [`Disk`] trait.
 //!
-//! The commit thread (see `commit.rs`) hands a `Disk` two kinds of operation — write a
-//! batch at a position, fdatasync a file — and collects their completions. Three
+//! The commit thread (see `commit.rs`) hands a `Disk` three kinds of operation — write a
+//! batch at a position, fdatasync a file, fsync the directory after a segment roll — and
+//! collects their completions. Three
 //! implementations:
 //!
 //! - [`UringDisk`]: io_uring, one ring per data directory, O_DIRECT writes, an fdatasync
@@ -75,6 +76,14 @@ pub enum DiskOp<F = File> {
     Fdatasync {
         /// The segment file.
         file: Arc<F>,
+        /// Identifies the completion.
+        token: u64,
+    },
+    /// fsync a directory, opened with [`crate::Storage::open_dir`]: makes the creations,
+    /// renames and removals in it done before the push durable (a rolled segment's name).
+    SyncDir {
+        /// The directory's handle.
+        dir: Arc<F>,
         /// Identifies the completion.
         token: u64,
     },

@@ -1,6 +1,6 @@
 //! [`StepDisk`]: a disk for a deterministic simulator. Writes run at once, inside the
-//! commit thread's [`Disk::wait`]; every fdatasync is held until the driver completes it
-//! with [`StepControl::complete_sync`]; and the driver can wait until the commit thread has
+//! commit thread's [`Disk::wait`]; every fdatasync (and directory fsync) is held until the
+//! driver completes it with [`StepControl::complete_sync`], oldest first; and the driver can wait until the commit thread has
 //! nothing left to do ([`StepControl::settle`]).
 //!
 //! With it, what the commit thread does follows from the order of the driver's calls and
@@ -113,7 +113,9 @@ impl StepControl {
 /// A disk whose fdatasyncs the driver completes. See the module docs.
 pub struct StepDisk<F> {
     queue: VecDeque<DiskOp<F>>,
-    syncs: VecDeque<(Arc<F>, u64)>,
+    /// Held syncs, oldest first: the file (or directory), the token, and whether it is a
+    /// directory's fsync.
+    syncs: VecDeque<(Arc<F>, u64, SyncKind)>,
     shared: Arc<Shared>,
 }
 
@@ -179,7 +181,7 @@ impl<F: StorageFile> Disk<F> for StepDisk<F> {
                         buf: Some(buf),
                     });
                     match then_fdatasync {
-                        Some(t) if ok => self.hold(file, t),
+                        Some(t) if ok => self.hold(file, t, SyncKind::Data),
                         Some(t) => out.push(DiskCompletion {
                             token: t,
                             result: Err(io::Error::from_raw_os_error(libc::ECANCELED)),
@@ -188,23 +190,27 @@ impl<F: StorageFile> Disk<F> for StepDisk<F> {
                         None => {}
                     }
                 }
-                DiskOp::Fdatasync { file, token } => self.hold(file, token),
+                DiskOp::Fdatasync { file, token } => self.hold(file, token, SyncKind::Data),
+                DiskOp::SyncDir { dir, token } => self.hold(dir, token, SyncKind::Dir),
             }
         }
         let mut st = self.shared.lock();
         loop {
             if st.released > 0 {
-                if let Some((file, token)) = self.syncs.pop_front() {
+                if let Some((file, token, kind)) = self.syncs.pop_front() {
                     st.released -= 1;
                     st.held -= 1;
                     // Busy until it waits again: `settle` must not return while this
                     // fdatasync runs and its completion is not yet handled.
                     st.idle = false;
                     drop(st);
-                    let result = file.sync_data().map(|()| 0);
+                    let result = match kind {
+                        SyncKind::Data => file.sync_data(),
+                        SyncKind::Dir => file.sync_all(),
+                    };
                     out.push(DiskCompletion {
                         token,
-                        result,
+                        result: result.map(|()| 0),
                         buf: None,
                     });
                     st = self.shared.lock();
@@ -240,9 +246,18 @@ impl<F: StorageFile> Disk<F> for StepDisk<F> {
     }
 }
 
+/// What a held sync is.
+#[derive(Clone, Copy, Debug)]
+enum SyncKind {
+    /// An fdatasync of a segment.
+    Data,
+    /// An fsync of the directory.
+    Dir,
+}
+
 impl<F> StepDisk<F> {
-    fn hold(&mut self, file: Arc<F>, token: u64) {
-        self.syncs.push_back((file, token));
+    fn hold(&mut self, file: Arc<F>, token: u64, kind: SyncKind) {
+        self.syncs.push_back((file, token, kind));
         self.shared.lock().held += 1;
     }
 }

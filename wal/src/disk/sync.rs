@@ -118,6 +118,14 @@ impl<F: StorageFile> Disk<F> for SyncDisk<F> {
                         buf: None,
                     });
                 }
+                DiskOp::SyncDir { dir, token } => {
+                    let result = dir.sync_all().map(|()| 0);
+                    out.push(DiskCompletion {
+                        token,
+                        result,
+                        buf: None,
+                    });
+                }
             }
         }
         if produced {

@@ -3,7 +3,8 @@
 //!
 //! Writes are `IORING_OP_WRITE` on the O_DIRECT segment fd from an [`AlignedBuf`]; an
 //! fdatasync is `IORING_OP_FSYNC` with `IORING_FSYNC_DATASYNC`, linked to its write
-//! (`IOSQE_IO_LINK`) when the commit thread asks for it. The ring also keeps one read of an
+//! (`IOSQE_IO_LINK`) when the commit thread asks for it; a directory fsync is
+//! `IORING_OP_FSYNC` on the directory's fd. The ring also keeps one read of an
 //! eventfd armed, so appenders on other threads can wake the commit thread while it waits
 //! for completions (see [`DiskWaker`]).
 //!
@@ -297,6 +298,21 @@ impl Disk for UringDisk {
                     Held {
                         buf: None,
                         _file: file,
+                    },
+                );
+                self.push_entry(entry);
+            }
+            DiskOp::SyncDir { dir, token } => {
+                assert!(token != WAKE_TOKEN, "reserved token");
+                // A full fsync of the directory's fd: its entries, not data.
+                let entry = opcode::Fsync::new(types::Fd(dir.as_raw_fd()))
+                    .build()
+                    .user_data(token);
+                self.held.insert(
+                    token,
+                    Held {
+                        buf: None,
+                        _file: dir,
                     },
                 );
                 self.push_entry(entry);

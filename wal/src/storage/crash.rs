@@ -9,8 +9,10 @@
 //!   size durable. At a crash each file keeps its durable contents and, of the sectors
 //!   written since its last sync, a random choice: in [`CrashMode::Subset`] any subset
 //!   (torn writes, later writes persisted before earlier ones), in [`CrashMode::Prefix`]
-//!   a prefix in write order (a device that persists writes in order). A sector is never
-//!   torn inside itself (the atomic unit of a disk).
+//!   what a device that persists writes in the order they came keeps: every sector written
+//!   before the last sync of *any* file (a sync is a cache flush, which persists all the
+//!   device received), then a prefix, in write order across all files, of the rest. A
+//!   sector is never torn inside itself (the atomic unit of a disk).
 //! - **Size.** A file whose size changed since its last sync (a write past its end,
 //!   `fallocate`, `set_len`, a truncating create) keeps its old or its new size at random:
 //!   the new size can persist without the data that filled it (zeros then), as on ext4.
@@ -57,7 +59,8 @@ pub enum CrashMode {
     /// Any subset: torn writes, and later writes persisted without earlier ones.
     #[default]
     Subset,
-    /// A prefix in write order: a device that persists writes in the order they came.
+    /// A device that persists writes in the order they came, across files: every write
+    /// before the last flush (any file's sync), then a prefix in write order of the rest.
     Prefix,
     /// Nothing un-synced: every un-synced sector write, size change and directory change is
     /// lost (a device that loses its whole write cache). Never tears a write.
@@ -123,8 +126,9 @@ struct Inode {
     data: Vec<u8>,
     /// What survives any crash.
     durable: Vec<u8>,
-    /// Sectors written since the last sync, in write order, with their contents then.
-    pending: Vec<(u64, Vec<u8>)>,
+    /// Sectors written since the last sync, in write order: the disk-wide write sequence
+    /// number, the sector, and its contents then.
+    pending: Vec<(u64, u64, Vec<u8>)>,
     /// Byte positions whose reads return a bit flipped: `(position, xor mask)`.
     flips: Vec<(u64, u8)>,
     /// Sectors whose reads fail with EIO until written again.
@@ -153,6 +157,11 @@ struct State {
     locks: BTreeSet<PathBuf>,
     /// Mutating operations done so far.
     ops: u64,
+    /// Sector writes so far, disk-wide: the next pending sector's sequence number.
+    sector_writes: u64,
+    /// `sector_writes` at the last successful sync of any file or directory: a device that
+    /// keeps write order persisted every sector numbered below it ([`CrashMode::Prefix`]).
+    flushed_below: u64,
     /// Mutating operations after which the machine is gone.
     ops_limit: Option<u64>,
     /// One line per mutating operation, for test output.
@@ -288,6 +297,8 @@ impl CrashDisk {
                 dirs,
                 locks: BTreeSet::new(),
                 ops: 0,
+                sector_writes: 0,
+                flushed_below: 0,
                 ops_limit: None,
                 trace: Vec::new(),
                 read_errors: false,
@@ -411,17 +422,28 @@ impl CrashDisk {
         let live: BTreeSet<u64> = entries.values().copied().collect();
         let mut inodes = std::mem::take(&mut st.inodes);
         inodes.retain(|ino, _| live.contains(ino));
+        // In write order across files: what a flush persisted, then a prefix of the rest.
+        let flushed_below = st.flushed_below;
+        let mut unflushed: Vec<u64> = inodes
+            .values()
+            .flat_map(|i| i.pending.iter().map(|p| p.0))
+            .filter(|&seq| seq >= flushed_below)
+            .collect();
+        unflushed.sort_unstable();
+        let kept = st.upto(unflushed.len() as u64);
+        let keep_below = usize::try_from(kept)
+            .ok()
+            .and_then(|k| unflushed.get(k).copied())
+            .unwrap_or(u64::MAX);
         for inode in inodes.values_mut() {
             let cur_len = inode.data.len();
             let dur_len = inode.durable.len();
             let mut img = std::mem::take(&mut inode.durable);
             let pending = std::mem::take(&mut inode.pending);
-            let n = pending.len() as u64;
-            let prefix = st.upto(n);
-            for (i, (sector, bytes)) in pending.into_iter().enumerate() {
+            for (seq, sector, bytes) in pending {
                 let keep = match mode {
                     CrashMode::Subset => st.coin(),
-                    CrashMode::Prefix => (i as u64) < prefix,
+                    CrashMode::Prefix => seq < flushed_below || seq < keep_below,
                     CrashMode::Durable => false,
                 };
                 if !keep {
@@ -550,10 +572,15 @@ impl CrashDisk {
 #[derive(Debug)]
 pub struct CrashFile {
     disk: CrashDisk,
+    /// [`DIR_INO`] for a directory handle ([`Storage::open_dir`]).
     ino: u64,
     generation: u64,
     name: PathBuf,
 }
+
+/// The inode number of every directory handle: no [`Inode`] has it, so data operations on
+/// such a handle fail, and its `fsync` is the directory's.
+const DIR_INO: u64 = u64::MAX;
 
 impl CrashFile {
     fn state(&self) -> io::Result<MutexGuard<'_, State>> {
@@ -582,6 +609,12 @@ impl CrashFile {
     }
 
     fn sync(&self, what: &str) -> io::Result<()> {
+        if self.ino == DIR_INO {
+            if self.state()?.is_dead() {
+                return Err(dead());
+            }
+            return self.disk.sync_dir(&self.name);
+        }
         let mut st = self.state()?;
         st.begin(&self.disk.held_cv, || {
             format!("{what} {}", self.name.display())
@@ -589,9 +622,11 @@ impl CrashFile {
         if let Some(errno) = st.sync_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
+        let flushed_below = st.sector_writes;
         let inode = st.inode(self.ino)?;
         inode.durable = inode.data.clone();
         inode.pending.clear();
+        st.flushed_below = flushed_below;
         Ok(())
     }
 }
@@ -639,18 +674,20 @@ impl StorageFile for CrashFile {
         if let Some(errno) = st.write_error {
             return Err(io::Error::from_raw_os_error(errno));
         }
+        let first_seq = st.sector_writes;
+        st.sector_writes += sectors(position, buf.len() as u64).count() as u64;
         let inode = st.inode(self.ino)?;
         let at = to_usize(position)?;
         if inode.data.len() < at + buf.len() {
             inode.data.resize(at + buf.len(), 0);
         }
         inode.data[at..at + buf.len()].copy_from_slice(buf);
-        for s in sectors(position, buf.len() as u64) {
+        for (seq, s) in (first_seq..).zip(sectors(position, buf.len() as u64)) {
             inode.bad_sectors.remove(&s);
             let from = to_usize(s * SECTOR_BYTES)?;
             let to = (from + SECTOR_BYTES as usize).min(inode.data.len());
             let snapshot = inode.data[from..to].to_vec();
-            inode.pending.push((s, snapshot));
+            inode.pending.push((seq, s, snapshot));
         }
         Ok(buf.len())
     }
@@ -823,6 +860,22 @@ impl Storage for CrashDisk {
         Ok(())
     }
 
+    fn open_dir(&self, dir: &Path) -> io::Result<CrashFile> {
+        let st = self.st();
+        if st.is_dead() {
+            return Err(dead());
+        }
+        if !st.dirs.contains(dir) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        Ok(CrashFile {
+            disk: self.clone(),
+            ino: DIR_INO,
+            generation: st.generation,
+            name: dir.to_path_buf(),
+        })
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.st();
         if !st.dirs.contains(dir) {
@@ -836,6 +889,8 @@ impl Storage for CrashDisk {
         for c in &changes {
             apply(&mut st.durable_entries, c);
         }
+        // A journal commit flushes the device's cache as a file's sync does.
+        st.flushed_below = st.sector_writes;
         Ok(())
     }
 

@@ -186,6 +186,10 @@ impl Storage for OsStorage {
         fs::create_dir_all(dir)
     }
 
+    fn open_dir(&self, dir: &Path) -> io::Result<File> {
+        File::open(dir)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
