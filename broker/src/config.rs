@@ -15,7 +15,7 @@
 //! metrics_listen = "127.0.0.1:9201"
 //! log_format = "json"             # or "pretty"
 //! heartbeat = "100ms"
-//! election_timeout = "1s"
+//! election_timeout = "500ms"
 //! produce_timeout = "10s"
 //! retention_bytes = "10GiB"       # keep at least the newest 10 GiB of payload; default: no limit
 //! retention_age = "168h"          # keep events stabilized less than 7 days ago; default: no limit
@@ -51,7 +51,7 @@ use crate::retention::RetentionPolicy;
 /// Default `heartbeat`, in milliseconds.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
 /// Default `election_timeout`, in milliseconds (the shortest silence before a takeover).
-pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 1000;
+pub const ELECTION_TIMEOUT_MS_DEFAULT: u64 = 500;
 /// Default `produce_timeout`, in milliseconds: a produce not stabilized by then fails (`NoQuorum`).
 pub const PRODUCE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest `produce_timeout` accepted, in milliseconds.
@@ -634,7 +634,7 @@ mod tests {
             r.source("partial_frame_timeout"),
             &Source::File(path.clone())
         );
-        assert_eq!(c.election_timeout, Duration::from_secs(1));
+        assert_eq!(c.election_timeout, Duration::from_millis(500));
         assert_eq!(r.source("election_timeout"), &Source::Default);
         let (_dir, bad) = file("idd = 1\n");
         let err = config(&args_with(Some(&bad), &[]), &[])

@@ -23,7 +23,8 @@
 //!
 //! Election timer: the driver feeds [`FollowerInput::Tick`] with the time it read; the core
 //! never reads a clock. Each time a valid append arrives the deadline is re-armed to
-//! `now + election_timeout_ms_min + rank * rank_step_ms + jitter`, `jitter` drawn from a
+//! `now + election_timeout_ms_min + rank * rank_step_ms + jitter`, the rank counted among
+//! the brokers other than the followed master ([`ElectionConfig::rank_without`]), `jitter` drawn from a
 //! generator seeded by the driver (so a simulation run replays exactly). When a tick finds
 //! the deadline passed, the core emits [`FollowerCommand::StartTakeover`] and re-arms.
 
@@ -34,12 +35,12 @@ use super::log::Log;
 use super::takeover::LocalLog;
 use super::{AppendId, ConfigError, RejectReason};
 
-/// Default [`ElectionConfig::election_timeout_ms_min`].
-pub const ELECTION_TIMEOUT_MS_MIN_DEFAULT: u64 = 1000;
+/// Default [`ElectionConfig::election_timeout_ms_min`] (five default heartbeats).
+pub const ELECTION_TIMEOUT_MS_MIN_DEFAULT: u64 = 500;
 /// Default [`ElectionConfig::election_timeout_ms_jitter`].
-pub const ELECTION_TIMEOUT_MS_JITTER_DEFAULT: u64 = 500;
+pub const ELECTION_TIMEOUT_MS_JITTER_DEFAULT: u64 = 250;
 /// Default [`ElectionConfig::rank_step_ms`].
-pub const RANK_STEP_MS_DEFAULT: u64 = 250;
+pub const RANK_STEP_MS_DEFAULT: u64 = 125;
 /// Default [`FollowerConfig::retained_bytes_max`]: 64 MiB.
 pub const FOLLOWER_RETAINED_BYTES_MAX_DEFAULT: u64 = 64 << 20;
 
@@ -53,21 +54,36 @@ pub struct ElectionConfig {
     pub election_timeout_ms_jitter: u64,
     /// This broker's rank among the cluster's brokers ordered by id (0 = lowest id; see
     /// [`ElectionConfig::rank_of`]): lower ranks time out first, so takeovers rarely collide.
+    /// The timer counts it without the followed master: when the master's id is below
+    /// [`ElectionConfig::me`], one rank less, so the lowest surviving broker always waits
+    /// no rank step.
     pub rank: u32,
+    /// This broker's id.
+    pub me: BrokerId,
     /// Extra delay per rank.
     pub rank_step_ms: u64,
 }
 
 impl ElectionConfig {
-    /// Default timings for the broker of rank `rank`.
+    /// Default timings for broker `me` among `brokers`.
     #[must_use]
-    pub fn with_rank(rank: u32) -> ElectionConfig {
+    pub fn with_rank(brokers: &[BrokerId], me: BrokerId) -> ElectionConfig {
         ElectionConfig {
             election_timeout_ms_min: ELECTION_TIMEOUT_MS_MIN_DEFAULT,
             election_timeout_ms_jitter: ELECTION_TIMEOUT_MS_JITTER_DEFAULT,
-            rank,
+            rank: ElectionConfig::rank_of(brokers, me),
+            me,
             rank_step_ms: RANK_STEP_MS_DEFAULT,
         }
+    }
+
+    /// The rank the timer uses while following the master of `master`: [`Self::rank`],
+    /// less one when that master's broker has a lower id than this one (it is not a
+    /// candidate). No master followed yet ([`Epoch::ZERO`]): the rank itself.
+    #[must_use]
+    pub fn rank_without(&self, master: Epoch) -> u32 {
+        let below = master != Epoch::ZERO && master.broker() < self.me;
+        self.rank.saturating_sub(u32::from(below))
     }
 
     /// The rank of `me` among `brokers`: how many of them have a lower id.
@@ -324,9 +340,10 @@ impl FollowerCore {
             0 => 0,
             j => self.rng.next() % (j + 1),
         };
+        let rank = e.rank_without(self.master_epoch);
         let timeout = e
             .election_timeout_ms_min
-            .saturating_add(u64::from(e.rank).saturating_mul(e.rank_step_ms))
+            .saturating_add(u64::from(rank).saturating_mul(e.rank_step_ms))
             .saturating_add(jitter);
         self.deadline_ms = self.now_ms.saturating_add(timeout);
     }

@@ -1297,6 +1297,7 @@ impl Engine {
                 election_timeout_ms_min: min,
                 election_timeout_ms_jitter: min / 2,
                 rank: ElectionConfig::rank_of(&self.cfg.brokers, self.cfg.me),
+                me: self.cfg.me,
                 rank_step_ms: min / 4,
             },
             retained_bytes_max: self.cfg.follower_retained_bytes_max,
