@@ -14,6 +14,12 @@
 /// starts adapting is 128 KiB).
 pub const MMAP_THRESHOLD_BYTES: usize = 256 * 1024;
 
+/// Free bytes at the top of a malloc heap kept mapped rather than given back (glibc's
+/// `M_TRIM_THRESHOLD`; pinning the mmap threshold also pins this one, at 128 KiB). At that
+/// default, frames of 64–256 KiB freed at the top of the heap were given back and their
+/// pages faulted in again by the next frame: most of a store's page faults under load.
+pub const HEAP_TOP_KEPT_BYTES: usize = 8 << 20;
+
 /// Pins malloc's mmap threshold at [`MMAP_THRESHOLD_BYTES`] (glibc only; elsewhere it does
 /// nothing). Call once at start, before the server allocates buffers. Returns whether the
 /// setting took.
@@ -22,9 +28,15 @@ pub fn return_large_buffers_to_the_os() -> bool {
     {
         let bytes = libc::c_int::try_from(MMAP_THRESHOLD_BYTES)
             .expect("invariant: the threshold fits a C int");
+        let trim = libc::c_int::try_from(HEAP_TOP_KEPT_BYTES)
+            .expect("invariant: the trim threshold fits a C int");
         // SAFETY: mallopt only changes malloc's tuning parameters; M_MMAP_THRESHOLD with a
-        // value below HEAP_MAX/2 (32 MiB) is valid at any time, also with threads running.
-        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 }
+        // value below HEAP_MAX/2 (32 MiB) and M_TRIM_THRESHOLD with any value are valid at
+        // any time, also with threads running.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, trim) == 1
+        }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {

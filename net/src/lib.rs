@@ -28,7 +28,9 @@
 //!   `--version` and `quire_build_info`; [`StandardMetrics`]: that metric and the standard
 //!   process metrics read from `/proc/self` ([`ProcessCollector`]).
 //! - [`return_large_buffers_to_the_os`]: the allocator setting that keeps resident memory
-//!   following the read budget (large buffers mapped on their own, unmapped when freed).
+//!   following the read budget (large buffers mapped on their own, unmapped when freed),
+//!   and [`FramePool`], which keeps up to [`POOLED_BYTES_MAX`] of them mapped for later
+//!   frames so a busy connection does not fault in fresh pages per frame.
 //!
 //! What it does not own: wire bytes (`quire-proto`, a pure codec), what a server does with
 //! a frame, who answers it and through which queue (each server's), and which metrics it
@@ -40,13 +42,14 @@ pub mod build_info;
 mod connections;
 pub mod layers;
 mod metrics_http;
+mod pool;
 mod process;
 mod reader;
 mod settings;
 pub mod units;
 mod writer;
 
-pub use alloc::{return_large_buffers_to_the_os, MMAP_THRESHOLD_BYTES};
+pub use alloc::{return_large_buffers_to_the_os, HEAP_TOP_KEPT_BYTES, MMAP_THRESHOLD_BYTES};
 pub use budget::{BudgetMetrics, ReadBudget};
 pub use connections::{
     fit_open_files_limit, is_peer_frame, peer_reserve_error, plan_open_files, refusal_error,
@@ -59,6 +62,7 @@ pub use metrics_http::{
     serve_metrics, MetricsText, Readiness, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX,
     HTTP_TIMEOUT, READY_REASON_BYTES_MAX,
 };
+pub use pool::{FramePool, POOLED_BUFFER_BYTES_MAX, POOLED_BYTES_MAX};
 pub use process::{
     open_fds, parse_boot_time_seconds, parse_max_open_files, parse_stat, ProcError, ProcStat,
     ProcessCollector, StandardMetrics,

@@ -17,6 +17,11 @@
 //!   the next frame's header, so a frame takes one read when it is all there. Kafka's
 //!   broker reads requests the same way (`NetworkReceive`: size first, then a buffer of
 //!   that size).
+//! - **Large buffers are reused.** A frame body of at least
+//!   [`crate::MMAP_THRESHOLD_BYTES`] goes back to the process's [`FramePool`] once the last
+//!   slice of it is dropped, and a later large frame whose whole body fits it is read into
+//!   it, on pages already mapped (a fresh mapping costs a page fault and a zeroed page per
+//!   4 KiB).
 //! - **No allocation from a length prefix.** The room of one read is at most
 //!   [`READ_ROOM_BYTES_MAX`]; a frame's buffer starts at the announced body, at most
 //!   [`FRAME_BUFFER_FIRST_BYTES_MAX`] (a block that big is mapped on its own, see
@@ -53,6 +58,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::Instant;
 
 use crate::budget::{Charge, ReadBudget};
+use crate::pool::FramePool;
 use crate::settings::ReadSettings;
 
 /// Smallest room a read waits for in the budget, in bytes (less when the frame needs less):
@@ -253,8 +259,15 @@ impl FrameReader {
                 let header = FrameHeader::decode(&self.head)?;
                 self.head_len = 0;
                 self.header = Some(header);
+                let whole = header.body_bytes() + HEADER_BYTES;
                 let first = header.body_bytes().min(FRAME_BUFFER_FIRST_BYTES_MAX);
-                if first > 0 {
+                if whole >= crate::MMAP_THRESHOLD_BYTES {
+                    // A large frame: a buffer an earlier one gave back, if one fits it
+                    // whole (its pages are mapped already); else a fresh one, as below.
+                    self.body = FramePool::global()
+                        .take(whole)
+                        .unwrap_or_else(|| Vec::with_capacity(first + HEADER_BYTES));
+                } else if first > 0 {
                     self.body = Vec::with_capacity(first + HEADER_BYTES);
                 }
                 header
@@ -269,7 +282,15 @@ impl FrameReader {
         self.head[..ahead].copy_from_slice(&self.body[body_bytes..]);
         self.head_len = ahead;
         self.body.truncate(body_bytes);
-        let body = Bytes::from(std::mem::take(&mut self.body));
+        let body = std::mem::take(&mut self.body);
+        let body = if (crate::MMAP_THRESHOLD_BYTES..=crate::POOLED_BUFFER_BYTES_MAX)
+            .contains(&body.capacity())
+        {
+            // Back to the pool once the last slice of the frame is dropped.
+            FramePool::global().freeze(body)
+        } else {
+            Bytes::from(body)
+        };
         self.header = None;
         let frame_bytes = header.frame_bytes as usize;
         // The frame (good or bad) left the reader: its budget goes back, and the next
