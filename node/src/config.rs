@@ -145,6 +145,8 @@ pub struct WalSettings {
     /// Whether a fresh log ends its first segment at a random point
     /// ([`WalConfig::stagger_rolls`]), so that a cluster's stores do not roll together.
     pub stagger_rolls: bool,
+    /// How a fresh spare segment is prepared ([`quire_wal::SpareFill`]).
+    pub spare_fill: quire_wal::SpareFill,
 }
 
 impl Default for WalSettings {
@@ -158,6 +160,7 @@ impl Default for WalSettings {
             io: IoSetting::Auto,
             // Unlike the WAL's own default: a store is one of a cluster's.
             stagger_rolls: true,
+            spare_fill: d.spare_fill,
         }
     }
 }
@@ -275,6 +278,10 @@ impl NodeConfig {
                 _ => IoSetting::Auto,
             },
             stagger_rolls: r.text("stagger_rolls") != Some("off"),
+            spare_fill: match r.text("spare_fill") {
+                Some("allocate") => quire_wal::SpareFill::Allocate,
+                _ => quire_wal::SpareFill::Zeros,
+            },
         };
         let socket = SocketSettings {
             send_buffer_bytes: r.usize("send_buffer_bytes")?,
@@ -376,6 +383,7 @@ impl NodeConfig {
                 IoSetting::Sync => IoBackend::Sync,
             },
             stagger_rolls: self.wal.stagger_rolls,
+            spare_fill: self.wal.spare_fill,
         }
     }
 }
@@ -524,6 +532,19 @@ pub fn schema() -> Schema {
         .in_table("wal")
         .default_value(Value::Text(
             if wal.stagger_rolls { "on" } else { "off" }.to_owned(),
+        )),
+        Setting::new(
+            "spare_fill",
+            Kind::Choice(&["zeros", "allocate"]),
+            "How a new WAL segment is prepared before it takes appends: fallocate and zeros, or fallocate only",
+        )
+        .in_table("wal")
+        .default_value(Value::Text(
+            match wal.spare_fill {
+                quire_wal::SpareFill::Zeros => "zeros",
+                quire_wal::SpareFill::Allocate => "allocate",
+            }
+            .to_owned(),
         )),
         Setting::new(
             "send_buffer_bytes",

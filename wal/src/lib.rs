@@ -57,6 +57,7 @@ pub use recovery::{inspect, repair_torn_tail, BeforeCut, RecoveryReport, RepairR
 pub use scan::{
     BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
 };
+pub use segment::SpareFill;
 pub use stats::{StageSums, WalStats, FSYNC_US_BUCKETS};
 pub use storage::{CrashDisk, OsStorage, Storage, StorageFile};
 pub use wal::{IoBackend, TrimReport, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};

@@ -21,7 +21,7 @@ use crate::format::{
     self, align_down, align_up, record_bytes, SegmentTag, HEADER_BYTES, PAYLOAD_BYTES_MAX,
 };
 use crate::recovery::{self, RecoveryReport};
-use crate::segment::{DirLock, Preallocator, Recycler};
+use crate::segment::{DirLock, Preallocator, Recycler, SpareFill};
 use crate::stats::{Counters, WalStats};
 use crate::storage::{OsStorage, Storage, StorageFile};
 use crate::Mutations;
@@ -70,6 +70,8 @@ pub struct WalConfig {
     /// delays at most one store of a quorum. The point comes from
     /// [`crate::Storage::random_u64`]. Default `false`; quire-node turns it on.
     pub stagger_rolls: bool,
+    /// How a fresh spare segment is prepared. Default [`SpareFill::Zeros`].
+    pub spare_fill: SpareFill,
 }
 
 impl WalConfig {
@@ -93,6 +95,7 @@ impl Default for WalConfig {
             queue_bytes_max: 256 << 20,
             io: IoBackend::Auto,
             stagger_rolls: false,
+            spare_fill: SpareFill::Zeros,
         }
     }
 }
@@ -255,6 +258,7 @@ impl<S: Storage> Wal<S> {
             usize::try_from(align).expect("invariant: alignment fits usize"),
         )?;
         prealloc.set_mutations(mutations);
+        prealloc.set_spare_fill(config.spare_fill);
         let shared = Arc::new(Shared {
             storage,
             mutations,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::node::NodeBenchConfig;
-use super::wal::{WalBenchConfig, WalIo};
+use super::wal::{WalBenchConfig, WalIo, WalSpareFill};
 use crate::cli::FormatArgs;
 use crate::output::OutputFormat;
 use crate::units::{parse_duration, parse_size};
@@ -73,6 +73,12 @@ pub struct WalBenchArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     pub retain: Option<u64>,
 
+    /// How the WAL prepares a fresh spare segment: zeros written over a fallocated file
+    /// (what a store does), or the fallocate alone (appends then write into unwritten
+    /// extents). For comparing the two ways to grow a log on a file system.
+    #[arg(long, value_enum, default_value_t = WalSpareFill::Zeros)]
+    pub spare_fill: WalSpareFill,
+
     /// With --vs-disk: how many WAL + disk rounds (the report gives the median ratio).
     #[arg(long, value_name = "N", default_value_t = 3, requires = "vs_disk")]
     pub rounds: u32,
@@ -101,6 +107,7 @@ impl WalBenchArgs {
             batch_window_us: self.batch_window_us,
             vs_disk: self.vs_disk.then_some(self.rounds),
             retain_bytes: self.retain,
+            spare_fill: self.spare_fill,
         }
     }
 }

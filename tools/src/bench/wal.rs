@@ -160,6 +160,16 @@ impl WalIo {
     }
 }
 
+/// How the WAL prepares a fresh spare segment (`--spare-fill`; [`quire_wal::SpareFill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum WalSpareFill {
+    /// `fallocate`, then zeros over the whole file (what quire-node does).
+    #[default]
+    Zeros,
+    /// `fallocate` only: appends write into unwritten extents.
+    Allocate,
+}
+
 /// What to run. Built from the command line, or directly by tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalBenchConfig {
@@ -187,6 +197,8 @@ pub struct WalBenchConfig {
     /// Retention: keep about this many bytes of log, trimming below it every
     /// [`TRIM_EVERY`] (see the module docs); `None`: the log only grows.
     pub retain_bytes: Option<u64>,
+    /// How fresh spare segments are prepared.
+    pub spare_fill: WalSpareFill,
 }
 
 impl Default for WalBenchConfig {
@@ -204,6 +216,7 @@ impl Default for WalBenchConfig {
             batch_window_us: wal.batch_window_us,
             vs_disk: None,
             retain_bytes: None,
+            spare_fill: WalSpareFill::Zeros,
         }
     }
 }
@@ -852,6 +865,10 @@ fn measure(
         batch_bytes_max: config.batch_bytes_max,
         batch_window_us: config.batch_window_us,
         io: config.io.backend(),
+        spare_fill: match config.spare_fill {
+            WalSpareFill::Zeros => quire_wal::SpareFill::Zeros,
+            WalSpareFill::Allocate => quire_wal::SpareFill::Allocate,
+        },
         ..WalConfig::default()
     };
     let (wal, _) = Wal::open(wal_config).map_err(|e| match e {
