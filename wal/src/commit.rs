@@ -791,8 +791,14 @@ impl<S: Storage> Committer<S> {
                 .collect()
         };
         if let Some(&(first, _)) = doomed.first() {
+            // Every renamed segment keeps a batch in the pipeline until its directory
+            // fsync completes, so an empty pipeline also means no name is pending (segment
+            // ids are reused after a deletion: a stale one must not be in `unnamed`).
             assert!(
-                self.pipeline.is_empty() && self.fsyncs.is_empty(),
+                self.pipeline.is_empty()
+                    && self.fsyncs.is_empty()
+                    && self.unnamed.is_empty()
+                    && self.dir_sync.is_none(),
                 "segments deleted with batches in flight"
             );
             // The durable view loses these segments' entries now, before the files go.
