@@ -75,7 +75,9 @@ pub(crate) fn open_for_read<S: Storage>(
 }
 
 /// Called by recovery with the torn tail it is about to cut, before anything on disk
-/// changes; an error stops the open with nothing cut. A store uses it to record durably
+/// changes; an error stops the open with nothing cut. Not called for a
+/// [`BadRecord::SegmentGap`]: that cut only deletes segments holding no valid record and
+/// leaves every record in place, as a log whose unsynced tail was lost whole ends cleanly. A store uses it to record durably
 /// that it cut a tail (quire-node's tail-cut mark), so that a crash right after the cut
 /// cannot make it forget.
 pub type BeforeCut<'a> = &'a mut dyn FnMut(&TornTail) -> Result<(), WalError>;
@@ -141,7 +143,9 @@ pub(crate) fn recover<S: Storage>(
     };
     let mut deleted_from = None;
     if let Some(t) = &torn {
-        before_cut(t)?;
+        if !matches!(t.problem, BadRecord::SegmentGap { .. }) {
+            before_cut(t)?;
+        }
         let deleted = if matches!(t.problem, BadRecord::FileCut { .. }) {
             // Nothing to overwrite: the bytes are gone. The hook marked the store (its log
             // may lack records it acked); the tail is zero-extended below.
@@ -282,7 +286,9 @@ fn cut<S: Storage>(storage: &S, dir: &Path, t: &TornTail) -> Result<usize, WalEr
             .map_err(|e| WalError::io("remove", p, e))?;
         deleted += 1;
     }
-    if t.position == Position(0) {
+    if matches!(t.problem, BadRecord::SegmentGap { .. }) {
+        // The segment the log ends in is whole: only the empty ones after it go.
+    } else if t.position == Position(0) {
         storage
             .remove_file(&t.segment)
             .map_err(|e| WalError::io("remove", &t.segment, e))?;

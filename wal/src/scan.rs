@@ -5,8 +5,10 @@
 //!
 //! - Segments are read in base-offset order. The first segment's base is where the log
 //!   starts. A later segment's base must not exceed the next expected offset (else a
-//!   segment is missing); a base below it means the segment was started by a truncation,
-//!   and its first record must be an accepted truncation marker at exactly its base.
+//!   segment is missing: corruption, unless neither it nor any later segment holds a valid
+//!   record, which ends the log as a torn tail does, [`BadRecord::SegmentGap`]); a base
+//!   below it means the segment was started by a truncation, and its first record must be
+//!   an accepted truncation marker at exactly its base.
 //! - A segment that starts with a [`SegmentHeader`] is version 2: its records start after
 //!   the header and must carry its [`SegmentTag`]. Any other segment is version 1.
 //! - Bytes that are not a record of this segment's life are skipped to the next multiple of
@@ -93,6 +95,16 @@ pub enum BadRecord {
         /// The file's length, in bytes.
         file_bytes: u64,
     },
+    /// The log ends before the next segment's base, and that segment and every later one
+    /// hold no valid record: a segment a roll named (the rename made durable by a later
+    /// directory fsync) whose records, and the last ones of the segment before it, never
+    /// became durable. Nothing to overwrite and no record removed: the empty segments are
+    /// deleted, and the open's pre-cut hook is not called (no tail-cut mark: the log ends
+    /// as cleanly as one whose unsynced tail was lost whole).
+    SegmentGap {
+        /// The base offset of the next segment.
+        next_base: Offset,
+    },
 }
 
 impl std::fmt::Display for BadRecord {
@@ -114,6 +126,11 @@ impl std::fmt::Display for BadRecord {
             BadRecord::SegmentStart => write!(
                 f,
                 "segment does not start with the marker its name requires"
+            ),
+            BadRecord::SegmentGap { next_base } => write!(
+                f,
+                "the log ends before the next segment's base {next_base}, and no later segment \
+                 holds a valid record"
             ),
         }
     }
@@ -497,13 +514,42 @@ pub fn scan_segments_in<S: Storage>(
         let io_err = |e: io::Error| WalError::io("read", &seg.path, e);
         let expected_at_start = epochs.next();
         if seg.base > expected_at_start {
-            end = ScanEnd::Corruption(WalError::Corruption {
-                segment: seg.path.clone(),
-                position: Position(0),
-                offset: expected_at_start,
-                problem: CorruptionKind::MissingSegment,
-            });
-            reports.push(report);
+            let (valid_after, empty) = holds_valid(storage, &segments[si..], expected_at_start)?;
+            end = match reports.last() {
+                // Nothing readable from here on: the log ends where the last segment's
+                // records end, as at a torn tail (rule 4 of the module docs).
+                Some(prev) if !valid_after => {
+                    let prev: &SegmentReport = prev;
+                    ScanEnd::TornTail(TornTail {
+                        segment_index: si - 1,
+                        segment: prev.path.clone(),
+                        position: prev.end,
+                        offset: expected_at_start,
+                        bytes: 0,
+                        problem: BadRecord::SegmentGap {
+                            next_base: seg.base,
+                        },
+                        empty_segments_after: empty,
+                    })
+                }
+                _ => ScanEnd::Corruption(WalError::Corruption {
+                    segment: seg.path.clone(),
+                    position: Position(0),
+                    offset: expected_at_start,
+                    problem: CorruptionKind::MissingSegment,
+                }),
+            };
+            for later in &segments[si..] {
+                reports.push(SegmentReport {
+                    base: later.base,
+                    path: later.path.clone(),
+                    file_bytes: storage.file_len(&later.path).unwrap_or(0),
+                    tag: SegmentTag::V1,
+                    entries: 0,
+                    markers: 0,
+                    end: Position(0),
+                });
+            }
             break 'segments;
         }
         if let Some(problem) = reader.header_problem {
@@ -619,27 +665,15 @@ pub fn scan_segments_in<S: Storage>(
                 status: RecordStatus::Bad(problem),
                 payload,
             });
-            let (mut valid_after, nonzero_end) = reader
+            let (valid_here, nonzero_end) = reader
                 .look_past(bad_pos, len_hint, epochs.next())
                 .map_err(io_err)?;
-            let mut empty_after = Vec::new();
-            for later in &segments[si + 1..] {
-                let mut r = SegmentReader::open(storage, &later.path)?;
-                // A damaged header hides the segment's records: count it as holding some.
-                let start = r.data_start;
-                let v = r.header_problem.is_some()
-                    || r.look_past(start, None, epochs.next())
-                        .map_err(|e| WalError::io("read", &later.path, e))?
-                        .0
-                    || (start < r.len
-                        && r.valid_record_at(start)
-                            .map_err(|e| WalError::io("read", &later.path, e))?);
-                if v {
-                    valid_after = true;
-                    break;
-                }
-                empty_after.push(later.path.clone());
-            }
+            let (valid_later, mut empty_after) = if valid_here {
+                (true, Vec::new())
+            } else {
+                holds_valid(storage, &segments[si + 1..], epochs.next())?
+            };
+            let mut valid_after = valid_here || valid_later;
             let offset = epochs.next();
             if mutations.mid_log_bad_record_is_torn_tail {
                 // Planted bug (tests only): whatever follows, call it a torn tail (and
@@ -700,6 +734,30 @@ pub fn scan_segments_in<S: Storage>(
         epochs,
         end,
     })
+}
+
+/// Whether any of `segments` holds a valid record (one whose checksum holds, at any
+/// granule; a damaged header counts as hiding some), and if none does, their paths (to be
+/// deleted with a cut).
+fn holds_valid<S: Storage>(
+    storage: &S,
+    segments: &[SegmentPath],
+    next: Offset,
+) -> Result<(bool, Vec<PathBuf>), WalError> {
+    let mut empty = Vec::new();
+    for later in segments {
+        let mut r = SegmentReader::open(storage, &later.path)?;
+        let start = r.data_start;
+        let io_err = |e: io::Error| WalError::io("read", &later.path, e);
+        let v = r.header_problem.is_some()
+            || r.look_past(start, None, next).map_err(io_err)?.0
+            || (start < r.len && r.valid_record_at(start).map_err(io_err)?);
+        if v {
+            return Ok((true, Vec::new()));
+        }
+        empty.push(later.path.clone());
+    }
+    Ok((false, empty))
 }
 
 /// The marker rule of the module docs.

@@ -149,3 +149,80 @@ fn staggered_logs_roll_their_first_segment_at_different_points() {
     distinct.dedup();
     assert!(distinct.len() >= 3, "{points:?}");
 }
+
+/// The story of a finding (quire-sim liveness seed 2324): a roll renamed the spare and
+/// wrote the new segment; then the fdatasyncs of both segments and the directory fsync
+/// failed with EIO (the log failed), a later directory fsync for another file (the store's
+/// promised epoch) made the rename durable, and the machine lost power keeping nothing
+/// un-synced. The new segment's name survived without any of its records, and without the
+/// old segment's last batch: its base lay past the log's end, and the open refused it as a
+/// missing segment (corruption), so the store never started again. Nothing in it or after
+/// it was ever acknowledged, and no record is removed: the log now ends there, the empty
+/// segment is deleted, and the store is not marked (as when an unsynced tail is lost whole).
+#[test]
+fn a_named_segment_past_the_durable_end_ends_the_log_without_a_mark() {
+    let disk = CrashDisk::new(11);
+    let (wal, step) = open(&disk, false);
+    for o in 0..14 {
+        let a = wal.append(Epoch(1), vec![record(o)]);
+        step.settle();
+        step.complete_all_syncs();
+        step.settle();
+        a.wait().unwrap();
+    }
+    let last_old = wal.append(Epoch(1), vec![record(14)]);
+    step.settle();
+    let first_new = wal.append(Epoch(1), vec![record(15)]);
+    step.settle();
+    assert_eq!(step.held_syncs(), 3);
+    disk.fail_syncs(Some(libc::EIO));
+    step.complete_all_syncs();
+    step.settle();
+    disk.fail_syncs(None);
+    assert!(last_old.wait().is_err() && first_new.wait().is_err());
+    // Another file's directory fsync makes the roll's rename durable.
+    let other = Path::new(DIR).join("promised_epoch");
+    drop(
+        disk.open(&other, quire_wal::storage::OpenMode::Create)
+            .unwrap(),
+    );
+    disk.sync_dir(Path::new(DIR)).unwrap();
+    drop(wal);
+    disk.set_mode(quire_wal::storage::CrashMode::Durable);
+    disk.crash();
+    assert!(disk.exists(&Path::new(DIR).join("00000000000000000015.log")));
+
+    let mut cuts: Vec<Offset> = Vec::new();
+    let (wal, report) = Wal::open_in(
+        disk.clone(),
+        WalConfig {
+            segment_bytes_max: SEGMENT_BYTES_MIN,
+            batch_window_us: 0,
+            ..WalConfig::new(DIR)
+        },
+        None,
+        &mut |t| {
+            cuts.push(t.offset);
+            Ok(())
+        },
+        Mutations::default(),
+    )
+    .expect("the open ends the log there instead of refusing");
+    // No record was removed: the pre-cut hook (quire-node's tail-cut mark) is not called.
+    assert_eq!(cuts, []);
+    let torn = report.torn_tail.clone().expect("reported");
+    assert_eq!(
+        (torn.offset, torn.problem),
+        (
+            Offset(14),
+            quire_wal::BadRecord::SegmentGap {
+                next_base: Offset(15)
+            }
+        )
+    );
+    assert_eq!(report.last.map(|l| l.offset), Some(Offset(13)));
+    assert!(!disk.exists(&Path::new(DIR).join("00000000000000000015.log")));
+    // The log takes appends from there on.
+    wal.append(Epoch(1), vec![record(14)]).wait().unwrap();
+    wal.close().unwrap();
+}
