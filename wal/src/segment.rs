@@ -344,12 +344,20 @@ pub struct Preallocator<S: Storage = OsStorage> {
 }
 
 impl Preallocator {
-    /// [`Preallocator::start_in`] on the real file system.
+    /// [`Preallocator::start_in`] on the real file system, zero-filling fresh spares and
+    /// with no planted bugs.
     ///
     /// # Errors
     /// As [`Preallocator::start_in`].
     pub fn start(dir: &Path, segment_bytes: u64, align: usize) -> Result<Preallocator, WalError> {
-        Preallocator::start_in(OsStorage, dir, segment_bytes, align)
+        Preallocator::start_in(
+            OsStorage,
+            dir,
+            segment_bytes,
+            align,
+            SpareFill::Zeros,
+            crate::Mutations::default(),
+        )
     }
 }
 
@@ -358,7 +366,9 @@ impl<S: Storage> Preallocator<S> {
     /// `segment_bytes` bytes (a multiple of `align`). A complete spare left by an earlier
     /// run is reused with a new header (a new tag: records a crash left in it never count),
     /// as is a file waiting for reuse; a partial spare is deleted, and so is a complete one
-    /// when a file already waits for reuse.
+    /// when a file already waits for reuse. `fill` says how fresh spares are prepared and
+    /// `mutations` which planted bugs concerning spares are on (tests only); both hold from
+    /// the first spare on.
     ///
     /// # Errors
     /// If the leftover files cannot be inspected or removed, or the thread cannot start.
@@ -367,6 +377,8 @@ impl<S: Storage> Preallocator<S> {
         dir: &Path,
         segment_bytes: u64,
         align: usize,
+        fill: SpareFill,
+        mutations: crate::Mutations,
     ) -> Result<Preallocator<S>, WalError> {
         let tmp = dir.join(SPARE_TMP_NAME);
         match storage.remove_file(&tmp) {
@@ -422,8 +434,8 @@ impl<S: Storage> Preallocator<S> {
             recycle_offered: AtomicBool::new(recycle_ready),
             zeroed_bytes: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
-            reuse_keeps_tag: AtomicBool::new(false),
-            allocate_only: AtomicBool::new(false),
+            reuse_keeps_tag: AtomicBool::new(mutations.reuse_keeps_tag),
+            allocate_only: AtomicBool::new(fill == SpareFill::Allocate),
         });
         if !shared.storage.background_work() {
             // Inline: the spare is prepared by the roll that needs it (see `take`).
@@ -441,22 +453,6 @@ impl<S: Storage> Preallocator<S> {
             shared,
             thread: Some(thread),
         })
-    }
-
-    /// Switches on the planted bugs of `mutations` that concern spares (tests only).
-    #[doc(hidden)]
-    pub fn set_mutations(&self, mutations: crate::Mutations) {
-        self.shared
-            .reuse_keeps_tag
-            .store(mutations.reuse_keeps_tag, Ordering::Relaxed);
-    }
-
-    /// Chooses how fresh spares are prepared from the next one on (default
-    /// [`SpareFill::Zeros`]).
-    pub fn set_spare_fill(&self, fill: SpareFill) {
-        self.shared
-            .allocate_only
-            .store(fill == SpareFill::Allocate, Ordering::Relaxed);
     }
 
     /// The handle retention uses to hand trimmed segments over for reuse.

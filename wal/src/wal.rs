@@ -256,9 +256,9 @@ impl<S: Storage> Wal<S> {
             &config.dir,
             segment_bytes,
             usize::try_from(align).expect("invariant: alignment fits usize"),
+            config.spare_fill,
+            mutations,
         )?;
-        prealloc.set_mutations(mutations);
-        prealloc.set_spare_fill(config.spare_fill);
         let shared = Arc::new(Shared {
             storage,
             mutations,
