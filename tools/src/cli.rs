@@ -71,7 +71,7 @@ pub enum Command {
     /// Read a topic's messages in log order.
     Consume(crate::consume::ConsumeArgs),
 
-    /// Run and steer a cluster: `up`/`down` (a local one), `status`, `handoff`.
+    /// Run and steer a cluster: `up`/`down` (a local one), `status`, `handoff`, `audit`.
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
 

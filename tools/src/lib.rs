@@ -87,7 +87,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             cluster::up::run_up(&args, &mut io::stdout().lock())?;
         }
         Command::Cluster(ClusterCommand::Down(args)) => {
-            cluster::up::run_down(&args, &mut io::stdout().lock())?;
+            cluster::up::run_down(&args, &env, &mut io::stdout().lock())?;
         }
         Command::Cluster(ClusterCommand::Handoff(mut args)) => {
             args.brokers.resolve(None, &env)?;

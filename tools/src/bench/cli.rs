@@ -74,7 +74,7 @@ pub struct WalBenchArgs {
     pub retain: Option<u64>,
 
     /// How the WAL prepares a fresh spare segment: zeros written over a fallocated file
-    /// (what a store does), or the fallocate alone (appends then write into unwritten
+    /// (quire-node's default), or the fallocate alone (appends then write into unwritten
     /// extents). For comparing the two ways to grow a log on a file system.
     #[arg(long, value_enum, default_value_t = WalSpareFill::Zeros)]
     pub spare_fill: WalSpareFill,

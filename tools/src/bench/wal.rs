@@ -163,7 +163,7 @@ impl WalIo {
 /// How the WAL prepares a fresh spare segment (`--spare-fill`; [`quire_wal::SpareFill`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum WalSpareFill {
-    /// `fallocate`, then zeros over the whole file (what quire-node does).
+    /// `fallocate`, then zeros over the whole file (quire-node's default, `[wal] spare_fill`).
     #[default]
     Zeros,
     /// `fallocate` only: appends write into unwritten extents.
@@ -547,7 +547,7 @@ fn run_rows(table: &mut Table, r: &WalRun) {
     table.row(
         "device writes",
         format!(
-            "{} per payload byte ({}); spares: {} reused, {} zero-filled ({:.1} MB of zeros); \
+            "{} per payload byte ({}); spares: {} reused, {} fresh ({:.1} MB of zeros written into them); \
              {} segments trimmed",
             r.write_bytes_per_payload_byte
                 .map_or_else(|| "unknown".to_owned(), |x| format!("{x:.3} B")),

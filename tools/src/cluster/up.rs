@@ -240,6 +240,8 @@ pub struct StopReport {
     pub killed: Vec<String>,
     /// Processes that had exited before (their exit status).
     pub already_gone: Vec<String>,
+    /// Processes killed on purpose before the stop ([`LocalCluster::kill_broker`]).
+    pub killed_before: Vec<String>,
 }
 
 impl StopReport {
@@ -255,6 +257,12 @@ impl StopReport {
         }
         if !self.already_gone.is_empty() {
             s.push_str(&format!(", already gone: {}", self.already_gone.join(" ")));
+        }
+        if !self.killed_before.is_empty() {
+            s.push_str(&format!(
+                ", killed earlier on purpose: {}",
+                self.killed_before.join(" ")
+            ));
         }
         s
     }
@@ -585,7 +593,15 @@ impl LocalCluster {
     /// Stops every process: SIGTERM to the brokers, then to the stores, each group waited
     /// for at most `wait`, then SIGKILL to what is left.
     pub fn stop(&mut self, wait: Duration) -> StopReport {
-        let mut report = StopReport::default();
+        let mut report = StopReport {
+            killed_before: self
+                .procs
+                .iter()
+                .filter(|p| p.child.is_none())
+                .map(|p| p.info.name.clone())
+                .collect(),
+            ..StopReport::default()
+        };
         for role in [Role::Broker, Role::Store] {
             let mut group: Vec<&mut Proc> = self
                 .procs
@@ -904,16 +920,19 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "  brokers: {brokers}")?;
     writeln!(out, "  master:  {master}")?;
     writeln!(out, "  logs:    {}", dir.join("logs").display())?;
+    // With --profile the profile (made current below) names the brokers.
+    let reach = if args.profile.is_some() {
+        String::new()
+    } else {
+        format!(" --brokers {brokers}")
+    };
     writeln!(out, "try:")?;
+    writeln!(out, "  quire produce{reach} --topic t --count 1000")?;
     writeln!(
         out,
-        "  quire produce --brokers {brokers} --topic t --count 1000"
+        "  quire consume{reach} --topic t --from beginning --timeout 2s"
     )?;
-    writeln!(
-        out,
-        "  quire consume --brokers {brokers} --topic t --from beginning --timeout 2s"
-    )?;
-    writeln!(out, "  quire cluster status --brokers {brokers}")?;
+    writeln!(out, "  quire cluster status{reach}")?;
     crate::profile::offer_cluster_profile(
         args.profile.as_deref(),
         &cluster.broker_addrs(),
@@ -956,11 +975,17 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `quire cluster down`.
+/// `quire cluster down`. Also names the profiles (of `env`'s profile file) that still list
+/// exactly this cluster's brokers, which no longer answer.
 ///
 /// # Errors
 /// As [`down`].
-pub fn run_down(args: &DownArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn run_down(
+    args: &DownArgs,
+    env: &crate::settings::Env,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let brokers = ClusterFile::read(&args.dir)?.brokers;
     let report = down(&args.dir, args.timeout)?;
     writeln!(
         out,
@@ -968,6 +993,23 @@ pub fn run_down(args: &DownArgs, out: &mut impl Write) -> anyhow::Result<()> {
         args.dir.display(),
         report.summary()
     )?;
+    let stale = crate::profile::ProfileStore::from_env(env)
+        .and_then(|store| store.load())
+        .map(|file| {
+            file.profiles
+                .into_iter()
+                .filter(|(_, p)| p.brokers == brokers)
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    for name in stale {
+        writeln!(
+            out,
+            "profile {name} still names this cluster's brokers: `quire profile delete {name}`, \
+             or `quire cluster up --profile {name}` to point it at a new cluster"
+        )?;
+    }
     Ok(())
 }
 
