@@ -114,6 +114,11 @@ pub enum BenchCommand {
     /// also a one-appender baseline (one fdatasync per event) and the ratio.
     Wal(crate::bench::cli::WalBenchArgs),
 
+    /// The disk layouts a store could give many logs (partitions), at 1, 8 and 64 busy
+    /// logs: one shared WAL, a WAL per log, and raw per-log files with one fdatasync each
+    /// per round against one file: events/s, fdatasyncs/s, latency, CPU per event.
+    Logs(crate::bench::cli::LogsBenchArgs),
+
     /// Appends through a running quire-node (or one started in this process) over TCP, as
     /// a master does: events/s, MB/s, fdatasyncs/s, append-to-persisted latency.
     Node(crate::bench::cli::NodeBenchArgs),

@@ -140,6 +140,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let report = bench::wal::run(&args.to_config())?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
         }
+        Command::Bench(BenchCommand::Logs(args)) => {
+            let report = bench::logs::run(&args.to_config())?;
+            output::emit(&report, args.format.format, &mut io::stdout().lock())?;
+        }
         Command::Bench(BenchCommand::Node(args)) => {
             let report = bench::node::run(&args.to_config())?;
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;

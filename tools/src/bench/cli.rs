@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::logs::{LogsBenchConfig, LogsLayout};
 use super::node::NodeBenchConfig;
 use super::wal::{WalBenchConfig, WalIo, WalSpareFill};
 use crate::cli::FormatArgs;
@@ -246,5 +247,65 @@ mod tests {
         let c = a.to_config();
         assert_eq!(c.store.as_deref(), Some("h:1"));
         assert_eq!(c.batch, 64);
+    }
+}
+
+/// Arguments of `quire bench logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsBenchArgs {
+    /// Directory on the file system to measure (a temporary directory is made in it and
+    /// removed). Default: the system temp directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+
+    /// Numbers of busy logs, comma-separated: one set of rows each.
+    #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1,8,64")]
+    pub logs: Vec<u32>,
+
+    /// Closed-loop appenders per log.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub appenders: u32,
+
+    /// Payload bytes per event.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "1KiB")]
+    pub event_size: u64,
+
+    /// How long each row runs.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5s")]
+    pub duration: Duration,
+
+    /// Layouts to run, comma-separated (default: all four).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub layouts: Vec<LogsLayout>,
+
+    /// Segment size per log (and each raw file's size).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size, default_value = "16MiB")]
+    pub segment_size: u64,
+
+    /// The WALs' disk backend.
+    #[arg(long, value_enum, default_value_t)]
+    pub io: WalIo,
+
+    #[command(flatten)]
+    pub format: FormatArgs,
+}
+
+impl LogsBenchArgs {
+    /// The benchmark configuration these arguments describe.
+    pub fn to_config(&self) -> LogsBenchConfig {
+        LogsBenchConfig {
+            dir: self.dir.clone().unwrap_or_else(std::env::temp_dir),
+            logs: self.logs.clone(),
+            appenders_per_log: self.appenders,
+            event_size: self.event_size,
+            duration: self.duration,
+            layouts: if self.layouts.is_empty() {
+                LogsLayout::ALL.to_vec()
+            } else {
+                self.layouts.clone()
+            },
+            segment_size: self.segment_size,
+            io: self.io,
+        }
     }
 }

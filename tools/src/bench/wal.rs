@@ -151,7 +151,7 @@ pub enum WalIo {
 }
 
 impl WalIo {
-    fn backend(self) -> IoBackend {
+    pub(crate) fn backend(self) -> IoBackend {
         match self {
             WalIo::Auto => IoBackend::Auto,
             WalIo::Uring => IoBackend::Uring,
@@ -1054,7 +1054,7 @@ pub(crate) fn latency_histogram() -> Histogram<u64> {
 
 /// One appender: appends single events until `deadline` (or Ctrl-C), each awaited before
 /// the next. Returns its latency histogram and the events it got acknowledged.
-async fn appender(
+pub(crate) async fn appender(
     wal: Wal,
     next: Arc<Mutex<u64>>,
     epoch: Epoch,
