@@ -192,6 +192,11 @@ pub enum SegmentHeaderProblem {
     Checksum,
     /// Reserved bytes are not zero, or the tag is not one [`SegmentTag::new`] accepts.
     BadField,
+    /// The magic is damaged, but the rest checksums as a version-2 header with it put back.
+    BadMagic,
+    /// No version-2 header (a damaged or zeroed one) in a segment that follows a
+    /// version-2 segment: the format never goes back to version 1.
+    Missing,
 }
 
 impl SegmentHeader {
@@ -215,6 +220,17 @@ impl SegmentHeader {
     /// A [`SegmentHeaderProblem`] if the magic says version 2 but the header is damaged.
     pub fn decode(bytes: &[u8]) -> Result<Option<SegmentHeader>, SegmentHeaderProblem> {
         if bytes.len() >= 6 && u16::from_le_bytes([bytes[4], bytes[5]]) != SEGMENT_MAGIC {
+            // A version-1 segment, unless only the magic is damaged: with it put back,
+            // a version-2 header's checksum holds.
+            if let Some(b) = bytes.get(..SEGMENT_HEADER_ENCODED_BYTES) {
+                let mut restored = [0u8; SEGMENT_HEADER_ENCODED_BYTES];
+                restored.copy_from_slice(b);
+                restored[4..6].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
+                let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                if restored[6] == VERSION && crc32c::crc32c(&restored[4..]) == stored {
+                    return Err(SegmentHeaderProblem::BadMagic);
+                }
+            }
             return Ok(None);
         }
         let Some(b) = bytes.get(..SEGMENT_HEADER_ENCODED_BYTES) else {
@@ -630,6 +646,13 @@ mod tests {
             Ok(None)
         );
         assert_eq!(SegmentHeader::decode(&[0u8; 32]), Ok(None));
+        // One bit of the magic flipped: still known for a damaged version-2 header.
+        let mut flipped = h.encode();
+        flipped[4] ^= 1;
+        assert_eq!(
+            SegmentHeader::decode(&flipped),
+            Err(SegmentHeaderProblem::BadMagic)
+        );
         assert_eq!(SegmentHeader::decode(&[]), Ok(None));
         let mut bad = b;
         bad[9] ^= 1;

@@ -552,6 +552,17 @@ pub fn scan_segments_in<S: Storage>(
             }
             break 'segments;
         }
+        // The format never goes back to version 1: a segment after a version-2 one without
+        // a version-2 header had it damaged (a zeroed sector, a flipped magic), and reading
+        // it as version 1 would hide its records.
+        if reader.header_problem.is_none()
+            && reader.tag == SegmentTag::V1
+            && reports
+                .last()
+                .is_some_and(|r: &SegmentReport| r.tag != SegmentTag::V1)
+        {
+            reader.header_problem = Some(SegmentHeaderProblem::Missing);
+        }
         if let Some(problem) = reader.header_problem {
             end = ScanEnd::Corruption(WalError::Corruption {
                 segment: seg.path.clone(),

@@ -363,3 +363,57 @@ fn a_log_on_allocated_spares_reads_back_after_a_reopen() {
         wal.close().unwrap();
     }
 }
+
+/// A damaged header on the newest segment is corruption, never a torn tail: with one bit
+/// of its magic flipped, or its first sector zeroed, the segment could pass for a
+/// version-1 segment, its records would be invisible and a cut would delete them. The
+/// open refuses, and the files are left as they were.
+#[test]
+fn a_damaged_header_on_the_last_segment_refuses_the_open() {
+    use std::os::unix::fs::FileExt;
+    for (what, damage) in [
+        ("a flipped magic bit", 0usize),
+        ("a zeroed first sector", 1usize),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = common::config(dir.path(), IoBackend::Sync);
+        let (wal, _) = Wal::open(config.clone()).unwrap();
+        common::append_range(&wal, 0, 60, 1, 3000);
+        wal.close().unwrap();
+        drop(wal);
+        let scan = quire_wal::scan::scan_dir(dir.path(), &mut |_| {}).unwrap();
+        assert!(scan.segments.len() >= 3, "{what}");
+        let last = scan.segments.last().unwrap().path.clone();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&last)
+            .unwrap();
+        if damage == 0 {
+            let mut byte = [0u8; 1];
+            file.read_exact_at(&mut byte, 4).unwrap();
+            file.write_all_at(&[byte[0] ^ 1], 4).unwrap();
+        } else {
+            file.write_all_at(&[0u8; 512], 0).unwrap();
+        }
+        file.sync_all().unwrap();
+        let before = std::fs::read(&last).unwrap();
+        let expected = if damage == 0 {
+            quire_wal::format::SegmentHeaderProblem::BadMagic
+        } else {
+            quire_wal::format::SegmentHeaderProblem::Missing
+        };
+        match Wal::open(config) {
+            Err(WalError::Corruption {
+                problem: quire_wal::CorruptionKind::SegmentHeader { problem },
+                ..
+            }) => assert_eq!(problem, expected, "{what}"),
+            other => panic!("{what}: expected a segment-header corruption, got {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read(&last).unwrap(),
+            before,
+            "{what}: the file changed"
+        );
+    }
+}
