@@ -259,7 +259,12 @@ pub struct LogsBenchArgs {
     pub dir: Option<PathBuf>,
 
     /// Numbers of busy logs, comma-separated: one set of rows each.
-    #[arg(long, value_name = "N,..", value_delimiter = ',', default_value = "1,8,64")]
+    #[arg(
+        long,
+        value_name = "N,..",
+        value_delimiter = ',',
+        default_value = "1,8,64"
+    )]
     pub logs: Vec<u32>,
 
     /// Closed-loop appenders per log.

@@ -156,8 +156,16 @@ impl Report for LogsBenchReport {
         writeln!(
             out,
             "{:>5} {:<15} {:>10} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7}",
-            "logs", "layout", "events/s", "MB/s", "fsyncs/s", "ev/fsync", "p50 us", "p99 us",
-            "CPU us/ev", "threads"
+            "logs",
+            "layout",
+            "events/s",
+            "MB/s",
+            "fsyncs/s",
+            "ev/fsync",
+            "p50 us",
+            "p99 us",
+            "CPU us/ev",
+            "threads"
         )?;
         for r in &self.rows {
             writeln!(
@@ -189,10 +197,9 @@ impl Report for LogsBenchReport {
                     format!("{:.2}", a / b.max(1.0)),
                 );
             }
-            if let (Some(a), Some(b)) = (
-                rate(LogsLayout::FilesOneSync),
-                rate(LogsLayout::FileShared),
-            ) {
+            if let (Some(a), Some(b)) =
+                (rate(LogsLayout::FilesOneSync), rate(LogsLayout::FileShared))
+            {
                 table.row(
                     format!("{n} logs: files-one-sync / file-shared"),
                     format!("{:.2}", a / b.max(1.0)),
@@ -324,7 +331,8 @@ fn measure_wals(
         let (h, n) = joined
             .map_err(|e| anyhow!("an appender task failed: {e}"))?
             .context("an append failed")?;
-        hist.add(h).map_err(|e| anyhow!("merging histograms: {e}"))?;
+        hist.add(h)
+            .map_err(|e| anyhow!("merging histograms: {e}"))?;
         events += n;
     }
     for (wal, _) in opened {
@@ -434,7 +442,10 @@ fn measure_raw(
     }
     let failures = failures.lock().map_err(|_| anyhow!("poisoned"))?;
     if let Some(first) = failures.first() {
-        bail!("{} raw writes or fdatasyncs failed, the first: {first}", failures.len());
+        bail!(
+            "{} raw writes or fdatasyncs failed, the first: {first}",
+            failures.len()
+        );
     }
     if interrupt::is_interrupted() {
         return Err(Interrupted.into());
