@@ -143,7 +143,15 @@ pub(crate) fn recover<S: Storage>(
     };
     let mut deleted_from = None;
     if let Some(t) = &torn {
-        if !matches!(t.problem, BadRecord::SegmentGap { .. }) {
+        // A gap after a segment that ends cleanly is a roll whose records were all lost
+        // unsynced: nothing acknowledged is missing, so no mark. After a segment that was
+        // cut short, acknowledged records may be gone: mark, as for a cut last segment.
+        let gap_after_cut = matches!(t.problem, BadRecord::SegmentGap { .. })
+            && report
+                .segments
+                .get(t.segment_index)
+                .is_some_and(|s| is_cut(s, align));
+        if !matches!(t.problem, BadRecord::SegmentGap { .. }) || gap_after_cut {
             before_cut(t)?;
         }
         let deleted = if matches!(t.problem, BadRecord::FileCut { .. }) {
@@ -207,10 +215,7 @@ pub(crate) fn recover<S: Storage>(
 fn file_cut(report: &ScanReport, align: u64, next: Offset) -> Option<TornTail> {
     let i = report.segments.len().checked_sub(1)?;
     let s = &report.segments[i];
-    let cut = s.file_bytes == 0
-        || s.file_bytes % align != 0
-        || s.file_bytes < crate::format::align_up(s.end.0, align);
-    cut.then(|| TornTail {
+    is_cut(s, align).then(|| TornTail {
         segment_index: i,
         segment: s.path.clone(),
         position: s.end,
@@ -221,6 +226,13 @@ fn file_cut(report: &ScanReport, align: u64, next: Offset) -> Option<TornTail> {
         },
         empty_segments_after: Vec::new(),
     })
+}
+
+/// Whether segment `s` is shorter than any file the WAL writes (see [`file_cut`]).
+fn is_cut(s: &crate::scan::SegmentReport, align: u64) -> bool {
+    s.file_bytes == 0
+        || s.file_bytes % align != 0
+        || s.file_bytes < crate::format::align_up(s.end.0, align)
 }
 
 /// Zero-extends `path` to a multiple of the page size (4096 bytes), durably.

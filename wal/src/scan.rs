@@ -554,9 +554,11 @@ pub fn scan_segments_in<S: Storage>(
         }
         // The format never goes back to version 1: a segment after a version-2 one without
         // a version-2 header had it damaged (a zeroed sector, a flipped magic), and reading
-        // it as version 1 would hide its records.
+        // it as version 1 would hide its records. A file too short to hold a header was
+        // cut (rule 5, `BadRecord::FileCut`): nothing is hidden in it.
         if reader.header_problem.is_none()
             && reader.tag == SegmentTag::V1
+            && reader.len >= SEGMENT_HEADER_ENCODED_BYTES as u64
             && reports
                 .last()
                 .is_some_and(|r: &SegmentReport| r.tag != SegmentTag::V1)

@@ -417,3 +417,48 @@ fn a_damaged_header_on_the_last_segment_refuses_the_open() {
         );
     }
 }
+
+/// Two faults at once: the last segment cut to nothing (acknowledged records gone) and an
+/// empty file named past the end. The gap rule deletes the empty file, and because the
+/// segment before the gap was cut short, the pre-cut hook (quire-node's tail-cut mark)
+/// is still called: the store must not vote as if its log were whole.
+#[test]
+fn a_gap_after_a_cut_segment_still_marks_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::config(dir.path(), IoBackend::Sync);
+    let (wal, _) = Wal::open(config.clone()).unwrap();
+    common::append_range(&wal, 0, 60, 1, 3000);
+    wal.close().unwrap();
+    drop(wal);
+    let scan = quire_wal::scan::scan_dir(dir.path(), &mut |_| {}).unwrap();
+    let last = scan.segments.last().unwrap().path.clone();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let stray = dir
+        .path()
+        .join(quire_wal::segment::segment_name(Offset(1000)));
+    std::fs::File::create(&stray).unwrap();
+    let mut marks = Vec::new();
+    let (_wal, report) = Wal::open_in(
+        quire_wal::OsStorage,
+        config,
+        None,
+        &mut |t| {
+            marks.push(t.offset);
+            Ok(())
+        },
+        quire_wal::Mutations::default(),
+    )
+    .unwrap();
+    let torn = report.torn_tail.expect("a torn tail is reported");
+    assert!(
+        matches!(torn.problem, quire_wal::BadRecord::SegmentGap { .. }),
+        "{torn:?}"
+    );
+    assert_eq!(marks.len(), 1, "the store is marked");
+    assert!(!stray.exists(), "the empty segment past the end is deleted");
+}
