@@ -21,8 +21,8 @@ pub mod broker;
 pub mod conn;
 pub mod consumer;
 pub mod discovery;
-pub mod partitioner;
 mod error;
+pub mod partitioner;
 pub mod producer;
 pub mod store;
 

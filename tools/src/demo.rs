@@ -445,10 +445,14 @@ pub fn run(config: &DemoConfig) -> anyhow::Result<DemoReport> {
     drop(rt);
     let report = cluster.stop(STOP_WAIT_DEFAULT);
     say(format!("cluster stopped: {}", report.summary()));
-    let mut report = result?;
-    if config.keep {
-        report.data_dir = Some(temp.keep());
+    // --keep holds on every exit, a failed or interrupted run's included: that is when
+    // the data is worth a look with `quire wal`.
+    let data_dir = config.keep.then(|| temp.keep());
+    if let (Err(_), Some(dir)) = (&result, &data_dir) {
+        say(format!("data kept in {}", dir.display()));
     }
+    let mut report = result?;
+    report.data_dir = data_dir;
     Ok(report)
 }
 
