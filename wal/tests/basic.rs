@@ -376,14 +376,7 @@ fn a_damaged_header_on_the_last_segment_refuses_the_open() {
         ("a zeroed first sector", 1usize),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let config = common::config(dir.path(), IoBackend::Sync);
-        let (wal, _) = Wal::open(config.clone()).unwrap();
-        common::append_range(&wal, 0, 60, 1, 3000);
-        wal.close().unwrap();
-        drop(wal);
-        let scan = quire_wal::scan::scan_dir(dir.path(), &mut |_| {}).unwrap();
-        assert!(scan.segments.len() >= 3, "{what}");
-        let last = scan.segments.last().unwrap().path.clone();
+        let (config, last) = log_of_segments(dir.path());
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -425,13 +418,7 @@ fn a_damaged_header_on_the_last_segment_refuses_the_open() {
 #[test]
 fn a_gap_after_a_cut_segment_still_marks_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let config = common::config(dir.path(), IoBackend::Sync);
-    let (wal, _) = Wal::open(config.clone()).unwrap();
-    common::append_range(&wal, 0, 60, 1, 3000);
-    wal.close().unwrap();
-    drop(wal);
-    let scan = quire_wal::scan::scan_dir(dir.path(), &mut |_| {}).unwrap();
-    let last = scan.segments.last().unwrap().path.clone();
+    let (config, last) = log_of_segments(dir.path());
     std::fs::OpenOptions::new()
         .write(true)
         .open(&last)
@@ -461,4 +448,17 @@ fn a_gap_after_a_cut_segment_still_marks_the_store() {
     );
     assert_eq!(marks.len(), 1, "the store is marked");
     assert!(!stray.exists(), "the empty segment past the end is deleted");
+}
+
+/// Writes 60 records of 3,000 bytes in `dir` (several 64 KiB segments, sync backend) and
+/// closes the log. Returns its configuration and the newest segment's path.
+fn log_of_segments(dir: &std::path::Path) -> (quire_wal::WalConfig, std::path::PathBuf) {
+    let config = common::config(dir, IoBackend::Sync);
+    let (wal, _) = Wal::open(config.clone()).unwrap();
+    common::append_range(&wal, 0, 60, 1, 3000);
+    wal.close().unwrap();
+    drop(wal);
+    let scan = quire_wal::scan::scan_dir(dir, &mut |_| {}).unwrap();
+    assert!(scan.segments.len() >= 3, "{:?}", scan.segments.len());
+    (config, scan.segments.last().unwrap().path.clone())
 }
