@@ -51,6 +51,9 @@ pub struct ReadBudget {
     sem: Arc<Semaphore>,
     bytes_max: usize,
     metrics: BudgetMetrics,
+    /// A reader holding at most this many bytes does not pay for budget waits with its
+    /// partial-frame clock (see [`ReadBudget::with_fair_share`]); 0: every reader pays.
+    small_holder_bytes: usize,
 }
 
 impl ReadBudget {
@@ -70,7 +73,31 @@ impl ReadBudget {
             sem: Arc::new(Semaphore::new(bytes_max)),
             bytes_max,
             metrics,
+            small_holder_bytes: 0,
         }
+    }
+
+    /// Shields small frames from large ones: a reader that holds at most half its fair
+    /// share of the budget (`bytes_max / connections`, with `connections` the most that
+    /// can be open at once) waits for the budget without its partial-frame clock running.
+    /// Without this, peers that fill the budget with large partial frames (each of them
+    /// closed after the partial-frame timeout, as they should be) also time out an honest
+    /// peer's 100-byte frame that waited behind them (a break-it trial and a CI run: the
+    /// store closed a master's append connection during such an attack). Readers above the
+    /// threshold still pay, so the budget cannot be held for good: those that hold no more
+    /// than the threshold hold at most half the budget together, which leaves the other
+    /// half to readers whose clocks run.
+    #[must_use]
+    pub fn with_fair_share(mut self, connections: usize) -> ReadBudget {
+        self.small_holder_bytes = self.bytes_max / 2 / connections.max(1);
+        self
+    }
+
+    /// See [`ReadBudget::with_fair_share`]: bytes a reader may hold and still wait for the
+    /// budget without its partial-frame clock running.
+    #[must_use]
+    pub fn small_holder_bytes(&self) -> usize {
+        self.small_holder_bytes
     }
 
     /// The budget's size, in bytes.

@@ -39,7 +39,10 @@
 //!   budget) before the frame is whole. Time the server spends elsewhere — not calling
 //!   [`FrameReader::next`] because its own request bounds hold the connection back — does
 //!   not count against the peer. Counting budget waits is what keeps a budget used up by
-//!   partial frames from stalling the server for good: their owners time out.
+//!   partial frames from stalling the server for good: their owners time out. A reader
+//!   that holds at most a small share of the budget ([`ReadBudget::with_fair_share`])
+//!   waits for it without its clock running: a small frame behind large ones is not
+//!   timed out for their sake.
 //! - **Idle clock.** A call that starts with an empty buffer waits at most the idle
 //!   timeout for a first byte.
 //!
@@ -204,6 +207,9 @@ pub struct FrameReader {
     idle_timeout: Option<Duration>,
     /// Time spent waiting inside `next` since the current partial frame's first byte.
     frame_waited: Duration,
+    /// Budget waits of the current `fill` that did not count against the partial-frame
+    /// clock (see [`ReadBudget::with_fair_share`]).
+    budget_waited_shielded: Duration,
 }
 
 impl FrameReader {
@@ -222,6 +228,7 @@ impl FrameReader {
             partial_frame_timeout: settings.partial_frame_timeout(),
             idle_timeout: settings.idle_timeout(),
             frame_waited: Duration::ZERO,
+            budget_waited_shielded: Duration::ZERO,
         }
     }
 
@@ -310,9 +317,12 @@ impl FrameReader {
         } else {
             self.idle_timeout.map(|d| started + d)
         };
+        self.budget_waited_shielded = Duration::ZERO;
         let result = self.fill_until(partial, deadline).await;
         if partial {
-            self.frame_waited += started.elapsed();
+            self.frame_waited += started
+                .elapsed()
+                .saturating_sub(self.budget_waited_shielded);
         }
         result
     }
@@ -320,7 +330,7 @@ impl FrameReader {
     async fn fill_until(
         &mut self,
         partial: bool,
-        deadline: Option<Instant>,
+        mut deadline: Option<Instant>,
     ) -> Result<(), ReadError> {
         loop {
             if until(deadline, self.socket.readable()).await.is_none() {
@@ -330,13 +340,21 @@ impl FrameReader {
             let room = self.room();
             // Take what is free, and at least READ_ROOM_BYTES_MIN of it (waiting for it).
             let want = room.min(self.budget.available_bytes().max(READ_ROOM_BYTES_MIN));
-            // A partial frame's clock runs while it waits for budget; a connection with
-            // nothing buffered holds no budget and may wait without bound.
-            let wait_deadline = if partial { deadline } else { None };
+            // A partial frame's clock runs while it waits for budget, unless it holds no
+            // more than a small share of it (`ReadBudget::with_fair_share`); a connection
+            // with nothing buffered holds no budget and may wait without bound.
+            let shielded = self.held.bytes() <= self.budget.small_holder_bytes();
+            let wait_deadline = if partial && !shielded { deadline } else { None };
+            let wait_started = Instant::now();
             let Some(mut room_charge) = until(wait_deadline, self.budget.acquire(want)).await
             else {
                 return Err(self.timeout_error(partial));
             };
+            if partial && shielded {
+                let waited = wait_started.elapsed();
+                self.budget_waited_shielded += waited;
+                deadline = deadline.map(|d| d + waited);
+            }
             let want = room_charge.bytes();
             let read = if let Some(header) = self.header {
                 self.reserve(want, header.body_bytes());

@@ -292,3 +292,54 @@ async fn each_frame_has_a_buffer_of_its_own() {
     }
     assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
 }
+
+/// A small frame waiting behind a large one for the budget is not timed out for that
+/// wait (`ReadBudget::with_fair_share`): B holds 1 KiB of a 2 KiB frame, A takes the rest
+/// of a 64 KiB budget with a large partial frame and is then not read (its server is busy
+/// elsewhere), and B's last bytes wait for the budget three times B's partial-frame
+/// timeout; once A is dropped B's frame comes whole. (Without the shield, B was closed
+/// with a partial-frame timeout: a CI run saw a master's append connection closed so
+/// during an attack of large partial frames.)
+#[tokio::test]
+async fn a_small_frame_waits_for_the_budget_without_timing_out() {
+    const BUDGET: usize = 64 * 1024;
+    let metrics = BudgetMetrics::default();
+    let budget = ReadBudget::new(BUDGET, metrics.clone()).with_fair_share(2);
+    assert_eq!(budget.small_holder_bytes(), BUDGET / 4);
+    let s = settings(300, 0);
+    let (mut cb, mut b) = pair(&budget, &s).await;
+    let (mut ca, mut a) = pair(&budget, &s).await;
+    let small = frame_bytes(
+        5,
+        ProduceRequest {
+            topic: "t".into(),
+            producer_id: 0,
+            sequence: 0,
+            messages: vec![Bytes::from(vec![3u8; 2000])],
+        },
+    );
+    cb.write_all(&small[..1024]).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(100), b.next())
+        .await
+        .is_err());
+    assert_eq!(b.buffered_bytes(), 1024);
+    // A takes every byte of the budget left, then is not read again while B waits.
+    ca.write_all(&header(FRAME_BYTES_MAX as u32)).await.unwrap();
+    let filler = tokio::spawn(async move {
+        let _ = ca.write_all(&vec![0u8; 256 * 1024]).await;
+        ca
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(200), a.next())
+        .await
+        .is_err());
+    assert_eq!(budget.available_bytes(), 0);
+    cb.write_all(&small[1024..]).await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        drop(a);
+    });
+    let got = next(&mut b).await.expect("the small frame comes whole");
+    assert_eq!(got.frame.request_id, RequestId(5));
+    release.await.unwrap();
+    drop(filler.await.unwrap());
+}

@@ -129,7 +129,8 @@ impl Node {
             read_budget: ReadBudget::new(
                 config.limits.read_buffer_bytes_max,
                 metrics.read_budget.clone(),
-            ),
+            )
+            .with_fair_share(config.limits.connections_max + PEER_CONNECTIONS_RESERVE),
         };
         let connections_max = quire_net::fit_open_files_limit(
             config.limits.connections_max,

@@ -151,7 +151,8 @@ impl Broker {
             read_budget: ReadBudget::new(
                 cfg.read.read_buffer_bytes_max,
                 metrics.read_budget.clone(),
-            ),
+            )
+            .with_fair_share(cfg.connections_max + PEER_CONNECTIONS_RESERVE),
             read: cfg.read,
             message_event_bytes_max,
         };
