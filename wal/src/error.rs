@@ -202,6 +202,13 @@ pub enum WalError {
         requested: Epoch,
     },
 
+    /// A promise for one more log would pass the bound on logs with promises.
+    #[error("promised epochs are kept for at most {max} logs per store")]
+    TooManyPromises {
+        /// The bound ([`crate::promised::PROMISED_LOGS_MAX`]).
+        max: usize,
+    },
+
     /// The log was closed.
     #[error("the log is closed")]
     Closed,
