@@ -26,7 +26,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use quire_proto::{
     decode, encode, frame_bytes_announced, Body, EncodedBody, ErrorResponse, Flags, Frame,
-    FrameType, RequestId, WireError,
+    FrameType, LogId, RequestId, WireError,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -230,8 +230,16 @@ impl Connection {
     /// error that closed the connection); [`ClientError::Timeout`] if no slot or queue
     /// space freed up within the request timeout.
     pub async fn send(&self, body: Body) -> Result<PendingReply, ClientError> {
+        self.send_on(LogId::ZERO, body).await
+    }
+
+    /// As [`Connection::send`], for a request about `log` (the frame header's log id).
+    ///
+    /// # Errors
+    /// As [`Connection::send`].
+    pub async fn send_on(&self, log: LogId, body: Body) -> Result<PendingReply, ClientError> {
         let request_type = body.frame_type();
-        let mut frame = Frame::new(RequestId::CONNECTION, body);
+        let mut frame = Frame::on_log(log, RequestId::CONNECTION, body);
         self.send_parts(request_type, move |id| {
             frame.request_id = id;
             let mut buf = BytesMut::new();
@@ -248,10 +256,22 @@ impl Connection {
     /// # Errors
     /// As [`Connection::send`], without the encoding errors.
     pub async fn send_encoded(&self, body: &EncodedBody) -> Result<PendingReply, ClientError> {
+        self.send_encoded_on(LogId::ZERO, body).await
+    }
+
+    /// As [`Connection::send_encoded`], for a request about `log`.
+    ///
+    /// # Errors
+    /// As [`Connection::send_encoded`].
+    pub async fn send_encoded_on(
+        &self,
+        log: LogId,
+        body: &EncodedBody,
+    ) -> Result<PendingReply, ClientError> {
         let body = body.clone();
         self.send_parts(body.frame_type(), move |id| {
             let mut parts = Vec::with_capacity(1 + body.chunks().len());
-            parts.push(Bytes::copy_from_slice(&body.header(id, Flags::NONE)));
+            parts.push(Bytes::copy_from_slice(&body.header(log, id, Flags::NONE)));
             parts.extend(body.chunks().iter().cloned());
             Ok(parts)
         })

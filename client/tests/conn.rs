@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use quire_client::{AppendOutcome, ClientError, ConnConfig, StoreClient};
 use quire_proto::{
     decode, encode, encode_body, AppendRequest, Body, Epoch, Event, EventKind, Frame, Incarnation,
-    Offset, PersistedAck, RequestId, StoreId, TailResponse,
+    Offset, PersistedAck, RequestId, StoreId, TailResponse, HEADER_BYTES,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -186,7 +186,7 @@ async fn the_vectored_fan_out_path_sends_the_same_bytes() {
     assert_eq!(frames[0].0.request_id, id1);
     assert_eq!(frames[1].0.request_id, id2);
     assert_eq!(frames[0].0.body, Body::AppendRequest(append.clone()));
-    assert_eq!(frames[0].1[24..], frames[1].1[24..]);
+    assert_eq!(frames[0].1[HEADER_BYTES..], frames[1].1[HEADER_BYTES..]);
     let mut expected = BytesMut::new();
     encode(&Frame::new(id1, append), &mut expected).unwrap();
     assert_eq!(frames[0].1, expected.to_vec());

@@ -27,6 +27,8 @@ fuzz_target!(|data: &[u8]| {
         frame_type: frame_type.as_u16(),
         flags: 0,
         request_id: RequestId(1),
+        log: quire_proto::LogId::ZERO,
+        reserved: 0,
         body_crc: crc32c::crc32c(body),
     };
     // Through the header decoder too, as a reader that reads header and body apart would.
@@ -44,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         Err(e) => assert!(!e.is_connection_fatal(), "body error was fatal: {e:?}"),
     }
     // The same bytes as an event payload of every kind.
-    let payload = Bytes::copy_from_slice(body);
+    let payload: quire_proto::Payload = Bytes::copy_from_slice(body).into();
     for kind in 1..=5u8 {
         if let Some(kind) = quire_proto::EventKind::from_u8(kind) {
             if let Ok(b) = EventBody::decode(kind, &payload) {

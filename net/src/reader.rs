@@ -27,7 +27,7 @@
 //!   [`FRAME_BUFFER_FIRST_BYTES_MAX`] (a block that big is mapped on its own, see
 //!   [`crate::return_large_buffers_to_the_os`], and its pages are not touched until bytes
 //!   arrive), and grows by at most doubling what it holds, by `mremap` rather than a copy.
-//!   A header that announces 16 MiB and is followed by nothing costs its 24 bytes of budget
+//!   A header that announces 16 MiB and is followed by nothing costs its 32 bytes of budget
 //!   and of resident memory, and 256 KiB of address space (a break-it trial: 1,000 such
 //!   connections at a 1 MiB start added ~1 GB of virtual size, which a process under an
 //!   address-space limit or strict overcommit cannot afford).
@@ -54,8 +54,8 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes};
 use quire_proto::{
-    decode_frame_body, ErrorCode, ErrorResponse, Frame, FrameHeader, RequestId, WireError,
-    HEADER_BYTES,
+    check_older_version, decode_frame_body, ErrorCode, ErrorResponse, Frame, FrameHeader,
+    RequestId, WireError, HEADER_BYTES,
 };
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::Instant;
@@ -183,6 +183,7 @@ pub fn wire_reject_reason(e: &WireError) -> &'static str {
         WireError::FrameTooLarge { .. } => "frame_too_large",
         WireError::UnknownFrameType { .. } => "unknown_frame_type",
         WireError::UnknownFlags { .. } => "unknown_flags",
+        WireError::ReservedNotZero { .. } => "reserved_not_zero",
         _ => "malformed",
     }
 }
@@ -259,7 +260,12 @@ impl FrameReader {
     fn take_frame(&mut self) -> Result<Option<Received>, ReadError> {
         let header = match self.header {
             Some(header) => header,
-            None if self.head_len < HEADER_BYTES => return Ok(None),
+            None if self.head_len < HEADER_BYTES => {
+                // An old peer's whole header may be shorter than ours: say so now, not
+                // after the partial-frame timeout.
+                check_older_version(&self.head[..self.head_len])?;
+                return Ok(None);
+            }
             None => {
                 // An unsound header leaves the stream out of sync: the caller ends the
                 // connection, and the reader with it.

@@ -51,6 +51,8 @@ fn header(frame_bytes: u32) -> Vec<u8> {
         frame_type: FrameType::ProduceRequest.as_u16(),
         flags: 0,
         request_id: RequestId(9),
+        log: quire_proto::LogId::ZERO,
+        reserved: 0,
         body_crc: 0,
     }
     .encode()
@@ -150,11 +152,47 @@ async fn oversized_and_truncated_frames_end_the_connection_with_their_reason() {
     c.write_all(&whole[..HEADER_BYTES - 4]).await.unwrap();
     drop(c);
     let err = next(&mut r).await.expect_err("truncated");
-    assert!(matches!(err, ReadError::ClosedMidFrame { buffered: 20 }));
+    assert!(matches!(err, ReadError::ClosedMidFrame { buffered } if buffered == HEADER_BYTES - 4));
     assert_eq!(err.reason(), "truncated");
     assert!(err.answer().is_none());
     drop(r);
     assert_eq!(budget.available_bytes(), FRAME_BYTES_MAX);
+}
+
+/// A peer of protocol version 1 (a 24-byte header without the log id) sends an
+/// empty-bodied request: 24 bytes, fewer than this version's header. The reader must say
+/// "unsupported version" at once, not wait out the partial-frame timeout (60 s here).
+#[tokio::test]
+async fn a_version_1_request_is_refused_at_once_with_its_version() {
+    let budget = ReadBudget::new(FRAME_BYTES_MAX, BudgetMetrics::default());
+    let (mut c, mut r) = pair(&budget, &settings(60_000, 0)).await;
+    let mut v1 = Vec::new();
+    v1.extend(24u32.to_le_bytes());
+    v1.extend(FrameType::MetadataRequest.as_u16().to_le_bytes());
+    v1.extend([1, 0]); // version 1, no flags
+    v1.extend(3u64.to_le_bytes());
+    v1.extend(0u32.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend(crc.to_le_bytes());
+    c.write_all(&v1).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = next(&mut r).await.expect_err("version 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited for the timeout"
+    );
+    assert!(
+        matches!(
+            err,
+            ReadError::Wire(WireError::UnsupportedVersion { version: 1, .. })
+        ),
+        "{err}"
+    );
+    assert!(!err.is_recoverable());
+    assert_eq!(err.reason(), "unsupported_version");
+    let (id, answer) = err.answer().expect("told");
+    assert_eq!(id, RequestId::CONNECTION);
+    assert_eq!(answer.code, ErrorCode::UnsupportedVersion);
 }
 
 #[tokio::test]
@@ -173,6 +211,8 @@ async fn a_bad_body_is_answered_and_the_stream_stays_in_sync() {
         frame_type: FrameType::ProduceRequest.as_u16(),
         flags: 0,
         request_id: RequestId(5),
+        log: quire_proto::LogId::ZERO,
+        reserved: 0,
         body_crc: crc32c::crc32c(&body),
     }
     .encode()

@@ -49,7 +49,7 @@ use quire_net::{
     ReadError, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
-    encode_body, Body, EntryId, ErrorCode, ErrorResponse, Flags, Offset, RangeDigest,
+    encode_body, Body, EntryId, ErrorCode, ErrorResponse, Flags, LogId, Offset, RangeDigest,
     RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, RequestId,
     EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX, HEADER_BYTES,
 };
@@ -95,10 +95,16 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
-    /// Queues `body` as the response to `request_id`, holding `in_flight` (fitted to the
-    /// response's length) until it is written. If the queue is full (the peer does not
-    /// read), closes the connection instead.
-    pub(crate) fn send(&self, request_id: RequestId, body: Body, in_flight: Option<InFlight>) {
+    /// Queues `body` as the response to `request_id` about `log`, holding `in_flight`
+    /// (fitted to the response's length) until it is written. If the queue is full (the
+    /// peer does not read), closes the connection instead.
+    pub(crate) fn send(
+        &self,
+        log: LogId,
+        request_id: RequestId,
+        body: Body,
+        in_flight: Option<InFlight>,
+    ) {
         let mut scratch = BytesMut::new();
         let encoded = match encode_body(&body, &mut scratch) {
             Ok(e) => e,
@@ -116,9 +122,11 @@ impl Responder {
             }
         };
         let mut parts = Vec::with_capacity(1 + encoded.chunks().len());
-        parts.push(Bytes::copy_from_slice(
-            &encoded.header(request_id, Flags::NONE),
-        ));
+        parts.push(Bytes::copy_from_slice(&encoded.header(
+            log,
+            request_id,
+            Flags::NONE,
+        )));
         parts.extend(encoded.chunks().iter().cloned());
         let mut frame = OutFrame::new(parts, &self.metrics.responses);
         if let Some(InFlight { bytes, request }) = in_flight {
@@ -140,6 +148,7 @@ impl Responder {
 /// them to the writer with the response.
 #[derive(Debug)]
 pub(crate) struct Reply {
+    log: LogId,
     request_id: RequestId,
     to: Responder,
     in_flight: Option<InFlight>,
@@ -148,7 +157,8 @@ pub(crate) struct Reply {
 impl Reply {
     /// Queues the response; the request's permits go back once it is written.
     pub(crate) fn send(self, body: impl Into<Body>) {
-        self.to.send(self.request_id, body.into(), self.in_flight);
+        self.to
+            .send(self.log, self.request_id, body.into(), self.in_flight);
     }
 
     /// The peer's address.
@@ -226,7 +236,8 @@ impl Reader {
                 next = reader.next() => next,
                 () = self.permit.first_frame_overdue() => {
                     let e = self.permit.first_frame_timed_out(self.peer);
-                    self.responder.send(RequestId::CONNECTION, e.into(), None);
+                    self.responder
+                            .send(LogId::ZERO, RequestId::CONNECTION, e.into(), None);
                     return;
                 }
             };
@@ -236,19 +247,28 @@ impl Reader {
                         .permit
                         .check_frame(received.frame.frame_type(), self.peer)
                     {
-                        self.responder.send(RequestId::CONNECTION, e.into(), None);
+                        self.responder
+                            .send(LogId::ZERO, RequestId::CONNECTION, e.into(), None);
                         return;
                     }
                     let Some(in_flight) = self.acquire(received.frame_bytes).await else {
                         return;
                     };
                     let frame = received.frame;
+                    if frame.log != LogId::ZERO {
+                        // One log per store until partitions land (docs/partitions.md).
+                        self.ctx.metrics.reject_frame("unknown_log");
+                        self.reply(frame.log, frame.request_id, in_flight)
+                            .send(ErrorResponse::unknown_log(frame.log));
+                        continue;
+                    }
                     self.dispatch(frame.request_id, frame.body, in_flight).await;
                 }
                 Err(e) => {
                     self.note_read_error(&e);
                     if let Some((request_id, answer)) = e.answer() {
-                        self.responder.send(request_id, answer.into(), None);
+                        self.responder
+                            .send(LogId::ZERO, request_id, answer.into(), None);
                     }
                     if !e.is_recoverable() {
                         return;
@@ -302,8 +322,9 @@ impl Reader {
         }
     }
 
-    fn reply(&self, request_id: RequestId, in_flight: InFlight) -> Reply {
+    fn reply(&self, log: LogId, request_id: RequestId, in_flight: InFlight) -> Reply {
         Reply {
+            log,
             request_id,
             to: self.responder.clone(),
             in_flight: Some(in_flight),
@@ -315,19 +336,19 @@ impl Reader {
         let command = match body {
             Body::AppendRequest(r) => {
                 metrics.request("append");
-                Command::Append(r, self.reply(request_id, in_flight))
+                Command::Append(r, self.reply(LogId::ZERO, request_id, in_flight))
             }
             Body::FenceRequest(r) => {
                 metrics.request("fence");
-                Command::Fence(r, self.reply(request_id, in_flight))
+                Command::Fence(r, self.reply(LogId::ZERO, request_id, in_flight))
             }
             Body::Heartbeat(h) => {
                 metrics.request("heartbeat");
-                Command::Heartbeat(h, self.reply(request_id, in_flight))
+                Command::Heartbeat(h, self.reply(LogId::ZERO, request_id, in_flight))
             }
             Body::TailRequest(_) => {
                 metrics.request("tail");
-                Command::Tail(self.reply(request_id, in_flight))
+                Command::Tail(self.reply(LogId::ZERO, request_id, in_flight))
             }
             Body::ReadRequest(r) => {
                 metrics.request("read");
@@ -338,7 +359,7 @@ impl Reader {
                 let Some(in_flight) = self.acquire(cost).await else {
                     return;
                 };
-                let reply = self.reply(request_id, in_flight);
+                let reply = self.reply(LogId::ZERO, request_id, in_flight);
                 let wal = self.ctx.wal.clone();
                 let limits = self.ctx.limits.clone();
                 tokio::spawn(async move {
@@ -360,7 +381,7 @@ impl Reader {
             Body::RangeDigestRequest(r) => {
                 metrics.request("range_digest");
                 // The response is small (a fixed size): the request's permits cover it.
-                let reply = self.reply(request_id, in_flight);
+                let reply = self.reply(LogId::ZERO, request_id, in_flight);
                 let wal = self.ctx.wal.clone();
                 let limits = self.ctx.limits.clone();
                 tokio::spawn(async move {
@@ -385,10 +406,11 @@ impl Reader {
                 let frame_type = other.frame_type();
                 tracing::warn!(peer = %self.peer, ?frame_type, "a frame the store does not serve");
                 metrics.reject_frame("unexpected_frame");
-                self.reply(request_id, in_flight).send(ErrorResponse::new(
-                    ErrorCode::UnexpectedFrame,
-                    format!("a store does not serve {frame_type:?}"),
-                ));
+                self.reply(LogId::ZERO, request_id, in_flight)
+                    .send(ErrorResponse::new(
+                        ErrorCode::UnexpectedFrame,
+                        format!("a store does not serve {frame_type:?}"),
+                    ));
                 return;
             }
         };

@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use quire_client::{AppendOutcome, StoreClient};
 use quire_proto::{
-    decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, Offset, RequestId, TailRequest,
-    FRAME_BYTES_MAX, HEADER_BYTES,
+    decode, encode, Body, ErrorCode, Frame, FrameHeader, FrameType, LogId, Offset, RequestId,
+    TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_tests::node::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -59,6 +59,8 @@ fn raw_frame(
         frame_type,
         flags: 0,
         request_id: RequestId(request_id),
+        log: LogId::ZERO,
+        reserved: 0,
         body_crc: body_crc.unwrap_or_else(|| crc32c::crc32c(body)),
     };
     let mut out = header.encode().to_vec();
@@ -265,6 +267,44 @@ fn proc_bad_frames_and_idle_connections_leave_the_node_serving() {
         expect_error(&mut s, &mut b, 71, ErrorCode::UnexpectedFrame).await;
         still_serves(&mut s, &mut b, 72).await;
 
+        // A sound append about a log this store does not host (log 7; its `prev` matches
+        // log 0's end, so were the log id ignored it would be written): UnknownLog under
+        // the request's log id, nothing written (checked below), and the connection goes
+        // on.
+        let mut other_log = BytesMut::new();
+        let stray = [Bytes::from_static(b"for log 7")];
+        encode(
+            &Frame::on_log(
+                LogId(7),
+                RequestId(73),
+                append(3, Some(pos(3, 9)), 3, &stray),
+            ),
+            &mut other_log,
+        )
+        .unwrap();
+        let (mut s, mut b) = send(&node, &other_log).await;
+        let f = next_frame(&mut s, &mut b).await.expect("an answer");
+        assert_eq!((f.log, f.request_id), (LogId(7), RequestId(73)));
+        match f.body {
+            Body::ErrorResponse(e) => assert_eq!(e.code, ErrorCode::UnknownLog, "{}", e.message),
+            other => panic!("expected UnknownLog, got {other:?}"),
+        }
+        still_serves(&mut s, &mut b, 74).await;
+
+        // A peer of protocol version 1 (24-byte header, no log id) asking for the tail:
+        // told its version is unsupported, at once, and closed.
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&24u32.to_le_bytes());
+        v1.extend_from_slice(&FrameType::TailRequest.as_u16().to_le_bytes());
+        v1.extend_from_slice(&[1, 0]); // version 1, no flags
+        v1.extend_from_slice(&75u64.to_le_bytes());
+        v1.extend_from_slice(&0u32.to_le_bytes());
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        let (mut s, mut b) = send(&node, &v1).await;
+        expect_error(&mut s, &mut b, 0, ErrorCode::UnsupportedVersion).await;
+        expect_closed(&mut s, &mut b).await;
+
         // The well-behaved client still appends and reads back; the data is intact.
         let more: Vec<Bytes> = (0..10).map(|i| Bytes::from(format!("after-{i}"))).collect();
         let ack = good
@@ -298,6 +338,8 @@ fn proc_bad_frames_and_idle_connections_leave_the_node_serving() {
                 ("header_checksum", 6.0),
                 ("truncated", 1.0),
                 ("unexpected_frame", 1.0),
+                ("unknown_log", 1.0),
+                ("unsupported_version", 1.0),
             ];
             let missing: Vec<_> = all.iter().filter(|(r, n)| count(r) < *n).collect();
             if missing.is_empty() {

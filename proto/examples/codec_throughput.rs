@@ -81,7 +81,11 @@ fn main() {
         let mut scratch = BytesMut::with_capacity(frame_bytes);
         let vec_enc = rate(frame_bytes, || {
             let e = encode_body(black_box(&body), &mut scratch).expect("encodes");
-            black_box(e.header(RequestId(2), quire_proto::Flags::NONE));
+            black_box(e.header(
+                quire_proto::LogId::ZERO,
+                RequestId(2),
+                quire_proto::Flags::NONE,
+            ));
             black_box(&e);
         });
         let mut chunks = 0;

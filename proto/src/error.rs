@@ -63,6 +63,13 @@ pub enum WireError {
         /// Flags byte received.
         flags: u8,
     },
+    /// The header's reserved word (bytes 20..24) is not zero: a later protocol version's
+    /// field this build does not know.
+    #[error("reserved header word is {value:#010x}, not 0")]
+    ReservedNotZero {
+        /// The word received.
+        value: u32,
+    },
     /// The body's CRC32C does not match the body received.
     #[error("frame body checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     BodyChecksum {
@@ -288,6 +295,10 @@ pub enum ErrorCode {
     /// arrived within its idle timeout. Sent with request id 0 just before the close;
     /// reconnect (and send whole frames promptly).
     ConnectionTimeout = 10,
+    /// The frame names a log (header field `log`) this peer does not host or serve. Until
+    /// partitions land, only log 0 exists; later, the log may have been deleted or not be
+    /// created yet. Refresh the metadata.
+    UnknownLog = 11,
     /// Store: this store is on a new incarnation (its disk was wiped or replaced) and
     /// never grants a fence or counts toward a quorum; detail `ErrorDetail::NotVoter`.
     NotVoter = 100,
@@ -320,7 +331,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -331,6 +342,7 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::ShuttingDown,
         ErrorCode::ConnectionTimeout,
+        ErrorCode::UnknownLog,
         ErrorCode::NotVoter,
         ErrorCode::LogFailed,
         ErrorCode::NotMaster,
@@ -370,7 +382,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 21] = [
+        let expected: [(ErrorCode, u16); 22] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -381,6 +393,7 @@ mod tests {
             (ErrorCode::Overloaded, 8),
             (ErrorCode::ShuttingDown, 9),
             (ErrorCode::ConnectionTimeout, 10),
+            (ErrorCode::UnknownLog, 11),
             (ErrorCode::NotVoter, 100),
             (ErrorCode::LogFailed, 101),
             (ErrorCode::NotMaster, 200),
@@ -398,7 +411,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 11, 99, 102, 199, 209, 299, u16::MAX] {
+        for n in [0u16, 12, 99, 102, 199, 209, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -6,7 +6,7 @@ use crate::client::BrokerInfo;
 use crate::codec::{BodyWriter, Reader};
 use crate::error::{ErrorCode, WireError};
 use crate::limits::ERROR_MESSAGE_BYTES_MAX;
-use crate::types::{Epoch, Incarnation, Offset, StoreId};
+use crate::types::{Epoch, Incarnation, LogId, Offset, StoreId};
 
 /// Typed facts that go with some error codes.
 ///
@@ -100,6 +100,16 @@ impl ErrorResponse {
                 ),
             )
         }
+    }
+
+    /// The answer to a frame about a log this peer does not host or serve
+    /// ([`ErrorCode::UnknownLog`]); sent under the request's own log id.
+    #[must_use]
+    pub fn unknown_log(log: LogId) -> ErrorResponse {
+        ErrorResponse::new(
+            ErrorCode::UnknownLog,
+            format!("log {log} is not served here (this build serves log 0 only)"),
+        )
     }
 
     /// A non-master broker's answer to a client request.

@@ -1,24 +1,32 @@
-//! Framing: the fixed 24-byte header, the frame types, [`Frame`] and [`Body`], and the
+//! Framing: the fixed 32-byte header, the frame types, [`Frame`] and [`Body`], and the
 //! encode / decode entry points.
 //!
 //! ```text
 //! off  size  field        notes
-//! 0    4     length       u32 LE: whole frame, header included; 24 ≤ length ≤ FRAME_BYTES_MAX
+//! 0    4     length       u32 LE: whole frame, header included; 32 ≤ length ≤ FRAME_BYTES_MAX
 //! 4    2     frame type   u16 LE: FrameType
-//! 6    1     version      u8: PROTOCOL_VERSION (1)
-//! 7    1     flags        u8: no bits defined in version 1; must be 0
+//! 6    1     version      u8: PROTOCOL_VERSION (2)
+//! 7    1     flags        u8: no bits defined in version 2; must be 0
 //! 8    8     request id   u64 LE: chosen by the requester, echoed by the response
-//! 16   4     body crc     u32 LE: CRC32C of the body bytes (0 for an empty body)
-//! 20   4     header crc   u32 LE: CRC32C of header bytes 0..20
-//! 24   n     body         length − 24 bytes, laid out per frame type
+//! 16   4     log          u32 LE: the log the frame is about (LogId); a response echoes it
+//! 20   4     reserved     must be 0
+//! 24   4     body crc     u32 LE: CRC32C of the body bytes (0 for an empty body)
+//! 28   4     header crc   u32 LE: CRC32C of header bytes 0..28
+//! 32   n     body         length − 32 bytes, laid out per frame type
 //! ```
+//!
+//! The log id sits in the header, not in each body, so that a peer routes a frame to its
+//! log before decoding the body, and one encoded body can go out under any log's header.
+//! Version 1 (until 2026-12) had a 24-byte header without the log: a decoder recognises
+//! one by its own header CRC and answers [`WireError::UnsupportedVersion`] rather than a
+//! checksum error.
 //!
 //! Every frame carries a CRC32C of its body, not only the payload-bearing ones: one rule,
 //! and the hardware CRC costs little next to the copy a socket read already makes. The
 //! header has its own CRC so that a corrupt length is caught before the decoder waits for,
 //! or reserves memory for, the bytes it announces. The body CRC does not cover the request
 //! id, so a master encodes an append's body once ([`encode_body`]) and sends the same
-//! chunks to every store, each behind its own 24-byte header.
+//! chunks to every store, each behind its own 32-byte header.
 //!
 //! Decoding a `BytesMut` is zero-copy: the frame is split off the buffer and frozen, and
 //! every payload in the decoded body is a slice of it.
@@ -39,20 +47,27 @@ use crate::replication::{
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
     TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
 };
+use crate::types::LogId;
 
 /// Size of the frame header, in bytes.
-pub const HEADER_BYTES: usize = 24;
+pub const HEADER_BYTES: usize = 32;
 
 /// The protocol version this build speaks and accepts.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 
 const LENGTH_AT: usize = 0;
 const FRAME_TYPE_AT: usize = LENGTH_AT + 4;
 const VERSION_AT: usize = FRAME_TYPE_AT + 2;
 const FLAGS_AT: usize = VERSION_AT + 1;
 const REQUEST_ID_AT: usize = FLAGS_AT + 1;
-const BODY_CRC_AT: usize = REQUEST_ID_AT + 8;
+const LOG_AT: usize = REQUEST_ID_AT + 8;
+const RESERVED_AT: usize = LOG_AT + 4;
+const BODY_CRC_AT: usize = RESERVED_AT + 4;
 const HEADER_CRC_AT: usize = BODY_CRC_AT + 4;
+
+/// Version 1's header: 24 bytes, its CRC32C of bytes 0..20 at 20..24.
+const V1_HEADER_BYTES: usize = 24;
+const V1_HEADER_CRC_AT: usize = 20;
 
 // The layout above and HEADER_BYTES agree, and the 8-byte request id is 8-aligned.
 const _: () = assert!(HEADER_CRC_AT + 4 == HEADER_BYTES);
@@ -257,12 +272,14 @@ impl Body {
     }
 }
 
-/// One frame: the header's request id and flags, and a body (whose variant gives the frame
-/// type).
+/// One frame: the header's request id, log and flags, and a body (whose variant gives the
+/// frame type).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     /// Request id (see [`RequestId`]).
     pub request_id: RequestId,
+    /// The log the frame is about ([`LogId::ZERO`] for frames that name none).
+    pub log: LogId,
     /// Header flags.
     pub flags: Flags,
     /// The message.
@@ -270,11 +287,18 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// A frame with no flags.
+    /// A frame about log 0 ([`LogId::ZERO`]) with no flags.
     #[must_use]
     pub fn new(request_id: RequestId, body: impl Into<Body>) -> Frame {
+        Frame::on_log(LogId::ZERO, request_id, body)
+    }
+
+    /// A frame about `log` with no flags.
+    #[must_use]
+    pub fn on_log(log: LogId, request_id: RequestId, body: impl Into<Body>) -> Frame {
         Frame {
             request_id,
+            log,
             flags: Flags::NONE,
             body: body.into(),
         }
@@ -299,12 +323,17 @@ pub struct FrameHeader {
     pub flags: u8,
     /// Request id.
     pub request_id: RequestId,
+    /// The log the frame is about.
+    pub log: LogId,
+    /// The reserved word: 0 from every sender of this version; checked by
+    /// [`decode_frame_body`] ([`WireError::ReservedNotZero`]).
+    pub reserved: u32,
     /// CRC32C of the body.
     pub body_crc: u32,
 }
 
 impl FrameHeader {
-    /// The header's 24 bytes, version [`PROTOCOL_VERSION`], header CRC computed.
+    /// The header's 32 bytes, version [`PROTOCOL_VERSION`], header CRC computed.
     #[must_use]
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut h = [0u8; HEADER_BYTES];
@@ -312,7 +341,9 @@ impl FrameHeader {
         h[FRAME_TYPE_AT..VERSION_AT].copy_from_slice(&self.frame_type.to_le_bytes());
         h[VERSION_AT] = PROTOCOL_VERSION;
         h[FLAGS_AT] = self.flags;
-        h[REQUEST_ID_AT..BODY_CRC_AT].copy_from_slice(&self.request_id.0.to_le_bytes());
+        h[REQUEST_ID_AT..LOG_AT].copy_from_slice(&self.request_id.0.to_le_bytes());
+        h[LOG_AT..RESERVED_AT].copy_from_slice(&self.log.0.to_le_bytes());
+        h[RESERVED_AT..BODY_CRC_AT].copy_from_slice(&self.reserved.to_le_bytes());
         h[BODY_CRC_AT..HEADER_CRC_AT].copy_from_slice(&self.body_crc.to_le_bytes());
         let crc = crc32c::crc32c(&h[..HEADER_CRC_AT]);
         h[HEADER_CRC_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -332,6 +363,7 @@ impl FrameHeader {
         let stored = u32_at(HEADER_CRC_AT);
         let computed = crc32c::crc32c(&h[..HEADER_CRC_AT]);
         if stored != computed {
+            check_older_version(h)?;
             return Err(WireError::HeaderChecksum { stored, computed });
         }
         let version = h[VERSION_AT];
@@ -355,12 +387,14 @@ impl FrameHeader {
             });
         }
         let mut request_id = [0u8; 8];
-        request_id.copy_from_slice(&h[REQUEST_ID_AT..BODY_CRC_AT]);
+        request_id.copy_from_slice(&h[REQUEST_ID_AT..LOG_AT]);
         Ok(FrameHeader {
             frame_bytes,
             frame_type: u16::from_le_bytes([h[FRAME_TYPE_AT], h[FRAME_TYPE_AT + 1]]),
             flags: h[FLAGS_AT],
             request_id: RequestId(u64::from_le_bytes(request_id)),
+            log: LogId(u32_at(LOG_AT)),
+            reserved: u32_at(RESERVED_AT),
             body_crc: u32_at(BODY_CRC_AT),
         })
     }
@@ -373,6 +407,34 @@ impl FrameHeader {
     }
 }
 
+/// Checks the first bytes a peer sent (fewer than a whole header may have arrived) for a
+/// header of an older protocol version that this build does not speak: version 1's
+/// 24-byte header, recognised by its version byte and its own CRC (a version-2 header
+/// never matches: its version byte is 2). Lets a reader answer an old peer with a typed
+/// error at once instead of waiting for bytes that never come (an old client's empty
+/// request is 24 bytes, shorter than this version's header).
+///
+/// # Errors
+/// [`WireError::UnsupportedVersion`] for a version-1 header; the connection must be closed.
+pub fn check_older_version(prefix: &[u8]) -> Result<(), WireError> {
+    let Some(h) = prefix.first_chunk::<V1_HEADER_BYTES>() else {
+        return Ok(());
+    };
+    let stored = u32::from_le_bytes([
+        h[V1_HEADER_CRC_AT],
+        h[V1_HEADER_CRC_AT + 1],
+        h[V1_HEADER_CRC_AT + 2],
+        h[V1_HEADER_CRC_AT + 3],
+    ]);
+    if h[VERSION_AT] == 1 && stored == crc32c::crc32c(&h[..V1_HEADER_CRC_AT]) {
+        return Err(WireError::UnsupportedVersion {
+            version: 1,
+            supported: PROTOCOL_VERSION,
+        });
+    }
+    Ok(())
+}
+
 /// Decodes the body of a frame whose header [`FrameHeader::decode`] accepted. `body` must
 /// be exactly `header.body_bytes()` long; payloads in the result are slices of it.
 ///
@@ -380,7 +442,7 @@ impl FrameHeader {
 ///
 /// # Errors
 /// [`WireError::BadFrame`] (the stream stays in sync) wrapping the cause:
-/// [`WireError::BodyChecksum`], [`WireError::UnknownFlags`],
+/// [`WireError::BodyChecksum`], [`WireError::UnknownFlags`], [`WireError::ReservedNotZero`],
 /// [`WireError::UnknownFrameType`], or a body error (`Truncated`, `CountTooLarge`,
 /// `CountExceedsBody`, `StringTooLong`, `InvalidUtf8`, `InvalidTag`, `TrailingBytes`, …).
 ///
@@ -411,6 +473,11 @@ fn decode_checked_body(header: &FrameHeader, body: &Bytes) -> Result<Frame, Wire
     let flags = Flags::from_bits(header.flags).ok_or(WireError::UnknownFlags {
         flags: header.flags,
     })?;
+    if header.reserved != 0 {
+        return Err(WireError::ReservedNotZero {
+            value: header.reserved,
+        });
+    }
     let frame_type = FrameType::from_u16(header.frame_type).ok_or(WireError::UnknownFrameType {
         frame_type: header.frame_type,
     })?;
@@ -419,6 +486,7 @@ fn decode_checked_body(header: &FrameHeader, body: &Bytes) -> Result<Frame, Wire
     reader.finish()?;
     Ok(Frame {
         request_id: header.request_id,
+        log: header.log,
         flags,
         body,
     })
@@ -438,6 +506,7 @@ fn decode_checked_body(header: &FrameHeader, body: &Bytes) -> Result<Frame, Wire
 /// next call decodes the next one.
 pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, WireError> {
     let Some(header_bytes) = buf.first_chunk::<HEADER_BYTES>() else {
+        check_older_version(buf)?;
         return Ok(None);
     };
     let header = FrameHeader::decode(header_bytes)?;
@@ -457,6 +526,7 @@ pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, WireError> {
 /// As [`FrameHeader::decode`]: the header is bad and the connection must be closed.
 pub fn frame_bytes_announced(buf: &[u8]) -> Result<Option<usize>, WireError> {
     let Some(header_bytes) = buf.first_chunk::<HEADER_BYTES>() else {
+        check_older_version(buf)?;
         return Ok(None);
     };
     Ok(Some(
@@ -471,6 +541,7 @@ pub fn frame_bytes_announced(buf: &[u8]) -> Result<Option<usize>, WireError> {
 /// As [`decode`]; after [`WireError::BadFrame`] the caller skips its `frame_bytes`.
 pub fn decode_slice(buf: &[u8]) -> Result<Option<(Frame, usize)>, WireError> {
     let Some(header_bytes) = buf.first_chunk::<HEADER_BYTES>() else {
+        check_older_version(buf)?;
         return Ok(None);
     };
     let header = FrameHeader::decode(header_bytes)?;
@@ -510,6 +581,8 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<usize, WireError> {
         frame_type: frame.frame_type().as_u16(),
         flags: frame.flags.bits(),
         request_id: frame.request_id,
+        log: frame.log,
+        reserved: 0,
         body_crc: crc32c::crc32c(&buf[start + HEADER_BYTES..]),
     };
     buf[start..start + HEADER_BYTES].copy_from_slice(&header.encode());
@@ -537,9 +610,9 @@ fn check_frame_bytes(body_bytes: usize) -> Result<u32, WireError> {
 /// The body is a list of chunks: small fields (and payloads of at most
 /// `INLINE_PAYLOAD_BYTES_MAX` bytes) copied into runs of the scratch buffer, and each
 /// larger payload as its own shared `Bytes` (no copy). A sender writes
-/// `header(request_id, flags)` then `chunks()` with one vectored write (mind `IOV_MAX`,
-/// 1024 on Linux); a master sends the same `EncodedBody` to every store, each with its own
-/// request id. Cloning is cheap (reference counts).
+/// `header(log, request_id, flags)` then `chunks()` with one vectored write (mind
+/// `IOV_MAX`, 1024 on Linux); a master sends the same `EncodedBody` to every store, each
+/// with its own request id. Cloning is cheap (reference counts).
 #[derive(Clone, Debug)]
 pub struct EncodedBody {
     frame_type: FrameType,
@@ -596,14 +669,17 @@ impl EncodedBody {
         self.frame_bytes as usize
     }
 
-    /// The header that puts this body on the wire as request `request_id`.
+    /// The header that puts this body on the wire as request (or response) `request_id`
+    /// about `log`.
     #[must_use]
-    pub fn header(&self, request_id: RequestId, flags: Flags) -> [u8; HEADER_BYTES] {
+    pub fn header(&self, log: LogId, request_id: RequestId, flags: Flags) -> [u8; HEADER_BYTES] {
         FrameHeader {
             frame_bytes: self.frame_bytes,
             frame_type: self.frame_type.as_u16(),
             flags: flags.bits(),
             request_id,
+            log,
+            reserved: 0,
             body_crc: self.body_crc,
         }
         .encode()
@@ -611,9 +687,9 @@ impl EncodedBody {
 
     /// Appends the whole frame (header and chunks) to `out`, copying: for senders without
     /// vectored writes, and for tests.
-    pub fn write_frame(&self, request_id: RequestId, flags: Flags, out: &mut BytesMut) {
+    pub fn write_frame(&self, log: LogId, request_id: RequestId, flags: Flags, out: &mut BytesMut) {
         out.reserve(self.frame_bytes());
-        out.extend_from_slice(&self.header(request_id, flags));
+        out.extend_from_slice(&self.header(log, request_id, flags));
         for chunk in &self.chunks {
             out.extend_from_slice(chunk);
         }

@@ -3,8 +3,8 @@
 //!
 //! This crate is a pure codec: no sockets, no async runtime, no file I/O. It owns
 //!
-//! - the frame: a fixed 24-byte header (length, frame type, version, flags, request id,
-//!   body CRC32C, header CRC32C) then a body, all little-endian ([`frame`]);
+//! - the frame: a fixed 32-byte header (length, frame type, version, flags, request id,
+//!   log id, body CRC32C, header CRC32C) then a body, all little-endian ([`frame`]);
 //! - every body exchanged between clients, brokers and stores ([`replication`],
 //!   [`client`], [`ErrorResponse`]) and the stable [`ErrorCode`] numbers;
 //! - the payload encodings of the broker's events in the log ([`event_body`]);
@@ -24,7 +24,7 @@
 //!
 //! Writing: [`encode`] appends a frame to a `BytesMut` (one copy of each payload). For
 //! large payloads and fan-out, [`encode_body`] builds an [`EncodedBody`] once: its chunks
-//! share the payloads, and each destination gets its own 24-byte header
+//! share the payloads, and each destination gets its own 32-byte header
 //! ([`EncodedBody::header`]) in front of the same chunks, written with one vectored write.
 //!
 //! Nothing in this crate panics on bytes from the network: every malformed input gives a
@@ -59,8 +59,9 @@ pub use event_body::{
     SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
-    decode, decode_frame_body, decode_slice, encode, encode_body, frame_bytes_announced, Body,
-    EncodedBody, Flags, Frame, FrameHeader, FrameType, RequestId, HEADER_BYTES, PROTOCOL_VERSION,
+    check_older_version, decode, decode_frame_body, decode_slice, encode, encode_body,
+    frame_bytes_announced, Body, EncodedBody, Flags, Frame, FrameHeader, FrameType, RequestId,
+    HEADER_BYTES, PROTOCOL_VERSION,
 };
 pub use limits::*;
 pub use payload::Payload;
@@ -70,7 +71,7 @@ pub use replication::{
     RejectReason, TailCut, TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
     EVENT_OVERHEAD_BYTES,
 };
-pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogPosition, Offset, StoreId};
+pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogId, LogPosition, Offset, StoreId};
 
 #[cfg(test)]
 mod tests;

@@ -327,6 +327,8 @@ fn raw_frame(frame_type: u16, flags: u8, request_id: u64, body: &[u8]) -> Vec<u8
         frame_type,
         flags,
         request_id: RequestId(request_id),
+        log: crate::LogId::ZERO,
+        reserved: 0,
         body_crc: crc32c::crc32c(body),
     };
     let mut out = header.encode().to_vec();
@@ -336,8 +338,8 @@ fn raw_frame(frame_type: u16, flags: u8, request_id: u64, body: &[u8]) -> Vec<u8
 
 /// Rewrites the header CRC after a test changed header bytes on purpose.
 fn reseal_header(frame: &mut [u8]) {
-    let crc = crc32c::crc32c(&frame[..20]);
-    frame[20..24].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c::crc32c(&frame[..28]);
+    frame[28..32].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn decode_one(bytes: &[u8]) -> Result<Option<Frame>, WireError> {
@@ -488,7 +490,7 @@ fn largest_frame_is_announced_but_never_reserved_from_its_header() {
     );
     assert_eq!(frame_bytes_announced(&buf), Ok(Some(FRAME_BYTES_MAX)));
     assert_eq!(frame_bytes_announced(&buf[..HEADER_BYTES - 1]), Ok(None));
-    header[20] ^= 1;
+    header[28] ^= 1;
     assert!(matches!(
         frame_bytes_announced(&header),
         Err(WireError::HeaderChecksum { .. })
@@ -497,7 +499,7 @@ fn largest_frame_is_announced_but_never_reserved_from_its_header() {
 
 #[test]
 fn length_below_header_is_refused() {
-    for length in [0u32, 1, 23] {
+    for length in [0u32, 1, 31] {
         let mut header = raw_frame(FrameType::TailRequest.as_u16(), 0, 1, b"");
         header[0..4].copy_from_slice(&length.to_le_bytes());
         reseal_header(&mut header);
@@ -555,17 +557,72 @@ fn body_corruption_is_caught_by_the_body_crc() {
 #[test]
 fn unsupported_version_is_refused() {
     let mut bytes = encoded(&Frame::new(RequestId(1), TailRequest)).to_vec();
-    bytes[6] = 2;
+    bytes[6] = 3;
     reseal_header(&mut bytes);
-    let err = decode_one(&bytes).expect_err("version 2");
+    let err = decode_one(&bytes).expect_err("version 3");
     assert_eq!(
         err,
         WireError::UnsupportedVersion {
-            version: 2,
+            version: 3,
             supported: PROTOCOL_VERSION
         }
     );
     assert_eq!(err.error_code(), ErrorCode::UnsupportedVersion);
+}
+
+/// Version 1's 24-byte header (no log id): a peer of that version gets
+/// `UnsupportedVersion`, not a checksum error, and at once, even when its whole frame
+/// is shorter than this version's header (an empty-bodied request).
+#[test]
+fn a_version_1_peer_is_told_its_version_is_unsupported() {
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(&24u32.to_le_bytes()); // length: an empty body
+    v1.extend_from_slice(&FrameType::MetadataRequest.as_u16().to_le_bytes());
+    v1.push(1); // version
+    v1.push(0); // flags
+    v1.extend_from_slice(&7u64.to_le_bytes()); // request id
+    v1.extend_from_slice(&0u32.to_le_bytes()); // body crc
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes()); // header crc over 0..20
+    let unsupported = WireError::UnsupportedVersion {
+        version: 1,
+        supported: PROTOCOL_VERSION,
+    };
+    assert_eq!(
+        decode(&mut BytesMut::from(&v1[..])),
+        Err(unsupported.clone())
+    );
+    assert_eq!(decode_slice(&v1), Err(unsupported.clone()));
+    assert_eq!(frame_bytes_announced(&v1), Err(unsupported.clone()));
+    assert_eq!(check_older_version(&v1[..23]), Ok(()), "not whole yet");
+    // Followed by the next frame: the 32-byte header decoder sees it the same way.
+    v1.extend_from_slice(&v1.clone());
+    assert_eq!(decode_one(&v1), Err(unsupported.clone()));
+    assert!(unsupported.is_connection_fatal());
+    // A version-2 header is never taken for a version-1 one.
+    let v2 = encoded(&Frame::new(RequestId(7), MetadataRequest));
+    assert_eq!(check_older_version(&v2), Ok(()));
+}
+
+#[test]
+fn the_log_id_round_trips_and_a_set_reserved_word_is_refused() {
+    let frame = Frame::on_log(crate::LogId(u32::MAX), RequestId(3), TailRequest);
+    let bytes = encoded(&frame);
+    assert_eq!(&bytes[16..20], &u32::MAX.to_le_bytes());
+    assert_eq!(decode_one(&bytes), Ok(Some(frame)));
+
+    let mut reserved = bytes.to_vec();
+    reserved[21] = 1;
+    reseal_header(&mut reserved);
+    let mut buf = BytesMut::from(&reserved[..]);
+    buf.extend_from_slice(&bytes);
+    let cause = bad_frame_cause(decode(&mut buf));
+    assert_eq!(cause, WireError::ReservedNotZero { value: 0x100 });
+    // The stream is still in sync.
+    assert_eq!(
+        decode(&mut buf).map(|f| f.map(|f| f.log)),
+        Ok(Some(crate::LogId(u32::MAX)))
+    );
 }
 
 #[test]
@@ -925,7 +982,7 @@ fn encode_refuses_what_cannot_be_carried_and_leaves_the_buffer_alone() {
             }
             .into(),
             WireError::FrameTooLarge {
-                length: (FRAME_BYTES_MAX + 24 + 2 + 1 + 16 + 4 + 4) as u64,
+                length: (FRAME_BYTES_MAX + HEADER_BYTES + 2 + 1 + 16 + 4 + 4) as u64,
                 max: FRAME_BYTES_MAX,
             },
         ),
@@ -987,9 +1044,11 @@ fn vectored_encoding_matches_contiguous_and_shares_large_payloads() {
         assert_eq!(enc.frame_bytes(), contiguous.len());
         assert_eq!(enc.frame_type(), frame.frame_type());
         let mut joined = BytesMut::new();
-        enc.write_frame(frame.request_id, frame.flags, &mut joined);
+        enc.write_frame(frame.log, frame.request_id, frame.flags, &mut joined);
         assert_eq!(joined, contiguous, "sample {i}");
-        let mut gathered = enc.header(frame.request_id, frame.flags).to_vec();
+        let mut gathered = enc
+            .header(frame.log, frame.request_id, frame.flags)
+            .to_vec();
         for c in enc.chunks() {
             gathered.extend_from_slice(c);
         }
@@ -1008,7 +1067,7 @@ fn vectored_encoding_matches_contiguous_and_shares_large_payloads() {
     // One body, many destinations: only the header differs, and each decodes.
     for id in [7u64, 8, 9] {
         let mut out = BytesMut::new();
-        enc.write_frame(RequestId(id), Flags::NONE, &mut out);
+        enc.write_frame(crate::LogId::ZERO, RequestId(id), Flags::NONE, &mut out);
         let f = decode(&mut out).expect("ok").expect("whole");
         assert_eq!(f, Frame::new(RequestId(id), append.clone()));
     }
@@ -1062,7 +1121,7 @@ fn a_chained_message_event_goes_out_without_a_copy() {
         .iter()
         .any(|c| c.as_ptr() == message.as_ptr() && c.len() == message.len()));
     let mut out = BytesMut::new();
-    enc.write_frame(RequestId(1), Flags::NONE, &mut out);
+    enc.write_frame(crate::LogId::ZERO, RequestId(1), Flags::NONE, &mut out);
     assert_eq!(
         out,
         encoded(&Frame::new(
@@ -1371,7 +1430,8 @@ fn crc_is_castagnoli() {
 /// Pins the bytes docs/protocol.md draws: a change to the layout fails here first.
 #[test]
 fn golden_bytes_match_the_protocol_document() {
-    let frame = Frame::new(
+    let frame = Frame::on_log(
+        crate::LogId(0x0d0c_0b0a),
         RequestId(0x0102_0304_0506_0708),
         FenceRequest {
             epoch: Epoch(0x1122_3344_5566_7788),
@@ -1380,17 +1440,22 @@ fn golden_bytes_match_the_protocol_document() {
     );
     let bytes = encoded(&frame);
     assert_eq!(
-        &bytes[..16],
+        &bytes[..24],
         &[
-            49, 0, 0, 0, // length: 24 + 8 + 17
+            57, 0, 0, 0, // length: 32 + 8 + 17
             0x04, 0x01, // frame type 0x0104
-            1,    // version
+            2,    // version
             0,    // flags
             8, 7, 6, 5, 4, 3, 2, 1, // request id
+            0x0a, 0x0b, 0x0c, 0x0d, // log
+            0, 0, 0, 0, // reserved
         ]
     );
-    assert_eq!(&bytes[16..20], &crc32c::crc32c(&bytes[24..]).to_le_bytes());
-    assert_eq!(&bytes[20..24], &crc32c::crc32c(&bytes[..20]).to_le_bytes());
+    assert_eq!(
+        &bytes[24..28],
+        &crc32c::crc32c(&bytes[HEADER_BYTES..]).to_le_bytes()
+    );
+    assert_eq!(&bytes[28..32], &crc32c::crc32c(&bytes[..28]).to_le_bytes());
     #[rustfmt::skip]
     let body: &[u8] = &[
         0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // epoch
@@ -1398,7 +1463,7 @@ fn golden_bytes_match_the_protocol_document() {
         0x0b, 0x0a, 0, 0, 0, 0, 0, 0,                   //   store_id
         0x0d, 0x0c, 0, 0, 0, 0, 0, 0,                   //   incarnation
     ];
-    assert_eq!(&bytes[24..], body);
+    assert_eq!(&bytes[32..], body);
     let unbound = encoded(&Frame::new(
         RequestId(1),
         FenceRequest {
@@ -1406,7 +1471,7 @@ fn golden_bytes_match_the_protocol_document() {
             expected: None,
         },
     ));
-    assert_eq!(&unbound[24..], &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&unbound[32..], &[1, 0, 0, 0, 0, 0, 0, 0, 0]);
 
     // ErrorResponse with the Trimmed detail (code 208, detail tag 3).
     let trimmed = ErrorResponse {
@@ -1421,7 +1486,7 @@ fn golden_bytes_match_the_protocol_document() {
         3,                          // detail: Trimmed
         0x01, 0x02, 0, 0, 0, 0, 0, 0, // first_offset
     ];
-    assert_eq!(&bytes[24..], body);
+    assert_eq!(&bytes[32..], body);
 
     let append = AppendRequest {
         epoch: Epoch(5),
@@ -1443,15 +1508,15 @@ fn golden_bytes_match_the_protocol_document() {
         2, 0, 0, 0,                 //   payload length
         b'a', b'b',                 //   payload
     ];
-    assert_eq!(&bytes[24..], body);
+    assert_eq!(&bytes[32..], body);
     assert_eq!(&bytes[4..6], &[0x01, 0x01]);
 
     let err = ErrorResponse::not_voter(StoreId(3), Incarnation(9));
     let bytes = encoded(&Frame::new(RequestId(2), err.clone()));
     let message_len = err.message.len();
-    assert_eq!(&bytes[24..26], &[100, 0]); // code NotVoter
-    assert_eq!(&bytes[26..28], &(message_len as u16).to_le_bytes());
-    let detail = &bytes[28 + message_len..];
+    assert_eq!(&bytes[32..34], &[100, 0]); // code NotVoter
+    assert_eq!(&bytes[34..36], &(message_len as u16).to_le_bytes());
+    let detail = &bytes[36 + message_len..];
     assert_eq!(detail, &[1, 3, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
 
     let start = EventBody::EpochStart(EpochStartEvent {
@@ -1482,7 +1547,7 @@ fn golden_bytes_match_the_protocol_document() {
         HandoffRequest { to: BrokerId(2) },
     ));
     assert_eq!(&handoff[4..6], &[0x0B, 0x03]);
-    assert_eq!(&handoff[24..], &[2, 0]);
+    assert_eq!(&handoff[32..], &[2, 0]);
     let done = encoded(&Frame::new(
         RequestId(3),
         HandoffResponse {
@@ -1498,7 +1563,7 @@ fn golden_bytes_match_the_protocol_document() {
         2, 0,                       // master
         3, 1, 0, 0, 0, 0, 0, 0,     // pause_us
     ];
-    assert_eq!(&done[24..], expected);
+    assert_eq!(&done[32..], expected);
     let now = encoded(&Frame::new(
         RequestId(4),
         TakeOverNowRequest {
@@ -1508,7 +1573,7 @@ fn golden_bytes_match_the_protocol_document() {
     ));
     assert_eq!(&now[4..6], &[0x03, 0x02]);
     assert_eq!(
-        &now[24..],
+        &now[32..],
         &[1, 3, 0, 0, 0, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, 0, 0]
     );
     let took = encoded(&Frame::new(
@@ -1518,7 +1583,7 @@ fn golden_bytes_match_the_protocol_document() {
         },
     ));
     assert_eq!(&took[4..6], &[0x04, 0x02]);
-    assert_eq!(&took[24..], &[2, 0]);
+    assert_eq!(&took[32..], &[2, 0]);
 }
 
 /// The range digest frames (docs/protocol.md, "Range digest"): golden bytes, and the
@@ -1538,7 +1603,7 @@ fn range_digest_frames_match_the_protocol_document() {
         0x02, 0x01, 0, 0, 0, 0, 0, 0, // from
         0x03, 0x02, 0, 0, 0, 0, 0, 0, // to
     ];
-    assert_eq!(&req[24..], body);
+    assert_eq!(&req[32..], body);
     let resp = encoded(&Frame::new(
         RequestId(5),
         RangeDigestResponse {
@@ -1569,7 +1634,7 @@ fn range_digest_frames_match_the_protocol_document() {
         6, 0, 0, 0, 0, 0, 0, 0,     //   offset
         4, 3, 2, 1,                 //   crc
     ];
-    assert_eq!(&resp[24..], body);
+    assert_eq!(&resp[32..], body);
 
     // The encoder refuses an empty or too long range; so does the decoder, with the
     // stream still in sync (answered `Malformed`).

@@ -93,6 +93,26 @@ impl LogPosition {
     }
 }
 
+/// Which replicated log a frame is about: every frame's header carries one
+/// (docs/protocol.md, "Frame header"). Each log has its own offsets, epochs, master, HWM
+/// and promised epoch on every store (docs/partitions.md). Log 0 ([`LogId::ZERO`]) is the
+/// log a cluster without partitions replicates; frames that name no log (metadata,
+/// heartbeats, connection errors) carry it too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LogId(pub u32);
+
+impl LogId {
+    /// The first log: the one every cluster has, and the only one served until partitions
+    /// land (a request for another gets `ErrorCode::UnknownLog`).
+    pub const ZERO: LogId = LogId(0);
+}
+
+impl fmt::Display for LogId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Identity of one store directory, created once by `quire-node init`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StoreId(pub u64);

@@ -313,7 +313,8 @@ fn body() -> impl Strategy<Value = Body> {
 }
 
 fn frame() -> impl Strategy<Value = Frame> {
-    (any::<u64>(), body()).prop_map(|(id, body)| Frame::new(RequestId(id), body))
+    (any::<u64>(), any::<u32>(), body())
+        .prop_map(|(id, log, body)| Frame::on_log(LogId(log), RequestId(id), body))
 }
 
 fn encoded(frame: &Frame) -> Vec<u8> {
@@ -354,9 +355,9 @@ fn drain(bytes: &[u8]) -> (Vec<Frame>, Option<WireError>) {
 /// Rewrites both CRCs so a corrupted frame gets past them and reaches the body parser.
 fn reseal(frame: &mut [u8]) {
     let body_crc = crc32c::crc32c(&frame[HEADER_BYTES..]);
-    frame[16..20].copy_from_slice(&body_crc.to_le_bytes());
-    let header_crc = crc32c::crc32c(&frame[..20]);
-    frame[20..24].copy_from_slice(&header_crc.to_le_bytes());
+    frame[24..28].copy_from_slice(&body_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&frame[..28]);
+    frame[28..32].copy_from_slice(&header_crc.to_le_bytes());
 }
 
 proptest! {
@@ -373,7 +374,7 @@ proptest! {
         // The vectored path writes the same bytes.
         let mut scratch = BytesMut::new();
         let enc = encode_body(&frame.body, &mut scratch).expect("encodes");
-        let mut joined = enc.header(frame.request_id, frame.flags).to_vec();
+        let mut joined = enc.header(frame.log, frame.request_id, frame.flags).to_vec();
         for c in enc.chunks() {
             joined.extend_from_slice(c);
         }
@@ -397,6 +398,8 @@ proptest! {
             frame_type: t.as_u16(),
             flags: 0,
             request_id: RequestId(1),
+            log: quire_proto::LogId::ZERO,
+            reserved: 0,
             body_crc: 0,
         };
         raw[..HEADER_BYTES].copy_from_slice(&header.encode());

@@ -42,8 +42,8 @@ use bytes::BytesMut;
 use quire_net::{PEER_CONNECTIONS_RESERVE, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE};
 use quire_proto::{
     decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, FetchRequest, Frame,
-    FrameHeader, FrameType, LogPosition, MetadataRequest, Offset, ProduceRequest, ReadRequest,
-    RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
+    FrameHeader, FrameType, LogId, LogPosition, MetadataRequest, Offset, ProduceRequest,
+    ReadRequest, RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_tests::node::metric_value as metric;
 use quire_tests::*;
@@ -119,6 +119,8 @@ fn header(frame_bytes: u32, frame_type: FrameType, request_id: u64, body_crc: u3
         frame_type: frame_type.as_u16(),
         flags: 0,
         request_id: RequestId(request_id),
+        log: LogId::ZERO,
+        reserved: 0,
         body_crc,
     }
     .encode()
@@ -215,6 +217,29 @@ fn bad_frames(addr: &str) {
     );
     let f = read_frame(&mut s, &mut buf).expect("the next request is served");
     assert_eq!(f.request_id, RequestId(8));
+    assert!(matches!(f.body, Body::MetadataResponse(_)), "{:?}", f.body);
+
+    // A sound produce about a log this broker does not serve (log 3): UnknownLog under
+    // the request's log id, and the connection goes on.
+    let mut other_log = BytesMut::new();
+    encode(
+        &Frame::on_log(LogId(3), RequestId(10), produce_request("t", 0, 0, 3)),
+        &mut other_log,
+    )
+    .expect("encodes");
+    let mut s = connect(addr);
+    s.write_all(&other_log).unwrap();
+    s.write_all(&sound_frame(11, MetadataRequest)).unwrap();
+    let mut buf = BytesMut::new();
+    let f = read_frame(&mut s, &mut buf).expect("answered");
+    assert_eq!((f.log, f.request_id), (LogId(3), RequestId(10)));
+    assert!(
+        matches!(&f.body, Body::ErrorResponse(e) if e.code == ErrorCode::UnknownLog),
+        "{:?}",
+        f.body
+    );
+    let f = read_frame(&mut s, &mut buf).expect("the next request is served");
+    assert_eq!((f.log, f.request_id), (LogId::ZERO, RequestId(11)));
     assert!(matches!(f.body, Body::MetadataResponse(_)), "{:?}", f.body);
 
     // A truncated frame: the header and half the body, then the peer closes.
@@ -652,10 +677,9 @@ fn bad_clients_leave_a_store_up_bounded_and_appending() {
     report.check("store", pid, &scrape_metrics(&metrics_addr));
 }
 
-/// Peers that send large requests and never read the answers, in the two tests below: one
-/// asks for [`UNREAD_REQUEST_BYTES`] per answer, the other for 1 byte (an answer carries
-/// at least one event or message, whatever the request's byte bound).
-const NON_READERS: usize = 2;
+// Peers that send large requests and never read the answers, in the tests below: one
+// asks for [`UNREAD_REQUEST_BYTES`] per answer, the next for 1 byte (an answer carries
+// at least one event or message, whatever the request's byte bound).
 /// Requests each of them sends.
 const UNREAD_REQUESTS: usize = 150;
 /// Payload bytes each request of the first non-reader asks for.
@@ -669,6 +693,8 @@ const NON_READER_RSS_SLACK_BYTES: u64 = 48 * 1024 * 1024;
 /// What the server did while the non-readers were connected.
 #[derive(Debug)]
 struct NonReaderReport {
+    /// How many peers never read.
+    peers: usize,
     baseline_rss: u64,
     rss_max: u64,
     queued_max: f64,
@@ -676,15 +702,15 @@ struct NonReaderReport {
     requests_taken: f64,
 }
 
-/// Connects [`NON_READERS`] peers to `addr`, each sending [`UNREAD_REQUESTS`] copies of
-/// its own of `requests` and reading nothing; watches `pid`'s RSS and `quire_response_bytes_queued`
+/// Connects one peer per entry of `requests` to `addr`, each sending [`UNREAD_REQUESTS`] copies of its own entry
+/// and reading nothing; watches `pid`'s RSS and `quire_response_bytes_queued`
 /// for [`NON_READER_WATCH`], then checks another client is served (`probe`), closes the
 /// peers, and waits (bounded) for the queued bytes to go back to 0.
 fn flood_without_reading(
     who: &str,
     addr: &str,
     pid: u32,
-    requests: &[Body; NON_READERS],
+    requests: &[Body],
     requests_taken: &str,
     scrape: &dyn Fn() -> String,
     probe: &mut dyn FnMut(),
@@ -742,14 +768,16 @@ fn flood_without_reading(
         std::thread::sleep(Duration::from_millis(100));
     }
     let report = NonReaderReport {
+        peers: requests.len(),
         baseline_rss,
         rss_max,
         queued_max,
         requests_taken: taken,
     };
     eprintln!(
-        "{who}: {NON_READERS} peers sent {UNREAD_REQUESTS} requests each (for {} MiB, for 1 byte) and read nothing: \
+        "{who}: {} peers sent {UNREAD_REQUESTS} requests each (for {} MiB, or for 1 byte) and read nothing: \
          {} requests taken, {} MiB of responses queued at most, RSS {} MiB before, {} MiB at most",
+        report.peers,
         UNREAD_REQUEST_BYTES >> 20,
         report.requests_taken,
         report.queued_max as u64 >> 20,
@@ -762,10 +790,16 @@ fn flood_without_reading(
 impl NonReaderReport {
     /// Asserts the server kept each non-reader within `conn_bytes_max`.
     fn check(&self, conn_bytes_max: usize) {
-        let bound = (NON_READERS * conn_bytes_max) as f64;
+        self.check_within(self.peers * conn_bytes_max);
+    }
+
+    /// Asserts the server held at most `bytes_max` of answers for all the non-readers
+    /// together, and stopped reading them.
+    fn check_within(&self, bytes_max: usize) {
+        let bound = bytes_max as f64;
         assert!(
             self.queued_max <= bound,
-            "{} bytes of responses were queued, above {NON_READERS} x {conn_bytes_max}",
+            "{} bytes of responses were queued, above {bytes_max}",
             self.queued_max
         );
         // Whole responses were waiting: the test did reach the bound's territory.
@@ -776,7 +810,7 @@ impl NonReaderReport {
         );
         // The server stopped reading the peers rather than take every request.
         assert!(
-            self.requests_taken < (NON_READERS * UNREAD_REQUESTS) as f64,
+            self.requests_taken < (self.peers * UNREAD_REQUESTS) as f64,
             "the server took all {} requests",
             self.requests_taken
         );

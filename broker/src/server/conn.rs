@@ -52,8 +52,8 @@ use quire_net::{
     ReadError, ReadSettings, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
-    encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, RequestId, FRAME_BYTES_MAX,
-    HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
+    encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, LogId, RequestId,
+    FRAME_BYTES_MAX, HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
 };
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
@@ -100,16 +100,22 @@ impl Responder {
     /// Queues `body` as the answer to `request_id`. Never waits: a connection whose queue
     /// is full (the peer does not read) is closed.
     pub(crate) fn send(&self, request_id: RequestId, body: Body) {
-        self.send_holding(request_id, body, None);
+        self.send_holding(LogId::ZERO, request_id, body, None);
     }
 
     /// Queues `body` as the answer to the request that holds `permits`: its request slot
     /// and answer bytes go back once the answer is written (its produce bytes at once).
     pub(crate) fn answer(&self, request_id: RequestId, body: Body, permits: Permits) {
-        self.send_holding(request_id, body, Some(permits));
+        self.send_holding(LogId::ZERO, request_id, body, Some(permits));
     }
 
-    fn send_holding(&self, request_id: RequestId, body: Body, permits: Option<Permits>) {
+    fn send_holding(
+        &self,
+        log: LogId,
+        request_id: RequestId,
+        body: Body,
+        permits: Option<Permits>,
+    ) {
         let mut scratch = BytesMut::new();
         let encoded = match encode_body(&body, &mut scratch) {
             Ok(e) => e,
@@ -126,9 +132,11 @@ impl Responder {
             }
         };
         let mut parts = Vec::with_capacity(1 + encoded.chunks().len());
-        parts.push(Bytes::copy_from_slice(
-            &encoded.header(request_id, Flags::NONE),
-        ));
+        parts.push(Bytes::copy_from_slice(&encoded.header(
+            log,
+            request_id,
+            Flags::NONE,
+        )));
         parts.extend(encoded.chunks().iter().cloned());
         let mut frame = OutFrame::new(parts, &self.metrics.responses);
         if let Some(p) = permits {
@@ -152,6 +160,17 @@ impl Responder {
     /// Answers `request_id` with an error.
     pub(crate) fn error(&self, request_id: RequestId, error: ErrorResponse) {
         self.send(request_id, error.into());
+    }
+
+    /// Answers a request about `log`, which this broker does not serve, with
+    /// `ErrorCode::UnknownLog` under the request's own log id.
+    pub(crate) fn unknown_log(&self, log: LogId, request_id: RequestId) {
+        self.send_holding(
+            log,
+            request_id,
+            ErrorResponse::unknown_log(log).into(),
+            None,
+        );
     }
 }
 
@@ -264,6 +283,12 @@ pub(crate) async fn serve(
                     ),
                 ),
             );
+            continue;
+        }
+        if frame.log != LogId::ZERO {
+            // One log per cluster until partitions land (docs/partitions.md).
+            shared.metrics.reject_frame("unknown_log");
+            reply.unknown_log(frame.log, frame.request_id);
             continue;
         }
         let Ok(request) = requests.clone().acquire_owned().await else {
