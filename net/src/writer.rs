@@ -160,6 +160,7 @@ pub struct OutFrame {
     bytes_left: usize,
     gauge: Gauge,
     _held: Option<BytesHeld>,
+    _held_shared: Option<BytesHeld>,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -176,6 +177,7 @@ impl OutFrame {
             bytes_left,
             gauge: metrics.queued_bytes.clone(),
             _held: None,
+            _held_shared: None,
             _permit: None,
         }
     }
@@ -186,6 +188,16 @@ impl OutFrame {
     pub fn holding(mut self, mut held: BytesHeld) -> OutFrame {
         held.fit(self.bytes_left);
         self._held = Some(held);
+        self
+    }
+
+    /// Holds `held`, bytes of a budget shared by every connection (a server-wide bound on
+    /// responses), [fitted](BytesHeld::fit) to the frame's length, until the frame is
+    /// written or dropped: beside what [`OutFrame::holding`] holds, not instead.
+    #[must_use]
+    pub fn holding_shared(mut self, mut held: BytesHeld) -> OutFrame {
+        held.fit(self.bytes_left);
+        self._held_shared = Some(held);
         self
     }
 

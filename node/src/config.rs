@@ -17,6 +17,7 @@
 //! write_queue_frames_max = 4160
 //! read_events_max = 65536
 //! read_bytes_max = "8MiB"
+//! read_responses_bytes_max = "256MiB"       # read responses not yet written, all connections
 //! read_buffer_bytes_max = "64MiB"           # incoming frames buffered, all connections
 //! partial_frame_timeout = "10s"             # a frame must be whole this long after its first byte
 //! idle_timeout = "10m"                      # a connection silent this long is closed; "0s": never
@@ -74,6 +75,11 @@ pub const WRITE_QUEUE_FRAMES_MAX: usize = IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX 
 pub const READ_EVENTS_MAX: usize = EVENTS_PER_FRAME_MAX;
 /// Default most payload bytes in one read response (at least one event is always sent).
 pub const READ_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Default most bytes of read responses the node holds across all connections, from
+/// serving a read until its response's last byte is written: reads wait beyond it. With
+/// the per-connection bound alone, 16 peers that never read their answers held 869 MiB of
+/// a store (a break-it trial, issue 16). At least one maximal frame.
+pub const READ_RESPONSES_BYTES_MAX: usize = 256 * 1024 * 1024;
 
 /// The `[limits]` table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +96,8 @@ pub struct Limits {
     pub read_events_max: usize,
     /// See [`READ_BYTES_MAX`].
     pub read_bytes_max: usize,
+    /// See [`READ_RESPONSES_BYTES_MAX`].
+    pub read_responses_bytes_max: usize,
     /// Bytes of incoming frames buffered across all connections at most
     /// ([`quire_net::ReadSettings::read_buffer_bytes_max`]).
     pub read_buffer_bytes_max: usize,
@@ -122,6 +130,7 @@ impl Default for Limits {
             write_queue_frames_max: WRITE_QUEUE_FRAMES_MAX,
             read_events_max: READ_EVENTS_MAX,
             read_bytes_max: READ_BYTES_MAX,
+            read_responses_bytes_max: READ_RESPONSES_BYTES_MAX,
             read_buffer_bytes_max: READ_BUFFER_BYTES_MAX_DEFAULT,
             partial_frame_timeout_ms: PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
             idle_timeout_ms: IDLE_TIMEOUT_MS_DEFAULT,
@@ -261,6 +270,7 @@ impl NodeConfig {
             write_queue_frames_max: num("write_queue_frames_max")?,
             read_events_max: num("read_events_max")?,
             read_bytes_max: num("read_bytes_max")?,
+            read_responses_bytes_max: num("read_responses_bytes_max")?,
             read_buffer_bytes_max: num("read_buffer_bytes_max")?,
             partial_frame_timeout_ms: millis("partial_frame_timeout")?,
             idle_timeout_ms: millis("idle_timeout")?,
@@ -341,6 +351,17 @@ impl NodeConfig {
         {
             return Err((
                 "in_flight_bytes_per_connection_max",
+                format!(
+                    "must be between FRAME_BYTES_MAX ({FRAME_BYTES_MAX}) and {}",
+                    u32::MAX
+                ),
+            ));
+        }
+        if l.read_responses_bytes_max < FRAME_BYTES_MAX
+            || l.read_responses_bytes_max > u32::MAX as usize
+        {
+            return Err((
+                "read_responses_bytes_max",
                 format!(
                     "must be between FRAME_BYTES_MAX ({FRAME_BYTES_MAX}) and {}",
                     u32::MAX
@@ -477,6 +498,13 @@ pub fn schema() -> Schema {
         )
         .in_table("limits")
         .default_value(size(limits.read_bytes_max)),
+        Setting::new(
+            "read_responses_bytes_max",
+            Kind::Size,
+            "Most bytes of read responses held across all connections until written; reads wait beyond it",
+        )
+        .in_table("limits")
+        .default_value(size(limits.read_responses_bytes_max)),
         Setting::new(
             "read_buffer_bytes_max",
             Kind::Size,

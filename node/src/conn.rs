@@ -76,6 +76,9 @@ pub(crate) struct ConnContext {
     pub metrics: Arc<Metrics>,
     /// The node-wide budget of bytes buffered for incoming frames.
     pub read_budget: ReadBudget,
+    /// The node-wide budget of read responses served and not yet written
+    /// (`limits.read_responses_bytes_max`).
+    pub read_responses: ConnBytes,
 }
 
 /// The permits one request holds until its response is written to the socket.
@@ -83,6 +86,8 @@ pub(crate) struct ConnContext {
 pub(crate) struct InFlight {
     bytes: BytesHeld,
     request: OwnedSemaphorePermit,
+    /// A read's share of the node-wide read-response budget.
+    shared: Option<BytesHeld>,
 }
 
 /// Sends responses to one connection's writer without ever waiting.
@@ -129,8 +134,16 @@ impl Responder {
         )));
         parts.extend(encoded.chunks().iter().cloned());
         let mut frame = OutFrame::new(parts, &self.metrics.responses);
-        if let Some(InFlight { bytes, request }) = in_flight {
+        if let Some(InFlight {
+            bytes,
+            request,
+            shared,
+        }) = in_flight
+        {
             frame = frame.holding(bytes).holding_permit(request);
+            if let Some(shared) = shared {
+                frame = frame.holding_shared(shared);
+            }
         }
         match self.tx.try_send(frame) {
             Ok(()) => {}
@@ -313,7 +326,11 @@ impl Reader {
         let permits = async {
             let bytes = self.bytes.acquire(cost).await;
             let request = self.requests.clone().acquire_owned().await.ok()?;
-            Some(InFlight { bytes, request })
+            Some(InFlight {
+                bytes,
+                request,
+                shared: None,
+            })
         };
         tokio::select! {
             biased;
@@ -356,9 +373,21 @@ impl Reader {
                 // instead (the frame's permits are swapped for the bigger ones).
                 drop(in_flight);
                 let cost = read_response_bytes_max(&r, &self.ctx.limits);
-                let Some(in_flight) = self.acquire(cost).await else {
+                let Some(mut in_flight) = self.acquire(cost).await else {
                     return;
                 };
+                // And the node-wide bound, so that many peers that never read their
+                // answers hold no more than it together (a per-connection bound alone let
+                // 16 such peers hold 869 MiB of a store).
+                let shared = self.ctx.read_responses.clone();
+                if shared.available_bytes() < cost.min(shared.bytes_max()) {
+                    self.ctx.metrics.read_response_budget_waits.inc();
+                }
+                tokio::select! {
+                    biased;
+                    held = shared.acquire(cost) => in_flight.shared = Some(held),
+                    _ = self.closed.wait_for(|c| *c) => return,
+                }
                 let reply = self.reply(LogId::ZERO, request_id, in_flight);
                 let wal = self.ctx.wal.clone();
                 let limits = self.ctx.limits.clone();

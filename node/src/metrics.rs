@@ -61,6 +61,9 @@ pub struct Metrics {
     pub accept: AcceptMetrics,
     /// Connections closed by the node because the peer did not read its responses.
     pub connections_dropped_slow: Counter,
+    /// Reads that waited for the node-wide read-response budget
+    /// (`limits.read_responses_bytes_max`).
+    pub read_response_budget_waits: Counter,
     /// Connections closed because a frame did not complete in time
     /// (`partial_frame_timeout`) or nothing arrived (`idle_timeout`), by reason.
     pub connections_timed_out: Family<Label, Counter>,
@@ -106,6 +109,7 @@ impl Metrics {
             connections_accepted: Counter::default(),
             accept: AcceptMetrics::default(),
             connections_dropped_slow: Counter::default(),
+            read_response_budget_waits: Counter::default(),
             connections_timed_out: Family::default(),
             read_budget: BudgetMetrics::default(),
             responses: ResponseMetrics::default(),
@@ -149,6 +153,11 @@ impl Metrics {
             "connections_dropped_slow",
             "Connections closed because the peer did not read its responses",
             m.connections_dropped_slow.clone(),
+        );
+        r.register(
+            "read_response_budget_waits",
+            "Reads that waited for the node-wide read-response budget (limits.read_responses_bytes_max)",
+            m.read_response_budget_waits.clone(),
         );
         r.register(
             "connections_timed_out",

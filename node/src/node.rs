@@ -15,7 +15,7 @@ use crate::conn::{self, ConnContext};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
+use quire_net::{Acceptor, ConnBytes, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
 /// Pending connections the listen socket queues (the kernel caps it at `somaxconn`).
 pub const LISTEN_BACKLOG: i32 = 4096;
@@ -131,6 +131,7 @@ impl Node {
                 metrics.read_budget.clone(),
             )
             .with_fair_share(config.limits.connections_max + PEER_CONNECTIONS_RESERVE),
+            read_responses: ConnBytes::new(config.limits.read_responses_bytes_max),
         };
         let connections_max = quire_net::fit_open_files_limit(
             config.limits.connections_max,

@@ -892,6 +892,91 @@ fn a_store_stops_reading_a_peer_that_does_not_read_its_answers() {
     report.check(STORE_CONN_BYTES_MAX);
 }
 
+/// The store's node-wide bound on read responses in the test below (`[limits]`).
+const STORE_READ_RESPONSES_BYTES_MAX: usize = 3 * FRAME_BYTES_MAX;
+
+/// Sixteen peers send 8 MiB reads (and 1-byte reads over 1 MiB events) and never read the
+/// answers: with the per-connection bound alone a store held 16 × its bound (869 MiB in
+/// the break-it trial); the node-wide `read_responses_bytes_max` keeps all of them
+/// together within it (48 MiB here, against 16 × 32 MiB), the reads beyond it wait
+/// (counted), and the store still answers another client and acknowledges an append.
+#[test]
+fn sixteen_peers_that_never_read_hold_no_more_than_the_store_wide_budget() {
+    let _t = quire_tests::proc_test();
+    let mut cluster = Cluster::new(1, 1, Timing::default());
+    cluster.set_store_config(&format!(
+        "metrics_listen = \"127.0.0.1:0\"\n\
+         [limits]\nin_flight_bytes_per_connection_max = {STORE_CONN_BYTES_MAX}\n\
+         read_responses_bytes_max = {STORE_READ_RESPONSES_BYTES_MAX}\n"
+    ));
+    cluster.stores[0].start();
+    let store = &cluster.stores[0];
+    let addr = store.addr.clone();
+    let proc = store.proc.as_ref().expect("the store runs");
+    let pid = proc.pid().expect("the store runs");
+    let metrics_addr = proc.metrics.clone().expect("the store serves metrics");
+
+    let mut c = Client::connect(&addr).expect("connects");
+    let append = |first: u64, count: u64| AppendRequest {
+        epoch: Epoch(3),
+        prev: (first > 0).then(|| LogPosition {
+            epoch: Epoch(3),
+            offset: Offset(first - 1),
+        }),
+        events: (first..first + count)
+            .map(|o| Event {
+                epoch: Epoch(3),
+                offset: Offset(o),
+                kind: EventKind::Message,
+                payload: Bytes::from(vec![o as u8; 1 << 20]).into(),
+            })
+            .collect(),
+        hwm: None,
+    };
+    for a in 0..3u64 {
+        match c.request(append(a * 4, 4)).expect("append answered") {
+            Body::PersistedAck(a) => assert!(a.through_offset.is_some()),
+            other => panic!("append answered {other:?}"),
+        }
+    }
+    let read = |max_bytes| -> Body {
+        ReadRequest {
+            from: Offset(0),
+            max_events: 1000,
+            max_bytes,
+        }
+        .into()
+    };
+    let requests: Vec<Body> = (0..16)
+        .map(|p| read(if p % 2 == 0 { UNREAD_REQUEST_BYTES } else { 1 }))
+        .collect();
+    let report = flood_without_reading(
+        "store",
+        &addr,
+        pid,
+        &requests,
+        "quire_requests_total{type=\"read\"}",
+        &|| scrape_metrics(&metrics_addr),
+        &mut || {
+            match c.request(TailRequest).expect("tail answered") {
+                Body::TailResponse(t) => assert_eq!(t.last.map(|p| p.offset), Some(Offset(11))),
+                other => panic!("tail answered {other:?}"),
+            }
+            // Replication never waits on the read budget.
+            match c.request(append(12, 1)).expect("append answered") {
+                Body::PersistedAck(a) => assert_eq!(a.through_offset, Some(Offset(12))),
+                other => panic!("append answered {other:?}"),
+            }
+        },
+    );
+    report.check_within(STORE_READ_RESPONSES_BYTES_MAX);
+    let waits = metric(
+        &scrape_metrics(&metrics_addr),
+        "quire_read_response_budget_waits_total",
+    );
+    assert!(waits > 0.0, "no read waited for the store-wide budget");
+}
+
 /// Fetches of 8 MiB (and of 1 byte, over 256 KiB messages) sent to the master by consumers that never read the answers: the
 /// broker queues at most `CONN_RESPONSE_BYTES_MAX` of answers per consumer and stops
 /// reading them, and a producer is still acknowledged.
