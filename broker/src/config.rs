@@ -24,6 +24,7 @@
 //! idle_timeout = "10m"            # a connection silent this long is closed; "0s": never
 //! message_bytes_max = "1MiB"      # largest producer message; keep below the stores' segment size
 //! connections_max = 10000         # more get Overloaded and are closed (64 more kept for brokers)
+//! fetch_responses_bytes_max = "256MiB" # fetch answers not yet written, all connections together
 //! ```
 //!
 //! The same as flags (`--heartbeat 100ms --retention-age 168h`) or variables
@@ -218,6 +219,12 @@ pub fn schema() -> Schema {
             "Most connections open at once; 64 more are kept for other brokers, the rest get Overloaded",
         )
         .default_value(Value::Count(CONNECTIONS_MAX_DEFAULT as u64)),
+        Setting::new(
+            "fetch_responses_bytes_max",
+            Kind::Size,
+            "Most bytes of fetch answers held across all connections until written; fetches wait beyond it",
+        )
+        .default_value(Value::Size(FETCH_RESPONSES_BYTES_MAX_DEFAULT as u64)),
     ];
     Schema {
         program: "quire-broker",
@@ -269,7 +276,15 @@ pub struct BrokerConfig {
     /// Most connections open at once, besides quire-net's `PEER_CONNECTIONS_RESERVE` kept
     /// for other brokers.
     pub connections_max: usize,
+    /// Most bytes of fetch answers held across all connections, from serving a fetch until
+    /// its answer's last byte is written ([`FETCH_RESPONSES_BYTES_MAX_DEFAULT`]).
+    pub fetch_responses_bytes_max: usize,
 }
+
+/// Default most bytes of fetch answers a broker holds across all connections until they
+/// are written; fetches wait beyond it. The per-connection bound alone
+/// (`CONN_RESPONSE_BYTES_MAX`, 64 MiB) let N consumers that never read hold N × 64 MiB.
+pub const FETCH_RESPONSES_BYTES_MAX_DEFAULT: usize = 256 * 1024 * 1024;
 
 impl BrokerConfig {
     /// The settings for `quire-broker run`: flags, then this process's `QUIRE_BROKER_*`
@@ -429,6 +444,19 @@ impl BrokerConfig {
                 format!("must be in 1..={CONNECTIONS_MAX_LIMIT}"),
             ));
         }
+        let fetch_responses_bytes_max = r.usize("fetch_responses_bytes_max")?.unwrap_or_default();
+        if !(crate::server::CONN_RESPONSE_BYTES_MAX..=u32::MAX as usize)
+            .contains(&fetch_responses_bytes_max)
+        {
+            return Err(r.invalid(
+                "fetch_responses_bytes_max",
+                format!(
+                    "must be in {}..={} bytes (at least one connection's answer bound)",
+                    crate::server::CONN_RESPONSE_BYTES_MAX,
+                    u32::MAX
+                ),
+            ));
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -448,6 +476,7 @@ impl BrokerConfig {
             read,
             message_bytes_max,
             connections_max,
+            fetch_responses_bytes_max,
         })
     }
 

@@ -101,6 +101,9 @@ pub struct Metrics {
     /// Connections closed because the peer did not read its answers (its answer queue
     /// filled, or a write made no progress for quire-net's `WRITE_STALL_TIMEOUT`).
     pub connections_dropped_slow: Counter,
+    /// Fetches that waited for the broker-wide budget of fetch answers
+    /// (`fetch_responses_bytes_max`).
+    pub fetch_response_budget_waits: Counter,
     /// The read budget: bytes held, and reads that waited for it.
     pub read_budget: BudgetMetrics,
     /// Bytes of responses queued and not yet written (`response_bytes_queued`).
@@ -145,6 +148,7 @@ impl Metrics {
             rejected_frames: Family::default(),
             connections_timed_out: Family::default(),
             connections_dropped_slow: Counter::default(),
+            fetch_response_budget_waits: Counter::default(),
             read_budget: BudgetMetrics::default(),
             responses: ResponseMetrics::default(),
             accept: AcceptMetrics::default(),
@@ -220,6 +224,11 @@ impl Metrics {
             "connections_timed_out",
             "Connections closed because a frame did not complete in time or nothing arrived, by reason",
             m.connections_timed_out.clone(),
+        );
+        r.register(
+            "fetch_response_budget_waits",
+            "Fetches that waited for the broker-wide budget of fetch answers (fetch_responses_bytes_max)",
+            m.fetch_response_budget_waits.clone(),
         );
         r.register(
             "connections_dropped_slow",

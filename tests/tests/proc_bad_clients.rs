@@ -1027,6 +1027,66 @@ fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
     report.check(quire_broker::server::CONN_RESPONSE_BYTES_MAX);
 }
 
+/// Sixteen consumers send 8 MiB fetches (and 1-byte fetches over 256 KiB messages) to the
+/// master and never read the answers: each connection's bound (64 MiB) alone would let
+/// them hold 1 GiB; the broker-wide `fetch_responses_bytes_max` (64 MiB here, its
+/// smallest value) keeps them within it together, the fetches beyond it wait (counted),
+/// and a producer is still acknowledged.
+#[test]
+fn sixteen_consumers_that_never_read_hold_no_more_than_the_broker_wide_budget() {
+    let _t = quire_tests::proc_test();
+    let budget = quire_broker::server::CONN_RESPONSE_BYTES_MAX;
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.add_broker_args(&["--fetch-responses-bytes-max", &budget.to_string()]);
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let pid = cluster.broker(1).pid().expect("the broker runs");
+    let message_bytes = 256 * 1024;
+    for r in 0..5u64 {
+        cluster.produce_acked(&ProduceRequest {
+            topic: "big".into(),
+            producer_id: 7,
+            sequence: r * 8,
+            messages: (0..8)
+                .map(|i| Bytes::from(vec![i as u8; message_bytes]))
+                .collect(),
+        });
+    }
+    let fetch = |max_bytes| -> Body {
+        FetchRequest {
+            topic: "big".into(),
+            from_offset: Offset(0),
+            max_messages: 1000,
+            max_bytes,
+            wait_ms: 0,
+        }
+        .into()
+    };
+    let requests: Vec<Body> = (0..16)
+        .map(|p| fetch(if p % 2 == 0 { UNREAD_REQUEST_BYTES } else { 1 }))
+        .collect();
+    let broker = &cluster.brokers[0];
+    let mut c = Client::connect(&addr).expect("connects");
+    let report = flood_without_reading(
+        "broker",
+        &addr,
+        pid,
+        &requests,
+        "quire_fetch_requests_total",
+        &|| broker.scrape(),
+        &mut || {
+            let answer = c
+                .request(produce_request("small", 8, 0, 3))
+                .map(produce_answer);
+            assert!(matches!(answer, Ok(Ok(_))), "{answer:?}");
+        },
+    );
+    report.check_within(budget);
+    let waits = metric(&broker.scrape(), "quire_fetch_response_budget_waits_total");
+    assert!(waits > 0.0, "no fetch waited for the broker-wide budget");
+}
+
 /// `connections_max` of every store and broker in the flood test.
 const CONNECTIONS_MAX: usize = 50;
 /// Idle sockets beyond the pool and the peer reserve in each flood.

@@ -82,6 +82,8 @@ pub(crate) struct Permits {
     request: OwnedSemaphorePermit,
     _produce_bytes: Option<OwnedSemaphorePermit>,
     response_bytes: Option<BytesHeld>,
+    /// A fetch's share of the broker-wide budget of fetch answers.
+    shared_response_bytes: Option<BytesHeld>,
 }
 
 /// Sends answers on one inbound connection; cheap to clone.
@@ -144,6 +146,9 @@ impl Responder {
             if let Some(held) = p.response_bytes {
                 frame = frame.holding(held);
             }
+            if let Some(held) = p.shared_response_bytes {
+                frame = frame.holding_shared(held);
+            }
         }
         if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(frame) {
             if !self.dropped.swap(true, Ordering::Relaxed) {
@@ -204,6 +209,9 @@ pub(crate) struct ConnShared {
     pub(crate) read: ReadSettings,
     /// The largest message event applied so far, in payload bytes (kept by the actor).
     pub(crate) message_event_bytes_max: Arc<AtomicUsize>,
+    /// The broker-wide budget of fetch answers not yet written
+    /// (`fetch_responses_bytes_max`).
+    pub(crate) fetch_responses: ConnBytes,
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
@@ -294,15 +302,29 @@ pub(crate) async fn serve(
         let Ok(request) = requests.clone().acquire_owned().await else {
             break;
         };
-        let response_bytes = match &frame.body {
-            Body::FetchRequest(f) => tokio::select! {
-                held = response_bytes.acquire(fetch_response_bytes_max(
+        let (response_bytes, shared_response_bytes) = match &frame.body {
+            Body::FetchRequest(f) => {
+                let bound = fetch_response_bytes_max(
                     f,
                     shared.message_event_bytes_max.load(Ordering::Relaxed),
-                )) => Some(held),
-                () = kill.notified() => break,
-            },
-            _ => None,
+                );
+                let held = tokio::select! {
+                    held = response_bytes.acquire(bound) => held,
+                    () = kill.notified() => break,
+                };
+                // And the broker-wide bound, so that many consumers that never read
+                // their answers hold no more than it together.
+                let budget = &shared.fetch_responses;
+                if budget.available_bytes() < bound.min(budget.bytes_max()) {
+                    shared.metrics.fetch_response_budget_waits.inc();
+                }
+                let shared_held = tokio::select! {
+                    held = budget.acquire(bound) => held,
+                    () = kill.notified() => break,
+                };
+                (Some(held), Some(shared_held))
+            }
+            _ => (None, None),
         };
         let bytes = match &frame.body {
             Body::ProduceRequest(p) => {
@@ -325,6 +347,7 @@ pub(crate) async fn serve(
                 request,
                 _produce_bytes: bytes,
                 response_bytes,
+                shared_response_bytes,
             },
             received,
         };

@@ -31,7 +31,7 @@ use crate::config::BrokerConfig;
 use crate::core::SlotId;
 use crate::durable::{self, ClusterFile, DirLock};
 use crate::metrics::Metrics;
-use quire_net::{Acceptor, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
+use quire_net::{Acceptor, ConnBytes, ConnectionLimit, ReadBudget, PEER_CONNECTIONS_RESERVE};
 
 pub use crate::engine::recent::RECENT_BYTES_MAX_DEFAULT;
 pub use actor::{
@@ -155,6 +155,7 @@ impl Broker {
             .with_fair_share(cfg.connections_max + PEER_CONNECTIONS_RESERVE),
             read: cfg.read,
             message_event_bytes_max,
+            fetch_responses: ConnBytes::new(cfg.fetch_responses_bytes_max),
         };
         let connections_max =
             quire_net::fit_open_files_limit(cfg.connections_max, PEER_CONNECTIONS_RESERVE);
