@@ -24,6 +24,7 @@
 //! idle_timeout = "10m"            # a connection silent this long is closed; "0s": never
 //! message_bytes_max = "1MiB"      # largest producer message; keep below the stores' segment size
 //! connections_max = 10000         # more get Overloaded and are closed (64 more kept for brokers)
+//! connections_per_address_max = 0 # of connections_max, per IP address; 0: no bound
 //! fetch_responses_bytes_max = "256MiB" # fetch answers not yet written, all connections together
 //! ```
 //!
@@ -220,6 +221,12 @@ pub fn schema() -> Schema {
         )
         .default_value(Value::Count(CONNECTIONS_MAX_DEFAULT as u64)),
         Setting::new(
+            "connections_per_address_max",
+            Kind::Count,
+            "Most of connections_max one IP address may hold (0: no bound); beyond it, the peer reserve or Overloaded",
+        )
+        .default_value(Value::Count(0)),
+        Setting::new(
             "fetch_responses_bytes_max",
             Kind::Size,
             "Most bytes of fetch answers held across all connections until written; fetches wait beyond it",
@@ -276,6 +283,10 @@ pub struct BrokerConfig {
     /// Most connections open at once, besides quire-net's `PEER_CONNECTIONS_RESERVE` kept
     /// for other brokers.
     pub connections_max: usize,
+    /// Most of the `connections_max` places one IP address may hold; 0 (the default, as
+    /// Kafka's `max.connections.per.ip`): no bound. An address at its bound still reaches
+    /// the peer reserve.
+    pub connections_per_address_max: usize,
     /// Most bytes of fetch answers held across all connections, from serving a fetch until
     /// its answer's last byte is written ([`FETCH_RESPONSES_BYTES_MAX_DEFAULT`]).
     pub fetch_responses_bytes_max: usize,
@@ -476,6 +487,9 @@ impl BrokerConfig {
             read,
             message_bytes_max,
             connections_max,
+            connections_per_address_max: r
+                .usize("connections_per_address_max")?
+                .unwrap_or_default(),
             fetch_responses_bytes_max,
         })
     }

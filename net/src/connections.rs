@@ -4,7 +4,8 @@
 //! ```text
 //!            accept()
 //!               │
-//!   general pool free? ── yes ──> serve (any frames)
+//!   general pool free, and the peer's address
+//!   under connections_per_address_max? ── yes ──> serve (any frames)
 //!               │ no
 //!   peer reserve free? ── yes ──> serve, but the first frame must be a cluster frame
 //!               │ no                (Append, Fence, Read, Tail, Heartbeat, TakeOverNow)
@@ -13,6 +14,12 @@
 //! ```
 //!
 //! - **General pool**: `connections_max` connections of any kind (clients, tools, brokers).
+//!   With a per-address bound ([`ConnectionLimit::with_per_address_max`], off by default
+//!   as Kafka's `max.connections.per.ip` and Redpanda's `kafka_connections_max_per_ip`),
+//!   one IP address holds at most that many of them, so a client that reconnects in a
+//!   loop (each connection held until its timeout) cannot keep clients at other addresses
+//!   out. An address at its bound still reaches the peer reserve, so a broker that shares
+//!   a host (or loopback) with a hoarder keeps its links.
 //! - **Peer reserve**: [`PEER_CONNECTIONS_RESERVE`] more, taken only when the general pool
 //!   is full. The protocol carries no identity, so a connection cannot be told apart at
 //!   accept; a reserve connection earns its place with its first frame, which must be one
@@ -25,8 +32,9 @@
 //! - **Refused**: a connection beyond both is accepted (so the kernel's backlog drains and
 //!   the accept loop never spins on it), sent one `ErrorResponse` `Overloaded` with request
 //!   id 0 if the socket takes it without waiting, and closed; counted in
-//!   `quire_connections_refused_total{reason}` (`connections_max`, or `peer_reserve` for a
-//!   reserve connection that sent no cluster frame in time) and logged at warn at most once
+//!   `quire_connections_refused_total{reason}` (`connections_max`, `per_address` when the
+//!   pool had room but not for that address, or `peer_reserve` for a reserve connection
+//!   that sent no cluster frame in time) and logged at warn at most once
 //!   per [`REFUSAL_LOG_INTERVAL`], with the number refused since the last line.
 //! - **accept() errors** (EMFILE, ENFILE, ENOBUFS, …): the loop waits
 //!   [`ACCEPT_ERROR_BACKOFF`] before the next accept, so a process out of descriptors does
@@ -35,7 +43,8 @@
 //!   the soft limit toward the hard one if it is too low for the bound, and otherwise
 //!   lowers the effective `connections_max` (with a warning).
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -70,6 +79,9 @@ pub const OWN_FDS_RESERVE: usize = 512;
 
 /// `reason` of a connection refused because both the pool and the reserve were full.
 pub const REFUSED_CONNECTIONS_MAX: &str = "connections_max";
+/// `reason` of a connection refused because the pool had room, but not for its address
+/// (it held `connections_per_address_max` places already), and the reserve was full.
+pub const REFUSED_PER_ADDRESS: &str = "per_address";
 /// `reason` of a reserve connection whose first frame was not a cluster frame, or did not
 /// come in time.
 pub const REFUSED_PEER_RESERVE: &str = "peer_reserve";
@@ -189,6 +201,12 @@ struct Inner {
     refusals: Mutex<Throttle>,
     /// The frame a refused connection gets.
     refusal: Bytes,
+    /// The frame a connection refused for its address gets.
+    refusal_per_address: Bytes,
+    /// Most general-pool places one IP address may hold; 0: no bound.
+    per_address_max: usize,
+    /// General-pool places held, by address (only with a per-address bound).
+    per_address: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// The server-wide bound on open connections; cheap to clone (all clones share it).
@@ -219,8 +237,61 @@ impl ConnectionLimit {
                 reserve_max: reserve,
                 metrics,
                 refusals: Mutex::new(Throttle::new(REFUSAL_LOG_INTERVAL)),
-                refusal: refusal_frame(),
+                refusal: refusal_frame(refusal_error()),
+                refusal_per_address: refusal_frame(per_address_error()),
+                per_address_max: 0,
+                per_address: Mutex::new(HashMap::new()),
             }),
+        }
+    }
+
+    /// Bounds the general-pool places one IP address may hold to `max` (0: no bound, the
+    /// default); see the module docs.
+    ///
+    /// # Panics
+    /// If the limit was cloned already (set it before sharing).
+    #[must_use]
+    pub fn with_per_address_max(mut self, max: usize) -> ConnectionLimit {
+        Arc::get_mut(&mut self.inner)
+            .expect("invariant: the per-address bound is set before the limit is shared")
+            .per_address_max = max;
+        self
+    }
+
+    /// Takes a general-pool place for `ip`, if the pool and `ip`'s share of it allow.
+    /// `Err(true)` when only the per-address bound stood in the way.
+    fn take_general(&self, ip: IpAddr) -> Result<(OwnedSemaphorePermit, Option<IpAddr>), bool> {
+        let i = &self.inner;
+        if i.per_address_max == 0 {
+            return i
+                .general
+                .clone()
+                .try_acquire_owned()
+                .map(|p| (p, None))
+                .map_err(|_| false);
+        }
+        let mut held = i.per_address.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = held.get(&ip).copied().unwrap_or(0);
+        if count >= i.per_address_max {
+            return Err(i.general.available_permits() > 0);
+        }
+        let permit = i.general.clone().try_acquire_owned().map_err(|_| false)?;
+        held.insert(ip, count + 1);
+        Ok((permit, Some(ip)))
+    }
+
+    /// Gives back one of `ip`'s general-pool places.
+    fn release_address(&self, ip: IpAddr) {
+        let mut held = self
+            .inner
+            .per_address
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&ip);
+            }
         }
     }
 
@@ -238,23 +309,35 @@ impl ConnectionLimit {
             + (i.reserve_max - i.reserve.available_permits())
     }
 
-    /// A place for a new connection: from the pool, else from the reserve, else `None`.
-    #[must_use]
-    pub fn admit(&self) -> Option<ConnectionPermit> {
+    /// A place for a new connection from `peer`: from the pool (within the address's
+    /// share, if bounded), else from the reserve.
+    ///
+    /// # Errors
+    /// The refusal reason ([`REFUSED_CONNECTIONS_MAX`], or [`REFUSED_PER_ADDRESS`] when the
+    /// pool had room but not for this address) when neither has a place.
+    pub fn admit(&self, peer: SocketAddr) -> Result<ConnectionPermit, &'static str> {
         let i = &self.inner;
-        if let Ok(p) = i.general.clone().try_acquire_owned() {
-            return Some(ConnectionPermit {
+        let address_full = match self.take_general(peer.ip()) {
+            Ok((p, address)) => {
+                return Ok(ConnectionPermit {
+                    _permit: p,
+                    first_frame_by: None,
+                    address,
+                    limit: self.clone(),
+                })
+            }
+            Err(address_full) => address_full,
+        };
+        match i.reserve.clone().try_acquire_owned() {
+            Ok(p) => Ok(ConnectionPermit {
                 _permit: p,
-                first_frame_by: None,
+                first_frame_by: Some(tokio::time::Instant::now() + PEER_FIRST_FRAME_TIMEOUT),
+                address: None,
                 limit: self.clone(),
-            });
+            }),
+            Err(_) if address_full => Err(REFUSED_PER_ADDRESS),
+            Err(_) => Err(REFUSED_CONNECTIONS_MAX),
         }
-        let p = i.reserve.clone().try_acquire_owned().ok()?;
-        Some(ConnectionPermit {
-            _permit: p,
-            first_frame_by: Some(tokio::time::Instant::now() + PEER_FIRST_FRAME_TIMEOUT),
-            limit: self.clone(),
-        })
     }
 
     /// Counts a refusal for `reason` and logs it (throttled).
@@ -281,10 +364,15 @@ impl ConnectionLimit {
 
     /// Refuses an accepted connection: one `Overloaded` error frame if the socket takes it
     /// without waiting, then the caller drops (closes) it.
-    fn refuse(&self, stream: &TcpStream, peer: SocketAddr) {
+    fn refuse(&self, stream: &TcpStream, peer: SocketAddr, reason: &'static str) {
         // The send buffer of a fresh socket is empty: the frame fits, or the peer is gone.
-        let _ = stream.try_write(&self.inner.refusal);
-        self.note_refused(REFUSED_CONNECTIONS_MAX, peer);
+        let frame = if reason == REFUSED_PER_ADDRESS {
+            &self.inner.refusal_per_address
+        } else {
+            &self.inner.refusal
+        };
+        let _ = stream.try_write(frame);
+        self.note_refused(reason, peer);
     }
 }
 
@@ -307,13 +395,19 @@ pub fn peer_reserve_error() -> ErrorResponse {
     )
 }
 
-fn refusal_frame() -> Bytes {
-    let mut out = BytesMut::new();
-    encode(
-        &Frame::new(RequestId::CONNECTION, refusal_error()),
-        &mut out,
+/// The error a connection refused for its address gets (request id 0).
+#[must_use]
+pub fn per_address_error() -> ErrorResponse {
+    ErrorResponse::new(
+        ErrorCode::Overloaded,
+        "too many connections from your address: it holds connections_per_address_max open; close some, or retry later",
     )
-    .expect("invariant: a short ErrorResponse encodes");
+}
+
+fn refusal_frame(error: ErrorResponse) -> Bytes {
+    let mut out = BytesMut::new();
+    encode(&Frame::new(RequestId::CONNECTION, error), &mut out)
+        .expect("invariant: a short ErrorResponse encodes");
     out.freeze()
 }
 
@@ -323,7 +417,17 @@ pub struct ConnectionPermit {
     _permit: OwnedSemaphorePermit,
     /// For a reserve place whose first frame has not come: when it must have come.
     first_frame_by: Option<tokio::time::Instant>,
+    /// The address whose per-address count this place adds to (general pool, bounded).
+    address: Option<IpAddr>,
     limit: ConnectionLimit,
+}
+
+impl Drop for ConnectionPermit {
+    fn drop(&mut self) {
+        if let Some(ip) = self.address {
+            self.limit.release_address(ip);
+        }
+    }
 }
 
 impl ConnectionPermit {
@@ -414,9 +518,9 @@ impl Acceptor {
     pub async fn accept(&mut self) -> (TcpStream, SocketAddr, ConnectionPermit) {
         loop {
             match self.listener.accept().await {
-                Ok((stream, peer)) => match self.limit.admit() {
-                    Some(permit) => return (stream, peer, permit),
-                    None => self.limit.refuse(&stream, peer),
+                Ok((stream, peer)) => match self.limit.admit(peer) {
+                    Ok(permit) => return (stream, peer, permit),
+                    Err(reason) => self.limit.refuse(&stream, peer, reason),
                 },
                 Err(e) => {
                     self.limit.inner.metrics.accept_errors.inc();
@@ -578,7 +682,7 @@ mod tests {
 
     #[test]
     fn refusal_frame_decodes_to_overloaded_with_request_id_zero() {
-        let mut buf = BytesMut::from(&refusal_frame()[..]);
+        let mut buf = BytesMut::from(&refusal_frame(refusal_error())[..]);
         let f = quire_proto::decode(&mut buf)
             .expect("decodes")
             .expect("whole");
@@ -595,13 +699,17 @@ mod tests {
         let metrics = AcceptMetrics::default();
         let limit = ConnectionLimit::new(2, 1, metrics.clone());
         let peer: SocketAddr = "127.0.0.1:1".parse().expect("addr");
-        let a = limit.admit().expect("pool");
-        let b = limit.admit().expect("pool");
+        let a = limit.admit(peer).expect("pool");
+        let b = limit.admit(peer).expect("pool");
         assert!(!a.is_on_probation() && !b.is_on_probation());
-        let mut r = limit.admit().expect("reserve");
+        let mut r = limit.admit(peer).expect("reserve");
         assert!(r.is_on_probation());
         assert!(r.first_frame_deadline().is_some());
-        assert!(limit.admit().is_none(), "pool and reserve full");
+        assert_eq!(
+            limit.admit(peer).err(),
+            Some(REFUSED_CONNECTIONS_MAX),
+            "pool and reserve full"
+        );
         assert_eq!(limit.open(), 3);
         // A cluster frame ends the probation; later frames of any type pass.
         assert!(r.check_frame(FrameType::Heartbeat, peer).is_ok());
@@ -609,7 +717,7 @@ mod tests {
         assert!(r.check_frame(FrameType::ProduceRequest, peer).is_ok());
         drop(r);
         // A client frame first on a reserve place is refused and counted.
-        let mut r = limit.admit().expect("reserve again");
+        let mut r = limit.admit(peer).expect("reserve again");
         let e = r
             .check_frame(FrameType::ProduceRequest, peer)
             .expect_err("not a peer");
@@ -619,10 +727,39 @@ mod tests {
         assert_eq!(metrics.refused_total(REFUSED_PEER_RESERVE), 2);
         drop(r);
         drop(a);
-        let c = limit.admit().expect("a pool place came back");
+        let c = limit.admit(peer).expect("a pool place came back");
         assert!(!c.is_on_probation());
         drop((b, c));
         assert_eq!(limit.open(), 0);
+    }
+
+    /// One address holds at most its share of the pool; others still get places; the
+    /// address at its bound still reaches the reserve; places come back when dropped.
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_share_of_the_pool() {
+        let limit = ConnectionLimit::new(4, 1, AcceptMetrics::default()).with_per_address_max(2);
+        let hoarder: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let other: SocketAddr = "127.0.0.2:1".parse().expect("addr");
+        let h1 = limit.admit(hoarder).expect("pool");
+        let h2 = limit.admit(SocketAddr::new(hoarder.ip(), 2)).expect("pool");
+        assert!(!h1.is_on_probation() && !h2.is_on_probation());
+        // The hoarder's third goes to the reserve (on probation), its fourth is refused
+        // for its address while the pool still has room.
+        let h3 = limit.admit(hoarder).expect("reserve");
+        assert!(h3.is_on_probation());
+        assert_eq!(limit.admit(hoarder).err(), Some(REFUSED_PER_ADDRESS));
+        // Another address gets the pool's places.
+        let o1 = limit.admit(other).expect("pool for another address");
+        let o2 = limit.admit(other).expect("pool for another address");
+        assert!(!o1.is_on_probation() && !o2.is_on_probation());
+        assert_eq!(limit.admit(other).err(), Some(REFUSED_CONNECTIONS_MAX));
+        // A hoarder's place comes back to it when one of its connections ends.
+        drop(h1);
+        let h4 = limit.admit(hoarder).expect("its place came back");
+        assert!(!h4.is_on_probation());
+        drop((h2, h3, h4, o1, o2));
+        assert_eq!(limit.open(), 0);
+        assert!(limit.inner.per_address.lock().expect("lock").is_empty());
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@
 //!
 //! [limits]
 //! connections_max = 10000                  # more get Overloaded and are closed (64 more kept for brokers)
+//! connections_per_address_max = 0          # of connections_max, per IP address; 0: no bound
 //! in_flight_bytes_per_connection_max = "64MiB"
 //! in_flight_requests_per_connection_max = 4096
 //! write_queue_frames_max = 4160
@@ -86,6 +87,10 @@ pub const READ_RESPONSES_BYTES_MAX: usize = 256 * 1024 * 1024;
 pub struct Limits {
     /// See [`CONNECTIONS_MAX`].
     pub connections_max: usize,
+    /// Most of the `connections_max` places one IP address may hold; 0 (the default, as
+    /// Kafka's `max.connections.per.ip`): no bound. An address at its bound still reaches
+    /// the peer reserve (quire-net's `ConnectionLimit::with_per_address_max`).
+    pub connections_per_address_max: usize,
     /// See [`IN_FLIGHT_BYTES_PER_CONNECTION_MAX`].
     pub in_flight_bytes_per_connection_max: usize,
     /// See [`IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX`].
@@ -125,6 +130,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             connections_max: CONNECTIONS_MAX,
+            connections_per_address_max: 0,
             in_flight_bytes_per_connection_max: IN_FLIGHT_BYTES_PER_CONNECTION_MAX,
             in_flight_requests_per_connection_max: IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX,
             write_queue_frames_max: WRITE_QUEUE_FRAMES_MAX,
@@ -265,6 +271,9 @@ impl NodeConfig {
         };
         let limits = Limits {
             connections_max: num("connections_max")?,
+            connections_per_address_max: r
+                .usize("connections_per_address_max")?
+                .unwrap_or_default(),
             in_flight_bytes_per_connection_max: num("in_flight_bytes_per_connection_max")?,
             in_flight_requests_per_connection_max: num("in_flight_requests_per_connection_max")?,
             write_queue_frames_max: num("write_queue_frames_max")?,
@@ -467,6 +476,13 @@ pub fn schema() -> Schema {
         )
         .in_table("limits")
         .default_value(count(limits.connections_max)),
+        Setting::new(
+            "connections_per_address_max",
+            Kind::Count,
+            "Most of connections_max one IP address may hold (0: no bound); beyond it, the peer reserve or Overloaded",
+        )
+        .in_table("limits")
+        .default_value(count(limits.connections_per_address_max)),
         Setting::new(
             "in_flight_bytes_per_connection_max",
             Kind::Size,

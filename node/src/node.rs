@@ -141,7 +141,8 @@ impl Node {
             connections_max,
             PEER_CONNECTIONS_RESERVE,
             metrics.accept.clone(),
-        );
+        )
+        .with_per_address_max(config.limits.connections_per_address_max);
         let accept = tokio::spawn(accept_loop(
             Acceptor::new(listener, limit),
             ctx,
@@ -153,6 +154,7 @@ impl Node {
             %local_addr,
             ?metrics_addr,
             connections_max,
+            connections_per_address_max = config.limits.connections_per_address_max,
             peer_reserve = PEER_CONNECTIONS_RESERVE,
             "serving"
         );

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use bytes::BytesMut;
-use quire_net::{PEER_CONNECTIONS_RESERVE, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE};
+use quire_net::{
+    PEER_CONNECTIONS_RESERVE, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE, REFUSED_PER_ADDRESS,
+};
 use quire_proto::{
     decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, FetchRequest, Frame,
     FrameHeader, FrameType, LogId, LogPosition, MetadataRequest, Offset, ProduceRequest,
@@ -1490,4 +1492,95 @@ fn a_client_that_pipelines_faster_than_it_reads_is_held_back_not_cut_off() {
         0.0,
         "{metrics}"
     );
+}
+
+/// `connections_max` of the broker in the per-address test.
+const ADDRESS_POOL: usize = 20;
+/// `connections_per_address_max` of the broker in the per-address test.
+const ADDRESS_SHARE: usize = 8;
+
+/// A TCP connection to `addr` from the loopback address `from` (all of 127.0.0.0/8 is
+/// loopback on Linux, so one machine can play several hosts).
+fn connect_from(from: [u8; 4], addr: &str) -> StdStream {
+    use socket2::{Domain, Socket, Type};
+    let to: std::net::SocketAddr = addr.parse().expect("a socket address");
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a socket");
+    s.bind(&std::net::SocketAddr::from((from, 0)).into())
+        .expect("binds a loopback address");
+    s.connect(&to.into()).expect("connects");
+    let s: StdStream = s.into();
+    s.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    s
+}
+
+/// One host cannot take the connection pool from the others.
+///
+/// The fault: a host (127.0.0.1) opens idle connections to a broker (`connections_max` 20,
+/// `connections_per_address_max` 8) until the pool's share of its address and the peer
+/// reserve are full, and 6 more. What must hold: the 6 are answered `Overloaded` and closed
+/// at once, counted as `per_address`; a producer on another host (127.0.0.2) still gets a
+/// pool place and its produce acknowledged. Without the per-address bound the hoarder takes
+/// all 20 places and the reserve, and the producer is refused.
+#[test]
+fn one_address_cannot_take_the_pool_from_the_others() {
+    let _t = quire_tests::proc_test();
+    let extra = 6;
+    let hoard = ADDRESS_SHARE + PEER_CONNECTIONS_RESERVE + extra;
+    ensure_open_files(hoard as u64 + 1024);
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.add_broker_args(&[
+        "--connections-max",
+        &ADDRESS_POOL.to_string(),
+        "--connections-per-address-max",
+        &ADDRESS_SHARE.to_string(),
+    ]);
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let scrape = || cluster.brokers[0].scrape();
+
+    let mut conns: Vec<StdStream> = (0..hoard)
+        .map(|_| connect_from([127, 0, 0, 1], &addr))
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    let m = loop {
+        let m = scrape();
+        if refused(&m, REFUSED_PER_ADDRESS) >= extra as f64 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no per-address refusals:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(refused(&m, REFUSED_PER_ADDRESS), extra as f64, "{m}");
+    assert_eq!(refused(&m, REFUSED_CONNECTIONS_MAX), 0.0, "{m}");
+    // The refused ones got Overloaded and were closed (the newest: the others hold places).
+    let mut refused_seen = 0;
+    while refused_seen < extra {
+        assert!(
+            Instant::now() < deadline,
+            "the broker counts {extra} refusals, the hoarder saw {refused_seen}"
+        );
+        conns.retain_mut(|s| {
+            let done = refused_and_closed(s, &mut BytesMut::new()).is_some();
+            refused_seen += usize::from(done);
+            !done
+        });
+    }
+
+    // Another host is served while the hoarder holds its share and the reserve.
+    let mut producer = connect_from([127, 0, 0, 2], &addr);
+    producer.set_read_timeout(Some(WAIT)).expect("timeout");
+    producer
+        .write_all(&sound_frame(1, produce_request("hosts", 5, 0, 3)))
+        .expect("sends a produce");
+    let f = read_frame(&mut producer, &mut BytesMut::new()).expect("an answer");
+    let acked = produce_answer(f.body);
+    assert!(matches!(&acked, Ok(r) if r.count == 3), "{acked:?}");
+    eprintln!(
+        "127.0.0.1 opened {hoard}: {} held, {refused_seen} refused per address; \
+         127.0.0.2's produce acknowledged",
+        conns.len()
+    );
+    drop(conns);
 }

@@ -163,9 +163,11 @@ impl Broker {
             connections_max,
             PEER_CONNECTIONS_RESERVE,
             metrics.accept.clone(),
-        );
+        )
+        .with_per_address_max(cfg.connections_per_address_max);
         tracing::info!(
             connections_max,
+            connections_per_address_max = cfg.connections_per_address_max,
             peer_reserve = PEER_CONNECTIONS_RESERVE,
             "accepting connections"
         );
