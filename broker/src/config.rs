@@ -19,6 +19,7 @@
 //! produce_timeout = "10s"
 //! retention_bytes = "10GiB"       # keep at least the newest 10 GiB of payload; default: no limit
 //! retention_age = "168h"          # keep events stabilized less than 7 days ago; default: no limit
+//! checkpoint_part_bytes = "8MiB"  # a larger checkpoint is written as several events
 //! read_buffer_bytes_max = "64MiB" # incoming frames buffered, all connections together
 //! partial_frame_timeout = "10s"   # a frame must be whole this long after its first byte
 //! idle_timeout = "10m"            # a connection silent this long is closed; "0s": never
@@ -48,6 +49,7 @@ use quire_proto::{BrokerId, ADDR_BYTES_MAX, MESSAGE_BYTES_MAX};
 use serde::Deserialize;
 
 use crate::core::{quorum, SLOTS_MAX};
+use crate::engine::{CHECKPOINT_PART_BYTES_DEFAULT, CHECKPOINT_PART_BYTES_MAX};
 use crate::retention::RetentionPolicy;
 
 /// Default `heartbeat`, in milliseconds.
@@ -189,6 +191,12 @@ pub fn schema() -> Schema {
         )
         .old("retention_ms"),
         Setting::new(
+            "checkpoint_part_bytes",
+            Kind::Size,
+            "A retention checkpoint whose broker state encodes longer than this is written as several Trim events of at most this many bytes each (4KiB..=16MiB less 2KiB)",
+        )
+        .default_value(Value::Size(CHECKPOINT_PART_BYTES_DEFAULT as u64)),
+        Setting::new(
             "read_buffer_bytes_max",
             Kind::Size,
             "Bytes of incoming frames buffered across all connections at most (at least 16MiB, one maximal frame)",
@@ -276,6 +284,9 @@ pub struct BrokerConfig {
     pub produce_timeout: Duration,
     /// Retention limits (both off: keep everything).
     pub retention: RetentionPolicy,
+    /// Longest slice of a checkpoint's encoded broker state one Trim event carries, in
+    /// bytes ([`CHECKPOINT_PART_BYTES_DEFAULT`]); a larger state is written in parts.
+    pub checkpoint_part_bytes: usize,
     /// How connections are read: the read budget and the partial-frame and idle timeouts.
     pub read: ReadSettings,
     /// Largest producer message accepted, in bytes.
@@ -291,6 +302,10 @@ pub struct BrokerConfig {
     /// its answer's last byte is written ([`FETCH_RESPONSES_BYTES_MAX_DEFAULT`]).
     pub fetch_responses_bytes_max: usize,
 }
+
+/// Smallest `checkpoint_part_bytes`, in bytes: below it a checkpoint would take more
+/// events than `CHECKPOINT_PARTS_MAX` sooner than it must.
+pub const CHECKPOINT_PART_BYTES_MIN: usize = 4 * 1024;
 
 /// Default most bytes of fetch answers a broker holds across all connections until they
 /// are written; fetches wait beyond it. The per-connection bound alone
@@ -468,6 +483,16 @@ impl BrokerConfig {
                 ),
             ));
         }
+        let checkpoint_part_bytes = r.usize("checkpoint_part_bytes")?.unwrap_or_default();
+        if !(CHECKPOINT_PART_BYTES_MIN..=CHECKPOINT_PART_BYTES_MAX).contains(&checkpoint_part_bytes)
+        {
+            return Err(r.invalid(
+                "checkpoint_part_bytes",
+                format!(
+                    "must be in {CHECKPOINT_PART_BYTES_MIN}..={CHECKPOINT_PART_BYTES_MAX} bytes"
+                ),
+            ));
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -484,6 +509,7 @@ impl BrokerConfig {
             election_timeout,
             produce_timeout,
             retention,
+            checkpoint_part_bytes,
             read,
             message_bytes_max,
             connections_max,
@@ -754,6 +780,14 @@ mod tests {
             ),
             (with(&[("retention_bytes", "0")]), "retention_bytes = 0"),
             (with(&[("retention_age", "0s")]), "retention_age = 0s"),
+            (
+                with(&[("checkpoint_part_bytes", "1KiB")]),
+                "checkpoint_part_bytes = 1KiB",
+            ),
+            (
+                with(&[("checkpoint_part_bytes", "16MiB")]),
+                "checkpoint_part_bytes = 16MiB",
+            ),
             (
                 with(&[("heartbeat", "1ms")]),
                 "heartbeat = 1ms (flag --heartbeat)",

@@ -43,7 +43,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use quire_proto::{
-    BrokerId, BrokerSnapshot, Epoch, EventBody, EventKind, Offset, SnapshotCursor,
+    BrokerId, BrokerSnapshot, CheckpointPart, Epoch, EventBody, EventKind, Offset, SnapshotCursor,
     SnapshotProducer, SnapshotRun, TopicAction, TrimEvent, Voter,
 };
 
@@ -287,9 +287,59 @@ pub struct BrokerState {
     /// trim point). A state rebuilt at a checkpoint above the trim point lacks the offsets
     /// between the two: [`BrokerState::indexed_from`].
     indexed_from: Offset,
-    /// Offsets of applied checkpoint Trim events above `trim_point`, increasing.
+    /// Offsets of applied checkpoints above `trim_point`, increasing: a whole checkpoint's
+    /// Trim event, or the first part of a checkpoint whose parts were all applied.
     checkpoints: VecDeque<Offset>,
+    /// The checkpoint being written in parts, if the last event applied was one of its
+    /// parts but not its last.
+    parts: Option<PartsRun>,
     stats: StateStats,
+}
+
+/// Where a checkpoint written in parts stands (see [`quire_proto::CheckpointPart`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PartsRun {
+    /// Offset of its first part: the checkpoint's offset.
+    first: Offset,
+    /// Index of the part expected next.
+    next: u32,
+    /// Parts in the checkpoint.
+    count: u32,
+}
+
+impl PartsRun {
+    /// The run after applying `part` at `offset`, given the run before it (if any):
+    /// `Ok(None)` a run goes on, `Ok(Some(first))` `part` completed the checkpoint at
+    /// `first`, `Err(())` `part` belongs to no run (a run cut short, or parts out of order).
+    fn step(
+        run: Option<PartsRun>,
+        part: &CheckpointPart,
+        offset: Offset,
+    ) -> Result<Result<PartsRun, Offset>, ()> {
+        let run = if part.index == 0 {
+            PartsRun {
+                first: offset,
+                next: 0,
+                count: part.count,
+            }
+        } else {
+            run.ok_or(())?
+        };
+        if run.next != part.index
+            || run.count != part.count
+            || run.first.0.checked_add(u64::from(part.index)) != Some(offset.0)
+        {
+            return Err(());
+        }
+        if part.is_last() {
+            Ok(Err(run.first))
+        } else {
+            Ok(Ok(PartsRun {
+                next: run.next + 1,
+                ..run
+            }))
+        }
+    }
 }
 
 impl BrokerState {
@@ -317,6 +367,8 @@ impl BrokerState {
             "broker state applies events in order, exactly once"
         );
         self.applied = Some(event.offset);
+        // Only the next part of a checkpoint continues a run of parts.
+        let parts = self.parts.take();
         let Ok(body) = EventBody::decode(event.kind, &event.payload) else {
             self.stats.undecodable += 1;
             return Applied::Other;
@@ -367,11 +419,23 @@ impl BrokerState {
                         self.checkpoints.pop_front();
                     }
                 }
-                if t.checkpoint.is_some() && event.offset >= self.trim_point {
+                let checkpoint = match (&t.checkpoint, &t.part) {
+                    (Some(_), _) => Some(event.offset),
+                    (None, Some(part)) => match PartsRun::step(parts, part, event.offset) {
+                        Ok(Ok(run)) => {
+                            self.parts = Some(run);
+                            None
+                        }
+                        Ok(Err(first)) => Some(first),
+                        Err(()) => None,
+                    },
+                    (None, None) => None,
+                };
+                if let Some(c) = checkpoint.filter(|&c| c >= self.trim_point) {
                     if self.checkpoints.len() == CHECKPOINTS_MAX {
                         self.checkpoints.pop_front();
                     }
-                    self.checkpoints.push_back(event.offset);
+                    self.checkpoints.push_back(c);
                 }
                 Applied::Other
             }
@@ -686,9 +750,16 @@ impl BrokerState {
         else {
             return None;
         };
-        let snapshot = *snapshot;
+        let mut state = BrokerState::from_snapshot(*snapshot, event.offset);
+        state.apply(event);
+        Some(state)
+    }
+
+    /// The state `snapshot` describes, as the state through `at - 1` (`at` > 0), with no
+    /// message offsets indexed below `at`.
+    fn from_snapshot(snapshot: BrokerSnapshot, at: Offset) -> BrokerState {
         let mut state = BrokerState {
-            applied: Some(Offset(event.offset.0 - 1)),
+            applied: Some(Offset(at.0 - 1)),
             topics: snapshot
                 .topics
                 .into_iter()
@@ -707,8 +778,9 @@ impl BrokerState {
             trim_point: snapshot.trim_point,
             // Nothing below the checkpoint is indexed here: say so rather than serve the
             // topics from the checkpoint on as if nothing were missing.
-            indexed_from: event.offset,
+            indexed_from: at,
             checkpoints: VecDeque::new(),
+            parts: None,
             stats: StateStats::default(),
         };
         for p in snapshot.producers {
@@ -731,14 +803,121 @@ impl BrokerState {
                 },
             );
         }
-        state.apply(event);
-        Some(state)
+        state
     }
 
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> &StateStats {
         &self.stats
+    }
+}
+
+/// A checkpoint written in parts, gathered by a broker whose log starts at its first part
+/// (the master sent it the log from the trim point): [`CheckpointParts::start`] at the
+/// first part, [`CheckpointParts::push`] each next event until the last part gives the
+/// state.
+#[derive(Debug)]
+pub struct CheckpointParts {
+    /// The parts so far, in order.
+    events: Vec<Event>,
+    /// Their slices of the encoded snapshot.
+    bytes: Vec<bytes::Bytes>,
+    /// The run they make.
+    run: PartsRun,
+    /// Length of the whole encoded snapshot, in bytes.
+    snapshot_bytes: u64,
+}
+
+impl CheckpointParts {
+    /// Starts gathering at `event` if it is a checkpoint's first part (not at offset 0).
+    #[must_use]
+    pub fn start(event: &Event) -> Option<CheckpointParts> {
+        if event.offset == Offset::ZERO {
+            return None;
+        }
+        let part = trim_part(event)?;
+        let Ok(Ok(run)) = PartsRun::step(None, &part, event.offset) else {
+            return None;
+        };
+        Some(CheckpointParts {
+            events: vec![event.clone()],
+            snapshot_bytes: part.snapshot_bytes,
+            bytes: vec![part.bytes],
+            run,
+        })
+    }
+
+    /// Offset of the first part: the checkpoint's.
+    #[must_use]
+    pub fn first(&self) -> Offset {
+        self.run.first
+    }
+
+    /// Adds the next event: `Ok(None)` while parts are missing, the rebuilt state once
+    /// `event` is the last part (every part applied to the snapshot's state).
+    ///
+    /// # Errors
+    /// [`PartsError::NotTheNextPart`] or [`PartsError::NoSnapshot`] (lengths that
+    /// disagree, bytes that do not decode): the gathering is over and `event` is to be
+    /// looked at on its own.
+    pub fn push(&mut self, event: &Event) -> Result<Option<BrokerState>, PartsError> {
+        let part = trim_part(event).ok_or(PartsError::NotTheNextPart)?;
+        if part.snapshot_bytes != self.snapshot_bytes {
+            return Err(PartsError::NoSnapshot);
+        }
+        let step = PartsRun::step(Some(self.run), &part, event.offset)
+            .map_err(|()| PartsError::NotTheNextPart)?;
+        let first = match step {
+            Ok(run) => {
+                self.run = run;
+                self.events.push(event.clone());
+                self.bytes.push(part.bytes);
+                return Ok(None);
+            }
+            Err(first) => first,
+        };
+        self.bytes.push(part.bytes);
+        self.events.push(event.clone());
+        let total: usize = self.bytes.iter().map(bytes::Bytes::len).sum();
+        if total as u64 != self.snapshot_bytes {
+            return Err(PartsError::NoSnapshot);
+        }
+        let mut whole = bytes::BytesMut::with_capacity(total);
+        for b in self.bytes.drain(..) {
+            whole.extend_from_slice(&b);
+        }
+        let snapshot =
+            BrokerSnapshot::from_bytes(&whole.freeze()).map_err(|_| PartsError::NoSnapshot)?;
+        let mut state = BrokerState::from_snapshot(snapshot, first);
+        for e in &self.events {
+            state.apply(e);
+        }
+        Ok(Some(state))
+    }
+}
+
+/// Why gathering a checkpoint's parts ended without a state ([`CheckpointParts::push`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PartsError {
+    /// The event is not the checkpoint's next part (the run was cut short).
+    #[error("the event is not the checkpoint's next part")]
+    NotTheNextPart,
+    /// The parts' bytes do not make a snapshot.
+    #[error("the parts' bytes do not make a broker snapshot")]
+    NoSnapshot,
+}
+
+/// The checkpoint part `event` carries, if it is a Trim event with one.
+fn trim_part(event: &Event) -> Option<CheckpointPart> {
+    if event.kind != EventKind::Trim {
+        return None;
+    }
+    match EventBody::decode(EventKind::Trim, &event.payload) {
+        Ok(EventBody::Trim(TrimEvent {
+            part: Some(part), ..
+        })) => Some(part),
+        _ => None,
     }
 }
 
@@ -801,6 +980,7 @@ mod tests {
         EventBody::Trim(quire_proto::TrimEvent {
             before,
             checkpoint: Some(Box::new(log.apply_all().snapshot())),
+            part: None,
         })
     }
 
@@ -900,6 +1080,94 @@ mod tests {
         assert!(BrokerState::from_checkpoint(&log.events[0]).is_none());
     }
 
+    /// The Trim events of a checkpoint of the state `log` gives, written in parts of at
+    /// most `part_bytes` snapshot bytes.
+    fn checkpoint_parts(log: &LogBuilder, before: Offset, part_bytes: usize) -> Vec<EventBody> {
+        let bytes = log.apply_all().snapshot().to_bytes().expect("encodes");
+        CheckpointPart::split(&bytes, part_bytes)
+            .expect("splits")
+            .into_iter()
+            .map(|part| {
+                EventBody::Trim(quire_proto::TrimEvent {
+                    before,
+                    checkpoint: None,
+                    part: Some(part),
+                })
+            })
+            .collect()
+    }
+
+    /// A checkpoint written in parts counts once all its parts are applied, at its first
+    /// part's offset; a broker whose log starts there rebuilds the state the whole log
+    /// gives. A run of parts cut short, or with another event inside it, is no checkpoint.
+    #[test]
+    fn a_checkpoint_in_parts_rebuilds_the_state_and_a_cut_run_is_none() {
+        let mut log = LogBuilder::new();
+        for seq in 0..20 {
+            log.message(&format!("topic-{}", seq % 7), 7, seq, b"x");
+            log.body(&EventBody::CursorCommit(CursorCommitEvent {
+                topic: format!("topic-{}", seq % 7),
+                cursor: format!("cursor-{seq}"),
+                offset: Offset(seq),
+            }));
+        }
+        // A run cut short by a message: no checkpoint.
+        let cut = checkpoint_parts(&log, Offset::ZERO, 64);
+        assert!(cut.len() > 3, "{} parts", cut.len());
+        let cut_at = log.body(&cut[0]);
+        log.body(&cut[1]);
+        log.message("a", 8, 0, b"y");
+        assert_eq!(log.apply_all().last_checkpoint(), None);
+        // A whole run: the checkpoint is its first part.
+        let parts = checkpoint_parts(&log, Offset::ZERO, 64);
+        let c1 = log.next();
+        for p in &parts {
+            log.body(p);
+        }
+        assert_eq!(log.apply_all().last_checkpoint(), Some(c1));
+        log.message("a", 8, 1, b"y");
+        // A second one, trimming to the first.
+        let parts2 = checkpoint_parts(&log, c1, 100);
+        let c2 = log.next();
+        for p in &parts2 {
+            log.body(p);
+        }
+        log.message("a", 8, 2, b"y");
+        let whole = log.apply_all();
+        assert_eq!(whole.trim_point(), c1);
+        assert_eq!(whole.last_checkpoint(), Some(c2));
+        assert!(whole.checkpoint_at_or_below(cut_at.next()).is_none());
+
+        // Rebuilt from c1's parts, then the rest: the whole log's state.
+        let at = usize::try_from(c1.0).expect("small");
+        let mut gather = CheckpointParts::start(&log.events[at]).expect("a first part");
+        assert_eq!(gather.first(), c1);
+        let mut i = at + 1;
+        let mut rebuilt = loop {
+            if let Some(state) = gather.push(&log.events[i]).expect("the next part") {
+                break state;
+            }
+            i += 1;
+        };
+        assert_eq!(i, at + parts.len() - 1);
+        for e in &log.events[i + 1..] {
+            rebuilt.apply(e);
+        }
+        assert_eq!(without_stats(rebuilt.clone()), without_stats(whole.clone()));
+        assert_eq!(rebuilt.cursor("topic-3", "cursor-10"), Some(Offset(10)));
+        assert_eq!(rebuilt.last_sequence(8), Some(2));
+
+        // Not a first part; a cut run ends the gathering.
+        assert!(CheckpointParts::start(&log.events[at + 1]).is_none());
+        let cut_at = usize::try_from(cut_at.0).expect("small");
+        let mut gather = CheckpointParts::start(&log.events[cut_at]).expect("a first part");
+        assert_eq!(gather.push(&log.events[cut_at + 1]), Ok(None));
+        assert_eq!(
+            gather.push(&log.events[cut_at + 2]),
+            Err(PartsError::NotTheNextPart)
+        );
+    }
+
     #[test]
     fn a_trim_event_drops_topic_offsets_below_its_point_and_never_goes_back() {
         let mut log = LogBuilder::new();
@@ -908,15 +1176,9 @@ mod tests {
             log.message(if i < 2 { "b" } else { "c" }, 0, 0, b"y"); // b: 1, 3; c: 5, 7, 9, 11
         }
         // 12: trim below 5 (inside a's run structure and between b's and c's).
-        log.body(&EventBody::Trim(quire_proto::TrimEvent {
-            before: Offset(5),
-            checkpoint: None,
-        }));
+        log.body(&EventBody::Trim(quire_proto::TrimEvent::plain(Offset(5))));
         // 13: a lower, stale trim point changes nothing.
-        log.body(&EventBody::Trim(quire_proto::TrimEvent {
-            before: Offset(2),
-            checkpoint: None,
-        }));
+        log.body(&EventBody::Trim(quire_proto::TrimEvent::plain(Offset(2))));
         let s = log.apply_all();
         assert_eq!(s.trim_point(), Offset(5));
         assert_eq!(
@@ -939,10 +1201,7 @@ mod tests {
         for _ in 0..10 {
             log.message("solo", 0, 0, b"z");
         }
-        log.body(&EventBody::Trim(quire_proto::TrimEvent {
-            before: Offset(7),
-            checkpoint: None,
-        }));
+        log.body(&EventBody::Trim(quire_proto::TrimEvent::plain(Offset(7))));
         let s = log.apply_all();
         assert_eq!(
             s.topic_offsets("solo", Offset(0), 10),

@@ -1100,10 +1100,7 @@ mod tests {
         let mut e = engine(1);
         let mut log = MemLog::default();
         let mut req = append(1, None, &[1, 1, 1]);
-        let trim = EventBody::Trim(quire_proto::TrimEvent {
-            before: Offset(2),
-            checkpoint: None,
-        });
+        let trim = EventBody::Trim(quire_proto::TrimEvent::plain(Offset(2)));
         let mut payload = bytes::BytesMut::new();
         trim.encode(&mut payload).expect("encodes");
         req.events[1].kind = EventKind::Trim;
@@ -1129,10 +1126,7 @@ mod tests {
     fn the_trim_unstabilized_mutation_trims_before_the_hwm_covers_the_trim_event() {
         let trim_append = || {
             let mut req = append(1, None, &[1, 1, 1]);
-            let trim = EventBody::Trim(quire_proto::TrimEvent {
-                before: Offset(1),
-                checkpoint: None,
-            });
+            let trim = EventBody::Trim(quire_proto::TrimEvent::plain(Offset(1)));
             let mut payload = bytes::BytesMut::new();
             trim.encode(&mut payload).expect("encodes");
             req.events[2].kind = EventKind::Trim;

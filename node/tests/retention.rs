@@ -31,12 +31,9 @@ fn event(offset: u64, kind: EventKind, payload: Bytes) -> Event {
 
 fn trim_event(offset: u64, before: u64) -> Event {
     let mut body = BytesMut::new();
-    EventBody::Trim(TrimEvent {
-        before: Offset(before),
-        checkpoint: None,
-    })
-    .encode(&mut body)
-    .unwrap();
+    EventBody::Trim(TrimEvent::plain(Offset(before)))
+        .encode(&mut body)
+        .unwrap();
     event(offset, EventKind::Trim, body.freeze())
 }
 

@@ -18,11 +18,13 @@
 //! EpochStart (kind 4)        Trim (kind 5)
 //! 1    version  u8           1    version  u8
 //! 8    epoch    u64          8    before   u64: offsets below may be discarded
-//! 2    broker   u16          1    checkpoint u8: 0 none, 1 a BrokerSnapshot follows
-//! 4    voter count u32       n    BrokerSnapshot (below), if checkpoint = 1
-//!      (≤ MEMBERS_MAX), then
-//!      per voter:
-//!      2 store_index u16, 8 store_id u64, 8 incarnation u64
+//! 2    broker   u16          1    checkpoint u8: 0 none, 1 a BrokerSnapshot follows,
+//! 4    voter count u32              2 a checkpoint part follows
+//!      (≤ MEMBERS_MAX), then  n    BrokerSnapshot (below), if checkpoint = 1; if 2:
+//!      per voter:                   4 index u32, 4 count u32 (2..=CHECKPOINT_PARTS_MAX),
+//!      2 store_index u16,           8 snapshot_bytes u64, 4 length u32,
+//!      8 store_id u64,              n a slice of the encoded BrokerSnapshot
+//!      8 incarnation u64
 //!
 //! BrokerSnapshot: the broker state through the offset before the Trim event's own,
 //! without the topics' message offsets (every one of them is below the next trim point)
@@ -133,12 +135,84 @@ pub struct EpochStartEvent {
 /// A retention trim point (kind [`EventKind::Trim`]), and optionally a checkpoint of the
 /// broker state: the state through the offset right before this event's own, so a broker
 /// whose log starts at this event can rebuild its state from here.
+///
+/// A checkpoint too large for one event is written as [`CheckpointPart`]s instead: Trim
+/// events at consecutive offsets, each with the same `before` and one slice of the encoded
+/// [`BrokerSnapshot`] (the state through the offset before the first part). A broker whose
+/// log starts at the first part rebuilds its state once it has the last; a run of parts cut
+/// short (a failover during the write) is no checkpoint and is ignored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrimEvent {
     /// Events below this offset may be discarded.
     pub before: Offset,
-    /// The broker state before this event (`None`: a plain trim point).
+    /// The broker state before this event (`None`: a plain trim point, or a part).
     pub checkpoint: Option<Box<BrokerSnapshot>>,
+    /// One part of a checkpoint written across several events (`None` with `checkpoint`).
+    pub part: Option<CheckpointPart>,
+}
+
+impl TrimEvent {
+    /// A trim point without a checkpoint.
+    #[must_use]
+    pub fn plain(before: Offset) -> TrimEvent {
+        TrimEvent {
+            before,
+            checkpoint: None,
+            part: None,
+        }
+    }
+}
+
+/// Most parts one checkpoint is written in: with parts of 8 MiB, 32 GiB of broker state.
+pub const CHECKPOINT_PARTS_MAX: u32 = 4096;
+
+/// One part of a checkpoint written across several Trim events (see [`TrimEvent`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointPart {
+    /// This part's place in the checkpoint, from 0; part `i` sits at the first part's
+    /// offset + `i`.
+    pub index: u32,
+    /// Parts in the checkpoint, 2..=[`CHECKPOINT_PARTS_MAX`].
+    pub count: u32,
+    /// Length of the whole encoded snapshot (all parts' bytes together), in bytes.
+    pub snapshot_bytes: u64,
+    /// This part's slice of the encoded [`BrokerSnapshot`] ([`BrokerSnapshot::to_bytes`]).
+    pub bytes: Bytes,
+}
+
+impl CheckpointPart {
+    /// `snapshot` (an encoded [`BrokerSnapshot`]) cut into parts of at most `part_bytes`
+    /// bytes each (shared slices of `snapshot`, no copy).
+    ///
+    /// # Errors
+    /// [`WireError::CountTooLarge`] when that takes more than [`CHECKPOINT_PARTS_MAX`]
+    /// parts or fewer than 2 (a snapshot that fits one part is written whole).
+    pub fn split(snapshot: &Bytes, part_bytes: usize) -> Result<Vec<CheckpointPart>, WireError> {
+        let part_bytes = part_bytes.max(1);
+        let count = snapshot.len().div_ceil(part_bytes);
+        let max = CHECKPOINT_PARTS_MAX as usize;
+        if !(2..=max).contains(&count) {
+            return Err(WireError::CountTooLarge {
+                field: "checkpoint parts",
+                count: count as u64,
+                max: max as u64,
+            });
+        }
+        Ok((0..count)
+            .map(|i| CheckpointPart {
+                index: i as u32,
+                count: count as u32,
+                snapshot_bytes: snapshot.len() as u64,
+                bytes: snapshot.slice(i * part_bytes..((i + 1) * part_bytes).min(snapshot.len())),
+            })
+            .collect())
+    }
+
+    /// Whether this is the last part.
+    #[must_use]
+    pub fn is_last(&self) -> bool {
+        self.index + 1 == self.count
+    }
 }
 
 /// Most topics a [`BrokerSnapshot`] holds.
@@ -239,7 +313,64 @@ fn write_voters<W: BodyWriter>(
     Ok(())
 }
 
+fn read_part(r: &mut Reader<'_>) -> Result<CheckpointPart, WireError> {
+    let field = "checkpoint part";
+    let index = r.u32(field)?;
+    let count = r.u32(field)?;
+    let snapshot_bytes = r.u64(field)?;
+    let bytes = r.payload(field)?;
+    if !(2..=CHECKPOINT_PARTS_MAX).contains(&count) {
+        return Err(WireError::CountTooLarge {
+            field: "checkpoint parts",
+            count: u64::from(count),
+            max: u64::from(CHECKPOINT_PARTS_MAX),
+        });
+    }
+    if index >= count || bytes.len() as u64 > snapshot_bytes {
+        return Err(WireError::InvalidTag {
+            field: "checkpoint part index or length",
+            byte: 0,
+        });
+    }
+    Ok(CheckpointPart {
+        index,
+        count,
+        snapshot_bytes,
+        bytes,
+    })
+}
+
+fn write_part<W: BodyWriter>(w: &mut W, part: &CheckpointPart) -> Result<(), WireError> {
+    w.u32(part.index);
+    w.u32(part.count);
+    w.u64(part.snapshot_bytes);
+    w.payload("checkpoint part", &part.bytes)
+}
+
 impl BrokerSnapshot {
+    /// The snapshot's encoding (the layout in the module docs, without a version byte):
+    /// what [`CheckpointPart`]s carry in slices.
+    ///
+    /// # Errors
+    /// A list or name above its bound ([`WireError::CountTooLarge`],
+    /// [`WireError::StringTooLong`], …).
+    pub fn to_bytes(&self) -> Result<Bytes, WireError> {
+        let mut out = BytesMut::new();
+        self.write(&mut out)?;
+        Ok(out.freeze())
+    }
+
+    /// A snapshot from [`BrokerSnapshot::to_bytes`]'s encoding (all of `bytes`).
+    ///
+    /// # Errors
+    /// Any [`WireError`] of a malformed or truncated snapshot, or trailing bytes.
+    pub fn from_bytes(bytes: &Bytes) -> Result<BrokerSnapshot, WireError> {
+        let mut r = Reader::new(bytes);
+        let snapshot = BrokerSnapshot::read(&mut r)?;
+        r.finish()?;
+        Ok(snapshot)
+    }
+
     fn read(r: &mut Reader<'_>) -> Result<BrokerSnapshot, WireError> {
         let trim_point = r.offset("snapshot trim point")?;
         let epoch = r.epoch("snapshot epoch")?;
@@ -478,12 +609,17 @@ impl EventBody {
             EventKind::Trim => {
                 let before = r.offset("trim before")?;
                 let field = "trim checkpoint tag";
-                let checkpoint = match r.u8(field)? {
-                    0 => None,
-                    1 => Some(Box::new(BrokerSnapshot::read(&mut r)?)),
+                let (checkpoint, part) = match r.u8(field)? {
+                    0 => (None, None),
+                    1 => (Some(Box::new(BrokerSnapshot::read(&mut r)?)), None),
+                    2 => (None, Some(read_part(&mut r)?)),
                     byte => return Err(WireError::InvalidTag { field, byte }),
                 };
-                EventBody::Trim(TrimEvent { before, checkpoint })
+                EventBody::Trim(TrimEvent {
+                    before,
+                    checkpoint,
+                    part,
+                })
             }
         };
         r.finish()?;
@@ -515,11 +651,21 @@ impl EventBody {
             }
             EventBody::Trim(t) => {
                 w.u64(t.before.0);
-                match &t.checkpoint {
-                    None => w.u8(0),
-                    Some(snapshot) => {
+                match (&t.checkpoint, &t.part) {
+                    (None, None) => w.u8(0),
+                    (Some(snapshot), None) => {
                         w.u8(1);
                         snapshot.write(w)?;
+                    }
+                    (None, Some(part)) => {
+                        w.u8(2);
+                        write_part(w, part)?;
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err(WireError::InvalidTag {
+                            field: "trim checkpoint tag: a snapshot and a part",
+                            byte: 3,
+                        })
                     }
                 }
             }

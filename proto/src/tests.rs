@@ -1311,10 +1311,7 @@ fn event_bodies_round_trip() {
                 },
             ],
         }),
-        EventBody::Trim(TrimEvent {
-            before: Offset(1000),
-            checkpoint: None,
-        }),
+        EventBody::Trim(TrimEvent::plain(Offset(1000))),
         EventBody::Trim(TrimEvent {
             before: Offset(1000),
             checkpoint: Some(Box::new(BrokerSnapshot {
@@ -1344,10 +1341,22 @@ fn event_bodies_round_trip() {
                     }],
                 }],
             })),
+            part: None,
         }),
         EventBody::Trim(TrimEvent {
             before: Offset(0),
             checkpoint: Some(Box::default()),
+            part: None,
+        }),
+        EventBody::Trim(TrimEvent {
+            before: Offset(77),
+            checkpoint: None,
+            part: Some(CheckpointPart {
+                index: 1,
+                count: 3,
+                snapshot_bytes: 40,
+                bytes: Bytes::from_static(b"a slice of a snapshot"),
+            }),
         }),
     ];
     for body in bodies {
@@ -1373,12 +1382,9 @@ fn event_bodies_round_trip() {
 
 #[test]
 fn event_body_errors_are_typed() {
-    let trim = EventBody::Trim(TrimEvent {
-        before: Offset(1),
-        checkpoint: None,
-    })
-    .to_payload()
-    .expect("encodes");
+    let trim = EventBody::Trim(TrimEvent::plain(Offset(1)))
+        .to_payload()
+        .expect("encodes");
     let mut v2 = trim.to_bytes().to_vec();
     v2[0] = 2;
     assert_eq!(
@@ -1669,4 +1675,59 @@ fn range_digest_frames_match_the_protocol_document() {
         to: Offset(u64::MAX),
     };
     assert_eq!(all.span(), None, "no overflow");
+}
+
+/// A snapshot cut into parts and put back together is the snapshot; bad parts are typed
+/// errors.
+#[test]
+fn a_checkpoint_split_into_parts_reassembles() {
+    let snapshot = BrokerSnapshot {
+        topics: (0..50).map(|i| format!("topic-{i}")).collect(),
+        cursors: (0..50)
+            .map(|i| SnapshotCursor {
+                topic: format!("topic-{i}"),
+                cursor: "c".into(),
+                offset: Offset(i),
+            })
+            .collect(),
+        ..BrokerSnapshot::default()
+    };
+    let bytes = snapshot.to_bytes().expect("encodes");
+    let parts = CheckpointPart::split(&bytes, 100).expect("splits");
+    assert_eq!(parts.len(), bytes.len().div_ceil(100));
+    assert!(parts.last().is_some_and(CheckpointPart::is_last));
+    let mut whole = BytesMut::new();
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(part.index as usize, i);
+        // Each part survives its own event's encoding.
+        let body = EventBody::Trim(TrimEvent {
+            before: Offset(5),
+            checkpoint: None,
+            part: Some(part.clone()),
+        });
+        let payload = body.to_payload().expect("encodes");
+        assert_eq!(EventBody::decode(EventKind::Trim, &payload), Ok(body));
+        whole.extend_from_slice(&part.bytes);
+    }
+    assert_eq!(BrokerSnapshot::from_bytes(&whole.freeze()), Ok(snapshot));
+    // One part, or more than CHECKPOINT_PARTS_MAX, is refused.
+    assert!(CheckpointPart::split(&bytes, bytes.len()).is_err());
+    let many = Bytes::from(vec![0u8; CHECKPOINT_PARTS_MAX as usize + 1]);
+    assert!(CheckpointPart::split(&many, 1).is_err());
+    // A part whose index is not below its count does not decode.
+    let bad = EventBody::Trim(TrimEvent {
+        before: Offset(5),
+        checkpoint: None,
+        part: Some(CheckpointPart {
+            index: 2,
+            count: 2,
+            snapshot_bytes: 10,
+            bytes: Bytes::from_static(b"x"),
+        }),
+    })
+    .to_payload()
+    .expect("encodes");
+    assert!(EventBody::decode(EventKind::Trim, &bad).is_err());
+    // A truncated snapshot is an error, not a smaller state.
+    assert!(BrokerSnapshot::from_bytes(&bytes.slice(..bytes.len() - 1)).is_err());
 }

@@ -484,7 +484,7 @@ proptest! {
             EventBody::CursorCommit(CursorCommitEvent { topic: topic.clone(), cursor, offset: Offset(a) }),
             EventBody::TopicAdmin(TopicAdminEvent { action: TopicAction::Delete, topic: topic.clone() }),
             EventBody::EpochStart(EpochStartEvent { epoch: Epoch(a), broker: BrokerId(b as u16), voters: vec![Voter { store_index: b as u16, store_id: StoreId(a), incarnation: Incarnation(b) }] }),
-            EventBody::Trim(TrimEvent { before: Offset(b), checkpoint: None }),
+            EventBody::Trim(TrimEvent::plain(Offset(b))),
         ];
         for body in bodies {
             let p = body.to_payload().expect("encodes");

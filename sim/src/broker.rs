@@ -51,6 +51,9 @@ pub(crate) struct BrokerParams {
     pub(crate) follower_retained_bytes_max: u64,
     /// Retention: off in half the seeds, else a payload-byte bound drawn from the seed.
     pub(crate) retention: RetentionPolicy,
+    /// Longest slice of a checkpoint one Trim event carries, in bytes (small in half the
+    /// seeds, so checkpoints are written in parts under faults).
+    pub(crate) checkpoint_part_bytes: usize,
     /// The store identities bound in every broker's cluster file at the start (`None`
     /// each with `--bootstrap`: the first master binds them).
     pub(crate) identities: Vec<Option<StoreIdentity>>,
@@ -172,6 +175,7 @@ impl SimBroker {
             seed: self.seed ^ u64::from(self.boot),
             retention: p.retention,
             recent_bytes_max: quire_broker::engine::recent::RECENT_BYTES_MAX_DEFAULT,
+            checkpoint_part_bytes: p.checkpoint_part_bytes,
             mutations: p.mutations,
         }
     }

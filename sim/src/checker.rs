@@ -480,6 +480,22 @@ impl Checker {
         self.cursors.push((consumer, topic.to_owned(), history));
     }
 
+    /// Trim events of the stabilized log that carry a part of a checkpoint written in
+    /// parts.
+    #[must_use]
+    pub fn checkpoint_parts(&self) -> u64 {
+        self.log
+            .iter()
+            .filter(|e| e.kind == EventKind::Trim)
+            .filter(|e| {
+                matches!(
+                    EventBody::decode(EventKind::Trim, &e.payload),
+                    Ok(EventBody::Trim(TrimEvent { part: Some(_), .. }))
+                )
+            })
+            .count() as u64
+    }
+
     /// The trim point of the stabilized log: the highest `before` of its Trim events (0:
     /// nothing trimmed). Stores may delete whole segments below it.
     #[must_use]
@@ -599,12 +615,9 @@ impl Checker {
         let mut ever_indexed: BTreeMap<String, BTreeSet<Offset>> = BTreeMap::new();
         let no_trim = {
             let mut b = bytes::BytesMut::new();
-            EventBody::Trim(TrimEvent {
-                before: Offset::ZERO,
-                checkpoint: None,
-            })
-            .encode(&mut b)
-            .expect("invariant: a plain trim event encodes");
+            EventBody::Trim(TrimEvent::plain(Offset::ZERO))
+                .encode(&mut b)
+                .expect("invariant: a plain trim event encodes");
             b.freeze()
         };
         for e in &self.log {

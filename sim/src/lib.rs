@@ -362,6 +362,8 @@ pub struct RunStats {
     pub handoffs_failed: u64,
     /// Trims stores made (segments deleted below a stabilized trim point).
     pub store_trims: u64,
+    /// Stabilized Trim events carrying a part of a checkpoint written in parts.
+    pub checkpoint_parts: u64,
     /// Messages consumers were served through the broker engine's fetch.
     pub messages_consumed: u64,
     /// Of those, copies the log's final index does not hold: the prefix of a batch a
@@ -408,6 +410,7 @@ impl RunStats {
         self.handoffs_done += o.handoffs_done;
         self.handoffs_failed += o.handoffs_failed;
         self.store_trims += o.store_trims;
+        self.checkpoint_parts += o.checkpoint_parts;
         self.messages_consumed += o.messages_consumed;
         self.superseded_reads += o.superseded_reads;
         self.fetches_trimmed += o.fetches_trimmed;

@@ -268,8 +268,9 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.handoffs_failed
     );
     println!(
-        "  retention: store trims {}, messages consumed {} (superseded copies {}), fetches answered trimmed {}; cursor commits acked {}, consumer restarts {}",
+        "  retention: store trims {}, checkpoint parts stabilized {}, messages consumed {} (superseded copies {}), fetches answered trimmed {}; cursor commits acked {}, consumer restarts {}",
         stats.store_trims,
+        stats.checkpoint_parts,
         stats.messages_consumed,
         stats.superseded_reads,
         stats.fetches_trimmed,

@@ -317,6 +317,13 @@ impl World {
                     age_ms_max: None,
                 }
             },
+            // From the seed, not the world's generator: the draws above stay as they were
+            // for every seed.
+            checkpoint_part_bytes: if seed % 2 == 0 {
+                64 + (seed / 2 % 512) as usize
+            } else {
+                quire_broker::engine::CHECKPOINT_PART_BYTES_DEFAULT
+            },
             identities: identities
                 .iter()
                 .map(|&id| (!config.faults.bootstrap).then_some(id))
@@ -530,6 +537,7 @@ impl World {
         let produced: Vec<ProducedBatch<'_>> =
             self.batches.iter().map(Batch::as_produced).collect();
         self.stats.store_trims = self.stores.iter().map(|s| s.trims).sum();
+        self.stats.checkpoint_parts = self.checker.checkpoint_parts();
         for (c, con) in self.consumers.iter_mut().enumerate() {
             let reads = std::mem::take(&mut con.reads);
             for r in &reads {

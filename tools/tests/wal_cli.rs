@@ -277,12 +277,9 @@ fn stat_shows_the_trim_point() {
     let tmp = tempfile::tempdir().expect("tempdir");
     write_log(tmp.path());
     let (wal, _) = open_small(tmp.path()).expect("open the WAL");
-    let trim = quire_proto::EventBody::Trim(quire_proto::TrimEvent {
-        before: Offset(60),
-        checkpoint: None,
-    })
-    .to_payload()
-    .expect("encodes");
+    let trim = quire_proto::EventBody::Trim(quire_proto::TrimEvent::plain(Offset(60)))
+        .to_payload()
+        .expect("encodes");
     wal.append(
         Epoch(2),
         vec![Event {

@@ -41,7 +41,7 @@ use crate::core::{
     StoreIdentity, TakeoverCommand, TakeoverConfig, TakeoverCore, TakeoverInput,
 };
 use crate::retention::RetentionPolicy;
-use crate::state::{Applied, BrokerState};
+use crate::state::{Applied, BrokerState, CheckpointParts};
 use quire_net::Readiness;
 
 mod fetch;
@@ -54,7 +54,10 @@ pub use fetch::{
 };
 
 pub use handoff::{HandoffDone, HandoffFailure, HANDOFF_TIMEOUT_MIN_MS};
-pub use retention::{CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS};
+pub use retention::{
+    CHECKPOINT_PARTS_WRITE_MS_MAX, CHECKPOINT_PART_BYTES_DEFAULT, CHECKPOINT_PART_BYTES_MAX,
+    CHECKPOINT_RETRY_AFTER_MS, TRIM_BARRIER_MIN_MS,
+};
 
 /// A slave counts as ready (`GET /ready`) while its applied state is at most this many
 /// events behind the HWM its master last sent.
@@ -95,6 +98,10 @@ pub struct EngineConfig {
     /// Bound of the window of recent stabilized events fetches are served from, in
     /// accounted bytes ([`super::recent::RECENT_BYTES_MAX_DEFAULT`]).
     pub recent_bytes_max: u64,
+    /// A checkpoint whose encoded snapshot is longer than this is written as Trim events of
+    /// at most this many snapshot bytes each ([`CHECKPOINT_PART_BYTES_DEFAULT`]; at most
+    /// [`CHECKPOINT_PART_BYTES_MAX`]), in bytes.
+    pub checkpoint_part_bytes: usize,
     /// Planted bugs for the simulator's mutation tests; all off in a real broker.
     #[doc(hidden)]
     pub mutations: Mutations,
@@ -376,6 +383,8 @@ pub struct Engine {
     /// The state missed events it could not rebuild (no checkpoint yet): no takeover until
     /// a checkpoint repairs it.
     state_gap: bool,
+    /// A checkpoint written in parts being gathered to rebuild the state (with `state_gap`).
+    checkpoint_parts: Option<CheckpointParts>,
     durable_counter: u64,
     highest_epoch_seen: Epoch,
     last_master_contact_ms: Option<u64>,
@@ -435,6 +444,7 @@ impl Engine {
             role: Role::Switching,
             state: BrokerState::new(),
             state_gap: false,
+            checkpoint_parts: None,
             durable_counter,
             highest_epoch_seen: Epoch::ZERO,
             last_master_contact_ms: None,
@@ -1386,17 +1396,37 @@ impl Engine {
             tracing::error!(offset = %event.offset, %expected, "an event below the applied offset was given to apply again; ignored");
             return None;
         }
-        let Some(state) = BrokerState::from_checkpoint(event) else {
-            if !self.state_gap {
-                tracing::error!(offset = %event.offset, %expected, "the log skips events and this one is not a checkpoint: the broker state waits for the next checkpoint");
+        if let Some(parts) = &mut self.checkpoint_parts {
+            match parts.push(event) {
+                Ok(None) => return None,
+                Ok(Some(state)) => {
+                    let first = parts.first();
+                    self.checkpoint_parts = None;
+                    tracing::info!(checkpoint = %first, parts = event.offset.0 - first.0 + 1, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint written in parts");
+                    self.state = state;
+                    self.state_gap = false;
+                    return Some(Applied::Other);
+                }
+                Err(e) => {
+                    tracing::warn!(checkpoint = %parts.first(), offset = %event.offset, error = %e, "a checkpoint in parts could not be gathered: the broker state waits for the next checkpoint");
+                    self.checkpoint_parts = None;
+                }
             }
-            self.state_gap = true;
-            return None;
-        };
-        tracing::info!(checkpoint = %event.offset, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint");
-        self.state = state;
-        self.state_gap = false;
-        Some(Applied::Other)
+        }
+        if let Some(state) = BrokerState::from_checkpoint(event) {
+            tracing::info!(checkpoint = %event.offset, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint");
+            self.state = state;
+            self.state_gap = false;
+            return Some(Applied::Other);
+        }
+        if let Some(parts) = CheckpointParts::start(event) {
+            // The state is rebuilt once the last part is here.
+            self.checkpoint_parts = Some(parts);
+        } else if !self.state_gap {
+            tracing::error!(offset = %event.offset, %expected, "the log skips events and this one is not a checkpoint: the broker state waits for the next checkpoint");
+        }
+        self.state_gap = true;
+        None
     }
 
     fn learn_voters(&mut self, voters: &[Voter]) {

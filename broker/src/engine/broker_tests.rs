@@ -63,6 +63,7 @@ fn config(known: bool) -> EngineConfig {
         seed: 42,
         retention: crate::retention::RetentionPolicy::default(),
         recent_bytes_max: 1 << 20,
+        checkpoint_part_bytes: crate::engine::CHECKPOINT_PART_BYTES_DEFAULT,
         mutations: Mutations::default(),
     }
 }
@@ -217,9 +218,12 @@ impl H {
             sequence,
             messages: vec![Bytes::from_static(b"m")],
         });
-        assert!(self
-            .engine
-            .write(RequestToken(token), req, self.now, self.now));
+        let role = format!("{:?}", self.engine.role());
+        assert!(
+            self.engine
+                .write(RequestToken(token), req, self.now, self.now),
+            "{role}"
+        );
         self.engine.flush(self.now);
         self.take()
     }
@@ -680,13 +684,14 @@ fn trims_sent(out: &[Command]) -> Vec<(Offset, quire_proto::TrimEvent)> {
         .collect()
 }
 
-#[test]
-fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_rises() {
+/// A serving master with a 10-byte retention bound, its config tuned by `tune`.
+fn serving_with_retention(tune: impl FnOnce(&mut EngineConfig)) -> H {
     let mut cfg = config(true);
     cfg.retention = crate::retention::RetentionPolicy {
         bytes_max: Some(10),
         age_ms_max: None,
     };
+    tune(&mut cfg);
     let mut h = H {
         engine: Engine::new(cfg, 0, 0),
         now: 0,
@@ -697,24 +702,40 @@ fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_ri
             .link(SlotId(u16::try_from(i).expect("few")), true, 0);
     }
     h.become_serving();
-    assert_eq!(h.engine.state().trim_point(), Offset::ZERO);
-    // Each tick marks how far the log reached; past 10 bytes it plans a trim; the
-    // checkpoint is taken once nothing is in flight (here at once) and goes out as an
-    // ordinary event.
+    h
+}
+
+/// Produces one message a heartbeat tick, acking everything that goes out, until the trim
+/// point rises (at most `rounds` ticks); returns the Trim events sent.
+fn produce_until_trimmed(h: &mut H, rounds: u64) -> Vec<(Offset, quire_proto::TrimEvent)> {
     let mut trims = Vec::new();
-    for seq in 0..40 {
+    for seq in 0..rounds {
         let out = h.produce(seq, seq);
         h.ack(&out);
         h.now += HEARTBEAT_MS;
         h.engine.tick(h.now);
         h.engine.flush(h.now);
-        let out = h.take();
-        trims.extend(trims_sent(&out));
-        h.ack(&out);
+        // Ack until nothing more goes out (checkpoint parts come as acks make room).
+        let mut out = h.take();
+        while !out.is_empty() {
+            trims.extend(trims_sent(&out));
+            out = h.ack(&out);
+        }
         if h.engine.state().trim_point() > Offset::ZERO {
             break;
         }
     }
+    trims
+}
+
+#[test]
+fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_rises() {
+    let mut h = serving_with_retention(|_| {});
+    assert_eq!(h.engine.state().trim_point(), Offset::ZERO);
+    // Each tick marks how far the log reached; past 10 bytes it plans a trim; the
+    // checkpoint is taken once nothing is in flight (here at once) and goes out as an
+    // ordinary event.
+    let trims = produce_until_trimmed(&mut h, 40);
     assert!(
         !trims.is_empty(),
         "a Trim event was proposed: {:?}",
@@ -730,6 +751,37 @@ fn a_master_past_its_retention_bound_proposes_a_checkpoint_and_the_trim_point_ri
     assert!(trim_point > Offset::ZERO, "a later trim point was applied");
     assert_eq!(h.engine.trimmed_below(Offset::ZERO), Some(trim_point));
     assert_eq!(h.engine.trimmed_below(trim_point), None);
+}
+
+/// A state larger than `checkpoint_part_bytes` goes out as a run of parts at consecutive
+/// offsets, proposed as the in-flight bound lets (writes held meanwhile); the checkpoint
+/// counts at its first part once the last is applied, and the trim point reaches it.
+#[test]
+fn a_checkpoint_larger_than_a_part_goes_out_in_parts_and_the_trim_point_reaches_it() {
+    let mut h = serving_with_retention(|cfg| {
+        cfg.checkpoint_part_bytes = 24;
+        // Room for a few parts at a time: the rest wait for acks.
+        cfg.limits.inflight_bytes_max = 400;
+    });
+    let trims = produce_until_trimmed(&mut h, 60);
+    let parts: Vec<_> = trims
+        .iter()
+        .filter_map(|(o, t)| t.part.as_ref().map(|p| (*o, p.clone())))
+        .collect();
+    assert!(
+        trims.iter().all(|(_, t)| t.checkpoint.is_none()),
+        "{trims:?}"
+    );
+    let (first, head) = parts.first().expect("parts were proposed");
+    assert_eq!(head.index, 0);
+    assert!(head.count >= 3, "{} parts", head.count);
+    for (i, (o, p)) in parts.iter().take(head.count as usize).enumerate() {
+        assert_eq!(p.index as usize, i);
+        assert_eq!(o.0, first.0 + i as u64, "parts at consecutive offsets");
+    }
+    let trim_point = h.engine.state().trim_point();
+    assert_eq!(trim_point, *first, "the trim point is the first checkpoint");
+    assert_eq!(h.engine.trimmed_below(Offset::ZERO), Some(trim_point));
 }
 
 fn handoff_outcomes(out: &[Command]) -> Vec<Result<HandoffDone, HandoffFailure>> {

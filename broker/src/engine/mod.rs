@@ -38,6 +38,7 @@ mod tests;
 pub use broker::{
     Command, Engine, EngineConfig, FenceAnswer, FetchReply, HandoffDone, HandoffFailure,
     InboundAnswer, Mutations, RoleView, SlotAnswer, StoreFetch, TailAnswer, TakeoverRead,
+    CHECKPOINT_PARTS_WRITE_MS_MAX, CHECKPOINT_PART_BYTES_DEFAULT, CHECKPOINT_PART_BYTES_MAX,
     FETCH_BYTES_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX,
 };
 pub use writes::{

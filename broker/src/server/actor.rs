@@ -186,6 +186,7 @@ impl Actor {
             seed,
             retention: cfg.retention,
             recent_bytes_max: crate::engine::recent::RECENT_BYTES_MAX_DEFAULT,
+            checkpoint_part_bytes: cfg.checkpoint_part_bytes,
             mutations: Mutations::default(),
         };
         Actor {

@@ -78,7 +78,22 @@ pub enum DecodedEvent {
         before: u64,
         /// The broker-state checkpoint it carries, in counts.
         checkpoint: Option<CheckpointSummary>,
+        /// The part of a checkpoint written in parts it carries.
+        part: Option<PartSummary>,
     },
+}
+
+/// One part of a checkpoint written across several Trim events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartSummary {
+    /// Its place, from 0.
+    pub index: u32,
+    /// Parts in the checkpoint.
+    pub count: u32,
+    /// Snapshot bytes this part carries.
+    pub bytes: usize,
+    /// Snapshot bytes of all parts together.
+    pub snapshot_bytes: u64,
 }
 
 /// One voter of an epoch-start event.
@@ -183,6 +198,12 @@ pub fn decode(kind: u8, payload: &[u8], mode: PayloadMode) -> Result<Option<Deco
                 cursors: c.cursors.len(),
                 producers: c.producers.len(),
             }),
+            part: t.part.map(|p| PartSummary {
+                index: p.index,
+                count: p.count,
+                bytes: p.bytes.len(),
+                snapshot_bytes: p.snapshot_bytes,
+            }),
         },
     }))
 }
@@ -247,11 +268,23 @@ impl DecodedEvent {
                 }
                 write!(out, "]")
             }
-            DecodedEvent::Trim { before, checkpoint } => {
+            DecodedEvent::Trim {
+                before,
+                checkpoint,
+                part,
+            } => {
                 write!(out, "before={before} checkpoint=")?;
-                match checkpoint {
-                    None => write!(out, "none"),
-                    Some(c) => write!(
+                match (checkpoint, part) {
+                    (None, Some(p)) => write!(
+                        out,
+                        "part:{}/{},bytes:{},of:{}",
+                        p.index + 1,
+                        p.count,
+                        p.bytes,
+                        p.snapshot_bytes
+                    ),
+                    (None, None) => write!(out, "none"),
+                    (Some(c), _) => write!(
                         out,
                         "trim_point:{},epoch:{},voters:{},topics:{},cursors:{},producers:{}",
                         c.trim_point, c.epoch, c.voters, c.topics, c.cursors, c.producers
@@ -385,10 +418,7 @@ mod tests {
             "epoch=131073 broker=1 voters=[0:0000000000c0ffee/0000000000000005]"
         );
 
-        let body = EventBody::Trim(TrimEvent {
-            before: Offset(100),
-            checkpoint: None,
-        });
+        let body = EventBody::Trim(TrimEvent::plain(Offset(100)));
         let event = decode(5, &body.to_payload().unwrap().to_bytes(), PayloadMode::Utf8)
             .unwrap()
             .unwrap();
@@ -399,5 +429,25 @@ mod tests {
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(json["kind_name"], "trim");
         assert!(json["checkpoint"].is_null(), "{json}");
+
+        let body = EventBody::Trim(TrimEvent {
+            before: Offset(100),
+            checkpoint: None,
+            part: Some(quire_proto::CheckpointPart {
+                index: 1,
+                count: 3,
+                snapshot_bytes: 20,
+                bytes: bytes::Bytes::from_static(b"seven b"),
+            }),
+        });
+        let event = decode(5, &body.to_payload().unwrap().to_bytes(), PayloadMode::Utf8)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            text(&event, PayloadMode::Utf8),
+            "before=100 checkpoint=part:2/3,bytes:7,of:20"
+        );
+        let json = serde_json::to_value(&event).unwrap();
+        assert_eq!(json["part"]["count"], 3, "{json}");
     }
 }

@@ -25,11 +25,13 @@
 //! state through exactly the offset before its own event, so nothing may be in flight when
 //! it is taken; the pause lasts one quorum round trip, once per trim.
 
-use quire_proto::{EventBody, EventKind, Offset, TrimEvent, EVENT_PAYLOAD_BYTES_MAX};
+use quire_proto::{
+    CheckpointPart, EventBody, EventKind, Offset, Payload, TrimEvent, EVENT_PAYLOAD_BYTES_MAX,
+};
 
 use super::{Engine, Role};
 use crate::core::event::EVENT_OVERHEAD_BYTES;
-use crate::core::{AppendCommand, Event, MasterInput};
+use crate::core::{AppendCommand, Event, MasterInput, ProposeError};
 use crate::retention::TrimPlanner;
 
 /// Shortest time a checkpoint barrier may hold writes before it is given up (it is retried
@@ -40,6 +42,36 @@ pub const TRIM_BARRIER_MIN_MS: u64 = 1000;
 /// be proposed (the broker state too large for one event), in ms. Without it the master
 /// paused writes, encoded the whole state and logged an error at every heartbeat tick.
 pub const CHECKPOINT_RETRY_AFTER_MS: u64 = 60_000;
+
+/// Default [`super::EngineConfig::checkpoint_part_bytes`]: 8 MiB of snapshot per event.
+pub const CHECKPOINT_PART_BYTES_DEFAULT: usize = 8 * 1024 * 1024;
+
+/// Largest [`super::EngineConfig::checkpoint_part_bytes`]: a part's event (its snapshot
+/// bytes and a few dozen bytes of header) still fits in `EVENT_PAYLOAD_BYTES_MAX`.
+pub const CHECKPOINT_PART_BYTES_MAX: usize = EVENT_PAYLOAD_BYTES_MAX - 1024;
+
+/// Longest a master keeps proposing one checkpoint's parts (writes held) before it gives
+/// the checkpoint up, in ms.
+pub const CHECKPOINT_PARTS_WRITE_MS_MAX: u64 = 30_000;
+
+/// A checkpoint being proposed: its events (one, or its parts) not proposed yet.
+#[derive(Debug)]
+pub(super) struct PartsWriter {
+    /// The trim point its events carry.
+    before: Offset,
+    /// Events still to propose, in order.
+    payloads: std::collections::VecDeque<Payload>,
+    /// Events in all.
+    count: usize,
+    /// Payload bytes of all its events.
+    bytes: u64,
+    /// Offset of its first event, once proposed.
+    first: Option<Offset>,
+    /// When its barrier started (ms).
+    since_ms: u64,
+    /// When the barrier let it start (ms).
+    parts_since_ms: u64,
+}
 
 /// A checkpoint the master is waiting to take: writes wait until nothing is in flight.
 #[derive(Clone, Copy, Debug)]
@@ -59,7 +91,11 @@ pub(super) struct Retention {
     barrier: Option<TrimBarrier>,
     /// After a checkpoint too large to propose: no trim is planned before this (ms).
     retry_at_ms: Option<u64>,
-    /// Offset of the last checkpoint this master proposed.
+    /// The checkpoint being proposed (writes held until it is).
+    writing: Option<PartsWriter>,
+    /// `retention_write_parts` runs (it dispatches commands, which call back).
+    proposing: bool,
+    /// Offset of the last event of the last checkpoint this master proposed.
     proposed: Option<Offset>,
     /// Store slots already reported as unable to catch up (logged once per process).
     unrepairable: std::collections::BTreeSet<crate::core::SlotId>,
@@ -71,6 +107,8 @@ impl Retention {
             planner: TrimPlanner::new(policy, Offset::ZERO),
             barrier: None,
             retry_at_ms: None,
+            writing: None,
+            proposing: false,
             proposed: None,
             unrepairable: std::collections::BTreeSet::new(),
         }
@@ -78,7 +116,7 @@ impl Retention {
 
     /// Whether a checkpoint barrier holds writes.
     pub(super) fn holds_writes(&self) -> bool {
-        self.barrier.is_some()
+        self.barrier.is_some() || self.writing.is_some()
     }
 }
 
@@ -109,7 +147,13 @@ impl Engine {
         let r = &mut self.retention;
         if !matches!(self.role, Role::Master(_)) {
             r.barrier = None;
+            r.writing = None;
             r.planner.mark(now);
+            return;
+        }
+        if r.writing.is_some() {
+            r.planner.mark(now);
+            self.retention_barrier_check();
             return;
         }
         if !serving || handing_off {
@@ -161,8 +205,18 @@ impl Engine {
     }
 
     /// Takes the checkpoint a barrier waits for once nothing is in flight: proposes the Trim
-    /// event with the state through the offset right before it, then lets writes go.
+    /// event with the state through the offset right before it (or, for a state larger
+    /// than `checkpoint_part_bytes`, starts writing it in parts), then lets writes go.
     pub(super) fn retention_barrier_check(&mut self) {
+        if self.retention.writing.is_some() {
+            // Proposing parts dispatches commands, which come back here: once is enough.
+            if !self.retention.proposing {
+                self.retention.proposing = true;
+                self.retention_write_parts();
+                self.retention.proposing = false;
+            }
+            return;
+        }
         let Some(barrier) = self.retention.barrier else {
             return;
         };
@@ -183,45 +237,117 @@ impl Engine {
         }
         let r = &mut self.retention;
         r.barrier = None;
-        let body = EventBody::Trim(TrimEvent {
-            before: barrier.before,
-            checkpoint: Some(Box::new(self.state.snapshot())),
-        });
-        let payload = match body.to_payload() {
-            Ok(p) if p.len() <= EVENT_PAYLOAD_BYTES_MAX => Some(p),
-            Ok(p) => {
-                tracing::error!(
-                    bytes = p.len(),
-                    max = EVENT_PAYLOAD_BYTES_MAX,
-                    retry_after_s = CHECKPOINT_RETRY_AFTER_MS / 1000,
-                    "retention: the broker state is too large for a checkpoint; nothing is trimmed"
-                );
-                r.retry_at_ms = Some(now.saturating_add(CHECKPOINT_RETRY_AFTER_MS));
-                None
+        let part_bytes = self
+            .cfg
+            .checkpoint_part_bytes
+            .clamp(1, CHECKPOINT_PART_BYTES_MAX);
+        let snapshot = self.state.snapshot();
+        let encoded = snapshot.to_bytes().and_then(|bytes| {
+            if bytes.len() <= part_bytes {
+                let whole = EventBody::Trim(TrimEvent {
+                    before: barrier.before,
+                    checkpoint: Some(Box::new(snapshot)),
+                    part: None,
+                });
+                return Ok(vec![whole.to_payload()?]);
             }
+            CheckpointPart::split(&bytes, part_bytes)?
+                .into_iter()
+                .map(|part| {
+                    EventBody::Trim(TrimEvent {
+                        before: barrier.before,
+                        checkpoint: None,
+                        part: Some(part),
+                    })
+                    .to_payload()
+                })
+                .collect()
+        });
+        let payloads = match encoded {
+            Ok(payloads) => payloads,
             Err(e) => {
                 tracing::error!(error = %e, retry_after_s = CHECKPOINT_RETRY_AFTER_MS / 1000, "retention: cannot encode a checkpoint; nothing is trimmed");
                 r.retry_at_ms = Some(now.saturating_add(CHECKPOINT_RETRY_AFTER_MS));
-                None
+                self.retry_blocked(now);
+                return;
             }
         };
-        if let Some(payload) = payload {
-            let bytes = EVENT_OVERHEAD_BYTES + payload.len() as u64;
-            let mut out = Vec::new();
-            match m.core.propose(EventKind::Trim, payload, &mut out) {
+        r.proposing = true;
+        r.writing = Some(PartsWriter {
+            before: barrier.before,
+            count: payloads.len(),
+            bytes: payloads.iter().map(|p| p.len() as u64).sum(),
+            payloads: payloads.into(),
+            first: None,
+            since_ms: barrier.since_ms,
+            parts_since_ms: now,
+        });
+        self.retention_write_parts();
+        self.retention.proposing = false;
+    }
+
+    /// Proposes the checkpoint's events still to propose, as far as the in-flight bound
+    /// lets; writes stay held until the last is proposed (so the parts sit at consecutive
+    /// offsets) or the write is given up (after [`CHECKPOINT_PARTS_WRITE_MS_MAX`], or a
+    /// proposal refused for another reason than backpressure: the parts proposed so far
+    /// are no checkpoint, and the trim is planned again later).
+    fn retention_write_parts(&mut self) {
+        let now = self.now_ms;
+        let handing_off = self.is_handing_off();
+        let Role::Master(m) = &mut self.role else {
+            self.retention.writing = None;
+            return;
+        };
+        let r = &mut self.retention;
+        let Some(w) = r.writing.as_mut() else {
+            return;
+        };
+        let mut out = Vec::new();
+        let mut gave_up: Option<String> = handing_off.then(|| "a handoff began".to_owned());
+        while gave_up.is_none() {
+            let Some(payload) = w.payloads.front() else {
+                break;
+            };
+            match m.core.propose_deferred(EventKind::Trim, payload.clone()) {
                 Ok(offset) => {
-                    r.proposed = Some(offset);
-                    r.planner.trimmed(barrier.before);
-                    let paused_ms = now.saturating_sub(barrier.since_ms);
-                    tracing::info!(before = %barrier.before, checkpoint = %offset, bytes, paused_ms, "retention: proposed a trim point with a checkpoint");
+                    let first = *w.first.get_or_insert(offset);
+                    let index = (w.count - w.payloads.len()) as u64;
+                    if offset.0 != first.0 + index {
+                        gave_up = Some(format!("another event took offset {offset}"));
+                    }
+                    w.payloads.pop_front();
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, before = %barrier.before, "retention: checkpoint not proposed; planned again later");
-                }
+                Err(ProposeError::Backpressure { .. }) => break,
+                Err(e) => gave_up = Some(e.to_string()),
             }
-            self.dispatch_master(out);
         }
-        self.retry_blocked(now);
+        m.core.flush(&mut out);
+        if gave_up.is_none()
+            && !w.payloads.is_empty()
+            && now.saturating_sub(w.parts_since_ms) >= CHECKPOINT_PARTS_WRITE_MS_MAX
+        {
+            gave_up = Some(format!(
+                "its parts took longer than {CHECKPOINT_PARTS_WRITE_MS_MAX} ms to propose"
+            ));
+        }
+        if let Some(reason) = gave_up {
+            tracing::warn!(before = %w.before, reason, "retention: checkpoint given up; planned again later");
+            r.writing = None;
+            r.retry_at_ms = Some(now.saturating_add(CHECKPOINT_RETRY_AFTER_MS));
+        } else if w.payloads.is_empty() {
+            let first = w.first.unwrap_or(Offset::ZERO);
+            let last = Offset(first.0 + w.count as u64 - 1);
+            r.proposed = Some(last);
+            r.planner.trimmed(w.before);
+            let paused_ms = now.saturating_sub(w.since_ms);
+            tracing::info!(before = %w.before, checkpoint = %first, parts = w.count, bytes = w.bytes + w.count as u64 * EVENT_OVERHEAD_BYTES, paused_ms, "retention: proposed a trim point with a checkpoint");
+            r.writing = None;
+        }
+        let done = r.writing.is_none();
+        self.dispatch_master(out);
+        if done {
+            self.retry_blocked(now);
+        }
     }
 
     /// A read for the append `cmd` found the store no longer holds the events from its
