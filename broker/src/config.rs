@@ -20,6 +20,8 @@
 //! retention_bytes = "10GiB"       # keep at least the newest 10 GiB of payload; default: no limit
 //! retention_age = "168h"          # keep events stabilized less than 7 days ago; default: no limit
 //! checkpoint_part_bytes = "8MiB"  # a larger checkpoint is written as several events
+//! topics_max = 65536              # a produce to one more new topic gets LimitReached
+//! cursors_max = 1048576           # a commit of one more new cursor gets LimitReached
 //! read_buffer_bytes_max = "64MiB" # incoming frames buffered, all connections together
 //! partial_frame_timeout = "10s"   # a frame must be whole this long after its first byte
 //! idle_timeout = "10m"            # a connection silent this long is closed; "0s": never
@@ -51,6 +53,7 @@ use serde::Deserialize;
 use crate::core::{quorum, SLOTS_MAX};
 use crate::engine::{CHECKPOINT_PART_BYTES_DEFAULT, CHECKPOINT_PART_BYTES_MAX};
 use crate::retention::RetentionPolicy;
+use crate::state::{CURSORS_MAX, TOPICS_MAX};
 
 /// Default `heartbeat`, in milliseconds.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 100;
@@ -197,6 +200,18 @@ pub fn schema() -> Schema {
         )
         .default_value(Value::Size(CHECKPOINT_PART_BYTES_DEFAULT as u64)),
         Setting::new(
+            "topics_max",
+            Kind::Count,
+            "Most topics the cluster holds; a produce that would create one more is refused with LimitReached (1..=65536)",
+        )
+        .default_value(Value::Count(TOPICS_MAX as u64)),
+        Setting::new(
+            "cursors_max",
+            Kind::Count,
+            "Most durable consumer cursors the cluster holds; a commit of one more new cursor is refused with LimitReached (1..=1048576)",
+        )
+        .default_value(Value::Count(CURSORS_MAX as u64)),
+        Setting::new(
             "read_buffer_bytes_max",
             Kind::Size,
             "Bytes of incoming frames buffered across all connections at most (at least 16MiB, one maximal frame)",
@@ -287,6 +302,12 @@ pub struct BrokerConfig {
     /// Longest slice of a checkpoint's encoded broker state one Trim event carries, in
     /// bytes ([`CHECKPOINT_PART_BYTES_DEFAULT`]); a larger state is written in parts.
     pub checkpoint_part_bytes: usize,
+    /// Most topics the state holds; a produce that would create one more is refused
+    /// (`LimitReached`). At most (and by default) `state::TOPICS_MAX`.
+    pub topics_max: usize,
+    /// Most durable cursors the state holds, likewise. At most (and by default)
+    /// `state::CURSORS_MAX`.
+    pub cursors_max: usize,
     /// How connections are read: the read budget and the partial-frame and idle timeouts.
     pub read: ReadSettings,
     /// Largest producer message accepted, in bytes.
@@ -493,6 +514,14 @@ impl BrokerConfig {
                 ),
             ));
         }
+        let topics_max = r.usize("topics_max")?.unwrap_or_default();
+        if !(1..=TOPICS_MAX).contains(&topics_max) {
+            return Err(r.invalid("topics_max", format!("must be in 1..={TOPICS_MAX}")));
+        }
+        let cursors_max = r.usize("cursors_max")?.unwrap_or_default();
+        if !(1..=CURSORS_MAX).contains(&cursors_max) {
+            return Err(r.invalid("cursors_max", format!("must be in 1..={CURSORS_MAX}")));
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -510,6 +539,8 @@ impl BrokerConfig {
             produce_timeout,
             retention,
             checkpoint_part_bytes,
+            topics_max,
+            cursors_max,
             read,
             message_bytes_max,
             connections_max,
@@ -780,6 +811,8 @@ mod tests {
             ),
             (with(&[("retention_bytes", "0")]), "retention_bytes = 0"),
             (with(&[("retention_age", "0s")]), "retention_age = 0s"),
+            (with(&[("topics_max", "0")]), "topics_max = 0"),
+            (with(&[("cursors_max", "2000000")]), "cursors_max = 2000000"),
             (
                 with(&[("checkpoint_part_bytes", "1KiB")]),
                 "checkpoint_part_bytes = 1KiB",

@@ -65,6 +65,12 @@ pub const CHECKPOINTS_MAX: usize = 64;
 /// but not indexed (counted in [`StateStats::topics_refused`]).
 pub const TOPICS_MAX: usize = 65_536;
 
+/// Durable cursors the state holds at most (a checkpoint's bound,
+/// `SNAPSHOT_CURSORS_MAX`); commits of further new cursors are in the log but not kept
+/// (counted in [`StateStats::cursors_refused`]). The master refuses them first
+/// (`cursors_max`, at most this).
+pub const CURSORS_MAX: usize = quire_proto::SNAPSHOT_CURSORS_MAX;
+
 /// A stretch of one producer's messages to one topic with consecutive sequences at
 /// consecutive offsets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +173,10 @@ pub struct StateStats {
     pub topics_refused: u64,
     /// Producer ids forgotten because of [`PRODUCERS_MAX`].
     pub producers_evicted: u64,
+    /// Commits of new cursors not kept because [`CURSORS_MAX`] cursors exist (a master
+    /// refuses them first with `LimitReached`; only a master with another bound lets one
+    /// through).
+    pub cursors_refused: u64,
 }
 
 /// The log offsets of one topic's messages, as runs of consecutive offsets.
@@ -378,7 +388,12 @@ impl BrokerState {
                 self.apply_message(event.offset, m.topic, m.producer_id, m.sequence)
             }
             EventBody::CursorCommit(c) => {
-                self.cursors.insert((c.topic, c.cursor), c.offset);
+                let key = (c.topic, c.cursor);
+                if self.cursors.len() < CURSORS_MAX || self.cursors.contains_key(&key) {
+                    self.cursors.insert(key, c.offset);
+                } else {
+                    self.stats.cursors_refused += 1;
+                }
                 Applied::CursorCommit
             }
             EventBody::TopicAdmin(t) => {
@@ -615,6 +630,18 @@ impl BrokerState {
     #[must_use]
     pub fn topic(&self, topic: &str) -> Option<&TopicIndex> {
         self.topics.get(topic)
+    }
+
+    /// Topics the state holds.
+    #[must_use]
+    pub fn topic_count(&self) -> usize {
+        self.topics.len()
+    }
+
+    /// Durable cursors the state holds.
+    #[must_use]
+    pub fn cursor_count(&self) -> usize {
+        self.cursors.len()
     }
 
     /// Every topic with its message count, in name order.

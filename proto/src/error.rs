@@ -327,11 +327,14 @@ pub enum ErrorCode {
     /// Broker: the offset asked for was deleted by retention; detail
     /// `ErrorDetail::Trimmed` names the first offset still held.
     Trimmed = 208,
+    /// Broker: the request would add a topic or a cursor beyond the broker's bound
+    /// (`topics_max`, `cursors_max`); not retried. Delete some, or raise the bound.
+    LimitReached = 209,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -354,6 +357,7 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::NoQuorum,
         ErrorCode::Trimmed,
+        ErrorCode::LimitReached,
     ];
 
     /// The code's number on the wire.
@@ -382,7 +386,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 22] = [
+        let expected: [(ErrorCode, u16); 23] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -405,13 +409,14 @@ mod tests {
             (ErrorCode::Timeout, 206),
             (ErrorCode::NoQuorum, 207),
             (ErrorCode::Trimmed, 208),
+            (ErrorCode::LimitReached, 209),
         ];
         for (code, number) in expected {
             assert_eq!(code.as_u16(), number);
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 12, 99, 102, 199, 209, 299, u16::MAX] {
+        for n in [0u16, 12, 99, 102, 199, 210, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -168,6 +168,8 @@ impl SimBroker {
                 inflight_bytes_max: p.limits.inflight_bytes_max,
                 produce_timeout_ms: p.produce_timeout_ms,
                 blocked_requests_max: BLOCKED_REQUESTS_MAX,
+                topics_max: quire_broker::state::TOPICS_MAX,
+                cursors_max: quire_broker::state::CURSORS_MAX,
             },
             limits: p.limits,
             takeover_fetch_events_max: p.fetch_events_max,

@@ -43,9 +43,9 @@ use quire_net::{
     PEER_CONNECTIONS_RESERVE, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE, REFUSED_PER_ADDRESS,
 };
 use quire_proto::{
-    decode, encode, AppendRequest, Body, Epoch, ErrorCode, Event, EventKind, FetchRequest, Frame,
-    FrameHeader, FrameType, LogId, LogPosition, MetadataRequest, Offset, ProduceRequest,
-    ReadRequest, RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
+    decode, encode, AppendRequest, Body, CommitCursorRequest, Epoch, ErrorCode, Event, EventKind,
+    FetchRequest, Frame, FrameHeader, FrameType, LogId, LogPosition, MetadataRequest, Offset,
+    ProduceRequest, ReadRequest, RequestId, TailRequest, FRAME_BYTES_MAX, HEADER_BYTES,
 };
 use quire_tests::node::metric_value as metric;
 use quire_tests::*;
@@ -1583,4 +1583,78 @@ fn one_address_cannot_take_the_pool_from_the_others() {
         conns.len()
     );
     drop(conns);
+}
+
+/// A client cannot grow the broker state without bound: a broker with `--topics-max 2
+/// --cursors-max 2` refuses a third topic and a third cursor with `LimitReached` (209),
+/// naming the bound, and counts them; existing topics and cursors keep working.
+///
+/// The fault: a client creating topics and cursor names at will (40,000 long cursor names
+/// once stopped retention for good). What must hold: the refusals are typed and counted,
+/// nothing is written for them, and writes within the bounds are served.
+#[test]
+fn topics_and_cursors_beyond_their_bounds_are_refused_with_limit_reached() {
+    let _t = quire_tests::proc_test();
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    cluster.add_broker_args(&["--topics-max", "2", "--cursors-max", "2"]);
+    cluster.start_all();
+    cluster.settle();
+    let addr = cluster.broker(1).addr.clone();
+    let mut c = Client::connect(&addr).expect("connects");
+    // settle() produced to one topic already: one more is fine, the next is refused.
+    let mut topics = 0;
+    let mut refused = None;
+    for (i, topic) in ["a", "b", "c"].into_iter().enumerate() {
+        match c
+            .request(produce_request(topic, 5, i as u64, 1))
+            .map(produce_answer)
+            .expect("answered")
+        {
+            Ok(_) => topics += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let e = refused.expect("a topic beyond topics_max was refused");
+    assert_eq!(e.code, ErrorCode::LimitReached, "{e:?}");
+    assert!(e.message.contains("topics_max"), "{}", e.message);
+    assert!(topics >= 1, "no topic was created within the bound");
+    let commit = |cursor: &str| CommitCursorRequest {
+        topic: "a".into(),
+        cursor: cursor.into(),
+        offset: Offset(0),
+    };
+    for cursor in ["x", "y", "x"] {
+        let answer = c.request(commit(cursor)).expect("answered");
+        assert!(
+            matches!(answer, Body::CommitCursorResponse(_)),
+            "{cursor}: {answer:?}"
+        );
+    }
+    match c.request(commit("z")).expect("answered") {
+        Body::ErrorResponse(e) => {
+            assert_eq!(e.code, ErrorCode::LimitReached, "{e:?}");
+            assert!(e.message.contains("cursors_max"), "{}", e.message);
+        }
+        other => panic!("a third cursor was answered {other:?}"),
+    }
+    let m = cluster.brokers[0].scrape();
+    assert_eq!(
+        metric(&m, "quire_produce_errors_total{code=\"topics_max\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "quire_produce_errors_total{code=\"cursors_max\"}"),
+        1.0,
+        "{m}"
+    );
+    // Within the bounds, writes go on.
+    let ok = c
+        .request(produce_request("a", 5, 10, 1))
+        .map(produce_answer)
+        .expect("answered");
+    assert!(ok.is_ok(), "{ok:?}");
 }

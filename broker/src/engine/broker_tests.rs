@@ -56,6 +56,8 @@ fn config(known: bool) -> EngineConfig {
             // Longer than a handoff's bound: a write held by a failed handoff goes out.
             produce_timeout_ms: 5000,
             blocked_requests_max: 16,
+            topics_max: crate::state::TOPICS_MAX,
+            cursors_max: crate::state::CURSORS_MAX,
         },
         limits: ReplicationLimits::default(),
         takeover_fetch_events_max: 64,

@@ -28,6 +28,8 @@ fn limits() -> WriteLimits {
         inflight_bytes_max: 4096,
         produce_timeout_ms: 1000,
         blocked_requests_max: 2,
+        topics_max: crate::state::TOPICS_MAX,
+        cursors_max: crate::state::CURSORS_MAX,
     }
 }
 
@@ -399,4 +401,74 @@ fn a_step_down_fails_every_waiting_request() {
             ..
         })
     ));
+}
+
+/// A produce to one topic more than `topics_max`, or a commit of one cursor more than
+/// `cursors_max`, is refused with `LimitReached` — counting the new names in flight, not
+/// only those applied — while writes to existing topics and recommits of existing cursors
+/// go on.
+#[test]
+fn new_topics_and_cursors_beyond_their_bounds_are_refused() {
+    let mut h = H::new();
+    h.writes = Writes::new(WriteLimits {
+        topics_max: 2,
+        cursors_max: 2,
+        ..limits()
+    });
+    let to = |topic: &str| {
+        WriteRequest::Produce(ProduceRequest {
+            topic: topic.to_owned(),
+            ..produce(0, 0, 1)
+        })
+    };
+    let commit = |cursor: &str| {
+        WriteRequest::CommitCursor(CommitCursorRequest {
+            topic: "a".to_owned(),
+            cursor: cursor.to_owned(),
+            offset: Offset(1),
+        })
+    };
+    // Two new topics in flight (not applied yet): a third is refused at once, a second
+    // write to a topic in flight is not.
+    h.request(1, to("a"), 0);
+    h.request(2, to("b"), 0);
+    h.request(3, to("c"), 0);
+    h.request(4, to("a"), 0);
+    let refused = h.answers();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, 3);
+    assert_eq!(code(&refused[0].1), Some(ErrorCode::LimitReached));
+    h.flush(true);
+    assert_eq!(h.answers().len(), 3);
+    assert_eq!(h.state.topic_count(), 2);
+    // Applied: still two; an existing topic is fine, a new one is not.
+    h.request(5, to("b"), 0);
+    h.request(6, to("d"), 0);
+    h.flush(true);
+    let answers = h.answers();
+    assert!(answers
+        .iter()
+        .any(|(t, r)| *t == 5 && matches!(r, Reply::Produced { .. })));
+    assert!(answers
+        .iter()
+        .any(|(t, r)| *t == 6 && code(r) == Some(ErrorCode::LimitReached)));
+    // Cursors likewise; a recommit of an existing cursor always goes.
+    h.request(7, commit("x"), 0);
+    h.request(8, commit("y"), 0);
+    h.request(9, commit("z"), 0);
+    h.flush(true);
+    h.request(10, commit("x"), 0);
+    h.request(11, commit("w"), 0);
+    h.flush(true);
+    let answers = h.answers();
+    let refused: Vec<u64> = answers
+        .iter()
+        .filter(|(_, r)| code(r) == Some(ErrorCode::LimitReached))
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(refused, vec![9, 11], "{answers:?}");
+    assert!(answers
+        .iter()
+        .any(|(t, r)| *t == 10 && matches!(r, Reply::CursorCommitted)));
+    assert_eq!(h.state.cursor_count(), 2);
 }

@@ -22,7 +22,7 @@
 //! What this does not own: whether this broker is master (the driver calls it only while it
 //! is), the connections the answers go to, metrics (the commands say what to count).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::BytesMut;
 use quire_proto::{
@@ -49,6 +49,12 @@ pub struct WriteLimits {
     /// Requests waiting for the gate or for in-flight room, at most; more are refused
     /// with `Overloaded`.
     pub blocked_requests_max: usize,
+    /// Topics the state may hold (those applied and those new in flight); a produce that
+    /// would add one more is refused with `LimitReached` (at most `state::TOPICS_MAX`).
+    pub topics_max: usize,
+    /// Durable cursors the state may hold, likewise for a commit of a new cursor (at most
+    /// `state::CURSORS_MAX`).
+    pub cursors_max: usize,
 }
 
 /// A write a client asked for.
@@ -167,7 +173,16 @@ struct Pending {
     count: u64,
     /// `(producer_id, first sequence)` for an idempotent produce.
     batch: Option<(u64, u64)>,
+    /// The topic or cursor it adds to the state, if new when proposed.
+    adds: Option<NewName>,
     waiters: Vec<Waiting>,
+}
+
+/// A topic or a cursor a write in flight adds to the state.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum NewName {
+    Topic(String),
+    Cursor(String, String),
 }
 
 /// A write request as it arrives (and waits while not yet proposed).
@@ -192,6 +207,10 @@ pub struct Writes {
     /// Requests waiting for the gate or for room below the in-flight bound, in order.
     blocked: VecDeque<Arrival>,
     needs_flush: bool,
+    /// Topics and cursors the writes in flight add (not in the state yet).
+    new_names: BTreeSet<NewName>,
+    /// Of those, topics.
+    new_topics: usize,
 }
 
 /// What to do with a produce request.
@@ -213,6 +232,8 @@ impl Writes {
             inflight_batches: BTreeMap::new(),
             blocked: VecDeque::new(),
             needs_flush: false,
+            new_names: BTreeSet::new(),
+            new_topics: 0,
         }
     }
 
@@ -292,6 +313,10 @@ impl Writes {
             let p = entry.remove();
             if let Some(batch) = p.batch {
                 self.inflight_batches.remove(&batch);
+            }
+            if let Some(name) = &p.adds {
+                // Applied before this call: the state counts it now.
+                self.forget_new(name);
             }
             out.push(WriteCommand::Stabilized {
                 last,
@@ -427,7 +452,7 @@ impl Writes {
                 error_label,
             });
         };
-        let (payloads, batch) = match &b.request {
+        let (payloads, batch, adds) = match &b.request {
             WriteRequest::Produce(p) => {
                 if let Some((i, msg)) = p
                     .messages
@@ -465,6 +490,24 @@ impl Writes {
                     }
                     Plan::Write => {}
                 }
+                let adds = (state.topic(&p.topic).is_none())
+                    .then(|| NewName::Topic(p.topic.clone()))
+                    .filter(|n| !self.new_names.contains(n));
+                if adds.is_some() && state.topic_count() + self.new_topics >= self.limits.topics_max
+                {
+                    reply(
+                        out,
+                        Reply::Error(ErrorResponse::new(
+                            ErrorCode::LimitReached,
+                            format!(
+                                "topic {:?} would be one more than this cluster's topics_max ({}); delete topics or raise the bound",
+                                p.topic, self.limits.topics_max
+                            ),
+                        )),
+                        Some("topics_max"),
+                    );
+                    return None;
+                }
                 let bytes = batch_bytes(p);
                 if bytes > inflight_max {
                     reply(
@@ -484,6 +527,7 @@ impl Writes {
                     Ok(payloads) => (
                         payloads,
                         (p.producer_id != 0).then_some((p.producer_id, p.sequence)),
+                        adds,
                     ),
                     Err(e) => {
                         reply(
@@ -503,6 +547,26 @@ impl Writes {
                 cursor,
                 offset,
             }) => {
+                let adds = (state.cursor(topic, cursor).is_none())
+                    .then(|| NewName::Cursor(topic.clone(), cursor.clone()))
+                    .filter(|n| !self.new_names.contains(n));
+                if adds.is_some()
+                    && state.cursor_count() + (self.new_names.len() - self.new_topics)
+                        >= self.limits.cursors_max
+                {
+                    reply(
+                        out,
+                        Reply::Error(ErrorResponse::new(
+                            ErrorCode::LimitReached,
+                            format!(
+                                "cursor {cursor:?} of topic {topic:?} would be one more than this cluster's cursors_max ({}); reuse cursor names or raise the bound",
+                                self.limits.cursors_max
+                            ),
+                        )),
+                        Some("cursors_max"),
+                    );
+                    return None;
+                }
                 let body = EventBody::CursorCommit(CursorCommitEvent {
                     topic: topic.clone(),
                     cursor: cursor.clone(),
@@ -515,7 +579,7 @@ impl Writes {
                         {
                             return Some(b);
                         }
-                        (vec![p], None)
+                        (vec![p], None, adds)
                     }
                     Err(e) => {
                         reply(
@@ -571,6 +635,10 @@ impl Writes {
         if let Some(batch) = batch {
             self.inflight_batches.insert(batch, last);
         }
+        if let Some(name) = &adds {
+            self.new_topics += usize::from(matches!(name, NewName::Topic(_)));
+            self.new_names.insert(name.clone());
+        }
         out.push(WriteCommand::Proposed { last });
         self.pending.insert(
             last,
@@ -579,6 +647,7 @@ impl Writes {
                 base,
                 count,
                 batch,
+                adds,
                 waiters: vec![Waiting {
                     token,
                     kind,
@@ -587,6 +656,13 @@ impl Writes {
             },
         );
         None
+    }
+
+    /// A write that added `name` stabilized (or left): the state counts the name now.
+    fn forget_new(&mut self, name: &NewName) {
+        if self.new_names.remove(name) && matches!(name, NewName::Topic(_)) {
+            self.new_topics -= 1;
+        }
     }
 
     /// What to do with a produce: answer it from the idempotent-producer table or with an

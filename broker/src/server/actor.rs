@@ -179,6 +179,8 @@ impl Actor {
                 inflight_bytes_max: limits.inflight_bytes_max,
                 produce_timeout_ms: ms(cfg.produce_timeout),
                 blocked_requests_max: BLOCKED_REQUESTS_MAX,
+                topics_max: cfg.topics_max,
+                cursors_max: cfg.cursors_max,
             },
             limits,
             takeover_fetch_events_max: TAKEOVER_FETCH_EVENTS_MAX,
