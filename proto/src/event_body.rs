@@ -163,6 +163,23 @@ impl TrimEvent {
     }
 }
 
+/// The index of the checkpoint part a Trim event's payload carries, read from its first
+/// bytes without decoding the rest (a whole checkpoint can be megabytes); `None` for any
+/// payload that does not start as a Trim body with a part (tag 2).
+#[must_use]
+pub fn trim_part_index(payload: &Payload) -> Option<u32> {
+    // version u8, before u64, tag u8, index u32
+    let mut head = [0u8; 14];
+    let mut filled = 0;
+    for chunk in payload.chunks() {
+        let n = chunk.len().min(head.len() - filled);
+        head[filled..filled + n].copy_from_slice(&chunk[..n]);
+        filled += n;
+    }
+    (filled == head.len() && head[0] == EVENT_BODY_VERSION && head[9] == 2)
+        .then(|| u32::from_le_bytes([head[10], head[11], head[12], head[13]]))
+}
+
 /// Most parts one checkpoint is written in: with parts of 8 MiB, 32 GiB of broker state.
 pub const CHECKPOINT_PARTS_MAX: u32 = 4096;
 

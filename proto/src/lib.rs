@@ -53,10 +53,10 @@ pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
     encode_message_event, encode_message_header, message_event_bytes, message_header_bytes,
-    BrokerSnapshot, CheckpointPart, CursorCommitEvent, EpochStartEvent, EventBody, MessageEvent,
-    SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent, TrimEvent, Voter,
-    CHECKPOINT_PARTS_MAX, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX, SNAPSHOT_PRODUCERS_MAX,
-    SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
+    trim_part_index, BrokerSnapshot, CheckpointPart, CursorCommitEvent, EpochStartEvent, EventBody,
+    MessageEvent, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent,
+    TrimEvent, Voter, CHECKPOINT_PARTS_MAX, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX,
+    SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
     check_older_version, decode, decode_frame_body, decode_slice, encode, encode_body,

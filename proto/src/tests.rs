@@ -1677,6 +1677,17 @@ fn range_digest_frames_match_the_protocol_document() {
     assert_eq!(all.span(), None, "no overflow");
 }
 
+/// A part's Trim payload.
+fn payload_of(part: &CheckpointPart) -> Payload {
+    EventBody::Trim(TrimEvent {
+        before: Offset(5),
+        checkpoint: None,
+        part: Some(part.clone()),
+    })
+    .to_payload()
+    .expect("encodes")
+}
+
 /// A snapshot cut into parts and put back together is the snapshot; bad parts are typed
 /// errors.
 #[test]
@@ -1708,7 +1719,16 @@ fn a_checkpoint_split_into_parts_reassembles() {
         let payload = body.to_payload().expect("encodes");
         assert_eq!(EventBody::decode(EventKind::Trim, &payload), Ok(body));
         whole.extend_from_slice(&part.bytes);
+        assert_eq!(trim_part_index(&payload_of(part)), Some(part.index));
     }
+    assert_eq!(
+        trim_part_index(
+            &EventBody::Trim(TrimEvent::plain(Offset(5)))
+                .to_payload()
+                .expect("encodes")
+        ),
+        None
+    );
     assert_eq!(BrokerSnapshot::from_bytes(&whole.freeze()), Ok(snapshot));
     // One part, or more than CHECKPOINT_PARTS_MAX, is refused.
     assert!(CheckpointPart::split(&bytes, bytes.len()).is_err());

@@ -41,7 +41,7 @@
 //!   offset, have epochs that never go down and never exceed the granted epoch, and end
 //!   exactly at the granted `(epoch, offset)`; anything else aborts the attempt.
 
-use quire_proto::{BrokerId, Epoch, EventKind, LogPosition, Offset, TailCut};
+use quire_proto::{trim_part_index, BrokerId, Epoch, EventKind, LogPosition, Offset, TailCut};
 
 use super::event::Event;
 use super::log::Log;
@@ -969,7 +969,11 @@ impl TakeoverCore {
             }
             next = next.next();
             if let Some((first_offset, skipped)) = rebase {
-                if ev.kind != EventKind::Trim {
+                // A later part of a checkpoint written in parts is no place to start: the
+                // state could not be rebuilt before the next checkpoint.
+                let starts_checkpoint = ev.kind == EventKind::Trim
+                    && trim_part_index(&ev.payload).is_none_or(|index| index == 0);
+                if !starts_checkpoint {
                     // Below the first checkpoint: not kept (see on_fetch_trimmed).
                     rebase = Some((first_offset, Some(ev.position())));
                     continue;

@@ -930,6 +930,48 @@ fn a_trimmed_fetch_restarts_the_log_at_the_first_checkpoint() {
     assert_eq!(t.stats().fetches_rebased, 1);
 }
 
+/// The first Trim event after the store's first offset is a later part of a checkpoint
+/// written in parts (its first part was deleted): the log restarts at the next checkpoint's
+/// first part instead (the Trim event at 6), where the state can be rebuilt.
+#[test]
+fn a_trimmed_fetch_skips_a_later_checkpoint_part() {
+    let (mut t, e, _) = rebasing();
+    let part = |index: u32| {
+        quire_proto::EventBody::Trim(quire_proto::TrimEvent {
+            before: Offset(2),
+            checkpoint: None,
+            part: Some(quire_proto::CheckpointPart {
+                index,
+                count: 3,
+                snapshot_bytes: 3,
+                bytes: bytes::Bytes::from_static(b"x"),
+            }),
+        })
+        .to_payload()
+        .expect("encodes")
+    };
+    let mut events = events_from(4, &[2, 2, 2, 2]);
+    events[1].kind = EventKind::Trim;
+    events[1].payload = part(2);
+    events[2].kind = EventKind::Trim;
+    events[2].payload = part(0);
+    let mut out = Vec::new();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events,
+        },
+        &mut out,
+    );
+    let [TakeoverCommand::BecomeMaster(adopted)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(adopted.applied, Some(Offset(5)));
+    assert_eq!(adopted.log.mem_start(), Offset(6));
+    assert_eq!(adopted.log.end(), Offset(8));
+}
+
 /// A log with no checkpoint from the store's first offset through the granted end cannot
 /// be restarted: the attempt is given up.
 #[test]
