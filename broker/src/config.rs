@@ -491,6 +491,16 @@ impl BrokerConfig {
                 format!("must be in 1..={CONNECTIONS_MAX_LIMIT}"),
             ));
         }
+        let connections_per_address_max =
+            r.usize("connections_per_address_max")?.unwrap_or_default();
+        if connections_per_address_max > connections_max {
+            return Err(r.invalid(
+                "connections_per_address_max",
+                format!(
+                    "must be at most connections_max ({connections_max}): it is a share of that pool (0: no bound)"
+                ),
+            ));
+        }
         let fetch_responses_bytes_max = r.usize("fetch_responses_bytes_max")?.unwrap_or_default();
         if !(crate::server::CONN_RESPONSE_BYTES_MAX..=u32::MAX as usize)
             .contains(&fetch_responses_bytes_max)
@@ -544,9 +554,7 @@ impl BrokerConfig {
             read,
             message_bytes_max,
             connections_max,
-            connections_per_address_max: r
-                .usize("connections_per_address_max")?
-                .unwrap_or_default(),
+            connections_per_address_max,
             fetch_responses_bytes_max,
         })
     }
@@ -812,6 +820,10 @@ mod tests {
             (with(&[("retention_bytes", "0")]), "retention_bytes = 0"),
             (with(&[("retention_age", "0s")]), "retention_age = 0s"),
             (with(&[("topics_max", "0")]), "topics_max = 0"),
+            (
+                with(&[("connections_per_address_max", "20000")]),
+                "must be at most connections_max (10000)",
+            ),
             (with(&[("cursors_max", "2000000")]), "cursors_max = 2000000"),
             (
                 with(&[("checkpoint_part_bytes", "1KiB")]),

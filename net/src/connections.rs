@@ -128,7 +128,8 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct AcceptMetrics {
     /// Connections closed at once, by `reason` ([`REFUSED_CONNECTIONS_MAX`],
-    /// [`REFUSED_PEER_RESERVE`]).
+    /// [`REFUSED_PER_ADDRESS`], [`REFUSED_PEER_RESERVE`]; each exported as 0 from
+    /// registration on).
     pub refused: Family<[(&'static str, &'static str); 1], Counter>,
     /// `accept()` calls that failed (out of descriptors, …).
     pub accept_errors: Counter,
@@ -137,9 +138,16 @@ pub struct AcceptMetrics {
 impl AcceptMetrics {
     /// Registers both in `r` as `connections_refused` and `accept_errors`.
     pub fn register(&self, r: &mut Registry) {
+        for reason in [
+            REFUSED_CONNECTIONS_MAX,
+            REFUSED_PER_ADDRESS,
+            REFUSED_PEER_RESERVE,
+        ] {
+            let _ = self.refused.get_or_create(&[("reason", reason)]);
+        }
         r.register(
             "connections_refused",
-            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), or a reserve connection sent no cluster frame in time (reason peer_reserve)",
+            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), the address held connections_per_address_max and the reserve was full (reason per_address), or a reserve connection sent no cluster frame in time (reason peer_reserve)",
             self.refused.clone(),
         );
         r.register(

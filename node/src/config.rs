@@ -383,6 +383,15 @@ impl NodeConfig {
                 format!("must be at most {}", quire_net::CONNECTIONS_MAX_LIMIT),
             ));
         }
+        if l.connections_per_address_max > l.connections_max {
+            return Err((
+                "connections_per_address_max",
+                format!(
+                    "must be at most connections_max ({}): it is a share of that pool (0: no bound)",
+                    l.connections_max
+                ),
+            ));
+        }
         if l.read_events_max > EVENTS_PER_FRAME_MAX {
             return Err((
                 "read_events_max",

@@ -328,7 +328,8 @@ pub enum ErrorCode {
     /// `ErrorDetail::Trimmed` names the first offset still held.
     Trimmed = 208,
     /// Broker: the request would add a topic or a cursor beyond the broker's bound
-    /// (`topics_max`, `cursors_max`); not retried. Delete some, or raise the bound.
+    /// (`topics_max`, `cursors_max`); not retried. Use existing names, or raise the bound
+    /// (there is no topic or cursor deletion yet).
     LimitReached = 209,
 }
 

@@ -500,7 +500,7 @@ impl Writes {
                         Reply::Error(ErrorResponse::new(
                             ErrorCode::LimitReached,
                             format!(
-                                "topic {:?} would be one more than this cluster's topics_max ({}); delete topics or raise the bound",
+                                "topic {:?} would be one more than this cluster's topics_max ({}); write to an existing topic, or raise topics_max on the brokers",
                                 p.topic, self.limits.topics_max
                             ),
                         )),
@@ -559,7 +559,7 @@ impl Writes {
                         Reply::Error(ErrorResponse::new(
                             ErrorCode::LimitReached,
                             format!(
-                                "cursor {cursor:?} of topic {topic:?} would be one more than this cluster's cursors_max ({}); reuse cursor names or raise the bound",
+                                "cursor {cursor:?} of topic {topic:?} would be one more than this cluster's cursors_max ({}); reuse a cursor name, or raise cursors_max on the brokers",
                                 self.limits.cursors_max
                             ),
                         )),
