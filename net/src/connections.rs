@@ -33,7 +33,8 @@
 //!   the accept loop never spins on it), sent one `ErrorResponse` `Overloaded` with request
 //!   id 0 if the socket takes it without waiting, and closed; counted in
 //!   `quire_connections_refused_total{reason}` (`connections_max`, `per_address` when the
-//!   pool had room but not for that address, or `peer_reserve` for a reserve connection
+//!   pool had room but not for that address — also for such a connection placed on the
+//!   reserve that then sent no cluster frame — or `peer_reserve` for a reserve connection
 //!   that sent no cluster frame in time) and logged at warn at most once
 //!   per [`REFUSAL_LOG_INTERVAL`], with the number refused since the last line.
 //! - **accept() errors** (EMFILE, ENFILE, ENOBUFS, …): the loop waits
@@ -331,6 +332,7 @@ impl ConnectionLimit {
                     _permit: p,
                     first_frame_by: None,
                     address,
+                    over_address: false,
                     limit: self.clone(),
                 })
             }
@@ -341,6 +343,7 @@ impl ConnectionLimit {
                 _permit: p,
                 first_frame_by: Some(tokio::time::Instant::now() + PEER_FIRST_FRAME_TIMEOUT),
                 address: None,
+                over_address: address_full,
                 limit: self.clone(),
             }),
             Err(_) if address_full => Err(REFUSED_PER_ADDRESS),
@@ -427,6 +430,9 @@ pub struct ConnectionPermit {
     first_frame_by: Option<tokio::time::Instant>,
     /// The address whose per-address count this place adds to (general pool, bounded).
     address: Option<IpAddr>,
+    /// A reserve place taken because the address held its share while the pool had room:
+    /// a refusal then says so (`per_address`), not that the places are kept for peers.
+    over_address: bool,
     limit: ConnectionLimit,
 }
 
@@ -481,16 +487,25 @@ impl ConnectionPermit {
             self.first_frame_by = None;
             return Ok(());
         }
-        self.limit.note_refused(REFUSED_PEER_RESERVE, peer);
-        Err(peer_reserve_error())
+        Err(self.refuse_reserve(peer))
     }
 
     /// The first frame of a reserve place did not come in time: counts and logs it, and
     /// gives the error to send (request id 0) before closing.
     #[must_use]
     pub fn first_frame_timed_out(&self, peer: SocketAddr) -> ErrorResponse {
-        self.limit.note_refused(REFUSED_PEER_RESERVE, peer);
-        peer_reserve_error()
+        self.refuse_reserve(peer)
+    }
+
+    /// Counts a reserve place that did not earn it, under the reason it was there for.
+    fn refuse_reserve(&self, peer: SocketAddr) -> ErrorResponse {
+        if self.over_address {
+            self.limit.note_refused(REFUSED_PER_ADDRESS, peer);
+            per_address_error()
+        } else {
+            self.limit.note_refused(REFUSED_PEER_RESERVE, peer);
+            peer_reserve_error()
+        }
     }
 }
 
@@ -753,8 +768,16 @@ mod tests {
         assert!(!h1.is_on_probation() && !h2.is_on_probation());
         // The hoarder's third goes to the reserve (on probation), its fourth is refused
         // for its address while the pool still has room.
-        let h3 = limit.admit(hoarder).expect("reserve");
+        let mut h3 = limit.admit(hoarder).expect("reserve");
         assert!(h3.is_on_probation());
+        // A client frame there is refused as over its address's share, not as a
+        // non-peer on the peer reserve.
+        let e = h3
+            .check_frame(FrameType::ProduceRequest, hoarder)
+            .expect_err("not a peer");
+        assert_eq!(e.message, per_address_error().message);
+        assert_eq!(limit.inner.metrics.refused_total(REFUSED_PER_ADDRESS), 1);
+        assert_eq!(limit.inner.metrics.refused_total(REFUSED_PEER_RESERVE), 0);
         assert_eq!(limit.admit(hoarder).err(), Some(REFUSED_PER_ADDRESS));
         // Another address gets the pool's places.
         let o1 = limit.admit(other).expect("pool for another address");

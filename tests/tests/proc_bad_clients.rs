@@ -1552,7 +1552,9 @@ fn one_address_cannot_take_the_pool_from_the_others() {
         assert!(Instant::now() < deadline, "no per-address refusals:\n{m}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(refused(&m, REFUSED_PER_ADDRESS), extra as f64, "{m}");
+    // At least the 6 (the 64 on the reserve are refused as per_address too once their
+    // first-frame time runs out, 5 s after they connected).
+    assert!(refused(&m, REFUSED_PER_ADDRESS) >= extra as f64, "{m}");
     assert_eq!(refused(&m, REFUSED_CONNECTIONS_MAX), 0.0, "{m}");
     // The refused ones got Overloaded and were closed (the newest: the others hold places).
     let mut refused_seen = 0;

@@ -28,7 +28,7 @@
 //! generator seeded by the driver (so a simulation run replays exactly). When a tick finds
 //! the deadline passed, the core emits [`FollowerCommand::StartTakeover`] and re-arms.
 
-use quire_proto::{BrokerId, Epoch, EventKind, LogPosition, Offset};
+use quire_proto::{trim_part_index, BrokerId, Epoch, EventKind, LogPosition, Offset};
 
 use super::event::{accounted_bytes, Event};
 use super::log::Log;
@@ -385,7 +385,14 @@ impl FollowerCore {
             let at_checkpoint = self.log.end() <= p.offset
                 && hwm > Some(p.offset)
                 && self.applied < Some(p.offset)
-                && events.first().is_some_and(|e| e.kind == EventKind::Trim);
+                && events.first().is_some_and(|e| {
+                    // A whole checkpoint or a checkpoint's first part: a later part is
+                    // no place to rebuild the state from (a break-it trial: a restarted
+                    // slave accepted an append starting at part 250 of 645, never rebuilt
+                    // its state, and would not take over).
+                    e.kind == EventKind::Trim
+                        && trim_part_index(&e.payload).is_none_or(|index| index == 0)
+                });
             if !at_checkpoint {
                 self.stats.refused_mismatch += 1;
                 self.refuse(append, RejectReason::LogMismatch, out);

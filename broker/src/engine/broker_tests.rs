@@ -786,6 +786,28 @@ fn a_checkpoint_larger_than_a_part_goes_out_in_parts_and_the_trim_point_reaches_
     assert_eq!(h.engine.trimmed_below(Offset::ZERO), Some(trim_point));
 }
 
+/// Checkpoints do not count toward the retention bound: once the trim point rose, an idle
+/// master proposes no more of them, although each is larger than the 10-byte bound (a
+/// break-it trial: an idle cluster with a state above retention_bytes wrote a checkpoint
+/// of 1,290 parts 5-10 times a second).
+#[test]
+fn an_idle_master_writes_no_checkpoint_after_checkpoint() {
+    let mut h = serving_with_retention(|_| {});
+    assert!(!produce_until_trimmed(&mut h, 40).is_empty());
+    let mut trims = Vec::new();
+    for _ in 0..50 {
+        h.now += HEARTBEAT_MS;
+        h.engine.tick(h.now);
+        h.engine.flush(h.now);
+        let mut out = h.take();
+        while !out.is_empty() {
+            trims.extend(trims_sent(&out));
+            out = h.ack(&out);
+        }
+    }
+    assert!(trims.len() <= 1, "{} checkpoints while idle", trims.len());
+}
+
 fn handoff_outcomes(out: &[Command]) -> Vec<Result<HandoffDone, HandoffFailure>> {
     out.iter()
         .filter_map(|c| match c {

@@ -26,7 +26,8 @@
 //! it is taken; the pause lasts one quorum round trip, once per trim.
 
 use quire_proto::{
-    CheckpointPart, EventBody, EventKind, Offset, Payload, TrimEvent, EVENT_PAYLOAD_BYTES_MAX,
+    CheckpointPart, EventBody, EventKind, Offset, Payload, TrimEvent, CHECKPOINT_PARTS_MAX,
+    EVENT_PAYLOAD_BYTES_MAX,
 };
 
 use super::{Engine, Role};
@@ -124,7 +125,15 @@ impl Engine {
     /// Feeds one applied event to the trim planner (right after applying it).
     pub(super) fn retention_applied(&mut self, event: &Event) {
         let planner = &mut self.retention.planner;
-        planner.stabilized(event.offset, event.payload.len() as u64);
+        // Checkpoints do not count toward retention_bytes: a state larger than the bound
+        // made every checkpoint pass the planner's point at once, so an idle cluster wrote
+        // checkpoints without end (a break-it trial: 1,290 parts 5-10 times a second).
+        let bytes = if event.kind == EventKind::Trim {
+            0
+        } else {
+            event.payload.len() as u64
+        };
+        planner.stabilized(event.offset, bytes);
         let trim_point = self.state.trim_point();
         if trim_point > planner.trim_point() {
             planner.trimmed(trim_point);
@@ -251,6 +260,12 @@ impl Engine {
                 });
                 return Ok(vec![whole.to_payload()?]);
             }
+            // A part grows past the setting rather than the state outgrowing
+            // CHECKPOINT_PARTS_MAX parts (a break-it trial: 4 KiB parts stopped retention
+            // at a 16 MiB state).
+            let part_bytes = part_bytes
+                .max(bytes.len().div_ceil(CHECKPOINT_PARTS_MAX as usize))
+                .min(CHECKPOINT_PART_BYTES_MAX);
             CheckpointPart::split(&bytes, part_bytes)?
                 .into_iter()
                 .map(|part| {
