@@ -707,6 +707,18 @@ fn serving_with_retention(tune: impl FnOnce(&mut EngineConfig)) -> H {
     h
 }
 
+/// Acks every append that goes out, and those that follow, until nothing more does
+/// (checkpoint parts come as acks make room); returns the Trim events sent.
+fn ack_until_quiet(h: &mut H) -> Vec<(Offset, quire_proto::TrimEvent)> {
+    let mut trims = Vec::new();
+    let mut out = h.take();
+    while !out.is_empty() {
+        trims.extend(trims_sent(&out));
+        out = h.ack(&out);
+    }
+    trims
+}
+
 /// Produces one message a heartbeat tick, acking everything that goes out, until the trim
 /// point rises (at most `rounds` ticks); returns the Trim events sent.
 fn produce_until_trimmed(h: &mut H, rounds: u64) -> Vec<(Offset, quire_proto::TrimEvent)> {
@@ -717,12 +729,7 @@ fn produce_until_trimmed(h: &mut H, rounds: u64) -> Vec<(Offset, quire_proto::Tr
         h.now += HEARTBEAT_MS;
         h.engine.tick(h.now);
         h.engine.flush(h.now);
-        // Ack until nothing more goes out (checkpoint parts come as acks make room).
-        let mut out = h.take();
-        while !out.is_empty() {
-            trims.extend(trims_sent(&out));
-            out = h.ack(&out);
-        }
+        trims.extend(ack_until_quiet(h));
         if h.engine.state().trim_point() > Offset::ZERO {
             break;
         }
@@ -799,11 +806,7 @@ fn an_idle_master_writes_no_checkpoint_after_checkpoint() {
         h.now += HEARTBEAT_MS;
         h.engine.tick(h.now);
         h.engine.flush(h.now);
-        let mut out = h.take();
-        while !out.is_empty() {
-            trims.extend(trims_sent(&out));
-            out = h.ack(&out);
-        }
+        trims.extend(ack_until_quiet(&mut h));
     }
     assert!(trims.len() <= 1, "{} checkpoints while idle", trims.len());
 }
