@@ -112,6 +112,12 @@ CONFIGS = {
     'retention-fix-k4':     dict(B=2, K=4, V=0, T=2, ret='fix'),                     # for --replay only
     'retention-fix-k4-known': dict(B=2, K=4, V=0, T=2, ret='fix', prevep='known'),   # for --replay only
     'mut-trim-unstabilized': dict(B=2, K=2, V=0, T=2, ret='fix', prevep='known', mut='trim-unstabilized'),
+    # checkpoints written in parts (2026-12-06): a takeover may start at any checkpoint at or
+    # below the highest `before` of the Trim events it adopted (a later first part), not only
+    # at the first Trim event (which may be a later part)
+    # (T=3: a later checkpoint at or below a `before` needs a third Trim event)
+    'retention-fix-parts':  dict(B=2, K=2, V=0, T=3, ret='fix-parts'),
+    'mut-parts-above-before': dict(B=2, K=2, V=0, T=3, ret='fix-parts', mut='parts-above-before'),
     'mut-start-any-checkpoint': dict(B=2, K=2, V=1, T=1, ret='fix', prevep='known', mut='start-any-checkpoint'),
 }
 X = (-1, -1)                                # a trimmed / unknown entry
@@ -336,7 +342,7 @@ class Model:
                             continue
                         seen.add(best)
                         cands += 1
-                        c, blog, hwm0, how = 0, best, -1, ''
+                        c, blog, hwm0, how, alts = 0, best, -1, '', []
                         if self.T:
                             bf = first_of(best)
                             cps = [t for t in range(bf, len(best)) if best[t][1] < 0]
@@ -350,21 +356,32 @@ class Model:
                                     blocked += 1              # no checkpoint to rebuild from: abort
                                     continue
                                 c = cps[0]                    # fix: the first checkpoint at or above first
-                            if c > 0:
+                                if self.ret == 'fix-parts':
+                                    # Checkpoints written in parts: the takeover skips Trim events
+                                    # that are later parts and starts at a later first part, which
+                                    # lies at or below the trim point the stores trimmed to (the
+                                    # `before` of a Trim event). Any such checkpoint is a choice.
+                                    top = max(trim_before(best[t][1]) for t in cps)
+                                    later = [t for t in cps[1:]
+                                             if t <= top or self.mut == 'parts-above-before']   # MUTANT: any later one
+                                    alts.extend(later)
+                        for c in [c] + alts:
+                            blog, hwm0, how = best, -1, ''
+                            if self.T and c > 0:
                                 blog, hwm0 = (X,) * c + best[c:], c - 1
                                 how = ', starts its log at the checkpoint at offset %d (HWM %d)' % (c, c - 1)
                                 self.cpstart += 1
-                        viol = [('P1', 'epoch %d adopted %s, missing offset %d=%s acked in epoch %d'
-                                 % (e, fmt(blog), o, fmt([a[0]]), a[1]))
-                                for o, a in enumerate(acked)
-                                if a is not None and a[1] < e and o >= c and (o >= len(blog) or blog[o] != a[0])]
-                        if c > 0 and (c >= len(acked) or acked[c] is None or acked[c][0] != blog[c]):
-                            viol.append(('P1', 'epoch %d starts its log at the checkpoint %s at offset %d, which is not acked (acked: %s)'
-                                         % (e, fmt([blog[c]]), c, fmt([a[0] if a else X for a in acked]))))
-                        out.append(('B%d has grants from %s -> fence quorum, adopts %s%s' % (
-                            b + 1, '+'.join('S%d' % (s + 1) for s in ss), fmt(best), how),
-                            (stores, with_broker(b, (MASTER, e, cnt, blog, hwm0, -1)), net | {('A', e, blog, self.mh(hwm0))},
-                             (acked, nvals, nt, nw, nr, max(maxf, e), used, ntr)), viol))
+                            viol = [('P1', 'epoch %d adopted %s, missing offset %d=%s acked in epoch %d'
+                                     % (e, fmt(blog), o, fmt([a[0]]), a[1]))
+                                    for o, a in enumerate(acked)
+                                    if a is not None and a[1] < e and o >= c and (o >= len(blog) or blog[o] != a[0])]
+                            if c > 0 and (c >= len(acked) or acked[c] is None or acked[c][0] != blog[c]):
+                                viol.append(('P1', 'epoch %d starts its log at the checkpoint %s at offset %d, which is not acked (acked: %s)'
+                                             % (e, fmt([blog[c]]), c, fmt([a[0] if a else X for a in acked]))))
+                            out.append(('B%d has grants from %s -> fence quorum, adopts %s%s' % (
+                                b + 1, '+'.join('S%d' % (s + 1) for s in ss), fmt(best), how),
+                                (stores, with_broker(b, (MASTER, e, cnt, blog, hwm0, -1)), net | {('A', e, blog, self.mh(hwm0))},
+                                 (acked, nvals, nt, nw, nr, max(maxf, e), used, ntr)), viol))
                 if cands and cands == blocked:
                     self.blocked += 1
             if phase != MASTER:

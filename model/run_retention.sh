@@ -9,5 +9,7 @@ run retention-fix --max-states 2000000
 run retention-fix-k3-known --max-states 1500000
 run mut-trim-unstabilized --max-states 1500000
 run mut-start-any-checkpoint
+run retention-fix-parts
+run mut-parts-above-before
 python3 quire_mc_retention.py --replay retention-fix-k4 scenarios/r1-hidden-divergence.txt | tail -3
 python3 quire_mc_retention.py --replay retention-fix-k4-known scenarios/r1-hidden-divergence.txt | tail -3
