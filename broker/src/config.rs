@@ -46,8 +46,9 @@ use quire_net::layers::{
     self, Granularity, HasSchema, Kind, PrintFormat, Resolved, Schema, Setting, SettingFlags,
     SettingsError, Value,
 };
-use quire_net::{ReadSettings, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT};
+use quire_net::{ReadSettings, TlsSettings, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT};
 use quire_proto::{BrokerId, ADDR_BYTES_MAX, MESSAGE_BYTES_MAX};
+use quire_tls::ClientAuth;
 use serde::Deserialize;
 
 use crate::core::{quorum, SLOTS_MAX};
@@ -256,6 +257,10 @@ pub fn schema() -> Schema {
         )
         .default_value(Value::Size(FETCH_RESPONSES_BYTES_MAX_DEFAULT as u64)),
     ];
+    // Clients and the other brokers talk to a broker: with TLS on, a client may show a
+    // certificate of the cluster's CA, and need not.
+    let mut settings = settings;
+    settings.extend(TlsSettings::schema(ClientAuth::Optional));
     Schema {
         program: "quire-broker",
         env_prefix: ENV_PREFIX,
@@ -322,6 +327,9 @@ pub struct BrokerConfig {
     /// Most bytes of fetch answers held across all connections, from serving a fetch until
     /// its answer's last byte is written ([`FETCH_RESPONSES_BYTES_MAX_DEFAULT`]).
     pub fetch_responses_bytes_max: usize,
+    /// The `[tls]` table: the listener's TLS (unset files: plaintext), and the outgoing
+    /// links' (to stores and brokers: TLS when `ca_file` is set).
+    pub tls: TlsSettings,
 }
 
 /// Smallest `checkpoint_part_bytes`, in bytes: below it a checkpoint would take more
@@ -556,6 +564,7 @@ impl BrokerConfig {
             connections_max,
             connections_per_address_max,
             fetch_responses_bytes_max,
+            tls: TlsSettings::from_resolved(r)?,
         })
     }
 

@@ -106,21 +106,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             out.flush()?;
         }
-        wait_for_signal().await?;
+        quire_net::until_shutdown(|| broker.reload_tls())
+            .await
+            .context("waiting for a signal")?;
         tracing::info!("signal received: shutting down");
         broker.shutdown().await;
         Ok(())
     })
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }
 
 /// Installs the global `tracing` subscriber on stderr (filter from `RUST_LOG`, default

@@ -28,8 +28,8 @@ use quire_proto::{
     decode, encode, frame_bytes_announced, Body, EncodedBody, ErrorResponse, Flags, Frame,
     FrameType, LogId, RequestId, WireError,
 };
+use quire_tls::{ReadHalf, Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
@@ -57,6 +57,9 @@ pub struct ConnConfig {
     pub request_timeout: Duration,
     /// Most requests waiting for a response at once. Default 4096.
     pub in_flight_requests_max: usize,
+    /// TLS for the connection: `None` (the default) is plaintext. The handshake counts
+    /// against `connect_timeout`.
+    pub tls: Option<quire_tls::TlsConnector>,
 }
 
 impl Default for ConnConfig {
@@ -65,6 +68,7 @@ impl Default for ConnConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             in_flight_requests_max: 4096,
+            tls: None,
         }
     }
 }
@@ -158,7 +162,23 @@ impl Connection {
         A: ToSocketAddrs + fmt::Display,
     {
         let name = addr.to_string();
-        let stream = match timeout(config.connect_timeout, TcpStream::connect(addr)).await {
+        let connect = async {
+            let tcp = TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            match &config.tls {
+                None => Ok(Stream::Plain(tcp)),
+                Some(tls) => tls.connect(&name, tcp).await.map_err(|e| {
+                    // What rustls says of a server that answers the hello in plaintext.
+                    let hint = if e.to_string().contains("corrupt message") {
+                        " (a plaintext server? it says so in its log at start)"
+                    } else {
+                        ""
+                    };
+                    io::Error::new(e.kind(), format!("TLS handshake: {e}{hint}"))
+                }),
+            }
+        };
+        let stream = match timeout(config.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 return Err(ClientError::Connect {
@@ -173,16 +193,12 @@ impl Connection {
                 })
             }
         };
-        stream.set_nodelay(true).map_err(|e| ClientError::Connect {
-            addr: name.clone(),
-            source: Arc::new(e),
-        })?;
         Ok(Connection::from_stream(stream, name, config))
     }
 
-    /// Wraps a connected stream (`addr` names the peer in errors).
+    /// Wraps a connected stream, plaintext or TLS (`addr` names the peer in errors).
     #[must_use]
-    pub fn from_stream(stream: TcpStream, addr: String, config: ConnConfig) -> Connection {
+    pub fn from_stream(stream: Stream, addr: String, config: ConnConfig) -> Connection {
         let shared = Arc::new(Shared {
             addr,
             next_id: AtomicU64::new(1),
@@ -396,7 +412,7 @@ impl PendingReply {
     }
 }
 
-async fn read_loop(mut r: OwnedReadHalf, shared: Arc<Shared>) {
+async fn read_loop(mut r: ReadHalf, shared: Arc<Shared>) {
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     loop {
         loop {
@@ -427,6 +443,8 @@ async fn read_loop(mut r: OwnedReadHalf, shared: Arc<Shared>) {
             Ok(0) => {
                 let reason = if buf.is_empty() {
                     "the peer closed the connection"
+                } else if is_tls_alert(&buf) {
+                    "the peer answered with a TLS alert: it serves TLS (give the CA its certificate chains to: --tls-ca or QUIRE_TLS_CA)"
                 } else {
                     "the peer closed the connection in the middle of a frame"
                 };
@@ -444,6 +462,12 @@ async fn read_loop(mut r: OwnedReadHalf, shared: Arc<Shared>) {
             }
         }
     }
+}
+
+/// Whether `bytes` begin as a TLS alert record (content type 21, version 3.x: RFC 8446
+/// §5.1), which is what a TLS server sends a plaintext client before it closes.
+fn is_tls_alert(bytes: &[u8]) -> bool {
+    bytes.len() >= 2 && bytes[0] == 21 && bytes[1] == 3
 }
 
 fn dispatch(shared: &Shared, frame: Frame) {
@@ -468,11 +492,7 @@ fn dispatch(shared: &Shared, frame: Frame) {
     shared.resolve(frame.request_id, Ok(frame));
 }
 
-async fn write_loop(
-    mut w: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Vec<Bytes>>,
-    shared: Arc<Shared>,
-) {
+async fn write_loop(mut w: WriteHalf, mut rx: mpsc::Receiver<Vec<Bytes>>, shared: Arc<Shared>) {
     let mut queue: VecDeque<Bytes> = VecDeque::new();
     while let Some(parts) = rx.recv().await {
         queue.extend(parts);
@@ -532,7 +552,8 @@ where
             }
         }
     }
-    Ok(())
+    // A TLS writer may keep the last bytes in its buffer until flushed (a no-op on TCP).
+    w.flush().await
 }
 
 fn millis(d: Duration) -> u64 {

@@ -86,6 +86,12 @@ pub const REFUSED_PER_ADDRESS: &str = "per_address";
 /// `reason` of a reserve connection whose first frame was not a cluster frame, or did not
 /// come in time.
 pub const REFUSED_PEER_RESERVE: &str = "peer_reserve";
+/// `reason` of a connection whose TLS handshake failed or did not finish in
+/// [`TLS_HANDSHAKE_TIMEOUT`]: not TLS, no client certificate where one is required, a
+/// certificate of another CA.
+pub const REFUSED_TLS_HANDSHAKE: &str = "tls_handshake";
+/// How long an admitted connection's TLS handshake may take.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `true` for the frames brokers send to stores and to other brokers (the frames that earn
 /// a place on the peer reserve). Exhaustive on purpose: a new frame type must be sorted.
@@ -129,8 +135,8 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct AcceptMetrics {
     /// Connections closed at once, by `reason` ([`REFUSED_CONNECTIONS_MAX`],
-    /// [`REFUSED_PER_ADDRESS`], [`REFUSED_PEER_RESERVE`]; each exported as 0 from
-    /// registration on).
+    /// [`REFUSED_PER_ADDRESS`], [`REFUSED_PEER_RESERVE`], [`REFUSED_TLS_HANDSHAKE`]; each
+    /// exported as 0 from registration on).
     pub refused: Family<[(&'static str, &'static str); 1], Counter>,
     /// `accept()` calls that failed (out of descriptors, …).
     pub accept_errors: Counter,
@@ -143,12 +149,13 @@ impl AcceptMetrics {
             REFUSED_CONNECTIONS_MAX,
             REFUSED_PER_ADDRESS,
             REFUSED_PEER_RESERVE,
+            REFUSED_TLS_HANDSHAKE,
         ] {
             let _ = self.refused.get_or_create(&[("reason", reason)]);
         }
         r.register(
             "connections_refused",
-            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), the address held connections_per_address_max and the reserve was full (reason per_address), or a reserve connection sent no cluster frame in time (reason peer_reserve)",
+            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), the address held connections_per_address_max and the reserve was full (reason per_address), a reserve connection sent no cluster frame in time (reason peer_reserve), or a TLS handshake failed (reason tls_handshake)",
             self.refused.clone(),
         );
         r.register(
@@ -370,6 +377,46 @@ impl ConnectionLimit {
                 refused_since_last_line = held_back,
                 "refusing a connection: the server holds as many as it may"
             );
+        }
+    }
+
+    /// Runs the TLS handshake of an admitted connection when the listener has TLS
+    /// (`tls`), within [`TLS_HANDSHAKE_TIMEOUT`]; a plaintext listener passes the
+    /// connection through. A failed handshake is counted as [`REFUSED_TLS_HANDSHAKE`] and
+    /// logged (throttled, with rustls's reason), and gives `None`: drop the connection.
+    pub async fn secure(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        tls: Option<&quire_tls::TlsAcceptor>,
+    ) -> Option<quire_tls::Stream> {
+        let Some(tls) = tls else {
+            return Some(quire_tls::Stream::Plain(tcp));
+        };
+        match tls.accept(tcp, TLS_HANDSHAKE_TIMEOUT).await {
+            Ok(stream) => Some(stream),
+            Err(e) => {
+                let i = &self.inner;
+                i.metrics
+                    .refused
+                    .get_or_create(&[("reason", REFUSED_TLS_HANDSHAKE)])
+                    .inc();
+                let tick = i
+                    .refusals
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .tick(Instant::now());
+                if let Some(held_back) = tick {
+                    tracing::warn!(
+                        %peer,
+                        error = %e,
+                        client_auth = tls.client_auth().as_str(),
+                        refused_since_last_line = held_back,
+                        "refusing a connection: its TLS handshake failed"
+                    );
+                }
+                None
+            }
         }
     }
 

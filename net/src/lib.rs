@@ -46,6 +46,7 @@ mod pool;
 mod process;
 mod reader;
 mod settings;
+mod tls_settings;
 pub mod units;
 mod writer;
 
@@ -56,7 +57,8 @@ pub use connections::{
     refusal_error, AcceptMetrics, Acceptor, ConnectionLimit, ConnectionPermit, OpenFilesPlan,
     Throttle, ACCEPT_ERROR_BACKOFF, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT,
     OWN_FDS_RESERVE, PEER_CONNECTIONS_RESERVE, PEER_FIRST_FRAME_TIMEOUT, REFUSAL_LOG_INTERVAL,
-    REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE, REFUSED_PER_ADDRESS,
+    REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE, REFUSED_PER_ADDRESS, REFUSED_TLS_HANDSHAKE,
+    TLS_HANDSHAKE_TIMEOUT,
 };
 pub use metrics_http::{
     serve_metrics, MetricsText, Readiness, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX,
@@ -76,6 +78,7 @@ pub use settings::{
     PARTIAL_FRAME_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_MAX, PARTIAL_FRAME_TIMEOUT_MS_MIN,
     READ_BUFFER_BYTES_MAX_DEFAULT,
 };
+pub use tls_settings::{until_shutdown, TlsSettings};
 pub use writer::{
     write_frames, write_frames_within, BytesHeld, ConnBytes, OutFrame, ResponseMetrics, IOV_MAX,
     WRITE_STALL_TIMEOUT,

@@ -57,7 +57,7 @@ use quire_proto::{
     check_older_version, decode_frame_body, ErrorCode, ErrorResponse, Frame, FrameHeader,
     RequestId, WireError, HEADER_BYTES,
 };
-use tokio::net::tcp::OwnedReadHalf;
+use quire_tls::ReadHalf;
 use tokio::time::Instant;
 
 use crate::budget::{Charge, ReadBudget};
@@ -191,7 +191,7 @@ pub fn wire_reject_reason(e: &WireError) -> &'static str {
 /// Reads the frames of one connection; see the module docs for the bounds it keeps.
 #[derive(Debug)]
 pub struct FrameReader {
-    socket: OwnedReadHalf,
+    socket: ReadHalf,
     /// The next frame's header while it arrives: `head_len` bytes of it.
     head: [u8; HEADER_BYTES],
     head_len: usize,
@@ -217,7 +217,7 @@ impl FrameReader {
     /// A reader of `socket` under `budget` and the timeouts of `settings` (taken as
     /// they are: check them with [`ReadSettings::validate`] first).
     #[must_use]
-    pub fn new(socket: OwnedReadHalf, budget: ReadBudget, settings: &ReadSettings) -> FrameReader {
+    pub fn new(socket: ReadHalf, budget: ReadBudget, settings: &ReadSettings) -> FrameReader {
         FrameReader {
             socket,
             head: [0; HEADER_BYTES],

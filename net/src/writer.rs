@@ -281,12 +281,7 @@ where
                 .collect();
             match tokio::time::timeout(stall, w.write_vectored(&slices)).await {
                 Ok(r) => r?,
-                Err(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the peer took no bytes for too long",
-                    ))
-                }
+                Err(_) => return Err(stalled()),
             }
         };
         if written == 0 {
@@ -306,7 +301,19 @@ where
             }
         }
     }
-    Ok(())
+    // A TLS writer may hold the last bytes in its own buffer until flushed (a no-op for
+    // plaintext TCP).
+    match tokio::time::timeout(stall, w.flush()).await {
+        Ok(r) => r,
+        Err(_) => Err(stalled()),
+    }
+}
+
+fn stalled() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the peer took no bytes for too long",
+    )
 }
 
 #[cfg(test)]

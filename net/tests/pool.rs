@@ -47,7 +47,7 @@ async fn a_large_frame_reuses_a_buffer_only_once_no_slice_holds_it() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
     let (server, _) = l.accept().await.unwrap();
-    let (r, _w) = server.into_split();
+    let (r, _w) = quire_tls::Stream::Plain(server).into_split();
     let mut r = FrameReader::new(r, budget, &settings);
 
     produce(&mut c, 1).await;

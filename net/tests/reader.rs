@@ -32,7 +32,7 @@ async fn pair(budget: &ReadBudget, s: &ReadSettings) -> (TcpStream, FrameReader)
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
     let (server, _) = l.accept().await.unwrap();
-    let (r, w) = server.into_split();
+    let (r, w) = quire_tls::Stream::Plain(server).into_split();
     // Keep the write half open for the test's life.
     std::mem::forget(w);
     (client, FrameReader::new(r, budget.clone(), s))

@@ -33,6 +33,12 @@
 //! [socket]
 //! send_buffer_bytes = "4MiB"                # unset: the kernel's autotuning
 //! recv_buffer_bytes = "4MiB"
+//!
+//! [tls]                                     # unset files: plaintext
+//! cert_file = "/etc/quire/store-1.pem"
+//! key_file = "/etc/quire/store-1.key"
+//! ca_file = "/etc/quire/ca.pem"             # brokers' client certificates chain to it
+//! client_auth = "required"                  # "optional", "none"
 //! ```
 //!
 //! The same as flags: `--connections-max 10000 --batch-window 200us`; as variables:
@@ -48,10 +54,11 @@ use quire_net::layers::{
     self, Granularity, HasSchema, Kind, Resolved, Schema, Setting, SettingsError, Value,
 };
 use quire_net::{
-    ReadSettings, IDLE_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
+    ReadSettings, TlsSettings, IDLE_TIMEOUT_MS_DEFAULT, PARTIAL_FRAME_TIMEOUT_MS_DEFAULT,
     READ_BUFFER_BYTES_MAX_DEFAULT,
 };
 use quire_proto::{EVENTS_PER_FRAME_MAX, FRAME_BYTES_MAX};
+use quire_tls::ClientAuth;
 use quire_wal::{IoBackend, WalConfig};
 
 use crate::cli::{LogFormat, RunArgs};
@@ -218,6 +225,8 @@ pub struct NodeConfig {
     pub wal: WalSettings,
     /// Socket settings.
     pub socket: SocketSettings,
+    /// The `[tls]` table: unset files, plaintext.
+    pub tls: TlsSettings,
 }
 
 impl NodeConfig {
@@ -232,6 +241,10 @@ impl NodeConfig {
             limits: Limits::default(),
             wal: WalSettings::default(),
             socket: SocketSettings::default(),
+            tls: TlsSettings {
+                client_auth: ClientAuth::Required,
+                ..TlsSettings::default()
+            },
         }
     }
 
@@ -317,6 +330,7 @@ impl NodeConfig {
             limits,
             wal,
             socket,
+            tls: TlsSettings::from_resolved(r)?,
         };
         config
             .check()
@@ -612,6 +626,10 @@ pub fn schema() -> Schema {
         )
         .in_table("socket"),
     ];
+    // Only brokers of the cluster (and operators' tools) talk to a store: with TLS on, it
+    // asks every client for a certificate of the cluster's CA.
+    let mut settings = settings;
+    settings.extend(TlsSettings::schema(ClientAuth::Required));
     Schema {
         program: "quire-node",
         env_prefix: ENV_PREFIX,

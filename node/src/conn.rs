@@ -53,10 +53,9 @@ use quire_proto::{
     RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, RequestId,
     EVENT_OVERHEAD_BYTES, EVENT_PAYLOAD_BYTES_MAX, FRAME_BYTES_MAX, HEADER_BYTES,
 };
+use quire_tls::{ReadHalf, Stream, WriteHalf};
 use quire_wal::{Wal, WalError};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -184,7 +183,7 @@ impl Reply {
 /// connection bound (a reserve place must open with a cluster frame, see quire-net's
 /// [`ConnectionPermit`]).
 pub(crate) async fn serve(
-    stream: TcpStream,
+    stream: Stream,
     peer: SocketAddr,
     permit: ConnectionPermit,
     ctx: ConnContext,
@@ -236,7 +235,7 @@ struct Reader {
 }
 
 impl Reader {
-    async fn run(mut self, socket: OwnedReadHalf) {
+    async fn run(mut self, socket: ReadHalf) {
         let mut reader = FrameReader::new(
             socket,
             self.ctx.read_budget.clone(),
@@ -588,7 +587,7 @@ fn range_digest_response(
 /// `stall` ([`WRITE_STALL_TIMEOUT`] outside tests) is logged, counted in `dropped_slow`
 /// (`quire_connections_dropped_slow_total`) and disconnected.
 async fn write_loop(
-    mut socket: OwnedWriteHalf,
+    mut socket: WriteHalf,
     mut rx: mpsc::Receiver<OutFrame>,
     close: Arc<watch::Sender<bool>>,
     mut closed: watch::Receiver<bool>,
@@ -730,9 +729,11 @@ mod tests {
             .await
             .expect("binds");
         let addr = listener.local_addr().expect("has an address");
-        let client = TcpStream::connect(addr).await.expect("connects");
+        let client = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
         let (server, peer) = listener.accept().await.expect("accepts");
-        let (_read_half, write_half) = server.into_split();
+        let (_read_half, write_half) = quire_tls::Stream::Plain(server).into_split();
         let (tx, rx) = mpsc::channel(64);
         let (close, closed) = watch::channel(false);
         let metrics = quire_net::ResponseMetrics::default();

@@ -170,7 +170,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let node = Node::start(config).await?;
         announce(&node)?;
-        wait_for_signal().await?;
+        quire_net::until_shutdown(|| node.reload_tls())
+            .await
+            .context("waiting for a signal")?;
         tracing::info!("signal received: shutting down");
         node.shutdown().await
     })
@@ -183,16 +185,6 @@ fn announce(node: &Node) -> anyhow::Result<()> {
         writeln!(out, "metrics on {m}")?;
     }
     out.flush()?;
-    Ok(())
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-        _ = term.recv() => {}
-    }
     Ok(())
 }
 

@@ -31,6 +31,8 @@ pub struct Node {
     accept: JoinHandle<()>,
     metrics_task: Option<JoinHandle<()>>,
     actor: JoinHandle<()>,
+    /// The listener's TLS side; `None`: plaintext.
+    tls: Option<quire_tls::TlsAcceptor>,
 }
 
 impl Node {
@@ -101,6 +103,7 @@ impl Node {
         metrics.register_wal(wal.clone());
         let metrics = Arc::new(metrics);
 
+        let tls = config.tls.acceptor().context("the [tls] settings")?;
         let listener = bind(&config.listen).await?;
         let local_addr = listener.local_addr().context("listener address")?;
         let metrics_listener = match &config.metrics_listen {
@@ -147,6 +150,7 @@ impl Node {
             Acceptor::new(listener, limit),
             ctx,
             config.socket.clone(),
+            tls.clone(),
         ));
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(quire_net::serve_metrics(l, metrics.clone())));
@@ -156,8 +160,13 @@ impl Node {
             connections_max,
             connections_per_address_max = config.limits.connections_per_address_max,
             peer_reserve = PEER_CONNECTIONS_RESERVE,
+            tls = tls.is_some(),
+            client_auth = tls.as_ref().map(|t| t.client_auth().as_str()),
             "serving"
         );
+        if tls.is_none() {
+            tracing::warn!(%local_addr, "the store protocol listener is plaintext: anyone who reaches it can fence this store ([tls] cert_file and key_file turn TLS on)");
+        }
         Ok(Node {
             local_addr,
             metrics_addr,
@@ -167,7 +176,21 @@ impl Node {
             accept,
             metrics_task,
             actor,
+            tls,
         })
+    }
+
+    /// Reads the TLS certificate and key files again (quire-node does on SIGHUP): later
+    /// handshakes present them; open connections keep theirs. Nothing to do on a
+    /// plaintext listener.
+    ///
+    /// # Errors
+    /// A file that cannot be read or used; the certificate in use stays.
+    pub fn reload_tls(&self) -> Result<(), quire_tls::TlsError> {
+        match &self.tls {
+            Some(t) => t.reload(),
+            None => Ok(()),
+        }
     }
 
     /// The address the store protocol is served on.
@@ -269,7 +292,12 @@ fn configure(stream: &TcpStream, settings: &SocketSettings) -> std::io::Result<(
 /// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
 /// refused, and a failed `accept()` pauses the loop) and serves each on its own task;
 /// aborting this task aborts every connection.
-async fn accept_loop(mut acceptor: Acceptor, ctx: ConnContext, socket: SocketSettings) {
+async fn accept_loop(
+    mut acceptor: Acceptor,
+    ctx: ConnContext,
+    socket: SocketSettings,
+    tls: Option<quire_tls::TlsAcceptor>,
+) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -282,9 +310,13 @@ async fn accept_loop(mut acceptor: Acceptor, ctx: ConnContext, socket: SocketSet
                 ctx.metrics.connections_open.inc();
                 tracing::debug!(%peer, reserve = permit.is_on_probation(), "connection opened");
                 let ctx = ctx.clone();
+                let tls = tls.clone();
+                let limit = acceptor.limit().clone();
                 connections.spawn(async move {
                     let metrics = ctx.metrics.clone();
-                    conn::serve(stream, peer, permit, ctx).await;
+                    if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
+                        conn::serve(stream, peer, permit, ctx).await;
+                    }
                     metrics.connections_open.dec();
                     tracing::debug!(%peer, "connection closed");
                 });

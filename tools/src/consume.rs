@@ -161,8 +161,10 @@ pub struct ConsumeConfig {
 
 impl ConsumeArgs {
     /// The configuration these arguments describe.
-    #[must_use]
-    pub fn to_config(&self) -> ConsumeConfig {
+    ///
+    /// # Errors
+    /// TLS files that cannot be read or used.
+    pub fn to_config(&self) -> anyhow::Result<ConsumeConfig> {
         let start = match (self.from, &self.cursor) {
             (Some(StartArg::Beginning), _) => StartFrom::Beginning,
             (Some(StartArg::End), _) => StartFrom::End,
@@ -170,9 +172,12 @@ impl ConsumeArgs {
             (None, Some(c)) => StartFrom::Cursor(c.clone()),
             (None, None) => StartFrom::End,
         };
-        ConsumeConfig {
+        Ok(ConsumeConfig {
             brokers: self.brokers.addrs(),
-            connect: self.connect.bound(),
+            connect: MasterBound {
+                tls: self.brokers.tls()?,
+                ..self.connect.bound()
+            },
             topic: self.topic.clone(),
             start,
             cursor: self.cursor.clone(),
@@ -180,7 +185,7 @@ impl ConsumeArgs {
             timeout: self.timeout,
             commit_interval: self.commit_interval,
             format: self.format.format,
-        }
+        })
     }
 }
 
@@ -325,7 +330,7 @@ async fn consume(config: &ConsumeConfig, stdout: &mut dyn Write) -> anyhow::Resu
     let discovery = Discovery::new(config.brokers.clone(), consumer_config.discovery.clone())
         .context("reading --brokers")?;
     let hwm = {
-        let found = master::find_master_noting(&discovery, config.connect).await?;
+        let found = master::find_master_noting(&discovery, config.connect.clone()).await?;
         match found.client.metadata().await {
             Ok(m) => Some(m.hwm),
             Err(e) => {
@@ -522,6 +527,9 @@ mod tests {
             brokers: BrokersArgs {
                 brokers: vec!["b:1".into()],
                 profile: None,
+                tls_ca: None,
+                tls_cert: None,
+                tls_key: None,
             },
             connect: ConnectArgs {
                 connect_timeout: Some(Duration::from_secs(30)),
@@ -536,13 +544,19 @@ mod tests {
                 format: OutputFormat::Jsonl,
             },
         };
-        assert_eq!(args(None, None).to_config().start, StartFrom::End);
         assert_eq!(
-            args(None, Some("c")).to_config().start,
+            args(None, None).to_config().expect("valid").start,
+            StartFrom::End
+        );
+        assert_eq!(
+            args(None, Some("c")).to_config().expect("valid").start,
             StartFrom::Cursor("c".into())
         );
         assert_eq!(
-            args(Some(StartArg::Offset(9)), Some("c")).to_config().start,
+            args(Some(StartArg::Offset(9)), Some("c"))
+                .to_config()
+                .expect("valid")
+                .start,
             StartFrom::Offset(Offset(9))
         );
     }

@@ -114,6 +114,12 @@ pub struct DemoArgs {
     #[arg(long)]
     pub keep: bool,
 
+    /// TLS 1.3 on every link, with a throw-away CA and certificates (as `quire cluster up
+    /// --tls`): stores require brokers' client certificates, producers and the consumer
+    /// show the cluster's client certificate.
+    #[arg(long)]
+    pub tls: bool,
+
     #[command(flatten)]
     pub format: FormatArgs,
 }
@@ -133,6 +139,8 @@ pub struct DemoConfig {
     pub stores: usize,
     /// Keep the data directory.
     pub keep: bool,
+    /// TLS on every link.
+    pub tls: bool,
     /// Progress as bars (a terminal) or periodic lines, and to stdout or stderr.
     pub progress: ProgressMode,
 }
@@ -179,6 +187,7 @@ impl DemoArgs {
             brokers: self.brokers,
             stores: self.stores,
             keep: self.keep,
+            tls: self.tls,
             progress,
         })
     }
@@ -429,6 +438,7 @@ pub fn run(config: &DemoConfig) -> anyhow::Result<DemoReport> {
         brokers: config.brokers,
         base_port: None,
         die_with_parent: true,
+        tls: config.tls,
     };
     let mut cluster = LocalCluster::start(&spec)?;
     let status = cluster.wait_ready(READY_WAIT_MAX)?;
@@ -469,6 +479,7 @@ fn say(mode: ProgressMode, line: &str) {
 
 async fn drive(config: &DemoConfig, cluster: &mut LocalCluster) -> anyhow::Result<DemoReport> {
     let brokers = cluster.broker_addrs();
+    let discovery = discovery_config(cluster.client_tls()?);
     let live = Arc::new(Live {
         acked: AtomicU64::new(0),
         consumed: AtomicU64::new(0),
@@ -484,6 +495,7 @@ async fn drive(config: &DemoConfig, cluster: &mut LocalCluster) -> anyhow::Resul
             StartFrom::Beginning,
             ConsumerConfig {
                 fetch_wait_ms: 200,
+                discovery: discovery.clone(),
                 ..ConsumerConfig::default()
             },
         )
@@ -506,6 +518,7 @@ async fn drive(config: &DemoConfig, cluster: &mut LocalCluster) -> anyhow::Resul
                 batch_bytes_max: 256 * 1024,
                 in_flight_batches_max: 8,
                 buffer_bytes_max: 32 * 1024 * 1024,
+                discovery: discovery.clone(),
                 ..ProducerConfig::default()
             },
         )
@@ -533,7 +546,7 @@ async fn drive(config: &DemoConfig, cluster: &mut LocalCluster) -> anyhow::Resul
             bail!(crate::interrupt::Interrupted);
         }
         if killed_broker.is_none() && now >= kill_time {
-            let master = master_id(&brokers).await?;
+            let master = master_id(&brokers, &discovery).await?;
             let pid = cluster.kill_broker(master)?;
             let _ = live.kill_at.set(Instant::now());
             killed_broker = Some(master);
@@ -552,10 +565,11 @@ async fn drive(config: &DemoConfig, cluster: &mut LocalCluster) -> anyhow::Resul
         outcomes.push(p.await.context("a producer task panicked")?);
     }
     let produce_s = start.elapsed().as_secs_f64();
-    let new_master = match tokio::time::timeout(NEW_MASTER_WAIT_MAX, master_id(&brokers)).await {
-        Ok(Ok(id)) => Some(id),
-        _ => None,
-    };
+    let new_master =
+        match tokio::time::timeout(NEW_MASTER_WAIT_MAX, master_id(&brokers, &discovery)).await {
+            Ok(Ok(id)) => Some(id),
+            _ => None,
+        };
 
     // Drain: until the consumer has read past each producer's last acknowledged message.
     let targets: Vec<u64> = outcomes
@@ -670,10 +684,19 @@ fn assemble(
     }
 }
 
+/// The default discovery, over `tls` when the cluster has it.
+fn discovery_config(tls: Option<quire_tls::TlsConnector>) -> DiscoveryConfig {
+    let d = DiscoveryConfig::default();
+    DiscoveryConfig {
+        conn: quire_client::ConnConfig { tls, ..d.conn },
+        ..d
+    }
+}
+
 /// The id of the broker that names itself master (discovery confirms it with the broker
 /// itself), bounded by the discovery timeout.
-async fn master_id(brokers: &[String]) -> anyhow::Result<u16> {
-    let discovery = Discovery::new(brokers.to_vec(), DiscoveryConfig::default())?;
+async fn master_id(brokers: &[String], config: &DiscoveryConfig) -> anyhow::Result<u16> {
+    let discovery = Discovery::new(brokers.to_vec(), config.clone())?;
     let master = discovery
         .find_master(None)
         .await

@@ -72,7 +72,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Consume(mut args) => {
             args.brokers.resolve(Some(&mut args.connect), &env)?;
-            consume::main(&args.to_config())?;
+            consume::main(&args.to_config()?)?;
         }
         Command::Bench(BenchCommand::Report(args)) => {
             let report = bench::report::run(&args)?;
@@ -96,7 +96,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cluster(ClusterCommand::Status(mut args)) => {
             args.brokers.resolve(None, &env)?;
-            let status = cluster::status::run(&args.to_config())?;
+            let status = cluster::status::run(&args.to_config()?)?;
             output::emit(&status, args.format.format, &mut io::stdout().lock())?;
         }
         Command::Cluster(ClusterCommand::Audit(mut args)) => {

@@ -161,6 +161,13 @@ pub struct ProduceConfig {
 }
 
 impl ProduceArgs {
+    fn connect_bound(&self) -> anyhow::Result<MasterBound> {
+        Ok(MasterBound {
+            tls: self.brokers.tls()?,
+            ..self.connect.bound()
+        })
+    }
+
     /// The configuration these arguments describe.
     ///
     /// # Errors
@@ -192,8 +199,7 @@ impl ProduceArgs {
             delivery_timeout_ms: millis(self.delivery_timeout),
             buffer_bytes_max: ProducerConfig::default().buffer_bytes_max.max(batch_bytes),
             discovery: self
-                .connect
-                .bound()
+                .connect_bound()?
                 .discovery_config(ProducerConfig::default().discovery),
             ..ProducerConfig::default()
         };
@@ -203,7 +209,7 @@ impl ProduceArgs {
             topic: self.topic.clone(),
             source,
             producer,
-            connect: self.connect.bound(),
+            connect: self.connect_bound()?,
             format: self.format.format,
         })
     }
@@ -365,7 +371,7 @@ pub fn main(config: &ProduceConfig) -> anyhow::Result<()> {
 async fn produce(config: &ProduceConfig, stdout: &mut dyn Write) -> anyhow::Result<ProduceReport> {
     let discovery = Discovery::new(config.brokers.clone(), config.producer.discovery.clone())
         .context("reading --brokers")?;
-    let master = master::find_master_noting(&discovery, config.connect).await?;
+    let master = master::find_master_noting(&discovery, config.connect.clone()).await?;
     let producer = Producer::start(discovery, Some(master), config.producer.clone());
     let start = Instant::now();
     let (tx, mut rx) =

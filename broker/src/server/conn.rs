@@ -55,7 +55,7 @@ use quire_proto::{
     encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, LogId, RequestId,
     FRAME_BYTES_MAX, HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
 };
-use tokio::net::TcpStream;
+use quire_tls::Stream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
@@ -218,13 +218,13 @@ pub(crate) struct ConnShared {
 /// `permit` holds its place in the connection bound until then (a reserve place must open
 /// with a cluster frame, see quire-net's [`ConnectionPermit`]).
 pub(crate) async fn serve(
-    stream: TcpStream,
+    stream: Stream,
     peer_addr: SocketAddr,
     mut permit: ConnectionPermit,
     shared: ConnShared,
 ) {
     let id = NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed);
-    let _ = stream.set_nodelay(true);
+    let _ = stream.tcp().set_nodelay(true);
     let peer = peer_addr.to_string();
     tracing::debug!(conn = id, %peer, reserve = permit.is_on_probation(), "connection accepted");
     shared.metrics.connections_accepted.inc();
@@ -413,7 +413,7 @@ fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
 /// `stall` ([`WRITE_STALL_TIMEOUT`] outside tests) is logged, counted in `dropped_slow`
 /// (`quire_connections_dropped_slow_total`) and disconnected.
 async fn write_loop(
-    mut w: tokio::net::tcp::OwnedWriteHalf,
+    mut w: quire_tls::WriteHalf,
     mut rx: mpsc::Receiver<OutFrame>,
     kill: Arc<Notify>,
     id: u64,
@@ -477,9 +477,11 @@ mod tests {
             .await
             .expect("binds");
         let addr = listener.local_addr().expect("has an address");
-        let client = TcpStream::connect(addr).await.expect("connects");
+        let client = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
         let (server, _peer) = listener.accept().await.expect("accepts");
-        let (_read_half, w) = server.into_split();
+        let (_read_half, w) = quire_tls::Stream::Plain(server).into_split();
         let (tx, rx) = mpsc::channel(64);
         let metrics = quire_net::ResponseMetrics::default();
         // Far more than the two sockets' buffers hold: the writer must stall.

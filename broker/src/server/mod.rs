@@ -58,6 +58,8 @@ pub struct Broker {
     tasks: Vec<JoinHandle<()>>,
     actor: JoinHandle<()>,
     metrics: Arc<Metrics>,
+    /// The listener's TLS side; `None`: plaintext.
+    tls: Option<quire_tls::TlsAcceptor>,
     _lock: DirLock,
 }
 
@@ -73,6 +75,8 @@ impl Broker {
         // Bind first: a broker that cannot serve must not write its cluster file, or a retry
         // with other settings (another port, another store list) would be refused as
         // "created for another cluster".
+        let tls = config.tls.acceptor().context("the [tls] settings")?;
+        let peer_tls = config.tls.files.connector().context("the [tls] settings")?;
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -104,7 +108,7 @@ impl Broker {
         }
         let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE_MAX);
         let (request_tx, request_rx) = mpsc::channel(ACTOR_QUEUE_MAX);
-        let peer_config = slots::conn_config(PEER_REQUEST_TIMEOUT);
+        let peer_config = slots::conn_config(PEER_REQUEST_TIMEOUT, peer_tls.clone());
         let mut slot_addrs: Vec<String> = config.stores.clone();
         slot_addrs.extend(
             config
@@ -169,11 +173,23 @@ impl Broker {
             connections_max,
             connections_per_address_max = cfg.connections_per_address_max,
             peer_reserve = PEER_CONNECTIONS_RESERVE,
+            tls = tls.is_some(),
+            client_auth = tls.as_ref().map(|t| t.client_auth().as_str()),
+            peer_links_tls = peer_tls.is_some(),
             "accepting connections"
         );
+        if tls.is_none() {
+            tracing::warn!(listen = %local_addr, "the client and broker listener is plaintext ([tls] cert_file and key_file turn TLS on)");
+        }
+        if peer_tls.is_none() {
+            tracing::warn!(
+                "links to stores and brokers are plaintext ([tls] ca_file turns TLS on)"
+            );
+        }
         tasks.push(tokio::spawn(accept_loop(
             Acceptor::new(listener, limit),
             shared,
+            tls.clone(),
         )));
         Ok(Broker {
             local_addr,
@@ -181,8 +197,22 @@ impl Broker {
             tasks,
             actor,
             metrics,
+            tls,
             _lock: lock,
         })
+    }
+
+    /// Reads the listener's TLS certificate and key files again (quire-broker does on
+    /// SIGHUP): later handshakes present them; open connections keep theirs. Nothing to
+    /// do on a plaintext listener.
+    ///
+    /// # Errors
+    /// A file that cannot be read or used; the certificate in use stays.
+    pub fn reload_tls(&self) -> Result<(), quire_tls::TlsError> {
+        match &self.tls {
+            Some(t) => t.reload(),
+            None => Ok(()),
+        }
     }
 
     /// The address the broker listens on.
@@ -215,10 +245,21 @@ impl Broker {
 
 /// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
 /// refused, and a failed `accept()` pauses the loop) and serves each on its own task.
-async fn accept_loop(mut acceptor: Acceptor, shared: conn::ConnShared) {
+async fn accept_loop(
+    mut acceptor: Acceptor,
+    shared: conn::ConnShared,
+    tls: Option<quire_tls::TlsAcceptor>,
+) {
     loop {
         let (stream, peer, permit) = acceptor.accept().await;
-        tokio::spawn(conn::serve(stream, peer, permit, shared.clone()));
+        let limit = acceptor.limit().clone();
+        let tls = tls.clone();
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
+                conn::serve(stream, peer, permit, shared).await;
+            }
+        });
     }
 }
 

@@ -134,12 +134,16 @@ impl SlotHandle {
     }
 }
 
-/// Bounds of the outbound connections.
-pub(crate) fn conn_config(request_timeout: Duration) -> ConnConfig {
+/// Bounds of the outbound connections, and their TLS (`None`: plaintext).
+pub(crate) fn conn_config(
+    request_timeout: Duration,
+    tls: Option<quire_tls::TlsConnector>,
+) -> ConnConfig {
     ConnConfig {
         connect_timeout: Duration::from_secs(1),
         request_timeout,
         in_flight_requests_max: 1024,
+        tls,
     }
 }
 

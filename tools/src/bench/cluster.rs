@@ -192,6 +192,13 @@ pub struct ClusterBenchConfig {
 }
 
 impl ClusterBenchArgs {
+    fn connect_bound(&self) -> anyhow::Result<MasterBound> {
+        Ok(MasterBound {
+            tls: self.brokers.tls()?,
+            ..self.connect.bound()
+        })
+    }
+
     /// The configuration these arguments describe.
     ///
     /// # Errors
@@ -218,7 +225,7 @@ impl ClusterBenchArgs {
         }
         Ok(ClusterBenchConfig {
             brokers: self.brokers.addrs(),
-            connect: self.connect.bound(),
+            connect: self.connect_bound()?,
             topic: self.topic.clone(),
             producers: self.producers,
             event_size,
@@ -452,7 +459,7 @@ async fn bench(config: &ClusterBenchConfig) -> anyhow::Result<ClusterBenchReport
     for _ in 0..config.producers {
         // Each producer its own connection (every search opens new ones); an unreachable
         // master is noted on stderr at once.
-        let found = master::find_master_noting(&discovery, config.connect)
+        let found = master::find_master_noting(&discovery, config.connect.clone())
             .await
             .context("connecting a producer to the master")?;
         master_addr.get_or_insert_with(|| found.master.addr.clone());
@@ -731,6 +738,7 @@ mod tests {
             connect: MasterBound {
                 timeout: Duration::from_secs(30),
                 flag: Some("--connect-timeout"),
+                tls: None,
             },
             topic: "bench".into(),
             producers: 2,

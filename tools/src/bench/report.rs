@@ -260,6 +260,7 @@ fn cluster_rows(dir: &Path, duration: Duration) -> anyhow::Result<Vec<Row>> {
         brokers: 2,
         base_port: None,
         die_with_parent: true,
+        tls: false,
     })?;
     cluster.wait_ready(CLUSTER_READY_WAIT)?;
     let mut rows = Vec::new();
@@ -270,6 +271,7 @@ fn cluster_rows(dir: &Path, duration: Duration) -> anyhow::Result<Vec<Row>> {
             connect: MasterBound {
                 timeout: CLUSTER_READY_WAIT,
                 flag: None,
+                tls: None,
             },
             topic: "bench".into(),
             producers: 4,

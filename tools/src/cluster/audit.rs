@@ -133,6 +133,9 @@ pub struct AuditConfig {
     pub data_dirs: Vec<PathBuf>,
     /// Bound of each connect and request.
     pub timeout: Duration,
+    /// TLS towards brokers and stores (`--tls-ca`, and a client certificate for stores
+    /// that require one); `None`: plaintext.
+    pub tls: Option<quire_tls::TlsConnector>,
 }
 
 impl AuditArgs {
@@ -157,6 +160,7 @@ impl AuditArgs {
                 .cloned()
                 .collect(),
             timeout: self.timeout,
+            tls: self.brokers.tls()?,
         };
         if config.brokers.is_empty() && config.stores.is_empty() && config.data_dirs.is_empty() {
             bail!("nothing to audit: give --brokers, --stores or --data-dir");
@@ -726,6 +730,7 @@ pub fn run(config: &AuditConfig) -> anyhow::Result<AuditReport> {
         match status::run(&StatusConfig {
             brokers: config.brokers.clone(),
             timeout: config.timeout,
+            tls: config.tls.clone(),
         }) {
             Ok(s) => Some(s),
             Err(e) if !config.stores.is_empty() || !config.data_dirs.is_empty() => {
@@ -769,6 +774,7 @@ async fn gather_and_audit(
     let conn = ConnConfig {
         connect_timeout: config.timeout,
         request_timeout: config.timeout,
+        tls: config.tls.clone(),
         ..ConnConfig::default()
     };
     let mut set = JoinSet::new();

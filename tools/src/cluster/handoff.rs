@@ -100,6 +100,7 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
         let bound = MasterBound {
             timeout,
             flag: Some("--timeout"),
+            tls: args.brokers.tls()?,
         };
         let config = bound.discovery_config(DiscoveryConfig {
             conn: ConnConfig {

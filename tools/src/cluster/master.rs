@@ -51,19 +51,22 @@ impl ConnectArgs {
                 .connect_timeout
                 .unwrap_or(crate::settings::CONNECT_TIMEOUT_DEFAULT),
             flag: Some("--connect-timeout"),
+            tls: None,
         }
     }
 }
 
 /// How long a command looks for the master, and the flag that sets it (named in messages
 /// when there is one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct MasterBound {
     /// How long to keep trying.
     pub timeout: Duration,
     /// The command-line flag that sets `timeout`, e.g. `--connect-timeout`; `None` for a
     /// fixed bound (`quire bench report`'s own cluster).
     pub flag: Option<&'static str>,
+    /// TLS towards the brokers (`--tls-ca`, ...); `None`: plaintext.
+    pub tls: Option<quire_tls::TlsConnector>,
 }
 
 impl MasterBound {
@@ -78,6 +81,10 @@ impl MasterBound {
                 .min(millis(PROBE_TIMEOUT_MAX))
                 .min(timeout_ms),
             discovery_timeout_ms: timeout_ms,
+            conn: quire_client::ConnConfig {
+                tls: self.tls.clone(),
+                ..base.conn
+            },
             ..base
         }
     }
@@ -140,7 +147,7 @@ pub async fn find_master(
             writeln!(
                 notes,
                 "{}",
-                unreachable_note(&error, &discovery.brokers(), bound)
+                unreachable_note(&error, &discovery.brokers(), &bound)
             )?;
             notes.flush()?;
         }
@@ -165,7 +172,7 @@ pub async fn find_master_noting(
 /// OS error when a connection failed), for how long it keeps trying, and the flag that
 /// changes that.
 #[must_use]
-pub fn unreachable_note(error: &ClientError, brokers: &[String], bound: MasterBound) -> String {
+pub fn unreachable_note(error: &ClientError, brokers: &[String], bound: &MasterBound) -> String {
     format!(
         "quire: cannot reach the master yet: {}; retrying for up to {}{}",
         describe(error, brokers),
@@ -205,6 +212,7 @@ mod tests {
         MasterBound {
             timeout: Duration::from_millis(ms),
             flag: Some("--connect-timeout"),
+            tls: None,
         }
     }
 
@@ -223,7 +231,7 @@ mod tests {
             elapsed_ms: 0,
             last: Some(Box::new(refused("127.0.0.1:9"))),
         };
-        let note = unreachable_note(&error, &["127.0.0.1:9".to_owned()], bound(30_000));
+        let note = unreachable_note(&error, &["127.0.0.1:9".to_owned()], &bound(30_000));
         assert_eq!(
             note,
             "quire: cannot reach the master yet: connect to 127.0.0.1:9: connection refused; \
@@ -240,7 +248,7 @@ mod tests {
             last: None,
         };
         let brokers = ["a:1".to_owned(), "b:2".to_owned()];
-        let note = unreachable_note(&error, &brokers, bound(1500));
+        let note = unreachable_note(&error, &brokers, &bound(1500));
         assert!(
             note.contains("a:1, b:2 answered but named no master"),
             "{note}"
@@ -254,6 +262,7 @@ mod tests {
             bound: MasterBound {
                 timeout: Duration::from_secs(15),
                 flag: Some("--timeout"),
+                tls: None,
             },
             brokers: vec!["127.0.0.1:9".to_owned()],
             last: refused("127.0.0.1:9"),
@@ -270,8 +279,9 @@ mod tests {
         let fixed = MasterBound {
             timeout: Duration::from_secs(60),
             flag: None,
+            tls: None,
         };
-        let note = unreachable_note(&refused("a:1"), &["a:1".to_owned()], fixed);
+        let note = unreachable_note(&refused("a:1"), &["a:1".to_owned()], &fixed);
         assert!(note.ends_with("retrying for up to 1m"), "{note}");
     }
 

@@ -67,6 +67,32 @@ pub struct BrokersArgs {
     /// $QUIRE_PROFILE, else the current one (`quire profile list`).
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
+
+    /// PEM file of the CA that the brokers' certificates chain to: talk TLS 1.3 to them
+    /// (unset: plaintext). `quire cluster up --tls` prints it. Default: $QUIRE_TLS_CA.
+    #[arg(long, value_name = "FILE", env = "QUIRE_TLS_CA", hide_env = true)]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// PEM file of the client certificate to show the brokers (with --tls-key), for
+    /// brokers that ask for one. Default: $QUIRE_TLS_CERT.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "QUIRE_TLS_CERT",
+        hide_env = true,
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM file of the private key of --tls-cert. Default: $QUIRE_TLS_KEY.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "QUIRE_TLS_KEY",
+        hide_env = true,
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl BrokersArgs {
@@ -99,6 +125,22 @@ impl BrokersArgs {
             connect.connect_timeout = Some(settings.connect_timeout);
         }
         Ok(settings)
+    }
+
+    /// The TLS side of connections to the brokers: `None` (plaintext) without --tls-ca.
+    ///
+    /// # Errors
+    /// A file that cannot be read or used (named in the message).
+    pub fn tls(&self) -> anyhow::Result<Option<quire_tls::TlsConnector>> {
+        let files = quire_tls::TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+        };
+        if self.tls_ca.is_none() && !files.is_empty() {
+            anyhow::bail!("--tls-cert and --tls-key need --tls-ca (the CA the brokers' certificates chain to)");
+        }
+        files.connector().context("the TLS files")
     }
 
     /// The addresses, trimmed, empty entries dropped.
@@ -166,6 +208,9 @@ mod tests {
         let args = BrokersArgs {
             brokers: vec![" a:1".into(), String::new(), "b:2 ".into()],
             profile: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         };
         assert_eq!(args.addrs(), vec!["a:1".to_owned(), "b:2".to_owned()]);
     }

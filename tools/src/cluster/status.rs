@@ -70,16 +70,21 @@ pub struct StatusConfig {
     pub brokers: Vec<String>,
     /// Bound of each broker's connect + answer.
     pub timeout: Duration,
+    /// TLS towards the brokers; `None`: plaintext.
+    pub tls: Option<quire_tls::TlsConnector>,
 }
 
 impl StatusArgs {
     /// The configuration these arguments describe.
-    #[must_use]
-    pub fn to_config(&self) -> StatusConfig {
-        StatusConfig {
+    ///
+    /// # Errors
+    /// TLS files that cannot be read or used.
+    pub fn to_config(&self) -> anyhow::Result<StatusConfig> {
+        Ok(StatusConfig {
             brokers: self.brokers.addrs(),
             timeout: self.timeout,
-        }
+            tls: self.brokers.tls()?,
+        })
     }
 }
 
@@ -184,6 +189,7 @@ async fn ask_all(config: &StatusConfig) -> anyhow::Result<Vec<Answer>> {
     let conn = ConnConfig {
         connect_timeout: config.timeout,
         request_timeout: config.timeout,
+        tls: config.tls.clone(),
         ..ConnConfig::default()
     };
     let mut asked: Vec<String> = Vec::new();

@@ -99,6 +99,13 @@ pub struct UpArgs {
     /// Without it, a terminal is asked (default no); otherwise the command is printed.
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
+
+    /// TLS 1.3 on every link: make a throw-away CA and a certificate for each store, each
+    /// broker and a client in DIR/tls (rcgen), start stores that require client
+    /// certificates of that CA (mutual TLS) and brokers that speak TLS to clients, stores and
+    /// each other, and print the QUIRE_TLS_* variables clients need.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Arguments of `quire cluster down`.
@@ -126,6 +133,54 @@ pub struct ClusterSpec {
     pub base_port: Option<u16>,
     /// Children die with this process (`PR_SET_PDEATHSIG`); off for a detached cluster.
     pub die_with_parent: bool,
+    /// TLS on every link, with certificates made in `DIR/tls` ([`tls_dir`]).
+    pub tls: bool,
+}
+
+/// Where `quire cluster up --tls` keeps the CA and certificates of a cluster in `dir`.
+#[must_use]
+pub fn tls_dir(dir: &Path) -> PathBuf {
+    dir.join("tls")
+}
+
+/// The identity clients of a `--tls` cluster use (`DIR/tls/client.pem`).
+pub const TLS_CLIENT_NAME: &str = "client";
+
+/// Makes the CA and certificates of a `--tls` cluster with `stores` stores and `brokers`
+/// brokers, unless every file is there from an earlier start in the same directory.
+fn ensure_certificates(dir: &Path, stores: usize, brokers: usize) -> anyhow::Result<()> {
+    let tls = tls_dir(dir);
+    let mut names: Vec<String> = (0..stores).map(|i| format!("store{i}")).collect();
+    names.extend((1..=brokers).map(|id| format!("broker{id}")));
+    names.push(TLS_CLIENT_NAME.to_owned());
+    let complete = quire_tls::certs::ca_path(&tls).exists()
+        && names.iter().all(|n| {
+            let f = quire_tls::certs::files_for(&tls, n);
+            f.cert.is_some_and(|c| c.exists()) && f.key.is_some_and(|k| k.exists())
+        });
+    if !complete {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        quire_tls::certs::write_local(&tls, &refs)
+            .with_context(|| format!("making certificates in {}", tls.display()))?;
+    }
+    Ok(())
+}
+
+/// The `--cert-file`, `--key-file` and `--ca-file` flags of the server `name`.
+fn tls_flags(dir: &Path, name: &str) -> Vec<std::ffi::OsString> {
+    let f = quire_tls::certs::files_for(&tls_dir(dir), name);
+    let mut flags = Vec::new();
+    for (flag, path) in [
+        ("--cert-file", f.cert),
+        ("--key-file", f.key),
+        ("--ca-file", f.ca),
+    ] {
+        if let Some(p) = path {
+            flags.push(flag.into());
+            flags.push(p.into_os_string());
+        }
+    }
+    flags
 }
 
 impl ClusterSpec {
@@ -223,6 +278,8 @@ struct Proc {
 pub struct LocalCluster {
     dir: PathBuf,
     procs: Vec<Proc>,
+    /// Started with `--tls`.
+    tls: bool,
 }
 
 impl std::fmt::Debug for Proc {
@@ -289,6 +346,9 @@ impl LocalCluster {
             format!("[wal]\nsegment_bytes_max = {SEGMENT_BYTES}\n"),
         )
         .with_context(|| format!("writing {}", store_config.display()))?;
+        if spec.tls {
+            ensure_certificates(&spec.dir, spec.stores, spec.brokers)?;
+        }
         let ports = ports_for(&spec.dir, spec.base_port, spec.stores + spec.brokers)?;
         let store_addrs: Vec<String> = ports[..spec.stores]
             .iter()
@@ -301,6 +361,7 @@ impl LocalCluster {
         let mut cluster = LocalCluster {
             dir: spec.dir.clone(),
             procs: Vec::new(),
+            tls: spec.tls,
         };
         for (i, addr) in store_addrs.iter().enumerate() {
             let name = format!("store{i}");
@@ -313,6 +374,9 @@ impl LocalCluster {
                 .arg(&data_dir)
                 .args(["--listen", addr, "--config"])
                 .arg(&store_config);
+            if spec.tls {
+                cmd.args(tls_flags(&spec.dir, &name));
+            }
             cluster.spawn(cmd, &name, Role::Store, None, addr, &data_dir, &logs, spec)?;
         }
         let list: Vec<String> = broker_addrs
@@ -330,6 +394,9 @@ impl LocalCluster {
                 .args(["--listen", addr])
                 .args(["--stores", &store_addrs.join(",")])
                 .args(["--brokers", &list.join(",")]);
+            if spec.tls {
+                cmd.args(tls_flags(&spec.dir, &name));
+            }
             cluster.spawn(
                 cmd,
                 &name,
@@ -448,6 +515,7 @@ impl LocalCluster {
         let config = StatusConfig {
             brokers: self.broker_addrs(),
             timeout: Duration::from_secs(1),
+            tls: self.client_tls()?,
         };
         let mut last;
         loop {
@@ -506,6 +574,25 @@ impl LocalCluster {
     #[must_use]
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The files a client of this cluster shows and trusts: the CA and the client
+    /// certificate of `DIR/tls`; `None` for a plaintext cluster.
+    #[must_use]
+    pub fn client_tls_files(&self) -> Option<quire_tls::TlsFiles> {
+        self.tls
+            .then(|| quire_tls::certs::files_for(&tls_dir(&self.dir), TLS_CLIENT_NAME))
+    }
+
+    /// The TLS side of a client's connections to this cluster; `None` for plaintext.
+    ///
+    /// # Errors
+    /// The certificate files cannot be read.
+    pub fn client_tls(&self) -> anyhow::Result<Option<quire_tls::TlsConnector>> {
+        match self.client_tls_files() {
+            Some(f) => Ok(f.connector().context("the cluster's client certificate")?),
+            None => Ok(None),
+        }
     }
 
     /// Broker addresses, in id order.
@@ -901,6 +988,7 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
         brokers: args.brokers,
         base_port: args.base_port,
         die_with_parent: !args.detach,
+        tls: args.tls,
     };
     let mut cluster = LocalCluster::start(&spec)?;
     let status = cluster.wait_ready(args.ready_timeout)?;
@@ -920,6 +1008,23 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "  brokers: {brokers}")?;
     writeln!(out, "  master:  {master}")?;
     writeln!(out, "  logs:    {}", dir.join("logs").display())?;
+    if let Some(files) = cluster.client_tls_files() {
+        writeln!(
+            out,
+            "  tls:     TLS 1.3 on every link; stores require client certificates of {}",
+            files.ca.as_deref().unwrap_or(Path::new("?")).display()
+        )?;
+        writeln!(out, "clients need (or --tls-ca, --tls-cert, --tls-key):")?;
+        for (var, path) in [
+            ("QUIRE_TLS_CA", &files.ca),
+            ("QUIRE_TLS_CERT", &files.cert),
+            ("QUIRE_TLS_KEY", &files.key),
+        ] {
+            if let Some(p) = path {
+                writeln!(out, "  export {var}={}", p.display())?;
+            }
+        }
+    }
     // With --profile the profile (made current below) names the brokers.
     let reach = if args.profile.is_some() {
         String::new()
@@ -1070,6 +1175,7 @@ mod tests {
             brokers,
             base_port,
             die_with_parent: true,
+            tls: false,
         };
         assert!(spec(0, 2, None).validate().is_err());
         assert!(spec(3, 0, None).validate().is_err());

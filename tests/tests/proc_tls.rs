@@ -1,0 +1,249 @@
+//! TLS on every link, on the real binaries: 3 stores that require client certificates of
+//! the cluster's CA (mutual TLS), 2 brokers that speak TLS to clients, stores and each
+//! other, and the `quire` CLI as the client. Certificates come from
+//! `quire_tls::certs::write_local` (what `quire cluster up --tls` uses).
+//!
+//! Faults and what must hold:
+//! - a plaintext client, a TLS client without a certificate and one with a certificate of
+//!   another CA each send a Fence with an epoch near the top of the range to a store: each
+//!   is refused at the handshake, and no store's promised epoch moves;
+//! - a plaintext client of a broker is refused with an error that says the broker serves
+//!   TLS;
+//! - the master is killed with SIGKILL: the slave fences the stores over TLS and takes
+//!   over, and every message acknowledged before and after is consumed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use quire_client::{ConnConfig, StoreClient};
+use quire_proto::{BrokerId, Epoch};
+use quire_tests::process::{quire_bin, run_bounded};
+use quire_tests::{Cluster, Timing};
+use quire_tls::certs::{files_for, write_local};
+use quire_tls::TlsFiles;
+
+const CLI_BOUND: Duration = Duration::from_secs(60);
+
+fn flags(files: &TlsFiles, server: bool) -> Vec<String> {
+    let names = if server {
+        ["--cert-file", "--key-file", "--ca-file"]
+    } else {
+        ["--tls-cert", "--tls-key", "--tls-ca"]
+    };
+    [&files.cert, &files.key, &files.ca]
+        .into_iter()
+        .zip(names)
+        .filter_map(|(p, f)| p.as_ref().map(|p| [f.to_owned(), p.display().to_string()]))
+        .flatten()
+        .collect()
+}
+
+/// Runs `quire ARGS` with the client's TLS flags; its output.
+fn quire(args: &[&str], tls: &[String]) -> std::process::Output {
+    run_bounded(Command::new(quire_bin()).args(args).args(tls), CLI_BOUND)
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `quire cluster status --format json`, once it names a master other than `not`.
+fn wait_master(brokers: &str, tls: &[String], not: Option<u64>) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = quire(
+            &[
+                "cluster",
+                "status",
+                "--brokers",
+                brokers,
+                "--format",
+                "json",
+            ],
+            tls,
+        );
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&stdout(&out)) {
+            let id = v["master"]["id"].as_u64();
+            if id.is_some() && id != not {
+                return v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no master (other than {not:?}) within 60 s: {}",
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn promised_epochs(stores: &[String], tls: &TlsFiles) -> Vec<Epoch> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = ConnConfig {
+        tls: tls.connector().unwrap(),
+        ..ConnConfig::default()
+    };
+    rt.block_on(async {
+        let mut epochs = Vec::new();
+        for s in stores {
+            let c = StoreClient::connect_with(s.as_str(), config.clone())
+                .await
+                .unwrap();
+            epochs.push(c.tail().await.unwrap().promised);
+        }
+        epochs
+    })
+}
+
+/// A Fence near the top of the epoch range from a client with `tls` (`None`: plaintext):
+/// the error it gets, or `Ok` if the store answered at all.
+fn forged_fence(store: &str, tls: Option<&TlsFiles>) -> Result<(), String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = ConnConfig {
+        tls: tls.map(|t| t.connector().unwrap().unwrap()),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(5),
+        ..ConnConfig::default()
+    };
+    rt.block_on(async {
+        let c = StoreClient::connect_with(store, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.fence(Epoch::compose(u64::from(u32::MAX) - 1, BrokerId(9)), None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn count_consumed(brokers: &str, tls: &[String], want: usize) -> usize {
+    let out = quire(
+        &[
+            "consume",
+            "--brokers",
+            brokers,
+            "--topic",
+            "t",
+            "--from",
+            "beginning",
+            "--count",
+            &want.to_string(),
+            "--timeout",
+            "20s",
+        ],
+        tls,
+    );
+    assert!(out.status.success(), "consume: {}", stderr(&out));
+    stdout(&out).lines().filter(|l| !l.is_empty()).count()
+}
+
+fn produce(brokers: &str, tls: &[String], count: usize) {
+    let out = quire(
+        &[
+            "produce",
+            "--brokers",
+            brokers,
+            "--topic",
+            "t",
+            "--count",
+            &count.to_string(),
+            "--size",
+            "100",
+        ],
+        tls,
+    );
+    assert!(out.status.success(), "produce: {}", stderr(&out));
+}
+
+fn certificates(root: &Path) -> (PathBuf, PathBuf) {
+    let ours = root.join("tls");
+    let theirs = root.join("other-ca");
+    write_local(&ours, &["store", "broker", "client"]).unwrap();
+    write_local(&theirs, &["intruder"]).unwrap();
+    (ours, theirs)
+}
+
+#[test]
+fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers() {
+    let _guard = quire_tests::serial::proc_test();
+    let mut cluster = Cluster::new(3, 2, Timing::default());
+    let root = cluster.root.path().to_owned();
+    let (ours, theirs) = certificates(&root);
+    let store = files_for(&ours, "store");
+    let path = |p: &Option<PathBuf>| p.as_ref().unwrap().display().to_string();
+    cluster.set_store_config(&format!(
+        "[wal]\nsegment_bytes_max = 16777216\n[tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\n",
+        path(&store.cert),
+        path(&store.key),
+        path(&store.ca)
+    ));
+    let broker_flags = flags(&files_for(&ours, "broker"), true);
+    cluster.add_broker_args(&broker_flags.iter().map(String::as_str).collect::<Vec<_>>());
+    cluster.start_all();
+
+    let client = files_for(&ours, "client");
+    let tls = flags(&client, false);
+    let brokers = cluster
+        .broker_handles()
+        .iter()
+        .map(|b| b.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let stores: Vec<String> = cluster.stores.iter().map(|s| s.addr.clone()).collect();
+    let first = wait_master(&brokers, &tls, None);
+    produce(&brokers, &tls, 2000);
+
+    // Strangers fence a store: refused at the handshake, no promised epoch moves.
+    let before = promised_epochs(&stores, &client);
+    let anonymous = TlsFiles {
+        cert: None,
+        key: None,
+        ..client.clone()
+    };
+    let intruder = TlsFiles {
+        ca: client.ca.clone(),
+        ..files_for(&theirs, "intruder")
+    };
+    for (who, tls) in [
+        ("plaintext", None),
+        ("no certificate", Some(&anonymous)),
+        ("another CA", Some(&intruder)),
+    ] {
+        let r = forged_fence(&stores[0], tls);
+        assert!(r.is_err(), "a forged fence from {who} was answered");
+    }
+    assert_eq!(promised_epochs(&stores, &client), before);
+
+    // A plaintext client of a broker is told the broker serves TLS.
+    let out = quire(
+        &[
+            "produce",
+            "--brokers",
+            &brokers,
+            "--topic",
+            "t",
+            "--count",
+            "1",
+            "--connect-timeout",
+            "2s",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("TLS"), "{}", stderr(&out));
+
+    // SIGKILL the master: the slave takes over over TLS; nothing acknowledged is lost.
+    let master = first["master"]["id"].as_u64().unwrap();
+    cluster.broker(u16::try_from(master).unwrap()).kill9();
+    let second = wait_master(&brokers, &tls, Some(master));
+    assert!(second["epoch"].as_u64() > first["epoch"].as_u64());
+    produce(&brokers, &tls, 1000);
+    assert_eq!(count_consumed(&brokers, &tls, 3000), 3000);
+}
