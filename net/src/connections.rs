@@ -131,6 +131,64 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
     }
 }
 
+/// `true` for the requests only a broker of the cluster may send: fences and appends to a
+/// store, heartbeats (with a slave's appends) and take-over requests to a broker. On a
+/// listener that checks client certificates, a peer whose certificate does not name the
+/// broker role gets [`unauthorized_error`] for them. Exhaustive on purpose.
+#[must_use]
+pub fn is_broker_only_frame(frame_type: FrameType) -> bool {
+    match frame_type {
+        FrameType::AppendRequest
+        | FrameType::FenceRequest
+        | FrameType::Heartbeat
+        | FrameType::TakeOverNowRequest => true,
+        FrameType::ReadRequest
+        | FrameType::TailRequest
+        | FrameType::RangeDigestRequest
+        | FrameType::ErrorResponse
+        | FrameType::PersistedAck
+        | FrameType::AppendRejected
+        | FrameType::FenceGranted
+        | FrameType::FenceRefused
+        | FrameType::ReadResponse
+        | FrameType::TailResponse
+        | FrameType::HeartbeatAck
+        | FrameType::TakeOverNowResponse
+        | FrameType::ProduceRequest
+        | FrameType::ProduceResponse
+        | FrameType::FetchRequest
+        | FrameType::FetchResponse
+        | FrameType::CommitCursorRequest
+        | FrameType::CommitCursorResponse
+        | FrameType::CursorRequest
+        | FrameType::CursorResponse
+        | FrameType::MetadataRequest
+        | FrameType::MetadataResponse
+        | FrameType::HandoffRequest
+        | FrameType::HandoffResponse
+        | FrameType::RangeDigestResponse => false,
+    }
+}
+
+/// Checks a request against what the peer's certificate allows (see
+/// [`is_broker_only_frame`]).
+///
+/// # Errors
+/// The `Unauthorized` error to answer it with, naming the peer and the request.
+pub fn authorize(peer: &quire_tls::PeerAuth, frame_type: FrameType) -> Result<(), ErrorResponse> {
+    if !is_broker_only_frame(frame_type) || peer.is_broker() {
+        return Ok(());
+    }
+    Err(ErrorResponse::new(
+        quire_proto::ErrorCode::Unauthorized,
+        format!(
+            "{frame_type:?} is for brokers of the cluster; {} may not send it (a certificate whose subject alternative names hold {} may)",
+            peer.describe(),
+            quire_tls::Role::Broker.uri()
+        ),
+    ))
+}
+
 /// The connection metrics quire-net keeps (a server registers them in its registry).
 #[derive(Clone, Debug, Default)]
 pub struct AcceptMetrics {

@@ -184,6 +184,7 @@ impl Reply {
 /// [`ConnectionPermit`]).
 pub(crate) async fn serve(
     stream: Stream,
+    auth: quire_tls::PeerAuth,
     peer: SocketAddr,
     permit: ConnectionPermit,
     ctx: ConnContext,
@@ -209,6 +210,7 @@ pub(crate) async fn serve(
         ctx,
         peer,
         permit,
+        auth,
     };
     tokio::join!(
         reader.run(read_half),
@@ -232,6 +234,8 @@ struct Reader {
     closed: watch::Receiver<bool>,
     peer: SocketAddr,
     permit: ConnectionPermit,
+    /// What the peer's certificate allows.
+    auth: quire_tls::PeerAuth,
 }
 
 impl Reader {
@@ -267,6 +271,15 @@ impl Reader {
                         return;
                     };
                     let frame = received.frame;
+                    if let Err(refusal) = quire_net::authorize(&self.auth, frame.frame_type()) {
+                        // A fence or an append from a peer whose certificate is not a
+                        // broker's: answered, counted, and nothing of it done.
+                        self.ctx.metrics.reject_frame("unauthorized");
+                        tracing::warn!(peer = %self.peer, frame = ?frame.frame_type(), "{}", refusal.message);
+                        self.reply(frame.log, frame.request_id, in_flight)
+                            .send(refusal);
+                        continue;
+                    }
                     if frame.log != LogId::ZERO {
                         // One log per store until partitions land (docs/partitions.md).
                         self.ctx.metrics.reject_frame("unknown_log");

@@ -315,7 +315,8 @@ async fn accept_loop(
                 connections.spawn(async move {
                     let metrics = ctx.metrics.clone();
                     if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
-                        conn::serve(stream, peer, permit, ctx).await;
+                        let auth = quire_tls::PeerAuth::of(&stream, tls.as_ref().map(|t| t.client_auth()));
+                        conn::serve(stream, auth, peer, permit, ctx).await;
                     }
                     metrics.connections_open.dec();
                     tracing::debug!(%peer, "connection closed");

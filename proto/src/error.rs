@@ -299,6 +299,11 @@ pub enum ErrorCode {
     /// partitions land, only log 0 exists; later, the log may have been deleted or not be
     /// created yet. Refresh the metadata.
     UnknownLog = 11,
+    /// The peer's verified TLS certificate does not allow this request: a fence or an
+    /// append to a store, or replication or a take-over request to a broker, from a peer
+    /// whose certificate does not name the broker role (or that showed none). The message
+    /// names the peer and the request; nothing of the request took effect.
+    Unauthorized = 12,
     /// Store: this store is on a new incarnation (its disk was wiped or replaced) and
     /// never grants a fence or counts toward a quorum; detail `ErrorDetail::NotVoter`.
     NotVoter = 100,
@@ -335,7 +340,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -347,6 +352,7 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::ConnectionTimeout,
         ErrorCode::UnknownLog,
+        ErrorCode::Unauthorized,
         ErrorCode::NotVoter,
         ErrorCode::LogFailed,
         ErrorCode::NotMaster,
@@ -387,7 +393,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 23] = [
+        let expected: [(ErrorCode, u16); 24] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -399,6 +405,7 @@ mod tests {
             (ErrorCode::ShuttingDown, 9),
             (ErrorCode::ConnectionTimeout, 10),
             (ErrorCode::UnknownLog, 11),
+            (ErrorCode::Unauthorized, 12),
             (ErrorCode::NotVoter, 100),
             (ErrorCode::LogFailed, 101),
             (ErrorCode::NotMaster, 200),
@@ -417,7 +424,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 12, 99, 102, 199, 210, 299, u16::MAX] {
+        for n in [0u16, 13, 99, 102, 199, 210, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -6,7 +6,9 @@
 //! Faults and what must hold:
 //! - a plaintext client, a TLS client without a certificate and one with a certificate of
 //!   another CA each send a Fence with an epoch near the top of the range to a store: each
-//!   is refused at the handshake, and no store's promised epoch moves;
+//!   is refused at the handshake; a client with a certificate of the cluster's CA that
+//!   names the client role is answered `Unauthorized`; no store's promised epoch moves,
+//!   and that client may still read the stores (`quire cluster audit`);
 //! - a plaintext client of a broker is refused with an error that says the broker serves
 //!   TLS;
 //! - the master is killed with SIGKILL: the slave fences the stores over TLS and takes
@@ -23,7 +25,7 @@ use quire_proto::{BrokerId, Epoch};
 use quire_tests::process::{quire_bin, run_bounded};
 use quire_tests::{Cluster, Timing};
 use quire_tls::certs::{files_for, write_local};
-use quire_tls::TlsFiles;
+use quire_tls::{Role, TlsFiles};
 
 const CLI_BOUND: Duration = Duration::from_secs(60);
 
@@ -165,8 +167,16 @@ fn produce(brokers: &str, tls: &[String], count: usize) {
 fn certificates(root: &Path) -> (PathBuf, PathBuf) {
     let ours = root.join("tls");
     let theirs = root.join("other-ca");
-    write_local(&ours, &["store", "broker", "client"]).unwrap();
-    write_local(&theirs, &["intruder"]).unwrap();
+    write_local(
+        &ours,
+        &[
+            ("store", Role::Store),
+            ("broker", Role::Broker),
+            ("client", Role::Client),
+        ],
+    )
+    .unwrap();
+    write_local(&theirs, &[("intruder", Role::Broker)]).unwrap();
     (ours, theirs)
 }
 
@@ -219,7 +229,13 @@ fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers
         let r = forged_fence(&stores[0], tls);
         assert!(r.is_err(), "a forged fence from {who} was answered");
     }
+    // A client of the cluster's own CA may read a store (the audit below) but not fence
+    // it: its certificate names the client role.
+    let refused = forged_fence(&stores[0], Some(&client)).expect_err("a client's fence");
+    assert!(refused.contains("Unauthorized"), "{refused}");
     assert_eq!(promised_epochs(&stores, &client), before);
+    let audit = quire(&["cluster", "audit", "--brokers", &brokers], &tls);
+    assert!(audit.status.success(), "audit: {}", stderr(&audit));
 
     // A plaintext client of a broker is told the broker serves TLS.
     let out = quire(

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 
-use crate::TlsFiles;
+use crate::{Role, TlsFiles};
 
 /// What can go wrong making the certificates.
 #[derive(Debug, thiserror::Error)]
@@ -69,14 +69,15 @@ fn write(path: &Path, text: &str, private: bool) -> Result<(), CertError> {
     })
 }
 
-/// Makes a CA (`dir/ca.pem`) and, for each of `names`, a certificate it signs
-/// (`dir/NAME.pem`, key `dir/NAME.key`, mode 0600) whose common name is the name, valid
-/// for this machine as a server and as a client (mutual TLS). ECDSA P-256 keys. The CA's
-/// key is dropped once they are signed.
+/// Makes a CA (`dir/ca.pem`) and, for each `(name, role)` of `holders`, a certificate it
+/// signs (`dir/NAME.pem`, key `dir/NAME.key`, mode 0600) whose common name is the name and
+/// whose subject alternative names hold the role's URI ([`Role::uri`]), valid for this
+/// machine as a server and as a client (mutual TLS). ECDSA P-256 keys. The CA's key is
+/// dropped once they are signed.
 ///
 /// # Errors
 /// [`CertError`]: key generation, signing, or a file that cannot be written.
-pub fn write_local(dir: &Path, names: &[&str]) -> Result<(), CertError> {
+pub fn write_local(dir: &Path, holders: &[(&str, Role)]) -> Result<(), CertError> {
     fs::create_dir_all(dir).map_err(|source| CertError::Write {
         path: dir.to_owned(),
         source,
@@ -96,7 +97,7 @@ pub fn write_local(dir: &Path, names: &[&str]) -> Result<(), CertError> {
     let ca_cert = ca.self_signed(&ca_key)?;
     write(&ca_path(dir), &ca_cert.pem(), false)?;
     let issuer = Issuer::new(ca, ca_key);
-    for name in names {
+    for (name, role) in holders {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(
             LOCAL_NAMES
@@ -108,6 +109,9 @@ pub fn write_local(dir: &Path, names: &[&str]) -> Result<(), CertError> {
         dn.push(DnType::OrganizationName, "Quire local cluster");
         dn.push(DnType::CommonName, *name);
         params.distinguished_name = dn;
+        params
+            .subject_alt_names
+            .push(SanType::URI(role.uri().try_into()?));
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -130,6 +134,8 @@ mod tests {
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
+
+    use rustls_pki_types::pem::PemObject;
 
     use super::*;
     use crate::ClientAuth;
@@ -202,8 +208,12 @@ mod tests {
     async fn mutual_tls_admits_the_clusters_certificates_and_no_other() {
         let dir = tempfile::tempdir().expect("tempdir");
         let other = tempfile::tempdir().expect("tempdir");
-        write_local(dir.path(), &["store-0", "broker-1"]).expect("certificates");
-        write_local(other.path(), &["intruder"]).expect("certificates");
+        write_local(
+            dir.path(),
+            &[("store-0", Role::Store), ("broker-1", Role::Broker)],
+        )
+        .expect("certificates");
+        write_local(other.path(), &[("intruder", Role::Broker)]).expect("certificates");
         let store = files_for(dir.path(), "store-0");
         let broker = files_for(dir.path(), "broker-1");
 
@@ -240,9 +250,28 @@ mod tests {
     }
 
     #[test]
+    fn a_certificate_names_its_holder_and_role() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_local(
+            dir.path(),
+            &[("broker-2", Role::Broker), ("tool", Role::Client)],
+        )
+        .expect("certificates");
+        for (name, role) in [("broker-2", Role::Broker), ("tool", Role::Client)] {
+            let path = files_for(dir.path(), name).cert.expect("cert");
+            let der = rustls_pki_types::CertificateDer::from_pem_file(&path).expect("pem");
+            assert_eq!(
+                crate::certificate_identity(&der),
+                Some((Some(name.to_owned()), Some(role)))
+            );
+        }
+        assert_eq!(crate::certificate_identity(b"not a certificate"), None);
+    }
+
+    #[test]
     fn half_given_files_are_refused_with_the_missing_setting() {
         let dir = tempfile::tempdir().expect("tempdir");
-        write_local(dir.path(), &["store-0"]).expect("certificates");
+        write_local(dir.path(), &[("store-0", Role::Store)]).expect("certificates");
         let full = files_for(dir.path(), "store-0");
         let no_key = TlsFiles {
             key: None,

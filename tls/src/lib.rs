@@ -8,6 +8,9 @@
 //!   TLS, the way a cluster's own links prove they belong to it).
 //! - [`Stream`], [`ReadHalf`], [`WriteHalf`]: one type for a plaintext or a TLS connection,
 //!   so frame readers and writers do not care which it is.
+//! - [`PeerAuth`], [`Role`]: what a verified client certificate says its holder is (a URI
+//!   `quire:role:broker` in its subject alternative names), so that a store takes fences
+//!   and appends only from brokers of its cluster.
 //! - [`certs`]: a throw-away CA and certificates for a local cluster (`quire cluster up
 //!   --tls`), made with rcgen.
 //!
@@ -17,7 +20,9 @@
 
 pub mod certs;
 mod config;
+mod identity;
 mod stream;
 
 pub use config::{ClientAuth, TlsAcceptor, TlsConnector, TlsError, TlsFiles};
+pub use identity::{certificate_identity, PeerAuth, Role, ROLE_URI_PREFIX};
 pub use stream::{ReadHalf, Stream, WriteHalf};

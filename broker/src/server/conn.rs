@@ -219,6 +219,7 @@ pub(crate) struct ConnShared {
 /// with a cluster frame, see quire-net's [`ConnectionPermit`]).
 pub(crate) async fn serve(
     stream: Stream,
+    auth: quire_tls::PeerAuth,
     peer_addr: SocketAddr,
     mut permit: ConnectionPermit,
     shared: ConnShared,
@@ -291,6 +292,14 @@ pub(crate) async fn serve(
                     ),
                 ),
             );
+            continue;
+        }
+        if let Err(refusal) = quire_net::authorize(&auth, frame.frame_type()) {
+            // Replication or a take-over request from a peer whose certificate is not a
+            // broker's: answered, counted, and nothing of it done.
+            shared.metrics.reject_frame("unauthorized");
+            tracing::warn!(conn = id, %peer, frame = ?frame.frame_type(), "{}", refusal.message);
+            reply.error(frame.request_id, refusal);
             continue;
         }
         if frame.log != LogId::ZERO {

@@ -257,7 +257,8 @@ async fn accept_loop(
         let shared = shared.clone();
         tokio::spawn(async move {
             if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
-                conn::serve(stream, peer, permit, shared).await;
+                let auth = quire_tls::PeerAuth::of(&stream, tls.as_ref().map(|t| t.client_auth()));
+                conn::serve(stream, auth, peer, permit, shared).await;
             }
         });
     }

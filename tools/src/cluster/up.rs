@@ -150,16 +150,19 @@ pub const TLS_CLIENT_NAME: &str = "client";
 /// brokers, unless every file is there from an earlier start in the same directory.
 fn ensure_certificates(dir: &Path, stores: usize, brokers: usize) -> anyhow::Result<()> {
     let tls = tls_dir(dir);
-    let mut names: Vec<String> = (0..stores).map(|i| format!("store{i}")).collect();
-    names.extend((1..=brokers).map(|id| format!("broker{id}")));
-    names.push(TLS_CLIENT_NAME.to_owned());
+    use quire_tls::Role;
+    let mut holders: Vec<(String, Role)> = (0..stores)
+        .map(|i| (format!("store{i}"), Role::Store))
+        .collect();
+    holders.extend((1..=brokers).map(|id| (format!("broker{id}"), Role::Broker)));
+    holders.push((TLS_CLIENT_NAME.to_owned(), Role::Client));
     let complete = quire_tls::certs::ca_path(&tls).exists()
-        && names.iter().all(|n| {
+        && holders.iter().all(|(n, _)| {
             let f = quire_tls::certs::files_for(&tls, n);
             f.cert.is_some_and(|c| c.exists()) && f.key.is_some_and(|k| k.exists())
         });
     if !complete {
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let refs: Vec<(&str, Role)> = holders.iter().map(|(n, r)| (n.as_str(), *r)).collect();
         quire_tls::certs::write_local(&tls, &refs)
             .with_context(|| format!("making certificates in {}", tls.display()))?;
     }
