@@ -249,6 +249,60 @@ mod tests {
         assert!(echo(&store, ClientAuth::None, &wrong_trust).await.is_err());
     }
 
+    #[tokio::test]
+    async fn a_reload_presents_the_new_certificate_to_later_handshakes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let next = tempfile::tempdir().expect("tempdir");
+        write_local(
+            dir.path(),
+            &[("store-0", Role::Store), ("broker-1", Role::Broker)],
+        )
+        .expect("certificates");
+        write_local(
+            next.path(),
+            &[("store-0", Role::Store), ("broker-1", Role::Broker)],
+        )
+        .expect("certificates");
+        let store = files_for(dir.path(), "store-0");
+        let acceptor = store
+            .acceptor(ClientAuth::None)
+            .expect("acceptor")
+            .expect("tls");
+        let old_client = files_for(dir.path(), "broker-1");
+        let new_client = files_for(next.path(), "broker-1");
+        let handshake = |client: TlsFiles| {
+            let acceptor = acceptor.clone();
+            async move {
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = listener.local_addr().expect("addr").to_string();
+                let served = tokio::spawn(async move {
+                    let (tcp, _) = listener.accept().await.expect("accept");
+                    acceptor.accept(tcp, HANDSHAKE).await.is_ok()
+                });
+                let tcp = TcpStream::connect(&addr).await.expect("connect");
+                let connector = client.connector().expect("connector").expect("tls");
+                let ok = connector.connect(&addr, tcp).await.is_ok();
+                let _ = served.await;
+                ok
+            }
+        };
+        assert!(handshake(old_client.clone()).await);
+        assert!(!handshake(new_client.clone()).await);
+        // The operator puts the new certificate and key in place and sends SIGHUP.
+        for (from, to) in [
+            (files_for(next.path(), "store-0").cert, store.cert.clone()),
+            (files_for(next.path(), "store-0").key, store.key.clone()),
+        ] {
+            fs::copy(from.expect("file"), to.expect("file")).expect("copy");
+        }
+        acceptor.reload().expect("reload");
+        assert!(handshake(new_client).await);
+        assert!(!handshake(old_client).await);
+        // A file that cannot be read leaves the certificate in use.
+        fs::write(store.key.as_ref().expect("key"), "garbage").expect("write");
+        assert!(acceptor.reload().is_err());
+    }
+
     #[test]
     fn a_certificate_names_its_holder_and_role() {
         let dir = tempfile::tempdir().expect("tempdir");
