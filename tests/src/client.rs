@@ -1,9 +1,14 @@
 //! A minimal synchronous client of one broker speaking quire-proto frames directly (no
 //! retries, no discovery: a test sees every answer), and the payloads tests send.
+//!
+//! Over TLS when [`set_client_tls`] gave it a configuration (a TLS cluster,
+//! [`crate::Cluster::new_tls`], does): every client this process connects after that uses
+//! it, until it is set back to `None` (a plaintext [`crate::Cluster::new`] does).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -14,10 +19,49 @@ use quire_proto::{
 
 use crate::WAIT;
 
+static CLIENT_TLS: Mutex<Option<Arc<rustls::ClientConfig>>> = Mutex::new(None);
+
+/// The TLS configuration of the clients connected from now on; `None`: plaintext.
+pub fn set_client_tls(config: Option<Arc<rustls::ClientConfig>>) {
+    *CLIENT_TLS.lock().unwrap_or_else(PoisonError::into_inner) = config;
+}
+
+/// A connection, plaintext or TLS (rustls driven synchronously).
+#[derive(Debug)]
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
 /// A minimal synchronous client of one broker speaking quire-proto frames.
 #[derive(Debug)]
 pub struct Client {
-    stream: TcpStream,
+    stream: Conn,
     buf: BytesMut,
     next_id: u64,
     /// Answers read while waiting for another request's.
@@ -40,6 +84,21 @@ impl Client {
         )?;
         stream.set_read_timeout(Some(read_timeout))?;
         stream.set_nodelay(true)?;
+        let tls = CLIENT_TLS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let stream = match tls {
+            None => Conn::Plain(stream),
+            Some(config) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_owned();
+                let name =
+                    rustls::pki_types::ServerName::try_from(host).map_err(std::io::Error::other)?;
+                let conn =
+                    rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+                Conn::Tls(Box::new(rustls::StreamOwned::new(conn, stream)))
+            }
+        };
         Ok(Client {
             stream,
             buf: BytesMut::with_capacity(1 << 16),
@@ -55,6 +114,7 @@ impl Client {
         let mut out = BytesMut::new();
         encode(&Frame::new(RequestId(id), body), &mut out).map_err(std::io::Error::other)?;
         self.stream.write_all(&out)?;
+        self.stream.flush()?;
         Ok(id)
     }
 

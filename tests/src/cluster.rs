@@ -259,6 +259,7 @@ impl Drop for Cluster {
 impl Cluster {
     /// Initialises `stores` stores and prepares `brokers` brokers (ids 1..), starts nothing.
     pub fn new(stores: usize, brokers: u16, timing: Timing) -> Cluster {
+        crate::client::set_client_tls(None);
         let root = tempfile::Builder::new()
             .prefix("quire-test-")
             .tempdir()
@@ -343,6 +344,66 @@ impl Cluster {
             settle_sequence: AtomicU64::new(0),
             root,
         }
+    }
+
+    /// [`Cluster::new`] with TLS on every link: a CA and certificates in `ROOT/tls`
+    /// (`quire_tls::certs`), stores that require client certificates (their `[tls]` table),
+    /// brokers that serve TLS and speak it to stores and brokers (`--cert-file`, ...), and
+    /// this process's test clients speaking TLS with the client certificate (role client:
+    /// they may read stores, not fence them). A later [`Cluster::set_store_config`] must keep
+    /// the `[tls]` table ([`Cluster::store_tls_toml`]).
+    pub fn new_tls(stores: usize, brokers: u16, timing: Timing) -> Cluster {
+        use quire_tls::certs::{files_for, write_local};
+        use quire_tls::Role;
+        let mut cluster = Cluster::new(stores, brokers, timing);
+        let dir = cluster.root.path().join("tls");
+        write_local(
+            &dir,
+            &[
+                ("store", Role::Store),
+                ("broker", Role::Broker),
+                ("client", Role::Client),
+            ],
+        )
+        .expect("certificates");
+        let toml = format!(
+            "[wal]\nsegment_bytes_max = 16777216\n{}",
+            cluster.store_tls_toml()
+        );
+        cluster.set_store_config(&toml);
+        let broker = files_for(&dir, "broker");
+        let path = |p: Option<PathBuf>| p.expect("file").display().to_string();
+        let args = [
+            "--cert-file".to_owned(),
+            path(broker.cert),
+            "--key-file".to_owned(),
+            path(broker.key),
+            "--ca-file".to_owned(),
+            path(broker.ca),
+        ];
+        cluster.add_broker_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let client = files_for(&dir, "client")
+            .client_config()
+            .expect("client configuration");
+        crate::client::set_client_tls(client);
+        cluster
+    }
+
+    /// The `[tls]` table of a [`Cluster::new_tls`] cluster's stores (empty for a plaintext
+    /// cluster), to append to a store config.
+    pub fn store_tls_toml(&self) -> String {
+        let dir = self.root.path().join("tls");
+        if !dir.exists() {
+            return String::new();
+        }
+        let f = quire_tls::certs::files_for(&dir, "store");
+        let path = |p: Option<PathBuf>| p.expect("file").display().to_string();
+        format!(
+            "[tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\n",
+            path(f.cert),
+            path(f.key),
+            path(f.ca)
+        )
     }
 
     /// Replaces the stores' config file (TOML, e.g. a smaller `[wal] segment_bytes_max`);

@@ -8,6 +8,9 @@
 //! - **Store kills**: one store at a time is killed -9 twenty times (round robin) under the
 //!   same load; each is restarted and must catch up to the master's HWM before the next kill.
 //!
+//! Both run again with TLS on every link (`Cluster::new_tls`: stores requiring brokers'
+//! client certificates, brokers serving TLS, the test clients on TLS), eight kills each.
+//!
 //! What must survive, both: every acknowledged message, exactly once, at its acknowledged
 //! offset, in each producer's order; no message never sent; no offset with two events;
 //! the consumer's reads a prefix of one total order; at most one master acking per epoch;
@@ -22,6 +25,9 @@ use quire_tests::{Cluster, ConsumerDriver, LoadDriver, Timing};
 
 /// Kills per test.
 const KILLS: usize = 20;
+/// Kills per test with TLS on every link (the same paths under TLS; fewer, for the suite's
+/// time on two cores).
+const TLS_KILLS: usize = 8;
 /// Producers of the load.
 const PRODUCERS: u64 = 4;
 /// Load between two faults: batches each producer must have acknowledged (about 300 ms of
@@ -46,14 +52,25 @@ fn timing() -> Timing {
 #[test]
 fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
     let _t = quire_tests::proc_test();
-    let mut cluster = Cluster::new(3, 3, timing());
+    master_kills(Cluster::new(3, 3, timing()), KILLS);
+}
+
+/// The master kills with TLS on every link: the takeovers fence the stores over mutual TLS.
+#[test]
+fn proc_master_kills_with_tls_on_every_link_lose_no_acknowledged_message() {
+    let _t = quire_tests::proc_test();
+    master_kills(Cluster::new_tls(3, 3, timing()), TLS_KILLS);
+}
+
+/// `kills` master kills under load (see the module docs), judged by the checker.
+fn master_kills(mut cluster: Cluster, rounds: usize) {
     cluster.start_all();
     cluster.settle();
     let load = LoadDriver::start(&cluster, 1, PRODUCERS);
     let consumer = ConsumerDriver::start(&cluster, "t");
     let mut kills = Vec::new();
     let mut epochs = Vec::new();
-    for round in 0..KILLS {
+    for round in 0..rounds {
         under_load(&cluster);
         let master = cluster.wait_for_master();
         epochs.push(cluster.master_metadata().epoch);
@@ -104,7 +121,7 @@ fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
     );
 
     let report = cluster.check(&vec![("t".to_owned(), reads)]);
-    eprintln!("master kills survived: {KILLS}; {report}");
+    eprintln!("master kills survived: {rounds}; {report}");
     report.assert_clean();
     assert!(report.counts.messages_acked > 0, "the load made progress");
     let last = cluster.wait_for_master();
@@ -115,13 +132,24 @@ fn proc_twenty_master_kills_under_load_lose_no_acknowledged_message() {
 #[test]
 fn proc_twenty_store_kills_under_load_lose_no_acknowledged_message() {
     let _t = quire_tests::proc_test();
-    let mut cluster = Cluster::new(3, 3, timing());
+    store_kills(Cluster::new(3, 3, timing()), KILLS);
+}
+
+/// The store kills with TLS on every link: each restarted store is caught up over TLS.
+#[test]
+fn proc_store_kills_with_tls_on_every_link_lose_no_acknowledged_message() {
+    let _t = quire_tests::proc_test();
+    store_kills(Cluster::new_tls(3, 3, timing()), TLS_KILLS);
+}
+
+/// `kills` store kills under load, round robin (see the module docs), judged by the checker.
+fn store_kills(mut cluster: Cluster, kills: usize) {
     cluster.start_all();
     let first_master = cluster.settle();
     let load = LoadDriver::start(&cluster, 1, PRODUCERS);
     let consumer = ConsumerDriver::start(&cluster, "t");
     let mut acked_between = Vec::new();
-    for round in 0..KILLS {
+    for round in 0..kills {
         let store = round % cluster.stores.len();
         under_load(&cluster);
         let before = cluster.history.counts().messages_acked;
@@ -153,7 +181,7 @@ fn proc_twenty_store_kills_under_load_lose_no_acknowledged_message() {
     );
 
     let report = cluster.check(&vec![("t".to_owned(), reads)]);
-    eprintln!("store kills survived: {KILLS}; {report}");
+    eprintln!("store kills survived: {kills}; {report}");
     report.assert_clean();
     assert!(report.counts.messages_acked > 0, "the load made progress");
 }

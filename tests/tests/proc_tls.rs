@@ -1,7 +1,7 @@
 //! TLS on every link, on the real binaries: 3 stores that require client certificates of
 //! the cluster's CA (mutual TLS), 2 brokers that speak TLS to clients, stores and each
-//! other, and the `quire` CLI as the client. Certificates come from
-//! `quire_tls::certs::write_local` (what `quire cluster up --tls` uses).
+//! other, and the `quire` CLI as the client (`Cluster::new_tls`; the certificates come from
+//! `quire_tls::certs::write_local`, as for `quire cluster up --tls`).
 //!
 //! Faults and what must hold:
 //! - a plaintext client, a TLS client without a certificate and one with a certificate of
@@ -16,7 +16,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -29,12 +28,9 @@ use quire_tls::{Role, TlsFiles};
 
 const CLI_BOUND: Duration = Duration::from_secs(60);
 
-fn flags(files: &TlsFiles, server: bool) -> Vec<String> {
-    let names = if server {
-        ["--cert-file", "--key-file", "--ca-file"]
-    } else {
-        ["--tls-cert", "--tls-key", "--tls-ca"]
-    };
+/// The quire CLI's flags for a client with `files`.
+fn flags(files: &TlsFiles) -> Vec<String> {
+    let names = ["--tls-cert", "--tls-key", "--tls-ca"];
     [&files.cert, &files.key, &files.ca]
         .into_iter()
         .zip(names)
@@ -164,42 +160,17 @@ fn produce(brokers: &str, tls: &[String], count: usize) {
     assert!(out.status.success(), "produce: {}", stderr(&out));
 }
 
-fn certificates(root: &Path) -> (PathBuf, PathBuf) {
-    let ours = root.join("tls");
-    let theirs = root.join("other-ca");
-    write_local(
-        &ours,
-        &[
-            ("store", Role::Store),
-            ("broker", Role::Broker),
-            ("client", Role::Client),
-        ],
-    )
-    .unwrap();
-    write_local(&theirs, &[("intruder", Role::Broker)]).unwrap();
-    (ours, theirs)
-}
-
 #[test]
 fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers() {
     let _guard = quire_tests::serial::proc_test();
-    let mut cluster = Cluster::new(3, 2, Timing::default());
-    let root = cluster.root.path().to_owned();
-    let (ours, theirs) = certificates(&root);
-    let store = files_for(&ours, "store");
-    let path = |p: &Option<PathBuf>| p.as_ref().unwrap().display().to_string();
-    cluster.set_store_config(&format!(
-        "[wal]\nsegment_bytes_max = 16777216\n[tls]\ncert_file = {:?}\nkey_file = {:?}\nca_file = {:?}\n",
-        path(&store.cert),
-        path(&store.key),
-        path(&store.ca)
-    ));
-    let broker_flags = flags(&files_for(&ours, "broker"), true);
-    cluster.add_broker_args(&broker_flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut cluster = Cluster::new_tls(3, 2, Timing::default());
+    let ours = cluster.root.path().join("tls");
+    let theirs = cluster.root.path().join("other-ca");
+    write_local(&theirs, &[("intruder", Role::Broker)]).unwrap();
     cluster.start_all();
 
     let client = files_for(&ours, "client");
-    let tls = flags(&client, false);
+    let tls = flags(&client);
     let brokers = cluster
         .broker_handles()
         .iter()

@@ -241,6 +241,17 @@ impl TlsFiles {
     /// A file that cannot be read or holds nothing usable; `cert` without `key` or the
     /// reverse; a key that does not match its certificate.
     pub fn connector(&self) -> Result<Option<TlsConnector>, TlsError> {
+        Ok(self.client_config()?.map(|config| TlsConnector {
+            inner: tokio_rustls::TlsConnector::from(config),
+        }))
+    }
+
+    /// The rustls client configuration [`TlsFiles::connector`] wraps, for a client that
+    /// drives rustls itself (a blocking one): `None` unless `ca` is set.
+    ///
+    /// # Errors
+    /// As [`TlsFiles::connector`].
+    pub fn client_config(&self) -> Result<Option<Arc<ClientConfig>>, TlsError> {
         let Some(ca) = &self.ca else {
             return Ok(None);
         };
@@ -265,9 +276,7 @@ impl TlsFiles {
                 })
             }
         };
-        Ok(Some(TlsConnector {
-            inner: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        }))
+        Ok(Some(Arc::new(config)))
     }
 }
 
