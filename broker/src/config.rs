@@ -28,6 +28,7 @@
 //! message_bytes_max = "1MiB"      # largest producer message; keep below the stores' segment size
 //! connections_max = 10000         # more get Overloaded and are closed (64 more kept for brokers)
 //! connections_per_address_max = 0 # of connections_max, per IP address; 0: no bound
+//! connections_per_principal_max = 0 # per TLS client certificate name; 0: no bound
 //! fetch_responses_bytes_max = "256MiB" # fetch answers not yet written, all connections together
 //! ```
 //!
@@ -251,6 +252,12 @@ pub fn schema() -> Schema {
         )
         .default_value(Value::Count(0)),
         Setting::new(
+            "connections_per_principal_max",
+            Kind::Count,
+            "Most of connections_max one principal (a TLS client certificate's common name) may hold (0: no bound); beyond it, Overloaded",
+        )
+        .default_value(Value::Count(0)),
+        Setting::new(
             "fetch_responses_bytes_max",
             Kind::Size,
             "Most bytes of fetch answers held across all connections until written; fetches wait beyond it",
@@ -324,6 +331,9 @@ pub struct BrokerConfig {
     /// Kafka's `max.connections.per.ip`): no bound. An address at its bound still reaches
     /// the peer reserve.
     pub connections_per_address_max: usize,
+    /// Most of the `connections_max` places one principal (the common name of a verified
+    /// TLS client certificate) may hold; 0 (the default): no bound.
+    pub connections_per_principal_max: usize,
     /// Most bytes of fetch answers held across all connections, from serving a fetch until
     /// its answer's last byte is written ([`FETCH_RESPONSES_BYTES_MAX_DEFAULT`]).
     pub fetch_responses_bytes_max: usize,
@@ -501,6 +511,9 @@ impl BrokerConfig {
         }
         let connections_per_address_max =
             r.usize("connections_per_address_max")?.unwrap_or_default();
+        let connections_per_principal_max = r
+            .usize("connections_per_principal_max")?
+            .unwrap_or_default();
         if connections_per_address_max > connections_max {
             return Err(r.invalid(
                 "connections_per_address_max",
@@ -563,6 +576,7 @@ impl BrokerConfig {
             message_bytes_max,
             connections_max,
             connections_per_address_max,
+            connections_per_principal_max,
             fetch_responses_bytes_max,
             tls: TlsSettings::from_resolved(r)?,
         })

@@ -90,6 +90,9 @@ pub const REFUSED_PEER_RESERVE: &str = "peer_reserve";
 /// [`TLS_HANDSHAKE_TIMEOUT`]: not TLS, no client certificate where one is required, a
 /// certificate of another CA.
 pub const REFUSED_TLS_HANDSHAKE: &str = "tls_handshake";
+/// `reason` of a connection refused after its TLS handshake because the principal its
+/// certificate names (the subject's common name) held `connections_per_principal_max`.
+pub const REFUSED_PER_PRINCIPAL: &str = "per_principal";
 /// How long an admitted connection's TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -208,12 +211,13 @@ impl AcceptMetrics {
             REFUSED_PER_ADDRESS,
             REFUSED_PEER_RESERVE,
             REFUSED_TLS_HANDSHAKE,
+            REFUSED_PER_PRINCIPAL,
         ] {
             let _ = self.refused.get_or_create(&[("reason", reason)]);
         }
         r.register(
             "connections_refused",
-            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), the address held connections_per_address_max and the reserve was full (reason per_address), a reserve connection sent no cluster frame in time (reason peer_reserve), or a TLS handshake failed (reason tls_handshake)",
+            "Connections closed at once: connections_max and the peer reserve were full (reason connections_max), the address held connections_per_address_max and the reserve was full (reason per_address), a reserve connection sent no cluster frame in time (reason peer_reserve), a TLS handshake failed (reason tls_handshake), or the principal a client certificate names held connections_per_principal_max (reason per_principal)",
             self.refused.clone(),
         );
         r.register(
@@ -281,6 +285,11 @@ struct Inner {
     per_address_max: usize,
     /// General-pool places held, by address (only with a per-address bound).
     per_address: Mutex<HashMap<IpAddr, usize>>,
+    /// Most general-pool places one principal (a certificate's common name) may hold; 0:
+    /// no bound.
+    per_principal_max: usize,
+    /// General-pool places held, by principal (only with a per-principal bound).
+    per_principal: Mutex<HashMap<String, usize>>,
 }
 
 /// The server-wide bound on open connections; cheap to clone (all clones share it).
@@ -315,6 +324,8 @@ impl ConnectionLimit {
                 refusal_per_address: refusal_frame(per_address_error()),
                 per_address_max: 0,
                 per_address: Mutex::new(HashMap::new()),
+                per_principal_max: 0,
+                per_principal: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -330,6 +341,35 @@ impl ConnectionLimit {
             .expect("invariant: the per-address bound is set before the limit is shared")
             .per_address_max = max;
         self
+    }
+
+    /// Bounds the general-pool places one principal (the common name of a verified client
+    /// certificate) may hold to `max` (0: no bound, the default), checked once the TLS
+    /// handshake has named it ([`ConnectionPermit::take_principal`]).
+    ///
+    /// # Panics
+    /// If the limit was cloned already (set it before sharing).
+    #[must_use]
+    pub fn with_per_principal_max(mut self, max: usize) -> ConnectionLimit {
+        Arc::get_mut(&mut self.inner)
+            .expect("invariant: the per-principal bound is set before the limit is shared")
+            .per_principal_max = max;
+        self
+    }
+
+    /// Gives back one of `name`'s general-pool places.
+    fn release_principal(&self, name: &str) {
+        let mut held = self
+            .inner
+            .per_principal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = held.get_mut(name) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(name);
+            }
+        }
     }
 
     /// Takes a general-pool place for `ip`, if the pool and `ip`'s share of it allow.
@@ -398,6 +438,7 @@ impl ConnectionLimit {
                     first_frame_by: None,
                     address,
                     over_address: false,
+                    principal: None,
                     limit: self.clone(),
                 })
             }
@@ -409,6 +450,7 @@ impl ConnectionLimit {
                 first_frame_by: Some(tokio::time::Instant::now() + PEER_FIRST_FRAME_TIMEOUT),
                 address: None,
                 over_address: address_full,
+                principal: None,
                 limit: self.clone(),
             }),
             Err(_) if address_full => Err(REFUSED_PER_ADDRESS),
@@ -511,6 +553,15 @@ pub fn peer_reserve_error() -> ErrorResponse {
     )
 }
 
+/// The error a connection refused for its principal gets (request id 0).
+#[must_use]
+pub fn per_principal_error(name: &str) -> ErrorResponse {
+    ErrorResponse::new(
+        ErrorCode::Overloaded,
+        format!("too many connections for principal {name:?}: it holds connections_per_principal_max open; close some, or retry later"),
+    )
+}
+
 /// The error a connection refused for its address gets (request id 0).
 #[must_use]
 pub fn per_address_error() -> ErrorResponse {
@@ -538,6 +589,8 @@ pub struct ConnectionPermit {
     /// A reserve place taken because the address held its share while the pool had room:
     /// a refusal then says so (`per_address`), not that the places are kept for peers.
     over_address: bool,
+    /// The principal whose per-principal count this place adds to.
+    principal: Option<String>,
     limit: ConnectionLimit,
 }
 
@@ -546,10 +599,53 @@ impl Drop for ConnectionPermit {
         if let Some(ip) = self.address {
             self.limit.release_address(ip);
         }
+        if let Some(name) = self.principal.take() {
+            self.limit.release_principal(&name);
+        }
     }
 }
 
 impl ConnectionPermit {
+    /// Counts this place against the principal `peer`'s certificate names, under the
+    /// per-principal bound ([`ConnectionLimit::with_per_principal_max`]). Always `Ok`
+    /// without a bound, for a peer without a named certificate, and on a reserve place
+    /// (cluster peers).
+    ///
+    /// # Errors
+    /// The error to send (request id 0) before closing, when the principal holds its bound
+    /// already; counted as [`REFUSED_PER_PRINCIPAL`] and logged (throttled).
+    pub fn take_principal(
+        &mut self,
+        peer: &quire_tls::PeerAuth,
+        addr: SocketAddr,
+    ) -> Result<(), ErrorResponse> {
+        let max = self.limit.inner.per_principal_max;
+        let quire_tls::PeerAuth::Checked {
+            name: Some(name), ..
+        } = peer
+        else {
+            return Ok(());
+        };
+        if max == 0 || self.first_frame_by.is_some() || self.principal.is_some() {
+            return Ok(());
+        }
+        let mut held = self
+            .limit
+            .inner
+            .per_principal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = held.get(name.as_str()).copied().unwrap_or(0);
+        if count >= max {
+            drop(held);
+            self.limit.note_refused(REFUSED_PER_PRINCIPAL, addr);
+            return Err(per_principal_error(name));
+        }
+        held.insert(name.clone(), count + 1);
+        self.principal = Some(name.clone());
+        Ok(())
+    }
+
     /// `true` while this is a reserve place still waiting for its first frame.
     #[must_use]
     pub fn is_on_probation(&self) -> bool {

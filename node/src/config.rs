@@ -13,6 +13,7 @@
 //! [limits]
 //! connections_max = 10000                  # more get Overloaded and are closed (64 more kept for brokers)
 //! connections_per_address_max = 0          # of connections_max, per IP address; 0: no bound
+//! connections_per_principal_max = 0        # per TLS client certificate name; 0: no bound
 //! in_flight_bytes_per_connection_max = "64MiB"
 //! in_flight_requests_per_connection_max = 4096
 //! write_queue_frames_max = 4160
@@ -98,6 +99,9 @@ pub struct Limits {
     /// Kafka's `max.connections.per.ip`): no bound. An address at its bound still reaches
     /// the peer reserve (quire-net's `ConnectionLimit::with_per_address_max`).
     pub connections_per_address_max: usize,
+    /// Most of the `connections_max` places one principal (the common name of a verified
+    /// TLS client certificate) may hold; 0 (the default): no bound.
+    pub connections_per_principal_max: usize,
     /// See [`IN_FLIGHT_BYTES_PER_CONNECTION_MAX`].
     pub in_flight_bytes_per_connection_max: usize,
     /// See [`IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX`].
@@ -138,6 +142,7 @@ impl Default for Limits {
         Limits {
             connections_max: CONNECTIONS_MAX,
             connections_per_address_max: 0,
+            connections_per_principal_max: 0,
             in_flight_bytes_per_connection_max: IN_FLIGHT_BYTES_PER_CONNECTION_MAX,
             in_flight_requests_per_connection_max: IN_FLIGHT_REQUESTS_PER_CONNECTION_MAX,
             write_queue_frames_max: WRITE_QUEUE_FRAMES_MAX,
@@ -286,6 +291,9 @@ impl NodeConfig {
             connections_max: num("connections_max")?,
             connections_per_address_max: r
                 .usize("connections_per_address_max")?
+                .unwrap_or_default(),
+            connections_per_principal_max: r
+                .usize("connections_per_principal_max")?
                 .unwrap_or_default(),
             in_flight_bytes_per_connection_max: num("in_flight_bytes_per_connection_max")?,
             in_flight_requests_per_connection_max: num("in_flight_requests_per_connection_max")?,
@@ -506,6 +514,13 @@ pub fn schema() -> Schema {
         )
         .in_table("limits")
         .default_value(count(limits.connections_per_address_max)),
+        Setting::new(
+            "connections_per_principal_max",
+            Kind::Count,
+            "Most of connections_max one principal (a TLS client certificate's common name) may hold (0: no bound); beyond it, Overloaded",
+        )
+        .in_table("limits")
+        .default_value(count(limits.connections_per_principal_max)),
         Setting::new(
             "in_flight_bytes_per_connection_max",
             Kind::Size,

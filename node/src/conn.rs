@@ -240,6 +240,11 @@ struct Reader {
 
 impl Reader {
     async fn run(mut self, socket: ReadHalf) {
+        if let Err(e) = self.permit.take_principal(&self.auth, self.peer) {
+            self.responder
+                .send(LogId::ZERO, RequestId::CONNECTION, e.into(), None);
+            return;
+        }
         let mut reader = FrameReader::new(
             socket,
             self.ctx.read_budget.clone(),

@@ -145,7 +145,8 @@ impl Node {
             PEER_CONNECTIONS_RESERVE,
             metrics.accept.clone(),
         )
-        .with_per_address_max(config.limits.connections_per_address_max);
+        .with_per_address_max(config.limits.connections_per_address_max)
+        .with_per_principal_max(config.limits.connections_per_principal_max);
         let accept = tokio::spawn(accept_loop(
             Acceptor::new(listener, limit),
             ctx,

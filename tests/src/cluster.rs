@@ -350,7 +350,7 @@ impl Cluster {
     /// (`quire_tls::certs`), stores that require client certificates (their `[tls]` table),
     /// brokers that serve TLS and speak it to stores and brokers (`--cert-file`, ...), and
     /// this process's test clients speaking TLS with the client certificate (role client:
-    /// they may read stores, not fence them). A later [`Cluster::set_store_config`] must keep
+    /// they may read stores, not fence them; `client-2` is a second client principal). A later [`Cluster::set_store_config`] must keep
     /// the `[tls]` table ([`Cluster::store_tls_toml`]).
     pub fn new_tls(stores: usize, brokers: u16, timing: Timing) -> Cluster {
         use quire_tls::certs::{files_for, write_local};
@@ -363,6 +363,7 @@ impl Cluster {
                 ("store", Role::Store),
                 ("broker", Role::Broker),
                 ("client", Role::Client),
+                ("client-2", Role::Client),
             ],
         )
         .expect("certificates");

@@ -121,6 +121,37 @@ fn forged_fence(store: &str, tls: Option<&TlsFiles>) -> Result<(), String> {
     })
 }
 
+/// Most connections one principal may hold on the brokers here.
+const PER_PRINCIPAL: usize = 3;
+
+/// Opens `n` connections to `broker` with `files` and asks each for the metadata; the
+/// clients (held open while the result lives) or each one's error.
+fn hold_connections(
+    broker: &str,
+    files: &TlsFiles,
+    n: usize,
+) -> Vec<Result<(tokio::runtime::Runtime, quire_client::BrokerClient), String>> {
+    let config = ConnConfig {
+        tls: files.connector().unwrap(),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(5),
+        ..ConnConfig::default()
+    };
+    (0..n)
+        .map(|_| {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let client = rt.block_on(async {
+                let c = quire_client::BrokerClient::connect(broker, config.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                c.metadata().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(c)
+            });
+            client.map(|c| (rt, c))
+        })
+        .collect()
+}
+
 fn count_consumed(brokers: &str, tls: &[String], want: usize) -> usize {
     let out = quire(
         &[
@@ -167,6 +198,10 @@ fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers
     let ours = cluster.root.path().join("tls");
     let theirs = cluster.root.path().join("other-ca");
     write_local(&theirs, &[("intruder", Role::Broker)]).unwrap();
+    cluster.add_broker_args(&[
+        "--connections-per-principal-max",
+        &PER_PRINCIPAL.to_string(),
+    ]);
     cluster.start_all();
 
     let client = files_for(&ours, "client");
@@ -225,6 +260,22 @@ fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("TLS"), "{}", stderr(&out));
+
+    // One principal in a reconnect loop cannot take every place: beyond its bound it is
+    // refused, another principal is served, and a place it gives back is its again.
+    let broker = cluster.broker_handles()[0].addr.clone();
+    let held = hold_connections(&broker, &client, PER_PRINCIPAL);
+    let over = hold_connections(&broker, &client, 1);
+    assert!(
+        over[0].is_err(),
+        "a connection past the principal's bound was served"
+    );
+    let over = format!("{:?}", over[0]);
+    assert!(over.contains("principal"), "{over}");
+    let other = files_for(&ours, "client-2");
+    assert!(hold_connections(&broker, &other, 1)[0].is_ok());
+    drop(held);
+    assert!(hold_connections(&broker, &client, 1)[0].is_ok());
 
     // SIGKILL the master: the slave takes over over TLS; nothing acknowledged is lost.
     let master = first["master"]["id"].as_u64().unwrap();

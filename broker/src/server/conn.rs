@@ -251,7 +251,19 @@ pub(crate) async fn serve(
     let requests = Arc::new(Semaphore::new(CONN_REQUESTS_MAX));
     let response_bytes = ConnBytes::new(CONN_RESPONSE_BYTES_MAX);
     let mut reader = FrameReader::new(r, shared.read_budget.clone(), &shared.read);
+    // A principal over its connection bound gets one error and the close; the loop runs
+    // for nothing then, so the ending below is the same for every connection.
+    let admitted = match permit.take_principal(&auth, peer_addr) {
+        Ok(()) => true,
+        Err(e) => {
+            reply.error(RequestId::CONNECTION, e);
+            false
+        }
+    };
     loop {
+        if !admitted {
+            break;
+        }
         let next = tokio::select! {
             next = reader.next() => next,
             () = kill.notified() => break,

@@ -168,7 +168,8 @@ impl Broker {
             PEER_CONNECTIONS_RESERVE,
             metrics.accept.clone(),
         )
-        .with_per_address_max(cfg.connections_per_address_max);
+        .with_per_address_max(cfg.connections_per_address_max)
+        .with_per_principal_max(cfg.connections_per_principal_max);
         tracing::info!(
             connections_max,
             connections_per_address_max = cfg.connections_per_address_max,
