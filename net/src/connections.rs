@@ -135,42 +135,14 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
 }
 
 /// `true` for the requests only a broker of the cluster may send: fences and appends to a
-/// store, heartbeats (with a slave's appends) and take-over requests to a broker. On a
-/// listener that checks client certificates, a peer whose certificate does not name the
-/// broker role gets [`unauthorized_error`] for them. Exhaustive on purpose.
+/// store, heartbeats (with a slave's appends) and take-over requests to a broker — the
+/// cluster frames ([`is_peer_frame`], which sorts every frame type) but for reads and tails,
+/// which operators' tools send too. On a listener that checks client certificates, a peer
+/// whose certificate does not name the broker role gets [`authorize`]'s `Unauthorized` for them.
 #[must_use]
 pub fn is_broker_only_frame(frame_type: FrameType) -> bool {
-    match frame_type {
-        FrameType::AppendRequest
-        | FrameType::FenceRequest
-        | FrameType::Heartbeat
-        | FrameType::TakeOverNowRequest => true,
-        FrameType::ReadRequest
-        | FrameType::TailRequest
-        | FrameType::RangeDigestRequest
-        | FrameType::ErrorResponse
-        | FrameType::PersistedAck
-        | FrameType::AppendRejected
-        | FrameType::FenceGranted
-        | FrameType::FenceRefused
-        | FrameType::ReadResponse
-        | FrameType::TailResponse
-        | FrameType::HeartbeatAck
-        | FrameType::TakeOverNowResponse
-        | FrameType::ProduceRequest
-        | FrameType::ProduceResponse
-        | FrameType::FetchRequest
-        | FrameType::FetchResponse
-        | FrameType::CommitCursorRequest
-        | FrameType::CommitCursorResponse
-        | FrameType::CursorRequest
-        | FrameType::CursorResponse
-        | FrameType::MetadataRequest
-        | FrameType::MetadataResponse
-        | FrameType::HandoffRequest
-        | FrameType::HandoffResponse
-        | FrameType::RangeDigestResponse => false,
-    }
+    is_peer_frame(frame_type)
+        && !matches!(frame_type, FrameType::ReadRequest | FrameType::TailRequest)
 }
 
 /// Checks a request against what the peer's certificate allows (see
@@ -461,13 +433,7 @@ impl ConnectionLimit {
     /// Counts a refusal for `reason` and logs it (throttled).
     fn note_refused(&self, reason: &'static str, peer: SocketAddr) {
         let i = &self.inner;
-        i.metrics.refused.get_or_create(&[("reason", reason)]).inc();
-        let tick = i
-            .refusals
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .tick(Instant::now());
-        if let Some(held_back) = tick {
+        if let Some(held_back) = self.count_refusal(reason) {
             tracing::warn!(
                 %peer,
                 reason,
@@ -478,6 +444,17 @@ impl ConnectionLimit {
                 "refusing a connection: the server holds as many as it may"
             );
         }
+    }
+
+    /// Counts a refusal for `reason`; `Some(refusals held back since the last line)` when
+    /// it may be logged now (one line per [`REFUSAL_LOG_INTERVAL`]).
+    fn count_refusal(&self, reason: &'static str) -> Option<u64> {
+        let i = &self.inner;
+        i.metrics.refused.get_or_create(&[("reason", reason)]).inc();
+        i.refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tick(Instant::now())
     }
 
     /// Runs the TLS handshake of an admitted connection when the listener has TLS
@@ -496,17 +473,7 @@ impl ConnectionLimit {
         match tls.accept(tcp, TLS_HANDSHAKE_TIMEOUT).await {
             Ok(stream) => Some(stream),
             Err(e) => {
-                let i = &self.inner;
-                i.metrics
-                    .refused
-                    .get_or_create(&[("reason", REFUSED_TLS_HANDSHAKE)])
-                    .inc();
-                let tick = i
-                    .refusals
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .tick(Instant::now());
-                if let Some(held_back) = tick {
+                if let Some(held_back) = self.count_refusal(REFUSED_TLS_HANDSHAKE) {
                     tracing::warn!(
                         %peer,
                         error = %e,

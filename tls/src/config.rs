@@ -173,36 +173,41 @@ impl TlsFiles {
         self.cert.is_none() && self.key.is_none() && self.ca.is_none()
     }
 
+    /// The certificate and key, if both are set.
+    ///
+    /// # Errors
+    /// One set without the other.
+    fn identity(&self) -> Result<Option<(&Path, &Path)>, TlsError> {
+        match (&self.cert, &self.key) {
+            (None, None) => Ok(None),
+            (Some(c), Some(k)) => Ok(Some((c, k))),
+            (Some(_), None) => Err(TlsError::Incomplete {
+                what: "cert_file",
+                missing: "key_file",
+            }),
+            (None, Some(_)) => Err(TlsError::Incomplete {
+                what: "key_file",
+                missing: "cert_file",
+            }),
+        }
+    }
+
     /// The server side of a listener: `None` (plaintext) unless `cert` and `key` are set.
     ///
     /// # Errors
     /// A file that cannot be read or holds nothing usable; `cert` without `key` or the
     /// reverse; client certificates asked for without a `ca`; a key that does not match.
     pub fn acceptor(&self, auth: ClientAuth) -> Result<Option<TlsAcceptor>, TlsError> {
-        let (cert, key) = match (&self.cert, &self.key) {
-            (None, None) => {
-                if auth != ClientAuth::None {
-                    return Err(TlsError::Incomplete {
-                        what: "client_auth",
-                        missing: "cert_file and key_file",
-                    });
-                }
-                return Ok(None);
-            }
-            (Some(_), None) => {
+        let Some((cert, key)) = self.identity()? else {
+            if auth != ClientAuth::None {
                 return Err(TlsError::Incomplete {
-                    what: "cert_file",
-                    missing: "key_file",
-                })
+                    what: "client_auth",
+                    missing: "cert_file and key_file",
+                });
             }
-            (None, Some(_)) => {
-                return Err(TlsError::Incomplete {
-                    what: "key_file",
-                    missing: "cert_file",
-                })
-            }
-            (Some(c), Some(k)) => (c.clone(), k.clone()),
+            return Ok(None);
         };
+        let (cert, key) = (cert.to_owned(), key.to_owned());
         let resolver = Arc::new(Reloading {
             current: RwLock::new(certified_key(&cert, &key)?),
             cert,
@@ -258,22 +263,10 @@ impl TlsFiles {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(TLS13)?
             .with_root_certificates(read_roots(ca)?);
-        let config = match (&self.cert, &self.key) {
-            (None, None) => builder.with_no_client_auth(),
-            (Some(cert), Some(key)) => {
+        let config = match self.identity()? {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
                 builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?
-            }
-            (Some(_), None) => {
-                return Err(TlsError::Incomplete {
-                    what: "cert_file",
-                    missing: "key_file",
-                })
-            }
-            (None, Some(_)) => {
-                return Err(TlsError::Incomplete {
-                    what: "key_file",
-                    missing: "cert_file",
-                })
             }
         };
         Ok(Some(Arc::new(config)))
