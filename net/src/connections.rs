@@ -93,7 +93,12 @@ pub const REFUSED_TLS_HANDSHAKE: &str = "tls_handshake";
 /// `reason` of a connection refused after its TLS handshake because the principal its
 /// certificate names (the subject's common name) held `connections_per_principal_max`.
 pub const REFUSED_PER_PRINCIPAL: &str = "per_principal";
-/// How long an admitted connection's TLS handshake may take.
+/// Most TLS handshakes a server runs at once; more wait their turn, within the same
+/// [`TLS_HANDSHAKE_TIMEOUT`]. A handshake holds rustls's buffers (up to a whole record of
+/// 16 KiB, and the ClientHello's) before the peer has proved anything: this bounds that
+/// memory to a few MiB however many connections are opened and left half-way.
+pub const TLS_HANDSHAKES_MAX: usize = 256;
+/// How long an admitted connection's TLS handshake may take (its wait for a turn included).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `true` for the frames brokers send to stores and to other brokers (the frames that earn
@@ -244,6 +249,8 @@ impl Throttle {
 #[derive(Debug)]
 struct Inner {
     general: Arc<Semaphore>,
+    /// Turns for TLS handshakes ([`TLS_HANDSHAKES_MAX`]).
+    handshakes: Arc<Semaphore>,
     reserve: Arc<Semaphore>,
     connections_max: usize,
     reserve_max: usize,
@@ -287,6 +294,7 @@ impl ConnectionLimit {
         ConnectionLimit {
             inner: Arc::new(Inner {
                 general: Arc::new(Semaphore::new(connections_max)),
+                handshakes: Arc::new(Semaphore::new(TLS_HANDSHAKES_MAX)),
                 reserve: Arc::new(Semaphore::new(reserve)),
                 connections_max,
                 reserve_max: reserve,
@@ -470,7 +478,19 @@ impl ConnectionLimit {
         let Some(tls) = tls else {
             return Some(quire_tls::Stream::Plain(tcp));
         };
-        match tls.accept(tcp, TLS_HANDSHAKE_TIMEOUT).await {
+        let deadline = tokio::time::Instant::now() + TLS_HANDSHAKE_TIMEOUT;
+        let turn = tokio::time::timeout_at(deadline, self.inner.handshakes.clone().acquire_owned());
+        let handshake = match turn.await {
+            Ok(Ok(_turn)) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tls.accept(tcp, left).await
+            }
+            Ok(Err(_)) | Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no turn for a TLS handshake in time (TLS_HANDSHAKES_MAX run at once)",
+            )),
+        };
+        match handshake {
             Ok(stream) => Some(stream),
             Err(e) => {
                 if let Some(held_back) = self.count_refusal(REFUSED_TLS_HANDSHAKE) {

@@ -5,7 +5,9 @@
 //! connection holds no budget. A TLS stream has no such readiness of its own: its
 //! [`ReadHalf`] decrypts into a staging buffer of at most [`STAGED_BYTES`] when asked for
 //! readiness, and `try_read` hands out of that buffer. So a TLS connection may hold up to
-//! `STAGED_BYTES` outside the budget (plus what rustls itself buffers, bounded by rustls).
+//! `STAGED_BYTES` outside the budget while bytes wait in it (it is given back once drained),
+//! plus what rustls itself buffers (at most a record). Handshakes are bounded apart
+//! (quire-net's `TLS_HANDSHAKES_MAX`).
 
 use std::io;
 use std::pin::Pin;
@@ -146,7 +148,18 @@ impl TlsRead {
         }
         buf.put_slice(&self.staged[self.start..self.start + n]);
         self.start += n;
+        self.release_if_drained();
         Ok(n)
+    }
+
+    /// Gives the staging buffer back once it is drained, so an idle TLS connection holds
+    /// none of it (a plaintext one holds nothing either); the next readiness allocates it
+    /// again (one allocation per record read, beside rustls's decryption of it).
+    fn release_if_drained(&mut self) {
+        if self.pending() == 0 {
+            self.staged = Vec::new();
+            self.start = 0;
+        }
     }
 }
 
@@ -206,6 +219,7 @@ impl AsyncRead for ReadHalf {
                     let n = t.pending().min(buf.remaining());
                     buf.put_slice(&t.staged[t.start..t.start + n]);
                     t.start += n;
+                    t.release_if_drained();
                     return Poll::Ready(Ok(()));
                 }
                 if t.eof {
