@@ -96,8 +96,10 @@ pub const REFUSED_PER_PRINCIPAL: &str = "per_principal";
 /// Most TLS handshakes a server runs at once; more wait their turn, within the same
 /// [`TLS_HANDSHAKE_TIMEOUT`]. A handshake holds rustls's buffers (up to a whole record of
 /// 16 KiB, and the ClientHello's) before the peer has proved anything: this bounds that
-/// memory to a few MiB however many connections are opened and left half-way.
-pub const TLS_HANDSHAKES_MAX: usize = 256;
+/// memory to tens of MiB however many connections are opened and left half-way. One host
+/// that holds every turn with stalled handshakes delays everyone's by up to the timeout:
+/// `connections_per_address_max` is the defense against one host, as for plain connections.
+pub const TLS_HANDSHAKES_MAX: usize = 1024;
 /// How long an admitted connection's TLS handshake may take (its wait for a turn included).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
