@@ -169,8 +169,11 @@ impl Connection {
                 None => Ok(Stream::Plain(tcp)),
                 Some(tls) => tls.connect(&name, tcp).await.map_err(|e| {
                     // What rustls says of a server that answers the hello in plaintext.
-                    let hint = if e.to_string().contains("corrupt message") {
+                    let text = e.to_string();
+                    let hint = if text.contains("corrupt message") {
                         " (a plaintext server? it says so in its log at start)"
+                    } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+                        " (the server's certificate is not of the CA given: --tls-ca, QUIRE_TLS_CA)"
                     } else {
                         ""
                     };
@@ -453,6 +456,19 @@ async fn read_loop(mut r: ReadHalf, shared: Arc<Shared>) {
             }
             Ok(_) => {}
             Err(e) => {
+                // TLS 1.3 tells a client its certificate was refused only after the
+                // handshake, as an alert on its first read.
+                let e = match e.to_string() {
+                    t if t.contains("CertificateRequired") => io::Error::new(
+                        e.kind(),
+                        format!("{t} (the server requires a client certificate: --tls-cert and --tls-key, or QUIRE_TLS_CERT and QUIRE_TLS_KEY)"),
+                    ),
+                    t if t.contains("UnknownCA") || t.contains("BadCertificate") => io::Error::new(
+                        e.kind(),
+                        format!("{t} (the server does not accept this client certificate: not of its CA)"),
+                    ),
+                    _ => e,
+                };
                 shared.close(ClientError::Io {
                     addr: shared.addr.clone(),
                     op: "read",

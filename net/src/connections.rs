@@ -100,6 +100,8 @@ pub const REFUSED_PER_PRINCIPAL: &str = "per_principal";
 /// that holds every turn with stalled handshakes delays everyone's by up to the timeout:
 /// `connections_per_address_max` is the defense against one host, as for plain connections.
 pub const TLS_HANDSHAKES_MAX: usize = 1024;
+/// The principal of a TLS peer that showed no certificate, or one without a common name.
+pub const ANONYMOUS_PRINCIPAL: &str = "ANONYMOUS";
 /// How long an admitted connection's TLS handshake may take (its wait for a turn included).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -158,6 +160,20 @@ pub fn is_broker_only_frame(frame_type: FrameType) -> bool {
 /// # Errors
 /// The `Unauthorized` error to answer it with, naming the peer and the request.
 pub fn authorize(peer: &quire_tls::PeerAuth, frame_type: FrameType) -> Result<(), ErrorResponse> {
+    if frame_type == FrameType::HandoffRequest {
+        // Moving mastership is an operator's act: on a listener that checks client
+        // certificates, it takes one (of any role) until ACLs say more.
+        if let quire_tls::PeerAuth::Checked { role: None, .. } = peer {
+            return Err(ErrorResponse::new(
+                quire_proto::ErrorCode::Unauthorized,
+                format!(
+                    "HandoffRequest needs a client certificate of the cluster's CA naming a role; {} may not send it",
+                    peer.describe()
+                ),
+            ));
+        }
+        return Ok(());
+    }
     if !is_broker_only_frame(frame_type) || peer.is_broker() {
         return Ok(());
     }
@@ -169,6 +185,22 @@ pub fn authorize(peer: &quire_tls::PeerAuth, frame_type: FrameType) -> Result<()
             quire_tls::Role::Broker.uri()
         ),
     ))
+}
+
+/// Logs a request refused by [`authorize`] as a warning, at most one line per
+/// [`REFUSAL_LOG_INTERVAL`] for the whole process (with how many were held back): a peer
+/// that sends refused frames in a loop must not fill the disk with log lines. The refusals
+/// are counted by the caller's metrics.
+pub fn log_unauthorized(peer: &str, frame_type: FrameType, message: &str) {
+    static LOG: Mutex<Option<Throttle>> = Mutex::new(None);
+    let held_back = {
+        let mut log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
+        log.get_or_insert_with(|| Throttle::new(REFUSAL_LOG_INTERVAL))
+            .tick(Instant::now())
+    };
+    if let Some(held_back) = held_back {
+        tracing::warn!(%peer, frame = ?frame_type, refused_since_last_line = held_back, "{message}");
+    }
 }
 
 /// The connection metrics quire-net keeps (a server registers them in its registry).
@@ -421,6 +453,7 @@ impl ConnectionLimit {
                     address,
                     over_address: false,
                     principal: None,
+                    peer_is_broker: true,
                     limit: self.clone(),
                 })
             }
@@ -433,6 +466,7 @@ impl ConnectionLimit {
                 address: None,
                 over_address: address_full,
                 principal: None,
+                peer_is_broker: true,
                 limit: self.clone(),
             }),
             Err(_) if address_full => Err(REFUSED_PER_ADDRESS),
@@ -468,7 +502,8 @@ impl ConnectionLimit {
     }
 
     /// Runs the TLS handshake of an admitted connection when the listener has TLS
-    /// (`tls`), within [`TLS_HANDSHAKE_TIMEOUT`]; a plaintext listener passes the
+    /// (`tls`), within [`TLS_HANDSHAKE_TIMEOUT`] (a reserve place: by its first frame's
+    /// deadline, [`PEER_FIRST_FRAME_TIMEOUT`]); a plaintext listener passes the
     /// connection through. A failed handshake is counted as [`REFUSED_TLS_HANDSHAKE`] and
     /// logged (throttled, with rustls's reason), and gives `None`: drop the connection.
     pub async fn secure(
@@ -476,11 +511,16 @@ impl ConnectionLimit {
         tcp: TcpStream,
         peer: SocketAddr,
         tls: Option<&quire_tls::TlsAcceptor>,
+        permit: &ConnectionPermit,
     ) -> Option<quire_tls::Stream> {
         let Some(tls) = tls else {
             return Some(quire_tls::Stream::Plain(tcp));
         };
-        let deadline = tokio::time::Instant::now() + TLS_HANDSHAKE_TIMEOUT;
+        // A reserve place's handshake must end by its first frame's deadline.
+        let mut deadline = tokio::time::Instant::now() + TLS_HANDSHAKE_TIMEOUT;
+        if let Some(by) = permit.first_frame_deadline() {
+            deadline = deadline.min(by);
+        }
         let turn = tokio::time::timeout_at(deadline, self.inner.handshakes.clone().acquire_owned());
         let handshake = match turn.await {
             Ok(Ok(_turn)) => {
@@ -496,9 +536,14 @@ impl ConnectionLimit {
             Ok(stream) => Some(stream),
             Err(e) => {
                 if let Some(held_back) = self.count_refusal(REFUSED_TLS_HANDSHAKE) {
+                    let hint = if e.to_string().contains("InvalidContentType") {
+                        "a plaintext client? "
+                    } else {
+                        ""
+                    };
                     tracing::warn!(
                         %peer,
-                        error = %e,
+                        error = %format_args!("{hint}{e}"),
                         client_auth = tls.client_auth().as_str(),
                         refused_since_last_line = held_back,
                         "refusing a connection: its TLS handshake failed"
@@ -580,6 +625,9 @@ pub struct ConnectionPermit {
     over_address: bool,
     /// The principal whose per-principal count this place adds to.
     principal: Option<String>,
+    /// Whether the peer may hold a reserve place: `false` once
+    /// [`ConnectionPermit::admit_peer`] found a checked certificate that is no broker's.
+    peer_is_broker: bool,
     limit: ConnectionLimit,
 }
 
@@ -595,27 +643,30 @@ impl Drop for ConnectionPermit {
 }
 
 impl ConnectionPermit {
-    /// Counts this place against the principal `peer`'s certificate names, under the
-    /// per-principal bound ([`ConnectionLimit::with_per_principal_max`]). Always `Ok`
-    /// without a bound, for a peer without a named certificate, and on a reserve place
-    /// (cluster peers).
+    /// Records what the TLS handshake says of the peer: whether it may hold a reserve
+    /// place (a broker, when certificates are checked), and counts the place against its
+    /// principal under the per-principal bound ([`ConnectionLimit::with_per_principal_max`]).
+    /// The principal is the certificate's common name; a peer that showed no certificate,
+    /// or one without a common name, is [`ANONYMOUS_PRINCIPAL`] (one bound for all of
+    /// them, as Kafka's `ANONYMOUS`). Always `Ok` without a bound, on a listener that checks
+    /// no certificates, and on a reserve place held by a broker.
     ///
     /// # Errors
     /// The error to send (request id 0) before closing, when the principal holds its bound
     /// already; counted as [`REFUSED_PER_PRINCIPAL`] and logged (throttled).
-    pub fn take_principal(
+    pub fn admit_peer(
         &mut self,
         peer: &quire_tls::PeerAuth,
         addr: SocketAddr,
     ) -> Result<(), ErrorResponse> {
+        self.peer_is_broker = peer.is_broker();
         let max = self.limit.inner.per_principal_max;
-        let quire_tls::PeerAuth::Checked {
-            name: Some(name), ..
-        } = peer
-        else {
+        let quire_tls::PeerAuth::Checked { name, .. } = peer else {
             return Ok(());
         };
-        if max == 0 || self.first_frame_by.is_some() || self.principal.is_some() {
+        let name = name.as_deref().unwrap_or(ANONYMOUS_PRINCIPAL).to_owned();
+        let reserve_broker = self.first_frame_by.is_some() && self.peer_is_broker;
+        if max == 0 || reserve_broker || self.principal.is_some() {
             return Ok(());
         }
         let mut held = self
@@ -628,10 +679,10 @@ impl ConnectionPermit {
         if count >= max {
             drop(held);
             self.limit.note_refused(REFUSED_PER_PRINCIPAL, addr);
-            return Err(per_principal_error(name));
+            return Err(per_principal_error(&name));
         }
         held.insert(name.clone(), count + 1);
-        self.principal = Some(name.clone());
+        self.principal = Some(name);
         Ok(())
     }
 
@@ -664,7 +715,8 @@ impl ConnectionPermit {
     ///
     /// # Errors
     /// The error to send (request id 0) before closing, if this is the first frame of a
-    /// reserve place and not a cluster frame ([`is_peer_frame`]); counted and logged.
+    /// reserve place and not a cluster frame ([`is_peer_frame`]), or comes from a peer
+    /// that [`ConnectionPermit::admit_peer`] found is no broker; counted and logged.
     pub fn check_frame(
         &mut self,
         frame_type: FrameType,
@@ -673,7 +725,9 @@ impl ConnectionPermit {
         if self.first_frame_by.is_none() {
             return Ok(());
         }
-        if is_peer_frame(frame_type) {
+        // With client certificates checked, the reserve is a broker's: a stranger's cluster
+        // frame (refused as Unauthorized anyway) or a client's read earns no place there.
+        if is_peer_frame(frame_type) && self.peer_is_broker {
             self.first_frame_by = None;
             return Ok(());
         }
@@ -905,6 +959,77 @@ mod tests {
         };
         assert_eq!(e.code, ErrorCode::Overloaded);
         assert!(buf.is_empty());
+    }
+
+    fn checked(name: Option<&str>, role: Option<quire_tls::Role>) -> quire_tls::PeerAuth {
+        quire_tls::PeerAuth::Checked {
+            name: name.map(str::to_owned),
+            role,
+        }
+    }
+
+    #[tokio::test]
+    async fn with_certificates_checked_the_reserve_is_a_brokers() {
+        use quire_tls::Role;
+        let metrics = AcceptMetrics::default();
+        let limit = ConnectionLimit::new(1, 2, metrics.clone());
+        let peer: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let _pool = limit.admit(peer).expect("pool");
+        // A client's certificate: its cluster frame earns no reserve place.
+        let mut r = limit.admit(peer).expect("reserve");
+        r.admit_peer(&checked(Some("tool"), Some(Role::Client)), peer)
+            .expect("no principal bound");
+        assert!(r.check_frame(FrameType::TailRequest, peer).is_err());
+        assert_eq!(metrics.refused_total(REFUSED_PEER_RESERVE), 1);
+        drop(r);
+        // No certificate: the same.
+        let mut r = limit.admit(peer).expect("reserve");
+        r.admit_peer(&checked(None, None), peer).expect("no bound");
+        assert!(r.check_frame(FrameType::Heartbeat, peer).is_err());
+        drop(r);
+        // A broker's certificate: the place is its.
+        let mut r = limit.admit(peer).expect("reserve");
+        r.admit_peer(&checked(Some("broker-1"), Some(Role::Broker)), peer)
+            .expect("no bound");
+        assert!(r.check_frame(FrameType::Heartbeat, peer).is_ok());
+        // Without checked certificates, as before: any cluster frame.
+        let mut r = limit.admit(peer).expect("reserve");
+        r.admit_peer(&quire_tls::PeerAuth::Unchecked, peer)
+            .expect("no bound");
+        assert!(r.check_frame(FrameType::TailRequest, peer).is_ok());
+    }
+
+    #[tokio::test]
+    async fn peers_without_a_named_certificate_share_the_anonymous_principals_bound() {
+        let metrics = AcceptMetrics::default();
+        let limit = ConnectionLimit::new(10, 0, metrics.clone()).with_per_principal_max(2);
+        let peer: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let mut held = Vec::new();
+        for auth in [
+            checked(None, None),
+            checked(None, Some(quire_tls::Role::Client)),
+        ] {
+            let mut p = limit.admit(peer).expect("pool");
+            p.admit_peer(&auth, peer).expect("within the bound");
+            held.push(p);
+        }
+        let mut third = limit.admit(peer).expect("pool");
+        let e = third
+            .admit_peer(&checked(None, None), peer)
+            .expect_err("past the anonymous bound");
+        assert!(e.message.contains(ANONYMOUS_PRINCIPAL), "{}", e.message);
+        assert_eq!(metrics.refused_total(REFUSED_PER_PRINCIPAL), 1);
+        // A named principal has its own bound.
+        let mut named = limit.admit(peer).expect("pool");
+        named
+            .admit_peer(&checked(Some("tool"), None), peer)
+            .expect("another principal");
+        // A place given back is the anonymous principal's again.
+        held.pop();
+        let mut again = limit.admit(peer).expect("pool");
+        again
+            .admit_peer(&checked(None, None), peer)
+            .expect("a place came back");
     }
 
     #[tokio::test]

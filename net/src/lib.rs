@@ -53,13 +53,13 @@ mod writer;
 pub use alloc::{return_large_buffers_to_the_os, HEAP_TOP_KEPT_BYTES, MMAP_THRESHOLD_BYTES};
 pub use budget::{BudgetMetrics, ReadBudget};
 pub use connections::{
-    authorize, fit_open_files_limit, is_broker_only_frame, is_peer_frame, peer_reserve_error,
-    per_address_error, per_principal_error, plan_open_files, refusal_error, AcceptMetrics,
-    Acceptor, ConnectionLimit, ConnectionPermit, OpenFilesPlan, Throttle, ACCEPT_ERROR_BACKOFF,
-    CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT, OWN_FDS_RESERVE, PEER_CONNECTIONS_RESERVE,
-    PEER_FIRST_FRAME_TIMEOUT, REFUSAL_LOG_INTERVAL, REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE,
-    REFUSED_PER_ADDRESS, REFUSED_PER_PRINCIPAL, REFUSED_TLS_HANDSHAKE, TLS_HANDSHAKES_MAX,
-    TLS_HANDSHAKE_TIMEOUT,
+    authorize, fit_open_files_limit, is_broker_only_frame, is_peer_frame, log_unauthorized,
+    peer_reserve_error, per_address_error, per_principal_error, plan_open_files, refusal_error,
+    AcceptMetrics, Acceptor, ConnectionLimit, ConnectionPermit, OpenFilesPlan, Throttle,
+    ACCEPT_ERROR_BACKOFF, ANONYMOUS_PRINCIPAL, CONNECTIONS_MAX_DEFAULT, CONNECTIONS_MAX_LIMIT,
+    OWN_FDS_RESERVE, PEER_CONNECTIONS_RESERVE, PEER_FIRST_FRAME_TIMEOUT, REFUSAL_LOG_INTERVAL,
+    REFUSED_CONNECTIONS_MAX, REFUSED_PEER_RESERVE, REFUSED_PER_ADDRESS, REFUSED_PER_PRINCIPAL,
+    REFUSED_TLS_HANDSHAKE, TLS_HANDSHAKES_MAX, TLS_HANDSHAKE_TIMEOUT,
 };
 pub use metrics_http::{
     serve_metrics, MetricsText, Readiness, HTTP_CONNECTIONS_MAX, HTTP_REQUEST_BYTES_MAX,

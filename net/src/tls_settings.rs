@@ -112,11 +112,9 @@ fn setting_of(files: &TlsFiles, e: &quire_tls::TlsError) -> &'static str {
         {
             "ca_file"
         }
-        TlsError::Incomplete { what, .. } => match *what {
-            "key_file" => "key_file",
-            "client_auth" => "client_auth",
-            _ => "cert_file",
-        },
+        TlsError::Incomplete { what, .. } if what.starts_with("client_auth") => "client_auth",
+        TlsError::Incomplete { what, .. } if what.starts_with("key_file") => "key_file",
+        TlsError::KeyMismatch { .. } => "key_file",
         TlsError::BadCa { .. } => "ca_file",
         TlsError::Pem { what, .. } if *what == "a private key" => "key_file",
         _ => "cert_file",
@@ -124,14 +122,14 @@ fn setting_of(files: &TlsFiles, e: &quire_tls::TlsError) -> &'static str {
 }
 
 /// Waits for SIGINT or SIGTERM (a server's cue to shut down); on each SIGHUP meanwhile,
-/// calls `reload_tls` and logs what came of it (the certificate files read again, or why
-/// not, the old certificate staying in use).
+/// calls `reload_tls` and logs what came of it (the certificate files read again, nothing
+/// to read without TLS, or why not, the old certificate staying in use).
 ///
 /// # Errors
 /// The signal handlers could not be installed.
 pub async fn until_shutdown<F>(reload_tls: F) -> std::io::Result<()>
 where
-    F: Fn() -> Result<(), quire_tls::TlsError>,
+    F: Fn() -> Result<bool, quire_tls::TlsError>,
 {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
@@ -141,7 +139,8 @@ where
             r = tokio::signal::ctrl_c() => return r,
             _ = term.recv() => return Ok(()),
             _ = hup.recv() => match reload_tls() {
-                Ok(()) => tracing::info!("SIGHUP: TLS certificate and key read again; new connections get them"),
+                Ok(true) => tracing::info!("SIGHUP: TLS certificate and key read again; new connections get them"),
+                Ok(false) => tracing::info!("SIGHUP: nothing to reload (no TLS certificate: [tls] cert_file is unset)"),
                 Err(e) => tracing::error!(error = %e, "SIGHUP: cannot reload the TLS certificate; the one in use stays"),
             },
         }

@@ -61,7 +61,8 @@ impl Server {
     /// Accepts one connection and runs its handshake: whether it succeeded.
     async fn handshake_once(&self) -> Option<quire_tls::Stream> {
         let (tcp, peer) = self.listener.accept().await.unwrap();
-        self.limit.secure(tcp, peer, Some(&self.tls)).await
+        let permit = self.limit.admit(peer).unwrap();
+        self.limit.secure(tcp, peer, Some(&self.tls), &permit).await
     }
 }
 

@@ -240,7 +240,7 @@ struct Reader {
 
 impl Reader {
     async fn run(mut self, socket: ReadHalf) {
-        if let Err(e) = self.permit.take_principal(&self.auth, self.peer) {
+        if let Err(e) = self.permit.admit_peer(&self.auth, self.peer) {
             self.responder
                 .send(LogId::ZERO, RequestId::CONNECTION, e.into(), None);
             return;
@@ -280,7 +280,11 @@ impl Reader {
                         // A fence or an append from a peer whose certificate is not a
                         // broker's: answered, counted, and nothing of it done.
                         self.ctx.metrics.reject_frame("unauthorized");
-                        tracing::warn!(peer = %self.peer, frame = ?frame.frame_type(), "{}", refusal.message);
+                        quire_net::log_unauthorized(
+                            &self.peer.to_string(),
+                            frame.frame_type(),
+                            &refusal.message,
+                        );
                         self.reply(frame.log, frame.request_id, in_flight)
                             .send(refusal);
                         continue;

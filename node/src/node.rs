@@ -165,8 +165,14 @@ impl Node {
             client_auth = tls.as_ref().map(|t| t.client_auth().as_str()),
             "serving"
         );
-        if tls.is_none() {
-            tracing::warn!(%local_addr, "the store protocol listener is plaintext: anyone who reaches it can fence this store ([tls] cert_file and key_file turn TLS on)");
+        match &tls {
+            None => {
+                tracing::warn!(%local_addr, "the store protocol listener is plaintext: anyone who reaches it can fence this store ([tls] cert_file and key_file turn TLS on)")
+            }
+            Some(t) if t.client_auth() == quire_tls::ClientAuth::None => {
+                tracing::warn!(%local_addr, "the store protocol listener asks for no client certificates (client_auth = \"none\"): anyone who reaches it can fence this store")
+            }
+            Some(_) => {}
         }
         Ok(Node {
             local_addr,
@@ -185,12 +191,14 @@ impl Node {
     /// handshakes present them; open connections keep theirs. Nothing to do on a
     /// plaintext listener.
     ///
+    /// Whether there was a certificate to read.
+    ///
     /// # Errors
     /// A file that cannot be read or used; the certificate in use stays.
-    pub fn reload_tls(&self) -> Result<(), quire_tls::TlsError> {
+    pub fn reload_tls(&self) -> Result<bool, quire_tls::TlsError> {
         match &self.tls {
-            Some(t) => t.reload(),
-            None => Ok(()),
+            Some(t) => t.reload().map(|()| true),
+            None => Ok(false),
         }
     }
 
@@ -315,7 +323,7 @@ async fn accept_loop(
                 let limit = acceptor.limit().clone();
                 connections.spawn(async move {
                     let metrics = ctx.metrics.clone();
-                    if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
+                    if let Some(stream) = limit.secure(stream, peer, tls.as_ref(), &permit).await {
                         let auth = quire_tls::PeerAuth::of(&stream, tls.as_ref().map(|t| t.client_auth()));
                         conn::serve(stream, auth, peer, permit, ctx).await;
                     }

@@ -86,7 +86,16 @@ pub fn write_local(dir: &Path, holders: &[(&str, Role)]) -> Result<(), CertError
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "Quire local cluster");
-    dn.push(DnType::CommonName, "Quire local cluster CA");
+    // A name of its own per CA, so that a certificate of another local cluster is an
+    // unknown issuer to this one, not a bad signature by a CA of the same name.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+        ^ u128::from(std::process::id());
+    dn.push(
+        DnType::CommonName,
+        format!("Quire local cluster CA {:08x}", stamp as u32),
+    );
     ca.distinguished_name = dn;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![
@@ -113,10 +122,15 @@ pub fn write_local(dir: &Path, holders: &[(&str, Role)]) -> Result<(), CertError
             .subject_alt_names
             .push(SanType::URI(role.uri().try_into()?));
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
+        // A client's certificate cannot serve: no server authentication in its usages.
+        params.extended_key_usages = if *role == Role::Client {
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
+        } else {
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ]
+        };
         params.use_authority_key_identifier_extension = true;
         let cert = params.signed_by(&key, &issuer)?;
         let files = files_for(dir, name);
@@ -301,6 +315,73 @@ mod tests {
         // A file that cannot be read leaves the certificate in use.
         fs::write(store.key.as_ref().expect("key"), "garbage").expect("write");
         assert!(acceptor.reload().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_link_takes_only_a_server_of_the_role_it_expects() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_local(
+            dir.path(),
+            &[
+                ("broker-1", Role::Broker),
+                ("broker-2", Role::Broker),
+                ("tool", Role::Client),
+            ],
+        )
+        .expect("certificates");
+        let broker = files_for(dir.path(), "broker-1");
+        // A broker expecting a store refuses a server that shows a broker's certificate.
+        let serve = |name: &str| {
+            let acceptor = files_for(dir.path(), name)
+                .acceptor(ClientAuth::None)
+                .expect("acceptor")
+                .expect("tls");
+            async move {
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let addr = listener.local_addr().expect("addr").to_string();
+                tokio::spawn(async move {
+                    let (tcp, _) = listener.accept().await.expect("accept");
+                    let _ = acceptor.accept(tcp, HANDSHAKE).await;
+                });
+                addr
+            }
+        };
+        let connector = broker.connector().expect("connector").expect("tls");
+        let addr = serve("broker-2").await;
+        let tcp = TcpStream::connect(&addr).await.expect("connect");
+        let e = connector
+            .clone()
+            .expecting(Role::Store)
+            .connect(&addr, tcp)
+            .await
+            .expect_err("a broker is no store");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        let addr = serve("broker-2").await;
+        let tcp = TcpStream::connect(&addr).await.expect("connect");
+        connector
+            .clone()
+            .expecting(Role::Broker)
+            .connect(&addr, tcp)
+            .await
+            .expect("a broker link to a broker");
+        // A client's certificate cannot serve at all (no server authentication usage).
+        let addr = serve("tool").await;
+        let tcp = TcpStream::connect(&addr).await.expect("connect");
+        assert!(connector.connect(&addr, tcp).await.is_err());
+    }
+
+    #[test]
+    fn a_certificate_naming_two_roles_names_none() {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+        for role in [Role::Client, Role::Broker] {
+            params
+                .subject_alt_names
+                .push(SanType::URI(role.uri().try_into().expect("ia5")));
+        }
+        let cert = params.self_signed(&key).expect("cert");
+        let (_, role) = crate::certificate_identity(cert.der()).expect("a certificate");
+        assert_eq!(role, None);
     }
 
     #[test]

@@ -14,21 +14,21 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
-use crate::Stream;
+use crate::{Role, Stream};
 
 /// What can go wrong building a TLS configuration; each names the file concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A PEM file could not be read or parsed.
-    #[error("cannot read {what} from {path}: {source}")]
+    /// A PEM file could not be read or parsed. (The reason is in the message, not chained
+    /// as a source, so that a report of the chain does not say it twice.)
+    #[error("cannot read {what} from {path}: {reason}")]
     Pem {
         /// "certificates", "a private key".
         what: &'static str,
         /// The file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: rustls_pki_types::pem::Error,
+        reason: rustls_pki_types::pem::Error,
     },
     /// A PEM file holds none of what it must.
     #[error("{path} holds no {what}")]
@@ -47,14 +47,24 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
-    /// The certificate and key do not go together, or rustls refused the configuration.
+    /// The key does not go with the certificate.
+    #[error("the key in {key} does not go with the certificate in {cert}: {reason}")]
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// rustls's words.
+        reason: rustls::Error,
+    },
+    /// rustls refused the configuration.
     #[error("TLS configuration refused: {0}")]
-    Config(#[from] rustls::Error),
+    Config(rustls::Error),
     /// The client-certificate verifier could not be built.
     #[error("cannot verify client certificates: {0}")]
-    Verifier(#[from] rustls::server::VerifierBuilderError),
+    Verifier(rustls::server::VerifierBuilderError),
     /// A setting needs another that is unset.
-    #[error("{what} is set but {missing} is not")]
+    #[error("{what} needs {missing}, which is not set")]
     Incomplete {
         /// The setting given.
         what: &'static str,
@@ -141,10 +151,10 @@ const TLS13: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(Iterator::collect::<Result<Vec<_>, _>>)
-        .map_err(|source| TlsError::Pem {
+        .map_err(|reason| TlsError::Pem {
             what: "certificates",
             path: path.to_owned(),
-            source,
+            reason,
         })?;
     if certs.is_empty() {
         return Err(TlsError::Empty {
@@ -156,10 +166,10 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Pem {
+    PrivateKeyDer::from_pem_file(path).map_err(|reason| TlsError::Pem {
         what: "a private key",
         path: path.to_owned(),
-        source,
+        reason,
     })
 }
 
@@ -176,8 +186,26 @@ fn read_roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
 
 fn certified_key(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, TlsError> {
     let chain = read_certs(cert)?;
-    let key = read_key(key)?;
-    Ok(Arc::new(CertifiedKey::from_der(chain, key, &provider())?))
+    let der = read_key(key)?;
+    CertifiedKey::from_der(chain, der, &provider())
+        .map(Arc::new)
+        .map_err(|reason| TlsError::KeyMismatch {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            reason,
+        })
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        TlsError::Config(e)
+    }
+}
+
+impl From<rustls::server::VerifierBuilderError> for TlsError {
+    fn from(e: rustls::server::VerifierBuilderError) -> Self {
+        TlsError::Verifier(e)
+    }
 }
 
 impl TlsFiles {
@@ -196,12 +224,12 @@ impl TlsFiles {
             (None, None) => Ok(None),
             (Some(c), Some(k)) => Ok(Some((c, k))),
             (Some(_), None) => Err(TlsError::Incomplete {
-                what: "cert_file",
-                missing: "key_file",
+                what: "cert_file (a certificate)",
+                missing: "key_file (its private key)",
             }),
             (None, Some(_)) => Err(TlsError::Incomplete {
-                what: "key_file",
-                missing: "cert_file",
+                what: "key_file (a private key)",
+                missing: "cert_file (its certificate)",
             }),
         }
     }
@@ -215,7 +243,7 @@ impl TlsFiles {
         let Some((cert, key)) = self.identity()? else {
             if auth != ClientAuth::None {
                 return Err(TlsError::Incomplete {
-                    what: "client_auth",
+                    what: "client_auth (optional or required: client certificates)",
                     missing: "cert_file and key_file",
                 });
             }
@@ -233,7 +261,11 @@ impl TlsFiles {
             (ClientAuth::None, _) => builder.with_no_client_auth(),
             (_, None) => {
                 return Err(TlsError::Incomplete {
-                    what: "client_auth",
+                    what: if auth == ClientAuth::Required {
+                        "client_auth = \"required\" (a TLS listener that asks clients for certificates of ca_file; \"none\" asks for none)"
+                    } else {
+                        "client_auth = \"optional\" (a TLS listener that checks the certificates clients show against ca_file; \"none\" asks for none)"
+                    },
                     missing: "ca_file",
                 })
             }
@@ -260,34 +292,53 @@ impl TlsFiles {
     /// A file that cannot be read or holds nothing usable; `cert` without `key` or the
     /// reverse; a key that does not match its certificate.
     pub fn connector(&self) -> Result<Option<TlsConnector>, TlsError> {
-        Ok(self.client_config()?.map(|config| TlsConnector {
+        Ok(self.client_parts()?.map(|(config, resolver)| TlsConnector {
             inner: tokio_rustls::TlsConnector::from(config),
+            resolver,
+            server_role: None,
         }))
     }
 
     /// The rustls client configuration [`TlsFiles::connector`] wraps, for a client that
-    /// drives rustls itself (a blocking one): `None` unless `ca` is set.
+    /// drives rustls itself (a blocking one): `None` unless `ca` is set. It checks no
+    /// server role ([`TlsConnector::expecting`] does that after the handshake).
     ///
     /// # Errors
     /// As [`TlsFiles::connector`].
     pub fn client_config(&self) -> Result<Option<Arc<ClientConfig>>, TlsError> {
+        Ok(self.client_parts()?.map(|(config, _)| config))
+    }
+
+    fn client_parts(&self) -> Result<Option<ClientParts>, TlsError> {
         let Some(ca) = &self.ca else {
             return Ok(None);
         };
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(TLS13)?
             .with_root_certificates(read_roots(ca)?);
-        let config = match self.identity()? {
-            None => builder.with_no_client_auth(),
+        let (config, resolver) = match self.identity()? {
+            None => (builder.with_no_client_auth(), None),
             Some((cert, key)) => {
-                builder.with_client_auth_cert(read_certs(cert)?, read_key(key)?)?
+                let resolver = Arc::new(Reloading {
+                    current: RwLock::new(certified_key(cert, key)?),
+                    cert: cert.to_owned(),
+                    key: key.to_owned(),
+                });
+                (
+                    builder.with_client_cert_resolver(resolver.clone()),
+                    Some(resolver),
+                )
             }
         };
-        Ok(Some(Arc::new(config)))
+        Ok(Some((Arc::new(config), resolver)))
     }
 }
 
-/// A server certificate that [`TlsAcceptor::reload`] replaces.
+/// A client configuration and the client certificate it shows, if any.
+type ClientParts = (Arc<ClientConfig>, Option<Arc<Reloading>>);
+
+/// A certificate and key that a reload replaces: a server's ([`TlsAcceptor::reload`]) or a
+/// client's ([`TlsConnector::reload`]).
 struct Reloading {
     cert: PathBuf,
     key: PathBuf,
@@ -303,13 +354,43 @@ impl fmt::Debug for Reloading {
     }
 }
 
-impl ResolvesServerCert for Reloading {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let current = match self.current.read() {
+impl Reloading {
+    fn current(&self) -> Arc<CertifiedKey> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Reads the files again; the certificate in use stays if they cannot be used.
+    fn reload(&self) -> Result<(), TlsError> {
+        let fresh = certified_key(&self.cert, &self.key)?;
+        let mut current = match self.current.write() {
             Ok(c) => c,
             Err(poisoned) => poisoned.into_inner(),
         };
-        Some(current.clone())
+        *current = fresh;
+        Ok(())
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for Reloading {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -358,13 +439,7 @@ impl TlsAcceptor {
     /// # Errors
     /// As [`TlsFiles::acceptor`] for those files; the certificate in use stays.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let fresh = certified_key(&self.resolver.cert, &self.resolver.key)?;
-        let mut current = match self.resolver.current.write() {
-            Ok(c) => c,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        *current = fresh;
-        Ok(())
+        self.resolver.reload()
     }
 }
 
@@ -372,11 +447,17 @@ impl TlsAcceptor {
 #[derive(Clone)]
 pub struct TlsConnector {
     inner: tokio_rustls::TlsConnector,
+    /// The client certificate shown, if any (read again by [`TlsConnector::reload`]).
+    resolver: Option<Arc<Reloading>>,
+    /// The role the server's certificate must name ([`TlsConnector::expecting`]).
+    server_role: Option<Role>,
 }
 
 impl fmt::Debug for TlsConnector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TlsConnector").finish_non_exhaustive()
+        f.debug_struct("TlsConnector")
+            .field("server_role", &self.server_role)
+            .finish_non_exhaustive()
     }
 }
 
@@ -387,12 +468,43 @@ fn host_of(addr: &str) -> &str {
 }
 
 impl TlsConnector {
+    /// This connector, taking a server only if its certificate names `role` (a URI
+    /// `quire:role:ROLE` in its subject alternative names, and no other role): a broker's
+    /// links to stores expect [`Role::Store`], to brokers [`Role::Broker`]. Without it, any
+    /// certificate of the CA that names the host would do — a client certificate of the
+    /// cluster included.
+    #[must_use]
+    pub fn expecting(mut self, role: Role) -> TlsConnector {
+        self.server_role = Some(role);
+        self
+    }
+
+    /// Whether this connector shows a client certificate.
+    #[must_use]
+    pub fn has_certificate(&self) -> bool {
+        self.resolver.is_some()
+    }
+
+    /// Reads the client certificate and key files again (a broker does on SIGHUP): later
+    /// handshakes show them. Nothing to do without a client certificate.
+    ///
+    /// # Errors
+    /// A file that cannot be read or used; the certificate in use stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        match &self.resolver {
+            Some(r) => r.reload(),
+            None => Ok(()),
+        }
+    }
+
     /// Runs the client's handshake on a connected socket to `addr` (`host:port`, as
     /// dialled): the server's certificate must chain to the CA and name `host` (a DNS name
     /// or an IP address in its subject alternative names).
     ///
     /// # Errors
-    /// [`io::ErrorKind::InvalidInput`] for a host that is no DNS name or IP address; the
+    /// [`io::ErrorKind::InvalidInput`] for a host that is no DNS name or IP address;
+    /// [`io::ErrorKind::PermissionDenied`] for a server whose certificate does not name the
+    /// role [`TlsConnector::expecting`] asked for; the
     /// handshake's failure as rustls reports it (a certificate of another CA, or one that
     /// does not name the host; a server that wants a client certificate we do not have).
     pub async fn connect(&self, addr: &str, tcp: TcpStream) -> io::Result<Stream> {
@@ -403,7 +515,25 @@ impl TlsConnector {
             )
         })?;
         let s = self.inner.connect(name, tcp).await?;
-        Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s))))
+        let stream = Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)));
+        if let Some(want) = self.server_role {
+            let named = stream
+                .peer_certificate()
+                .and_then(crate::certificate_identity)
+                .and_then(|(_, role)| role);
+            if named != Some(want) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{addr}: the server's certificate names role {}, not {} ({} in its subject alternative names)",
+                        named.map_or("none", Role::as_str),
+                        want.as_str(),
+                        want.uri()
+                    ),
+                ));
+            }
+        }
+        Ok(stream)
     }
 }
 

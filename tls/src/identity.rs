@@ -53,7 +53,8 @@ impl Role {
 }
 
 /// The holder's name (the subject's common name) and role of a certificate (DER), as far
-/// as it names them; `None` for bytes that are no certificate.
+/// as it names them (a certificate naming two different roles names none); `None` for
+/// bytes that are no certificate.
 #[must_use]
 pub fn certificate_identity(der: &[u8]) -> Option<(Option<String>, Option<Role>)> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
@@ -63,16 +64,28 @@ pub fn certificate_identity(der: &[u8]) -> Option<(Option<String>, Option<Role>)
         .next()
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_owned);
-    let role = cert
+    // Every role URI counts: a certificate naming two roles names none, so that the
+    // order in which a CA wrote them decides nothing.
+    let mut roles = cert
         .subject_alternative_name()
         .ok()
         .flatten()
-        .and_then(|san| {
-            san.value.general_names.iter().find_map(|n| match n {
-                GeneralName::URI(uri) => Role::from_uri(uri),
-                _ => None,
-            })
-        });
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(uri) => Role::from_uri(uri),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    roles.dedup();
+    let role = match roles.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    };
     Some((name, role))
 }
 

@@ -688,7 +688,10 @@ fn assemble(
 fn discovery_config(tls: Option<quire_tls::TlsConnector>) -> DiscoveryConfig {
     let d = DiscoveryConfig::default();
     DiscoveryConfig {
-        conn: quire_client::ConnConfig { tls, ..d.conn },
+        conn: quire_client::ConnConfig {
+            tls: tls.map(|t| t.expecting(quire_tls::Role::Broker)),
+            ..d.conn
+        },
         ..d
     }
 }

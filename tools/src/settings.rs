@@ -44,14 +44,24 @@ pub const TOPIC_ENV: &str = "QUIRE_TOPIC";
 /// The directory holding `profiles.toml` (see [`crate::profile::config_dir`]).
 pub const CONFIG_DIR_ENV: &str = "QUIRE_CONFIG_DIR";
 
+/// The default of `--tls-ca` (clap reads it: crate::cluster::BrokersArgs).
+pub const TLS_CA_ENV: &str = "QUIRE_TLS_CA";
+/// The default of `--tls-cert`.
+pub const TLS_CERT_ENV: &str = "QUIRE_TLS_CERT";
+/// The default of `--tls-key`.
+pub const TLS_KEY_ENV: &str = "QUIRE_TLS_KEY";
+
 /// Every variable the client reads.
-pub const CLIENT_VARIABLES: [&str; 6] = [
+pub const CLIENT_VARIABLES: [&str; 9] = [
     BROKERS_ENV,
     PROFILE_ENV,
     CONNECT_TIMEOUT_ENV,
     FORMAT_ENV,
     TOPIC_ENV,
     CONFIG_DIR_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
 ];
 
 /// Prefixes and names of `QUIRE_*` variables that belong to others (the servers, the test

@@ -503,6 +503,13 @@ impl Actor {
                         tracing::warn!(%slot, store_id = store_id.0, incarnation = incarnation.0, "store answered the fence: not a voter");
                         Some(FenceAnswer::NotVoter)
                     }
+                    Err(e) if e.code() == Some(quire_proto::ErrorCode::Unauthorized) => {
+                        // This broker's certificate does not let it fence: no takeover can
+                        // succeed until it does. Loud, once per attempt (at most one fence
+                        // per store per election timeout).
+                        tracing::error!(%slot, error = %e, "the store refused this broker's fence: its certificate must name the broker role (quire:role:broker in its subject alternative names)");
+                        None
+                    }
                     Err(e) => {
                         tracing::debug!(%slot, error = %e, "fence failed");
                         None

@@ -253,7 +253,7 @@ pub(crate) async fn serve(
     let mut reader = FrameReader::new(r, shared.read_budget.clone(), &shared.read);
     // A principal over its connection bound gets one error and the close; the loop runs
     // for nothing then, so the ending below is the same for every connection.
-    let admitted = match permit.take_principal(&auth, peer_addr) {
+    let admitted = match permit.admit_peer(&auth, peer_addr) {
         Ok(()) => true,
         Err(e) => {
             reply.error(RequestId::CONNECTION, e);
@@ -310,7 +310,7 @@ pub(crate) async fn serve(
             // Replication or a take-over request from a peer whose certificate is not a
             // broker's: answered, counted, and nothing of it done.
             shared.metrics.reject_frame("unauthorized");
-            tracing::warn!(conn = id, %peer, frame = ?frame.frame_type(), "{}", refusal.message);
+            quire_net::log_unauthorized(&peer, frame.frame_type(), &refusal.message);
             reply.error(frame.request_id, refusal);
             continue;
         }

@@ -60,6 +60,8 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     /// The listener's TLS side; `None`: plaintext.
     tls: Option<quire_tls::TlsAcceptor>,
+    /// The outgoing links' TLS side; `None`: plaintext.
+    peer_tls: Option<quire_tls::TlsConnector>,
     _lock: DirLock,
 }
 
@@ -108,7 +110,21 @@ impl Broker {
         }
         let (internal_tx, internal_rx) = mpsc::channel(INTERNAL_QUEUE_MAX);
         let (request_tx, request_rx) = mpsc::channel(ACTOR_QUEUE_MAX);
-        let peer_config = slots::conn_config(PEER_REQUEST_TIMEOUT, peer_tls.clone());
+        // A store link takes only a server whose certificate names the store role, a broker
+        // link the broker role: a client certificate of the same CA is no store.
+        let store_config = slots::conn_config(
+            PEER_REQUEST_TIMEOUT,
+            peer_tls
+                .clone()
+                .map(|t| t.expecting(quire_tls::Role::Store)),
+        );
+        let broker_config = slots::conn_config(
+            PEER_REQUEST_TIMEOUT,
+            peer_tls
+                .clone()
+                .map(|t| t.expecting(quire_tls::Role::Broker)),
+        );
+        let store_slots = config.stores.len();
         let mut slot_addrs: Vec<String> = config.stores.clone();
         slot_addrs.extend(
             config
@@ -125,7 +141,12 @@ impl Broker {
                     u16::try_from(i)
                         .expect("invariant: slots <= SLOTS_MAX (checked by the config)"),
                 );
-                slots::spawn_slot(slot, addr, peer_config.clone(), internal_tx.clone())
+                let config = if i < store_slots {
+                    store_config.clone()
+                } else {
+                    broker_config.clone()
+                };
+                slots::spawn_slot(slot, addr, config, internal_tx.clone())
             })
             .collect();
         tracing::info!(
@@ -199,21 +220,28 @@ impl Broker {
             actor,
             metrics,
             tls,
+            peer_tls,
             _lock: lock,
         })
     }
 
-    /// Reads the listener's TLS certificate and key files again (quire-broker does on
-    /// SIGHUP): later handshakes present them; open connections keep theirs. Nothing to
-    /// do on a plaintext listener.
+    /// Reads the TLS certificate and key files again (quire-broker does on SIGHUP): later
+    /// handshakes, on the listener and on the links to stores and brokers, present them;
+    /// open connections keep theirs. Nothing to do without TLS.
+    ///
+    /// Whether there was a certificate to read.
     ///
     /// # Errors
     /// A file that cannot be read or used; the certificate in use stays.
-    pub fn reload_tls(&self) -> Result<(), quire_tls::TlsError> {
-        match &self.tls {
-            Some(t) => t.reload(),
-            None => Ok(()),
+    pub fn reload_tls(&self) -> Result<bool, quire_tls::TlsError> {
+        if let Some(t) = &self.tls {
+            t.reload()?;
         }
+        // The certificate shown on links to stores and brokers: the same files.
+        if let Some(t) = &self.peer_tls {
+            t.reload()?;
+        }
+        Ok(self.tls.is_some() || self.peer_tls.as_ref().is_some_and(|t| t.has_certificate()))
     }
 
     /// The address the broker listens on.
@@ -257,7 +285,7 @@ async fn accept_loop(
         let tls = tls.clone();
         let shared = shared.clone();
         tokio::spawn(async move {
-            if let Some(stream) = limit.secure(stream, peer, tls.as_ref()).await {
+            if let Some(stream) = limit.secure(stream, peer, tls.as_ref(), &permit).await {
                 let auth = quire_tls::PeerAuth::of(&stream, tls.as_ref().map(|t| t.client_auth()));
                 conn::serve(stream, auth, peer, permit, shared).await;
             }

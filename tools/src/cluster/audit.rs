@@ -774,7 +774,10 @@ async fn gather_and_audit(
     let conn = ConnConfig {
         connect_timeout: config.timeout,
         request_timeout: config.timeout,
-        tls: config.tls.clone(),
+        tls: config
+            .tls
+            .clone()
+            .map(|t| t.expecting(quire_tls::Role::Store)),
         ..ConnConfig::default()
     };
     let mut set = JoinSet::new();

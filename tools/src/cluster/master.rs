@@ -82,7 +82,10 @@ impl MasterBound {
                 .min(timeout_ms),
             discovery_timeout_ms: timeout_ms,
             conn: quire_client::ConnConfig {
-                tls: self.tls.clone(),
+                tls: self
+                    .tls
+                    .clone()
+                    .map(|t| t.expecting(quire_tls::Role::Broker)),
                 ..base.conn
             },
             ..base

@@ -73,25 +73,13 @@ pub struct BrokersArgs {
     #[arg(long, value_name = "FILE", env = "QUIRE_TLS_CA", hide_env = true)]
     pub tls_ca: Option<std::path::PathBuf>,
 
-    /// PEM file of the client certificate to show the brokers (with --tls-key), for
-    /// brokers that ask for one. Default: $QUIRE_TLS_CERT.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "QUIRE_TLS_CERT",
-        hide_env = true,
-        requires = "tls_key"
-    )]
+    /// PEM file of the client certificate to show (with --tls-key): brokers may ask for
+    /// one, stores always do (`cluster audit` reads them). Default: $QUIRE_TLS_CERT.
+    #[arg(long, value_name = "FILE", env = "QUIRE_TLS_CERT", hide_env = true)]
     pub tls_cert: Option<std::path::PathBuf>,
 
     /// PEM file of the private key of --tls-cert. Default: $QUIRE_TLS_KEY.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "QUIRE_TLS_KEY",
-        hide_env = true,
-        requires = "tls_cert"
-    )]
+    #[arg(long, value_name = "FILE", env = "QUIRE_TLS_KEY", hide_env = true)]
     pub tls_key: Option<std::path::PathBuf>,
 }
 
@@ -138,9 +126,11 @@ impl BrokersArgs {
             ca: self.tls_ca.clone(),
         };
         if self.tls_ca.is_none() && !files.is_empty() {
-            anyhow::bail!("--tls-cert and --tls-key need --tls-ca (the CA the brokers' certificates chain to)");
+            anyhow::bail!("--tls-cert and --tls-key ($QUIRE_TLS_CERT, $QUIRE_TLS_KEY) need --tls-ca ($QUIRE_TLS_CA: the CA the servers' certificates chain to)");
         }
-        files.connector().context("the TLS files")
+        files.connector().context(
+            "the TLS files (--tls-ca, --tls-cert, --tls-key, or $QUIRE_TLS_CA, $QUIRE_TLS_CERT, $QUIRE_TLS_KEY)",
+        )
     }
 
     /// The addresses, trimmed, empty entries dropped.

@@ -189,7 +189,10 @@ async fn ask_all(config: &StatusConfig) -> anyhow::Result<Vec<Answer>> {
     let conn = ConnConfig {
         connect_timeout: config.timeout,
         request_timeout: config.timeout,
-        tls: config.tls.clone(),
+        tls: config
+            .tls
+            .clone()
+            .map(|t| t.expecting(quire_tls::Role::Broker)),
         ..ConnConfig::default()
     };
     let mut asked: Vec<String> = Vec::new();

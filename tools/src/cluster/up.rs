@@ -993,6 +993,13 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
         die_with_parent: !args.detach,
         tls: args.tls,
     };
+    if !args.tls && tls_dir(&dir).exists() {
+        writeln!(
+            out,
+            "warning: {} holds the certificates of an earlier `--tls` start; this cluster runs plaintext (add --tls to keep TLS)",
+            tls_dir(&dir).display()
+        )?;
+    }
     let mut cluster = LocalCluster::start(&spec)?;
     let status = cluster.wait_ready(args.ready_timeout)?;
     let brokers = cluster.broker_addrs().join(",");
