@@ -427,10 +427,15 @@ pub fn run(config: &DemoConfig) -> anyhow::Result<DemoReport> {
     let dir = temp.path().to_owned();
     let say = |line: String| say(config.progress, &line);
     say(format!(
-        "starting {} stores and {} brokers (copies of this quire binary) in {}",
+        "starting {} stores and {} brokers (copies of this quire binary) in {}{}",
         config.stores,
         config.brokers,
-        dir.display()
+        dir.display(),
+        if config.tls {
+            ", TLS 1.3 on every link (certificates in DIR/tls)"
+        } else {
+            ""
+        }
     ));
     let spec = ClusterSpec {
         dir: dir.clone(),
