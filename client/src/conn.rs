@@ -177,7 +177,17 @@ impl Connection {
                     } else {
                         ""
                     };
-                    io::Error::new(e.kind(), format!("TLS handshake: {e}{hint}"))
+                    // A certificate or protocol mismatch: waiting will not fix it
+                    // (ClientError::is_tls_refusal).
+                    let refused = e.kind() == io::ErrorKind::PermissionDenied
+                        || text.contains("corrupt message")
+                        || text.contains("invalid peer certificate");
+                    let kind = if refused {
+                        io::ErrorKind::PermissionDenied
+                    } else {
+                        e.kind()
+                    };
+                    io::Error::new(kind, format!("TLS handshake: {e}{hint}"))
                 }),
             }
         };
@@ -444,10 +454,19 @@ async fn read_loop(mut r: ReadHalf, shared: Arc<Shared>) {
         }
         match r.read_buf(&mut buf).await {
             Ok(0) => {
+                if is_tls_alert(&buf) {
+                    shared.close(ClientError::Io {
+                        addr: shared.addr.clone(),
+                        op: "read",
+                        source: Arc::new(io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            "the peer answered with a TLS alert: it serves TLS (give the CA its certificate chains to: --tls-ca or QUIRE_TLS_CA)",
+                        )),
+                    });
+                    return;
+                }
                 let reason = if buf.is_empty() {
                     "the peer closed the connection"
-                } else if is_tls_alert(&buf) {
-                    "the peer answered with a TLS alert: it serves TLS (give the CA its certificate chains to: --tls-ca or QUIRE_TLS_CA)"
                 } else {
                     "the peer closed the connection in the middle of a frame"
                 };
@@ -460,11 +479,11 @@ async fn read_loop(mut r: ReadHalf, shared: Arc<Shared>) {
                 // handshake, as an alert on its first read.
                 let e = match e.to_string() {
                     t if t.contains("CertificateRequired") => io::Error::new(
-                        e.kind(),
+                        io::ErrorKind::PermissionDenied,
                         format!("{t} (the server requires a client certificate: --tls-cert and --tls-key, or QUIRE_TLS_CERT and QUIRE_TLS_KEY)"),
                     ),
                     t if t.contains("UnknownCA") || t.contains("BadCertificate") => io::Error::new(
-                        e.kind(),
+                        io::ErrorKind::PermissionDenied,
                         format!("{t} (the server does not accept this client certificate: not of its CA)"),
                     ),
                     _ => e,

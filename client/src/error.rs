@@ -143,6 +143,27 @@ pub enum Disposition {
 }
 
 impl ClientError {
+    /// `true` when TLS refused the connection for a reason waiting will not fix: the
+    /// server's certificate is not of the CA given or does not name the role expected, the
+    /// server wants a client certificate this client lacks or does not accept the one it
+    /// shows, or one side speaks TLS and the other does not. These are
+    /// [`io::ErrorKind::PermissionDenied`] errors of [`ClientError::Connect`] or
+    /// [`ClientError::Io`] (the connection sets that kind). Kafka's clients treat an SSL
+    /// authentication failure the same way: not retried.
+    #[must_use]
+    pub fn is_tls_refusal(&self) -> bool {
+        match self {
+            ClientError::Connect { source, .. } | ClientError::Io { source, .. } => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            ClientError::RetriesExhausted { last, .. } => last.is_tls_refusal(),
+            ClientError::NoMaster {
+                last: Some(last), ..
+            } => last.is_tls_refusal(),
+            _ => false,
+        }
+    }
+
     /// `true` when the connection is unusable after this error (reconnect to retry).
     #[must_use]
     pub fn is_connection_lost(&self) -> bool {

@@ -117,7 +117,8 @@ pub struct NoMasterWithin {
 ///
 /// # Errors
 /// [`NoMasterWithin`] when the bound runs out; a setting refused at once
-/// ([`ClientError::InvalidConfig`]); writing the note failed.
+/// ([`ClientError::InvalidConfig`]) or TLS refusing the connection
+/// ([`ClientError::is_tls_refusal`]), at once; writing the note failed.
 pub async fn find_master(
     discovery: &Discovery,
     bound: MasterBound,
@@ -134,6 +135,11 @@ pub async fn find_master(
         let error = match discovery.find_master_once(None).await {
             Ok(master) => return Ok(master),
             Err(e @ ClientError::InvalidConfig(_)) => return Err(e.into()),
+            // A certificate or TLS mismatch does not mend itself: say so now, not after
+            // the whole bound (as Kafka's clients fail an SSL authentication at once).
+            Err(e) if e.is_tls_refusal() => {
+                return Err(anyhow::Error::new(e).context("TLS refused the connection"))
+            }
             Err(e) => e,
         };
         let now = Instant::now();
