@@ -30,6 +30,8 @@
 //! connections_per_address_max = 0 # of connections_max, per IP address; 0: no bound
 //! connections_per_principal_max = 0 # per TLS client certificate name; 0: no bound
 //! fetch_responses_bytes_max = "256MiB" # fetch answers not yet written, all connections together
+//! authorization = "acl"           # check requests against the ACL entries; default "none"
+//! super_users = ["admin"]         # principals allowed everything
 //! ```
 //!
 //! The same as flags (`--heartbeat 100ms --retention-age 168h`) or variables
@@ -263,6 +265,17 @@ pub fn schema() -> Schema {
             "Most bytes of fetch answers held across all connections until written; fetches wait beyond it",
         )
         .default_value(Value::Size(FETCH_RESPONSES_BYTES_MAX_DEFAULT as u64)),
+        Setting::new(
+            "authorization",
+            Kind::Choice(&["none", "acl"]),
+            "acl: check produce, consume, commit and admin requests against the cluster's ACL entries (quire acl); none: allow everyone",
+        )
+        .default_value(Value::Text("none".to_owned())),
+        Setting::new(
+            "super_users",
+            Kind::List,
+            "Principals allowed everything whatever the ACL entries (user names, certificate common names, ANONYMOUS), comma separated",
+        ),
     ];
     // Clients and the other brokers talk to a broker: with TLS on, a client may show a
     // certificate of the cluster's CA, and need not.
@@ -340,6 +353,9 @@ pub struct BrokerConfig {
     /// The `[tls]` table: the listener's TLS (unset files: plaintext), and the outgoing
     /// links' (to stores and brokers: TLS when `ca_file` is set).
     pub tls: TlsSettings,
+    /// `authorization` and `super_users`: whether and how requests are checked against
+    /// the ACL entries.
+    pub auth: crate::security::AuthSettings,
 }
 
 /// Smallest `checkpoint_part_bytes`, in bytes: below it a checkpoint would take more
@@ -579,6 +595,10 @@ impl BrokerConfig {
             connections_per_principal_max,
             fetch_responses_bytes_max,
             tls: TlsSettings::from_resolved(r)?,
+            auth: crate::security::AuthSettings {
+                authorization: r.text("authorization") == Some("acl"),
+                super_users: r.list("super_users"),
+            },
         })
     }
 

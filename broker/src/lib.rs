@@ -20,6 +20,7 @@ pub mod durable;
 pub mod engine;
 pub mod metrics;
 pub mod retention;
+pub mod security;
 pub mod server;
 pub mod state;
 

@@ -48,6 +48,7 @@ use quire_proto::{
 };
 
 use crate::core::Event;
+use crate::security::SecurityTables;
 
 /// Runs remembered per producer id (each at least one batch): retries of older batches
 /// are refused ([`Dedup::Conflict`]).
@@ -177,6 +178,9 @@ pub struct StateStats {
     /// refuses them first with `LimitReached`; only a master with another bound lets one
     /// through).
     pub cursors_refused: u64,
+    /// User or ACL additions not kept because `USERS_MAX` users or `ACLS_MAX` entries
+    /// exist (the master refuses them first).
+    pub security_refused: u64,
 }
 
 /// The log offsets of one topic's messages, as runs of consecutive offsets.
@@ -303,6 +307,9 @@ pub struct BrokerState {
     /// The checkpoint being written in parts, if the last event applied was one of its
     /// parts but not its last.
     parts: Option<PartsRun>,
+    /// Users and ACL entries; shared with the connections (replaced, never changed in
+    /// place, while shared: `Arc::make_mut`), so a change shows as a new pointer.
+    security: std::sync::Arc<SecurityTables>,
     stats: StateStats,
 }
 
@@ -406,6 +413,18 @@ impl BrokerState {
                     TopicAction::Delete => {
                         self.topics.remove(&t.topic);
                     }
+                }
+                Applied::Other
+            }
+            EventBody::UserAdmin(u) => {
+                if !std::sync::Arc::make_mut(&mut self.security).apply_user(u) {
+                    self.stats.security_refused += 1;
+                }
+                Applied::Other
+            }
+            EventBody::AclAdmin(a) => {
+                if !std::sync::Arc::make_mut(&mut self.security).apply_acl(a) {
+                    self.stats.security_refused += 1;
                 }
                 Applied::Other
             }
@@ -750,7 +769,19 @@ impl BrokerState {
                         .collect(),
                 })
                 .collect(),
+            users: self
+                .security
+                .users()
+                .map(|(u, c)| (u.to_owned(), c.clone()))
+                .collect(),
+            acls: self.security.acls().cloned().collect(),
         }
+    }
+
+    /// The users and ACL entries applied (a shared handle: a change replaces it).
+    #[must_use]
+    pub fn security(&self) -> &std::sync::Arc<SecurityTables> {
+        &self.security
     }
 
     /// The state rebuilt at a checkpoint: `event` is a Trim event carrying a snapshot
@@ -808,6 +839,10 @@ impl BrokerState {
             indexed_from: at,
             checkpoints: VecDeque::new(),
             parts: None,
+            security: std::sync::Arc::new(SecurityTables::from_snapshot(
+                snapshot.users,
+                snapshot.acls,
+            )),
             stats: StateStats::default(),
         };
         for p in snapshot.producers {
@@ -1044,6 +1079,25 @@ mod tests {
             action: TopicAction::Create,
             topic: "quiet".into(),
         }));
+        // Users and ACL entries ride in checkpoints too.
+        let credential = quire_tls::scram::new_credential("pw", 4096).expect("a credential");
+        for user in ["alice", "bob"] {
+            log.body(&EventBody::UserAdmin(quire_proto::UserAdminEvent {
+                user: user.into(),
+                credential: Some(credential.clone()),
+            }));
+        }
+        let entry = |principal: &str| quire_proto::AclEntry {
+            principal: principal.into(),
+            operation: quire_proto::AclOperation::Produce,
+            topic: "a".into(),
+        };
+        for principal in ["alice", "bob"] {
+            log.body(&EventBody::AclAdmin(quire_proto::AclAdminEvent {
+                action: quire_proto::AclAction::Add,
+                entry: entry(principal),
+            }));
+        }
         // First checkpoint (trims nothing yet).
         let c1 = log.body(&checkpoint(&log, Offset::ZERO));
         for seq in 6..9 {
@@ -1052,6 +1106,15 @@ mod tests {
         log.message("b", 8, 0, b"y");
         // Second checkpoint, trimming to the first.
         let c2 = log.body(&checkpoint(&log, c1));
+        // Changes after the checkpoint the rebuilt broker starts from.
+        log.body(&EventBody::UserAdmin(quire_proto::UserAdminEvent {
+            user: "bob".into(),
+            credential: None,
+        }));
+        log.body(&EventBody::AclAdmin(quire_proto::AclAdminEvent {
+            action: quire_proto::AclAction::Remove,
+            entry: entry("bob"),
+        }));
         log.message("b", 8, 1, b"y");
         // Third, trimming to the second.
         log.body(&checkpoint(&log, c2));
@@ -1082,6 +1145,11 @@ mod tests {
             "an empty topic keeps its name"
         );
         assert_eq!(rebuilt.last_epoch_start(), Some((Epoch(1), BrokerId(1))));
+        let security = rebuilt.security();
+        assert!(security.credential("alice").is_some());
+        assert!(security.credential("bob").is_none());
+        assert!(security.allows("alice", quire_proto::AclOperation::Produce, Some("a")));
+        assert!(!security.allows("bob", quire_proto::AclOperation::Produce, Some("a")));
 
         // Rebuilt at a checkpoint above the trim point (c2, trimming to c1): the topics'
         // offsets between c1 and c2 are not indexed — the trim point is c1, the index

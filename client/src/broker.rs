@@ -167,6 +167,50 @@ impl BrokerClient {
         }
     }
 
+    /// Adds, replaces or removes a user (the master; returns once the change is
+    /// stabilized, so every broker applies it).
+    ///
+    /// # Errors
+    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`] (`NotMaster`,
+    /// `Unauthorized`, `LimitReached`, ...).
+    pub async fn user_admin(&self, change: quire_proto::UserAdminEvent) -> Result<(), ClientError> {
+        let body = Body::UserAdminRequest(quire_proto::UserAdminRequest(change));
+        match self.request(body).await?.body {
+            Body::AdminResponse(_) => Ok(()),
+            other => Err(remote_or_unexpected(FrameType::UserAdminRequest, other)),
+        }
+    }
+
+    /// Adds or removes an ACL entry (the master; returns once the change is stabilized).
+    ///
+    /// # Errors
+    /// As [`BrokerClient::user_admin`].
+    pub async fn acl_admin(&self, change: quire_proto::AclAdminEvent) -> Result<(), ClientError> {
+        let body = Body::AclAdminRequest(quire_proto::AclAdminRequest(change));
+        match self.request(body).await?.body {
+            Body::AdminResponse(_) => Ok(()),
+            other => Err(remote_or_unexpected(FrameType::AclAdminRequest, other)),
+        }
+    }
+
+    /// The users and ACL entries the broker applied (any broker answers).
+    ///
+    /// # Errors
+    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`]
+    /// (`Unauthorized`).
+    pub async fn describe_security(
+        &self,
+    ) -> Result<quire_proto::DescribeSecurityResponse, ClientError> {
+        let body = Body::DescribeSecurityRequest(quire_proto::DescribeSecurityRequest);
+        match self.request(body).await?.body {
+            Body::DescribeSecurityResponse(r) => Ok(r),
+            other => Err(remote_or_unexpected(
+                FrameType::DescribeSecurityRequest,
+                other,
+            )),
+        }
+    }
+
     /// Sends any request body and returns the answer frame (`ErrorResponse` included).
     ///
     /// # Errors

@@ -33,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use crate::error::ClientError;
 
@@ -60,6 +60,29 @@ pub struct ConnConfig {
     /// TLS for the connection: `None` (the default) is plaintext. The handshake counts
     /// against `connect_timeout`.
     pub tls: Option<quire_tls::TlsConnector>,
+    /// A user to authenticate as with SCRAM-SHA-256 once connected (`None`, the default:
+    /// none; the connection acts as its certificate's holder, or `ANONYMOUS`). The
+    /// exchange counts against `connect_timeout`.
+    pub sasl: Option<ScramLogin>,
+}
+
+/// A user name and password for SCRAM-SHA-256. The password stays in this process: only a
+/// proof derived from it is sent.
+#[derive(Clone)]
+pub struct ScramLogin {
+    /// The user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl fmt::Debug for ScramLogin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScramLogin")
+            .field("user", &self.user)
+            .field("password", &"<hidden>")
+            .finish()
+    }
 }
 
 impl Default for ConnConfig {
@@ -69,6 +92,7 @@ impl Default for ConnConfig {
             request_timeout: Duration::from_secs(10),
             in_flight_requests_max: 4096,
             tls: None,
+            sasl: None,
         }
     }
 }
@@ -191,7 +215,8 @@ impl Connection {
                 }),
             }
         };
-        let stream = match timeout(config.connect_timeout, connect).await {
+        let deadline = Instant::now() + config.connect_timeout;
+        let stream = match timeout_at(deadline, connect).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 return Err(ClientError::Connect {
@@ -206,7 +231,75 @@ impl Connection {
                 })
             }
         };
-        Ok(Connection::from_stream(stream, name, config))
+        let login = config.sasl.clone();
+        let timeout_ms = millis(config.connect_timeout);
+        let conn = Connection::from_stream(stream, name.clone(), config);
+        if let Some(login) = login {
+            match timeout_at(deadline, conn.authenticate(&login)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(ClientError::ConnectTimeout {
+                        addr: name,
+                        timeout_ms,
+                    })
+                }
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Runs a SCRAM-SHA-256 exchange as `login` on this connection (RFC 5802; see
+    /// `quire_tls::scram`): the broker then treats the connection as that user.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] of kind `PermissionDenied` (so
+    /// [`ClientError::is_tls_refusal`] holds: retrying will not help) when the broker
+    /// refuses the user or password, or cannot prove it holds the user's credential; the
+    /// connection's own errors otherwise.
+    pub async fn authenticate(&self, login: &ScramLogin) -> Result<(), ClientError> {
+        use quire_tls::scram::{ScramClient, MECHANISM};
+        let refused = |why: String| ClientError::Connect {
+            addr: self.shared.addr.clone(),
+            source: Arc::new(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "SASL {MECHANISM} authentication as user {:?} failed: {why}",
+                    login.user
+                ),
+            )),
+        };
+        let step = |message: String| async move {
+            let frame = self
+                .send(Body::AuthenticateRequest(
+                    quire_proto::AuthenticateRequest {
+                        mechanism: MECHANISM.to_owned(),
+                        message: message.into(),
+                    },
+                ))
+                .await?
+                .wait()
+                .await?;
+            match frame.body {
+                Body::AuthenticateResponse(r) => String::from_utf8(r.message.to_vec())
+                    .map_err(|_| refused("the broker's SCRAM message is not UTF-8".to_owned())),
+                Body::ErrorResponse(e) => Err(refused(e.message)),
+                other => Err(refused(format!(
+                    "the broker answered {:?} (a broker before users and ACLs?)",
+                    other.frame_type()
+                ))),
+            }
+        };
+        let (client, first) =
+            ScramClient::start(&login.user, &login.password).map_err(|e| refused(e.to_string()))?;
+        let server_first = step(first).await?;
+        let (client, last) = client
+            .server_first(&server_first)
+            .map_err(|e| refused(e.to_string()))?;
+        let server_final = step(last).await?;
+        client
+            .server_final(&server_final)
+            .map_err(|e| refused(e.to_string()))
     }
 
     /// Wraps a connected stream, plaintext or TLS (`addr` names the peer in errors).

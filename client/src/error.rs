@@ -149,7 +149,8 @@ impl ClientError {
     /// shows, or one side speaks TLS and the other does not. These are
     /// [`io::ErrorKind::PermissionDenied`] errors of [`ClientError::Connect`] or
     /// [`ClientError::Io`] (the connection sets that kind). Kafka's clients treat an SSL
-    /// authentication failure the same way: not retried.
+    /// authentication failure the same way: not retried. A failed SASL login
+    /// ([`crate::Connection::authenticate`]: an unknown user, a wrong password) is one too.
     #[must_use]
     pub fn is_tls_refusal(&self) -> bool {
         match self {

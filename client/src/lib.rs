@@ -27,7 +27,7 @@ pub mod producer;
 pub mod store;
 
 pub use broker::{BrokerClient, PendingProduce};
-pub use conn::{ConnConfig, Connection, PendingReply};
+pub use conn::{ConnConfig, Connection, PendingReply, ScramLogin};
 pub use consumer::{Consumer, ConsumerConfig, Message, StartFrom};
 pub use discovery::{Discovery, DiscoveryConfig, MasterConn};
 pub use error::{ClientError, Disposition};

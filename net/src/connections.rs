@@ -137,6 +137,13 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::MetadataResponse
         | FrameType::HandoffRequest
         | FrameType::HandoffResponse
+        | FrameType::AuthenticateRequest
+        | FrameType::AuthenticateResponse
+        | FrameType::UserAdminRequest
+        | FrameType::AclAdminRequest
+        | FrameType::AdminResponse
+        | FrameType::DescribeSecurityRequest
+        | FrameType::DescribeSecurityResponse
         // An operator's audit tool, not a peer: it waits for a place in the pool.
         | FrameType::RangeDigestRequest
         | FrameType::RangeDigestResponse => false,

@@ -262,7 +262,7 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], WireError> {
+    pub(crate) fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], WireError> {
         let remaining = self.remaining();
         if n > remaining {
             return Err(WireError::Truncated {
@@ -276,7 +276,10 @@ impl<'a> Reader<'a> {
         Ok(&self.buf[start..self.pos])
     }
 
-    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], WireError> {
+    pub(crate) fn array<const N: usize>(
+        &mut self,
+        field: &'static str,
+    ) -> Result<[u8; N], WireError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(field, N)?);
         Ok(out)

@@ -304,6 +304,10 @@ pub enum ErrorCode {
     /// whose certificate does not name the broker role (or that showed none). The message
     /// names the peer and the request; nothing of the request took effect.
     Unauthorized = 12,
+    /// A SASL exchange failed: an unknown user, a wrong password, an unknown mechanism or a
+    /// malformed message (the message does not say which of user and password was wrong).
+    /// Sent just before the broker closes the connection.
+    AuthenticationFailed = 13,
     /// Store: this store is on a new incarnation (its disk was wiped or replaced) and
     /// never grants a fence or counts toward a quorum; detail `ErrorDetail::NotVoter`.
     NotVoter = 100,
@@ -340,7 +344,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -353,6 +357,7 @@ impl ErrorCode {
         ErrorCode::ConnectionTimeout,
         ErrorCode::UnknownLog,
         ErrorCode::Unauthorized,
+        ErrorCode::AuthenticationFailed,
         ErrorCode::NotVoter,
         ErrorCode::LogFailed,
         ErrorCode::NotMaster,
@@ -393,7 +398,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 24] = [
+        let expected: [(ErrorCode, u16); 25] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -406,6 +411,7 @@ mod tests {
             (ErrorCode::ConnectionTimeout, 10),
             (ErrorCode::UnknownLog, 11),
             (ErrorCode::Unauthorized, 12),
+            (ErrorCode::AuthenticationFailed, 13),
             (ErrorCode::NotVoter, 100),
             (ErrorCode::LogFailed, 101),
             (ErrorCode::NotMaster, 200),
@@ -424,7 +430,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 13, 99, 102, 199, 210, 299, u16::MAX] {
+        for n in [0u16, 14, 99, 102, 199, 210, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

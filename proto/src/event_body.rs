@@ -1,5 +1,5 @@
 //! The payloads of the broker's events: what a message, a cursor commit, a topic change,
-//! an epoch start or a trim point look like inside an [`crate::Event`]'s `payload`.
+//! an epoch start, a trim point, a user or an ACL change look like inside an [`crate::Event`]'s `payload`.
 //!
 //! Stores never read these; brokers write them into the log and rebuild their state from
 //! them, so they are a durable format: every body starts with a version byte
@@ -39,6 +39,19 @@
 //!      8 producer_id, 8 last_sequence, 8 last_offset,
 //!      4 run count u32 (≤ SNAPSHOT_RUNS_MAX), then per run:
 //!        topic string, 8 first_sequence, 8 first_offset, 8 count
+//! then, only when there are users or ACL entries (a snapshot ends here otherwise):
+//! 4    user count u32 (≤ USERS_MAX), then per user: name string, ScramCredential
+//! 4    acl count u32 (≤ ACLS_MAX), then per entry: AclEntry
+//!
+//! UserAdmin (kind 6)               AclAdmin (kind 7)
+//! 1    version  u8                 1    version  u8
+//! 2+n  user     string             1    action   u8 (1 add, 2 remove)
+//! 1    tag      u8 (0 remove,      2+n  principal string
+//!      1 a ScramCredential follows) 1   operation u8 (1 produce, 2 consume,
+//!                                          3 commit, 4 admin, 5 all)
+//!                                  2+n  topic    string (name, `*`, or `prefix*`)
+//! (ScramCredential: 2+n salt, 4 iterations u32, 32 stored_key, 32 server_key; see
+//! crate::security)
 //! ```
 
 use bytes::{Bytes, BytesMut};
@@ -47,6 +60,10 @@ use crate::codec::{BodyWriter, CountingWriter, Reader};
 use crate::error::WireError;
 use crate::limits::{CURSOR_BYTES_MAX, MEMBERS_MAX, MESSAGE_BYTES_MAX, TOPIC_BYTES_MAX};
 use crate::payload::Payload;
+use crate::security::{
+    read_acls, write_acls, AclAdminEvent, AclEntry, ScramCredential, UserAdminEvent, ACLS_MAX,
+    PRINCIPAL_BYTES_MAX, SNAPSHOT_USER_BYTES_MIN, USERS_MAX,
+};
 use crate::types::{BrokerId, Epoch, EventKind, Incarnation, Offset, StoreId};
 
 /// The event body format version this build writes and reads.
@@ -259,6 +276,10 @@ pub struct BrokerSnapshot {
     pub cursors: Vec<SnapshotCursor>,
     /// The idempotent-producer table.
     pub producers: Vec<SnapshotProducer>,
+    /// Every user with its SCRAM credential, by name.
+    pub users: Vec<(String, ScramCredential)>,
+    /// Every ACL entry, sorted.
+    pub acls: Vec<AclEntry>,
 }
 
 /// One cursor of a [`BrokerSnapshot`].
@@ -437,6 +458,19 @@ impl BrokerSnapshot {
                 runs,
             });
         }
+        // Users and ACLs follow only when there are any (a snapshot of a build before
+        // them ends here, and one without them is written as it was).
+        let mut users = Vec::new();
+        let mut acls = Vec::new();
+        if r.remaining() > 0 {
+            let count = r.count("snapshot users", USERS_MAX, SNAPSHOT_USER_BYTES_MIN)?;
+            users.reserve(count);
+            for _ in 0..count {
+                let user = r.name("user", PRINCIPAL_BYTES_MAX)?;
+                users.push((user, ScramCredential::read(r)?));
+            }
+            acls = read_acls(r)?;
+        }
         Ok(BrokerSnapshot {
             trim_point,
             epoch,
@@ -445,6 +479,8 @@ impl BrokerSnapshot {
             topics,
             cursors,
             producers,
+            users,
+            acls,
         })
     }
 
@@ -480,6 +516,21 @@ impl BrokerSnapshot {
                 w.u64(run.count);
             }
         }
+        if !self.users.is_empty() || !self.acls.is_empty() {
+            w.count("snapshot users", self.users.len(), USERS_MAX)?;
+            for (user, credential) in &self.users {
+                w.name("user", user, PRINCIPAL_BYTES_MAX)?;
+                credential.write(w)?;
+            }
+            if self.acls.len() > ACLS_MAX {
+                return Err(WireError::CountTooLarge {
+                    field: "snapshot acls",
+                    count: self.acls.len() as u64,
+                    max: ACLS_MAX as u64,
+                });
+            }
+            write_acls(w, &self.acls)?;
+        }
         Ok(())
     }
 }
@@ -497,6 +548,10 @@ pub enum EventBody {
     EpochStart(EpochStartEvent),
     /// [`TrimEvent`].
     Trim(TrimEvent),
+    /// [`UserAdminEvent`].
+    UserAdmin(UserAdminEvent),
+    /// [`AclAdminEvent`].
+    AclAdmin(AclAdminEvent),
 }
 
 impl EventBody {
@@ -509,6 +564,8 @@ impl EventBody {
             EventBody::TopicAdmin(_) => EventKind::TopicAdmin,
             EventBody::EpochStart(_) => EventKind::EpochStart,
             EventBody::Trim(_) => EventKind::Trim,
+            EventBody::UserAdmin(_) => EventKind::UserAdmin,
+            EventBody::AclAdmin(_) => EventKind::AclAdmin,
         }
     }
 
@@ -638,6 +695,8 @@ impl EventBody {
                     part,
                 })
             }
+            EventKind::UserAdmin => EventBody::UserAdmin(UserAdminEvent::read(&mut r)?),
+            EventKind::AclAdmin => EventBody::AclAdmin(AclAdminEvent::read(&mut r)?),
         };
         r.finish()?;
         Ok(body)
@@ -686,6 +745,8 @@ impl EventBody {
                     }
                 }
             }
+            EventBody::UserAdmin(u) => u.write(w)?,
+            EventBody::AclAdmin(a) => a.write(w)?,
         }
         Ok(())
     }

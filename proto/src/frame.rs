@@ -47,6 +47,10 @@ use crate::replication::{
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
     TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
 };
+use crate::security::{
+    AclAdminRequest, AdminResponse, AuthenticateRequest, AuthenticateResponse,
+    DescribeSecurityRequest, DescribeSecurityResponse, UserAdminRequest,
+};
 use crate::types::LogId;
 
 /// Size of the frame header, in bytes.
@@ -257,6 +261,20 @@ bodies! {
     HandoffRequest = 0x030B, request;
     /// [`HandoffResponse`]: master → operator.
     HandoffResponse = 0x030C, response;
+    /// [`AuthenticateRequest`]: client → any broker (a SASL step).
+    AuthenticateRequest = 0x030D, request;
+    /// [`AuthenticateResponse`]: broker → client.
+    AuthenticateResponse = 0x030E, response;
+    /// [`UserAdminRequest`]: operator → master.
+    UserAdminRequest = 0x030F, request;
+    /// [`AclAdminRequest`]: operator → master.
+    AclAdminRequest = 0x0310, request;
+    /// [`AdminResponse`]: master → operator.
+    AdminResponse = 0x0311, response;
+    /// [`DescribeSecurityRequest`]: operator → any broker.
+    DescribeSecurityRequest = 0x0312, request;
+    /// [`DescribeSecurityResponse`]: broker → operator.
+    DescribeSecurityResponse = 0x0313, response;
 }
 
 impl Body {

@@ -41,6 +41,7 @@ pub mod frame;
 pub mod limits;
 pub mod payload;
 pub mod replication;
+pub mod security;
 pub mod types;
 
 pub use client::{
@@ -70,6 +71,12 @@ pub use replication::{
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
     RejectReason, TailCut, TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
     EVENT_OVERHEAD_BYTES,
+};
+pub use security::{
+    AclAction, AclAdminEvent, AclAdminRequest, AclEntry, AclOperation, AdminResponse,
+    AuthenticateRequest, AuthenticateResponse, DescribeSecurityRequest, DescribeSecurityResponse,
+    ScramCredential, UserAdminEvent, UserAdminRequest, UserInfo, ACLS_MAX, PRINCIPAL_BYTES_MAX,
+    SASL_MESSAGE_BYTES_MAX, SCRAM_KEY_BYTES, SCRAM_SALT_BYTES_MAX, USERS_MAX,
 };
 pub use types::{BrokerId, Epoch, EventKind, Incarnation, LogId, LogPosition, Offset, StoreId};
 

@@ -275,6 +275,49 @@ pub(crate) fn samples() -> Vec<Body> {
             pause_us: 41_000,
         }
         .into(),
+        crate::AuthenticateRequest {
+            mechanism: "SCRAM-SHA-256".into(),
+            message: Bytes::from_static(b"n,,n=alice,r=abc"),
+        }
+        .into(),
+        crate::AuthenticateResponse {
+            message: Bytes::from_static(b"r=abcdef,s=c2FsdA==,i=4096"),
+        }
+        .into(),
+        crate::UserAdminRequest(crate::UserAdminEvent {
+            user: "alice".into(),
+            credential: Some(crate::ScramCredential {
+                salt: Bytes::from_static(b"salt"),
+                iterations: 4096,
+                stored_key: [1; 32],
+                server_key: [2; 32],
+            }),
+        })
+        .into(),
+        crate::AclAdminRequest(crate::AclAdminEvent {
+            action: crate::AclAction::Add,
+            entry: crate::AclEntry {
+                principal: "*".into(),
+                operation: crate::AclOperation::Consume,
+                topic: "orders.*".into(),
+            },
+        })
+        .into(),
+        crate::AdminResponse.into(),
+        crate::DescribeSecurityRequest.into(),
+        crate::DescribeSecurityResponse {
+            authorization: true,
+            users: vec![crate::UserInfo {
+                user: "alice".into(),
+                iterations: 4096,
+            }],
+            acls: vec![crate::AclEntry {
+                principal: "alice".into(),
+                operation: crate::AclOperation::All,
+                topic: "*".into(),
+            }],
+        }
+        .into(),
         TakeOverNowRequest {
             from_epoch: Epoch(0x3_0001),
             hwm: Some(Offset(502)),
@@ -1340,6 +1383,8 @@ fn event_bodies_round_trip() {
                         count: 5,
                     }],
                 }],
+                users: vec![],
+                acls: vec![],
             })),
             part: None,
         }),
@@ -1366,6 +1411,52 @@ fn event_bodies_round_trip() {
         // Every strict prefix is a typed error, never a panic.
         for n in 0..payload.len() {
             assert!(EventBody::decode(body.kind(), &payload.to_bytes().slice(..n).into()).is_err());
+        }
+    }
+    // Users and ACLs: their events, and a snapshot that holds them (its users and ACL
+    // section is optional, so the one prefix that ends right before it decodes, as a
+    // snapshot without them; WAL records are checksummed whole, so no prefix is ever read).
+    let credential = crate::ScramCredential {
+        salt: Bytes::from_static(b"0123456789abcdef"),
+        iterations: 4096,
+        stored_key: [7; 32],
+        server_key: [9; 32],
+    };
+    let entry = crate::AclEntry {
+        principal: "alice".into(),
+        operation: crate::AclOperation::Produce,
+        topic: "orders.*".into(),
+    };
+    let secured = vec![
+        EventBody::UserAdmin(crate::UserAdminEvent {
+            user: "alice".into(),
+            credential: Some(credential.clone()),
+        }),
+        EventBody::UserAdmin(crate::UserAdminEvent {
+            user: "a,b=c".into(),
+            credential: None,
+        }),
+        EventBody::AclAdmin(crate::AclAdminEvent {
+            action: crate::AclAction::Remove,
+            entry: entry.clone(),
+        }),
+        EventBody::Trim(TrimEvent {
+            before: Offset(5),
+            checkpoint: Some(Box::new(BrokerSnapshot {
+                users: vec![("alice".into(), credential)],
+                acls: vec![entry],
+                ..BrokerSnapshot::default()
+            })),
+            part: None,
+        }),
+    ];
+    for body in secured {
+        let payload = body.to_payload().expect("encodes");
+        assert_eq!(payload.len(), body.encoded_bytes().expect("counts"));
+        assert_eq!(EventBody::decode(body.kind(), &payload), Ok(body.clone()));
+        for n in 0..payload.len() {
+            let prefix = EventBody::decode(body.kind(), &payload.to_bytes().slice(..n).into());
+            assert_ne!(prefix, Ok(body.clone()));
         }
     }
     // The hot-path encoder writes the same bytes as the struct, and decoding shares them.

@@ -141,6 +141,10 @@ pub enum EventKind {
     EpochStart = 4,
     /// A retention trim point chosen by the master.
     Trim = 5,
+    /// A user added, replaced or removed (`quire user`).
+    UserAdmin = 6,
+    /// An ACL entry added or removed (`quire acl`).
+    AclAdmin = 7,
 }
 
 impl EventKind {
@@ -153,6 +157,8 @@ impl EventKind {
             3 => EventKind::TopicAdmin,
             4 => EventKind::EpochStart,
             5 => EventKind::Trim,
+            6 => EventKind::UserAdmin,
+            7 => EventKind::AclAdmin,
             _ => return None,
         })
     }

@@ -947,6 +947,7 @@ impl SimBroker {
                 request: r.request,
                 ok: true,
             },
+            Reply::SecurityChanged => panic!("the simulated clients send no user or ACL changes"),
             Reply::NotMaster => self.failed(r, ProduceError::NotMaster { hint: None }, now_ms),
             Reply::Error(e) => {
                 let error = match e.code {

@@ -21,6 +21,7 @@
 pub mod certs;
 mod config;
 mod identity;
+pub mod scram;
 mod stream;
 
 pub use config::{ClientAuth, TlsAcceptor, TlsConnector, TlsError, TlsFiles};

@@ -75,6 +75,15 @@ pub enum Command {
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
 
+    /// The cluster's users (SCRAM-SHA-256 logins): `add`, `remove`, `list`.
+    #[command(subcommand)]
+    User(crate::access::UserCommand),
+
+    /// The cluster's ACL entries (who may produce, consume, commit, administer): `add`,
+    /// `remove`, `list`. Enforced by brokers with authorization = "acl".
+    #[command(subcommand)]
+    Acl(crate::access::AclCommand),
+
     /// Inspect, verify and repair a store's write-ahead log offline.
     #[command(subcommand)]
     Wal(crate::wal::args::WalCommand),
@@ -107,7 +116,7 @@ pub enum BenchCommand {
 
     /// Produce-to-stabilized-ack throughput and latency of a running cluster (closed loop,
     /// or --rate for a fixed rate measured from each message's intended send time).
-    Cluster(crate::bench::cluster::ClusterBenchArgs),
+    Cluster(Box<crate::bench::cluster::ClusterBenchArgs>),
 
     /// Appends through quire-wal with N concurrent appenders (group commit): MB/s,
     /// events/s, fdatasyncs/s, append-to-durable latency, CPU per event; in text output

@@ -176,6 +176,7 @@ impl ConsumeArgs {
             brokers: self.brokers.addrs(),
             connect: MasterBound {
                 tls: self.brokers.tls()?,
+                sasl: self.brokers.sasl()?,
                 ..self.connect.bound()
             },
             topic: self.topic.clone(),
@@ -530,6 +531,8 @@ mod tests {
                 tls_ca: None,
                 tls_cert: None,
                 tls_key: None,
+                user: None,
+                password_file: None,
             },
             connect: ConnectArgs {
                 connect_timeout: Some(Duration::from_secs(30)),

@@ -12,6 +12,7 @@
 //! | [`servers`] | `quire node ...` / `quire broker ...`: the store and broker servers |
 //! | [`produce`], [`consume`] | `quire produce` / `quire consume` |
 //! | [`cluster`] | `quire cluster ...` and what the client commands share |
+//! | [`access`] | `quire user ...`, `quire acl ...`: users and ACL entries |
 //! | [`profile`] | `quire profile ...`: named connection settings in `profiles.toml` |
 //! | [`settings`] | flag > `QUIRE_*` variable > profile > default, for the client commands |
 //! | [`completion`] | `quire completion SHELL`, `quire man`: generated from [`cli`] |
@@ -27,6 +28,7 @@
 //! `quire cluster audit` exits with its verdict: 0 healthy, 4 degraded, 5 at risk
 //! ([`cluster::audit::EXIT_DEGRADED`], [`cluster::audit::EXIT_AT_RISK`]).
 
+pub mod access;
 pub mod bench;
 pub mod cli;
 pub mod cluster;
@@ -123,6 +125,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
             bench::cluster::check(&report)?;
         }
+        Command::User(command) => access::run_user(command, &env)?,
+        Command::Acl(command) => access::run_acl(command, &env)?,
         Command::Wal(command) => wal::run(&command)?,
         Command::Profile(command) => profile::run(&command, &env, &mut io::stdout().lock())?,
         Command::Completion(args) => {
@@ -161,6 +165,8 @@ pub fn reads_client_settings(command: &Command) -> bool {
         Command::Produce(_)
             | Command::Consume(_)
             | Command::Cluster(_)
+            | Command::User(_)
+            | Command::Acl(_)
             | Command::Profile(_)
             | Command::Bench(BenchCommand::Cluster(_))
     )

@@ -164,6 +164,7 @@ impl ProduceArgs {
     fn connect_bound(&self) -> anyhow::Result<MasterBound> {
         Ok(MasterBound {
             tls: self.brokers.tls()?,
+            sasl: self.brokers.sasl()?,
             ..self.connect.bound()
         })
     }

@@ -51,8 +51,15 @@ pub const TLS_CERT_ENV: &str = "QUIRE_TLS_CERT";
 /// The default of `--tls-key`.
 pub const TLS_KEY_ENV: &str = "QUIRE_TLS_KEY";
 
+/// The default of `--user`.
+pub const USER_ENV: &str = "QUIRE_USER";
+/// `--user`'s password (or give --password-file).
+pub const PASSWORD_ENV: &str = "QUIRE_PASSWORD";
+/// The default of `--password-file`.
+pub const PASSWORD_FILE_ENV: &str = "QUIRE_PASSWORD_FILE";
+
 /// Every variable the client reads.
-pub const CLIENT_VARIABLES: [&str; 9] = [
+pub const CLIENT_VARIABLES: [&str; 13] = [
     BROKERS_ENV,
     PROFILE_ENV,
     CONNECT_TIMEOUT_ENV,
@@ -62,6 +69,10 @@ pub const CLIENT_VARIABLES: [&str; 9] = [
     TLS_CA_ENV,
     TLS_CERT_ENV,
     TLS_KEY_ENV,
+    USER_ENV,
+    PASSWORD_ENV,
+    PASSWORD_FILE_ENV,
+    crate::access::NEW_PASSWORD_ENV,
 ];
 
 /// Prefixes and names of `QUIRE_*` variables that belong to others (the servers, the test

@@ -34,6 +34,7 @@ use quire_proto::{
 use super::RequestToken;
 use crate::core::event::EVENT_OVERHEAD_BYTES;
 use crate::core::MasterCore;
+use crate::security::SecurityChange;
 use crate::state::{BrokerState, Dedup};
 
 /// The bounds of the write path.
@@ -64,6 +65,8 @@ pub enum WriteRequest {
     Produce(ProduceRequest),
     /// Commit a consumer cursor (an event through the same quorum path).
     CommitCursor(CommitCursorRequest),
+    /// Add, replace or remove a user or an ACL entry (one event, likewise).
+    Security(SecurityChange),
 }
 
 impl Arrival {
@@ -83,6 +86,7 @@ impl WriteRequest {
         match self {
             WriteRequest::Produce(_) => WriteKind::Produce,
             WriteRequest::CommitCursor(_) => WriteKind::CommitCursor,
+            WriteRequest::Security(_) => WriteKind::Security,
         }
     }
 }
@@ -94,6 +98,8 @@ pub enum WriteKind {
     Produce,
     /// A cursor commit: one cursor-commit event.
     CommitCursor,
+    /// A user or ACL change: one user-admin or ACL-admin event.
+    Security,
 }
 
 /// Whether the driver lets new writes be proposed now.
@@ -117,6 +123,8 @@ pub enum Reply {
     },
     /// The cursor commit is stabilized.
     CursorCommitted,
+    /// The user or ACL change is stabilized.
+    SecurityChanged,
     /// This broker is not (or no longer) the master; the driver adds where the master is.
     NotMaster,
     /// A typed error.
@@ -331,6 +339,7 @@ impl Writes {
                         count: u32::try_from(p.count).unwrap_or(u32::MAX),
                     },
                     WriteKind::CommitCursor => Reply::CursorCommitted,
+                    WriteKind::Security => Reply::SecurityChanged,
                 };
                 out.push(WriteCommand::Answer {
                     token: w.token,
@@ -591,10 +600,47 @@ impl Writes {
                     }
                 }
             }
+            WriteRequest::Security(change) => {
+                if let Some((what, max)) = state.security().over_bound(change) {
+                    reply(
+                        out,
+                        Reply::Error(ErrorResponse::new(
+                            ErrorCode::LimitReached,
+                            format!("the cluster holds its most {what} ({max}); remove some first"),
+                        )),
+                        None,
+                    );
+                    return None;
+                }
+                let body = match change {
+                    SecurityChange::User(u) => EventBody::UserAdmin(u.clone()),
+                    SecurityChange::Acl(a) => EventBody::AclAdmin(a.clone()),
+                };
+                match body.to_payload() {
+                    Ok(p) => {
+                        if core.unstable_bytes() + EVENT_OVERHEAD_BYTES + p.len() as u64
+                            > inflight_max
+                        {
+                            return Some(b);
+                        }
+                        (vec![p], None, None)
+                    }
+                    Err(e) => {
+                        reply(
+                            out,
+                            Reply::Error(ErrorResponse::new(ErrorCode::InvalidName, e.to_string())),
+                            None,
+                        );
+                        return None;
+                    }
+                }
+            }
         };
-        let event_kind = match kind {
-            WriteKind::Produce => EventKind::Message,
-            WriteKind::CommitCursor => EventKind::CursorCommit,
+        let event_kind = match &b.request {
+            WriteRequest::Produce(_) => EventKind::Message,
+            WriteRequest::CommitCursor(_) => EventKind::CursorCommit,
+            WriteRequest::Security(SecurityChange::User(_)) => EventKind::UserAdmin,
+            WriteRequest::Security(SecurityChange::Acl(_)) => EventKind::AclAdmin,
         };
         let count = payloads.len() as u64;
         let mut base = None;

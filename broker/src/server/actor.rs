@@ -41,6 +41,7 @@ use crate::engine::{
     WriteKind, WriteLimits, WriteRequest,
 };
 use crate::metrics::{Metrics, StatusSnapshot, StoreProgress};
+use crate::security::SecurityChange;
 use quire_net::Readiness;
 
 mod handoff;
@@ -99,6 +100,10 @@ pub(crate) struct Actor {
     next_token: u64,
     /// When each batch in flight was proposed, by its last offset (quorum-wait metric).
     proposed_at: BTreeMap<Offset, Instant>,
+    /// See [`ActorInit::security`].
+    security: crate::security::SecurityView,
+    /// The tables last set in `security`.
+    published_security: Arc<crate::security::SecurityTables>,
 }
 
 /// A write request the engine holds by its token: what answers it.
@@ -129,6 +134,8 @@ pub(crate) struct ActorInit {
     /// Raised to the payload length of every message event applied (shared with the
     /// connection readers, who bound a fetch's answer by it).
     pub(crate) message_event_bytes_max: Arc<AtomicUsize>,
+    /// The users and ACL entries the connections check against (set from the state).
+    pub(crate) security: crate::security::SecurityView,
 }
 
 /// `d` in whole milliseconds, saturating.
@@ -146,6 +153,7 @@ impl Actor {
             internal_tx,
             metrics,
             message_event_bytes_max,
+            security,
         } = init;
         let store_count = cfg.stores.len();
         let identities = cluster_file.identities_by_slot();
@@ -206,6 +214,8 @@ impl Actor {
             held_writes: BTreeMap::new(),
             next_token: 0,
             proposed_at: BTreeMap::new(),
+            published_security: crate::security::current(&security),
+            security,
             cfg,
         }
     }
@@ -314,7 +324,24 @@ impl Actor {
                 self.metrics.produce_requests.inc();
                 self.on_write_request(r);
             }
-            Body::CommitCursorRequest(_) => self.on_write_request(r),
+            Body::CommitCursorRequest(_) | Body::UserAdminRequest(_) | Body::AclAdminRequest(_) => {
+                self.on_write_request(r)
+            }
+            Body::DescribeSecurityRequest(_) => {
+                let tables = self.engine.state().security();
+                let body = quire_proto::DescribeSecurityResponse {
+                    authorization: self.cfg.auth.authorization,
+                    users: tables
+                        .users()
+                        .map(|(user, c)| quire_proto::UserInfo {
+                            user: user.to_owned(),
+                            iterations: c.iterations,
+                        })
+                        .collect(),
+                    acls: tables.acls().cloned().collect(),
+                };
+                r.reply.answer(r.request_id, body.into(), r.permits);
+            }
             Body::HandoffRequest(_) => self.on_handoff_request(r),
             Body::TakeOverNowRequest(_) => self.on_take_over_now(r),
             Body::FetchRequest(_) => {
@@ -666,6 +693,21 @@ impl Actor {
         if self.engine.master_epoch().is_none() {
             self.proposed_at.clear();
         }
+        self.publish_security();
+    }
+
+    /// Shows the connections the state's users and ACL entries if they changed (an
+    /// applied user or ACL event, or a state rebuilt from a checkpoint).
+    fn publish_security(&mut self) {
+        let tables = self.engine.state().security();
+        if Arc::ptr_eq(tables, &self.published_security) {
+            return;
+        }
+        self.published_security = tables.clone();
+        match self.security.write() {
+            Ok(mut t) => *t = tables.clone(),
+            Err(poisoned) => *poisoned.into_inner() = tables.clone(),
+        }
     }
 
     fn run_command(
@@ -853,6 +895,7 @@ impl Actor {
                         ProduceResponse { base_offset, count }.into()
                     }
                     Reply::CursorCommitted => CommitCursorResponse.into(),
+                    Reply::SecurityChanged => quire_proto::AdminResponse.into(),
                     Reply::NotMaster => {
                         let (epoch, master) = self.master_hint();
                         ErrorResponse::not_master(epoch, master).into()
@@ -877,6 +920,8 @@ impl Actor {
         let request = match r.body {
             Body::ProduceRequest(p) => WriteRequest::Produce(p),
             Body::CommitCursorRequest(c) => WriteRequest::CommitCursor(c),
+            Body::UserAdminRequest(u) => WriteRequest::Security(SecurityChange::User(u.0)),
+            Body::AclAdminRequest(a) => WriteRequest::Security(SecurityChange::Acl(a.0)),
             _ => return,
         };
         let token = RequestToken(self.next_token);

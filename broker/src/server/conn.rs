@@ -52,13 +52,15 @@ use quire_net::{
     ReadError, ReadSettings, IOV_MAX, WRITE_STALL_TIMEOUT,
 };
 use quire_proto::{
-    encode_body, Body, ErrorCode, ErrorResponse, FetchRequest, Flags, LogId, RequestId,
-    FRAME_BYTES_MAX, HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
+    encode_body, AuthenticateRequest, AuthenticateResponse, Body, ErrorCode, ErrorResponse,
+    FetchRequest, Flags, LogId, RequestId, FRAME_BYTES_MAX, HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
 };
+use quire_tls::scram::ScramServer;
 use quire_tls::Stream;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::Metrics;
+use crate::security::Principal;
 
 /// Most requests of one connection waiting for an answer.
 pub const CONN_REQUESTS_MAX: usize = 4096;
@@ -212,6 +214,10 @@ pub(crate) struct ConnShared {
     /// The broker-wide budget of fetch answers not yet written
     /// (`fetch_responses_bytes_max`).
     pub(crate) fetch_responses: ConnBytes,
+    /// The users and ACL entries applied (SCRAM exchanges and ACL checks read them).
+    pub(crate) security: crate::security::SecurityView,
+    /// `authorization` and `super_users`.
+    pub(crate) auth: Arc<crate::security::AuthSettings>,
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
@@ -253,6 +259,10 @@ pub(crate) async fn serve(
     let mut reader = FrameReader::new(r, shared.read_budget.clone(), &shared.read);
     // A principal over its connection bound gets one error and the close; the loop runs
     // for nothing then, so the ending below is the same for every connection.
+    // Who the connection acts as: its certificate's holder, or the user of a SCRAM
+    // exchange completed on it.
+    let mut principal = Principal::of(&auth);
+    let mut sasl: Option<ScramServer> = None;
     let admitted = match permit.admit_peer(&auth, peer_addr) {
         Ok(()) => true,
         Err(e) => {
@@ -313,6 +323,45 @@ pub(crate) async fn serve(
             quire_net::log_unauthorized(&peer, frame.frame_type(), &refusal.message);
             reply.error(frame.request_id, refusal);
             continue;
+        }
+        if let Body::AuthenticateRequest(a) = &frame.body {
+            match authenticate_step(a, &mut sasl, &shared.security) {
+                Ok(Step::Continue(message)) => {
+                    reply.send(frame.request_id, AuthenticateResponse { message }.into());
+                }
+                Ok(Step::Done(user, message)) => {
+                    tracing::debug!(conn = id, %peer, %user, "authenticated");
+                    principal = Principal::User(user);
+                    reply.send(frame.request_id, AuthenticateResponse { message }.into());
+                }
+                Err(why) => {
+                    // As Kafka: a failed exchange is answered and the connection closed,
+                    // so a client cannot guess passwords without reconnecting.
+                    shared.metrics.reject_frame("authentication_failed");
+                    tracing::info!(conn = id, %peer, error = %why, "SASL authentication failed");
+                    reply.error(
+                        frame.request_id,
+                        ErrorResponse::new(ErrorCode::AuthenticationFailed, why),
+                    );
+                    break;
+                }
+            }
+            continue;
+        }
+        if shared.auth.authorization {
+            let tables = crate::security::current(&shared.security);
+            if let Err(refusal) = crate::security::authorize(
+                &shared.auth,
+                &tables,
+                &principal,
+                peer_addr.ip().is_loopback(),
+                &frame.body,
+            ) {
+                shared.metrics.reject_frame("unauthorized");
+                quire_net::log_unauthorized(&peer, frame.frame_type(), &refusal.message);
+                reply.error(frame.request_id, refusal);
+                continue;
+            }
         }
         if frame.log != LogId::ZERO {
             // One log per cluster until partitions land (docs/partitions.md).
@@ -382,6 +431,52 @@ pub(crate) async fn serve(
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
     shared.metrics.connections_open.dec();
     tracing::debug!(conn = id, %peer, "connection closed");
+}
+
+/// Where a SASL exchange stands after one step.
+enum Step {
+    /// Send this message; another step follows.
+    Continue(Bytes),
+    /// The user proved who it is: send this last message.
+    Done(String, Bytes),
+}
+
+/// One step of a connection's SCRAM-SHA-256 exchange (`sasl` holds the server side between
+/// the two steps).
+///
+/// # Errors
+/// Why the exchange failed, for the client (an unknown user and a wrong password read
+/// alike).
+fn authenticate_step(
+    a: &AuthenticateRequest,
+    sasl: &mut Option<ScramServer>,
+    security: &crate::security::SecurityView,
+) -> Result<Step, String> {
+    if a.mechanism != quire_tls::scram::MECHANISM {
+        return Err(format!(
+            "SASL mechanism {:?} is not offered; use {}",
+            a.mechanism,
+            quire_tls::scram::MECHANISM
+        ));
+    }
+    let message = std::str::from_utf8(&a.message).map_err(|_| "the SASL message is not UTF-8")?;
+    match sasl.take() {
+        None => {
+            let tables = crate::security::current(security);
+            let (server, first) =
+                ScramServer::client_first(message, |u| tables.credential(u).cloned())
+                    .map_err(|e| e.to_string())?;
+            *sasl = Some(server);
+            Ok(Step::Continue(first.into()))
+        }
+        Some(server) => {
+            let user = server.user().to_owned();
+            let (user, last) = server
+                .client_final(message)
+                .map_err(|e| format!("user {user:?}: {e}"))?;
+            Ok(Step::Done(user, last.into()))
+        }
+    }
 }
 
 /// Logs and counts why the reader gave no frame.

@@ -158,7 +158,9 @@ impl Broker {
         );
         let cfg = Arc::new(config);
         let message_event_bytes_max = Arc::new(AtomicUsize::new(0));
+        let security: crate::security::SecurityView = Arc::default();
         let actor = actor::Actor::new(actor::ActorInit {
+            security: security.clone(),
             cfg: cfg.clone(),
             cluster_file,
             durable_counter: counter,
@@ -181,6 +183,8 @@ impl Broker {
             read: cfg.read,
             message_event_bytes_max,
             fetch_responses: ConnBytes::new(cfg.fetch_responses_bytes_max),
+            security,
+            auth: Arc::new(cfg.auth.clone()),
         };
         let connections_max =
             quire_net::fit_open_files_limit(cfg.connections_max, PEER_CONNECTIONS_RESERVE);

@@ -144,6 +144,7 @@ pub(crate) fn conn_config(
         request_timeout,
         in_flight_requests_max: 1024,
         tls,
+        sasl: None,
     }
 }
 

@@ -195,6 +195,7 @@ impl ClusterBenchArgs {
     fn connect_bound(&self) -> anyhow::Result<MasterBound> {
         Ok(MasterBound {
             tls: self.brokers.tls()?,
+            sasl: self.brokers.sasl()?,
             ..self.connect.bound()
         })
     }
@@ -739,6 +740,7 @@ mod tests {
                 timeout: Duration::from_secs(30),
                 flag: Some("--connect-timeout"),
                 tls: None,
+                sasl: None,
             },
             topic: "bench".into(),
             producers: 2,

@@ -272,6 +272,7 @@ fn cluster_rows(dir: &Path, duration: Duration) -> anyhow::Result<Vec<Row>> {
                 timeout: CLUSTER_READY_WAIT,
                 flag: None,
                 tls: None,
+                sasl: None,
             },
             topic: "bench".into(),
             producers: 4,

@@ -101,6 +101,7 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
             timeout,
             flag: Some("--timeout"),
             tls: args.brokers.tls()?,
+            sasl: args.brokers.sasl()?,
         };
         let config = bound.discovery_config(DiscoveryConfig {
             conn: ConnConfig {

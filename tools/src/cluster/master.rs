@@ -52,6 +52,7 @@ impl ConnectArgs {
                 .unwrap_or(crate::settings::CONNECT_TIMEOUT_DEFAULT),
             flag: Some("--connect-timeout"),
             tls: None,
+            sasl: None,
         }
     }
 }
@@ -67,6 +68,8 @@ pub struct MasterBound {
     pub flag: Option<&'static str>,
     /// TLS towards the brokers (`--tls-ca`, ...); `None`: plaintext.
     pub tls: Option<quire_tls::TlsConnector>,
+    /// The user to authenticate as (`--user`, ...); `None`: none.
+    pub sasl: Option<quire_client::ScramLogin>,
 }
 
 impl MasterBound {
@@ -86,6 +89,7 @@ impl MasterBound {
                     .tls
                     .clone()
                     .map(|t| t.expecting(quire_tls::Role::Broker)),
+                sasl: self.sasl.clone(),
                 ..base.conn
             },
             ..base
@@ -138,7 +142,12 @@ pub async fn find_master(
             // A certificate or TLS mismatch does not mend itself: say so now, not after
             // the whole bound (as Kafka's clients fail an SSL authentication at once).
             Err(e) if e.is_tls_refusal() => {
-                return Err(anyhow::Error::new(e).context("TLS refused the connection"))
+                let what = if e.to_string().contains("SASL") {
+                    "the broker refused the login (check --user and the password)"
+                } else {
+                    "TLS refused the connection"
+                };
+                return Err(anyhow::Error::new(e).context(what));
             }
             Err(e) => e,
         };
@@ -222,6 +231,7 @@ mod tests {
             timeout: Duration::from_millis(ms),
             flag: Some("--connect-timeout"),
             tls: None,
+            sasl: None,
         }
     }
 
@@ -272,6 +282,7 @@ mod tests {
                 timeout: Duration::from_secs(15),
                 flag: Some("--timeout"),
                 tls: None,
+                sasl: None,
             },
             brokers: vec!["127.0.0.1:9".to_owned()],
             last: refused("127.0.0.1:9"),
@@ -289,6 +300,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             flag: None,
             tls: None,
+            sasl: None,
         };
         let note = unreachable_note(&refused("a:1"), &["a:1".to_owned()], &fixed);
         assert!(note.ends_with("retrying for up to 1m"), "{note}");

@@ -81,6 +81,21 @@ pub struct BrokersArgs {
     /// PEM file of the private key of --tls-cert. Default: $QUIRE_TLS_KEY.
     #[arg(long, value_name = "FILE", env = "QUIRE_TLS_KEY", hide_env = true)]
     pub tls_key: Option<std::path::PathBuf>,
+
+    /// Authenticate to the brokers as this user with SCRAM-SHA-256 (`quire user add`); the
+    /// password comes from $QUIRE_PASSWORD or --password-file. Default: $QUIRE_USER.
+    #[arg(long, value_name = "NAME", env = "QUIRE_USER", hide_env = true)]
+    pub user: Option<String>,
+
+    /// File whose first line is --user's password (never give a password as a flag: other
+    /// users of the machine see flags). Default: $QUIRE_PASSWORD_FILE.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "QUIRE_PASSWORD_FILE",
+        hide_env = true
+    )]
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 impl BrokersArgs {
@@ -133,6 +148,29 @@ impl BrokersArgs {
         )
     }
 
+    /// The SCRAM login of `--user`: `None` without one.
+    ///
+    /// # Errors
+    /// A user without a password ($QUIRE_PASSWORD, --password-file), an unreadable
+    /// password file, or a password file without a user.
+    pub fn sasl(&self) -> anyhow::Result<Option<quire_client::ScramLogin>> {
+        let Some(user) = self.user.clone().filter(|u| !u.is_empty()) else {
+            if self.password_file.is_some() {
+                anyhow::bail!("--password-file ($QUIRE_PASSWORD_FILE) needs --user ($QUIRE_USER)");
+            }
+            return Ok(None);
+        };
+        let password = match &self.password_file {
+            Some(path) => read_password_file(path)?,
+            None => std::env::var(crate::settings::PASSWORD_ENV).map_err(|_| {
+                anyhow::anyhow!(
+                    "--user {user} needs a password: set $QUIRE_PASSWORD or give --password-file"
+                )
+            })?,
+        };
+        Ok(Some(quire_client::ScramLogin { user, password }))
+    }
+
     /// The addresses, trimmed, empty entries dropped.
     #[must_use]
     pub fn addrs(&self) -> Vec<String> {
@@ -142,6 +180,23 @@ impl BrokersArgs {
             .filter(|b| !b.is_empty())
             .collect()
     }
+}
+
+/// The first line of `path`, without its line ending: a password.
+///
+/// # Errors
+/// The file cannot be read, or its first line is empty.
+pub fn read_password_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the password file {}", path.display()))?;
+    let line = text.lines().next().unwrap_or_default();
+    if line.is_empty() {
+        anyhow::bail!(
+            "the password file {} has an empty first line",
+            path.display()
+        );
+    }
+    Ok(line.to_owned())
 }
 
 /// The Tokio runtime an async command runs in: multi-threaded, with I/O and timers, its
@@ -201,6 +256,8 @@ mod tests {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            user: None,
+            password_file: None,
         };
         assert_eq!(args.addrs(), vec!["a:1".to_owned(), "b:2".to_owned()]);
     }

@@ -22,7 +22,7 @@
 use std::io::{self, Write};
 
 use bytes::Bytes;
-use quire_proto::{EventBody, EventKind, TopicAction};
+use quire_proto::{AclAction, EventBody, EventKind, TopicAction};
 use serde::Serialize;
 
 use super::dump::{hex, PayloadMode};
@@ -71,6 +71,26 @@ pub enum DecodedEvent {
         broker: u16,
         /// The voting stores.
         voters: Vec<DecodedVoter>,
+    },
+    /// A user added, replaced or removed (the credential's keys are never printed).
+    UserAdmin {
+        /// `"set"` or `"remove"`.
+        action: &'static str,
+        /// The user's name.
+        user: String,
+        /// PBKDF2 iterations of the credential set (`None` for a removal).
+        iterations: Option<u32>,
+    },
+    /// An ACL entry added or removed.
+    AclAdmin {
+        /// `"add"` or `"remove"`.
+        action: &'static str,
+        /// The entry's principal.
+        principal: String,
+        /// The operation it allows.
+        operation: &'static str,
+        /// The topic name or pattern.
+        topic: String,
     },
     /// A retention trim point.
     Trim {
@@ -205,6 +225,24 @@ pub fn decode(kind: u8, payload: &[u8], mode: PayloadMode) -> Result<Option<Deco
                 snapshot_bytes: p.snapshot_bytes,
             }),
         },
+        EventBody::UserAdmin(u) => DecodedEvent::UserAdmin {
+            action: if u.credential.is_some() {
+                "set"
+            } else {
+                "remove"
+            },
+            user: u.user,
+            iterations: u.credential.map(|c| c.iterations),
+        },
+        EventBody::AclAdmin(a) => DecodedEvent::AclAdmin {
+            action: match a.action {
+                AclAction::Add => "add",
+                AclAction::Remove => "remove",
+            },
+            principal: a.entry.principal,
+            operation: a.entry.operation.name(),
+            topic: a.entry.topic,
+        },
     }))
 }
 
@@ -252,6 +290,26 @@ impl DecodedEvent {
             DecodedEvent::TopicAdmin { action, topic } => {
                 write!(out, "action={action} topic={topic:?}")
             }
+            DecodedEvent::UserAdmin {
+                action,
+                user,
+                iterations,
+            } => {
+                write!(out, "action={action} user={user:?}")?;
+                if let Some(i) = iterations {
+                    write!(out, " iterations={i}")?;
+                }
+                Ok(())
+            }
+            DecodedEvent::AclAdmin {
+                action,
+                principal,
+                operation,
+                topic,
+            } => write!(
+                out,
+                "action={action} principal={principal:?} operation={operation} topic={topic:?}"
+            ),
             DecodedEvent::EpochStart {
                 epoch,
                 broker,

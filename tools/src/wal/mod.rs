@@ -342,6 +342,8 @@ pub fn kind_name(kind: u8) -> &'static str {
         Some(EventKind::TopicAdmin) => "topic_admin",
         Some(EventKind::EpochStart) => "epoch_start",
         Some(EventKind::Trim) => "trim",
+        Some(EventKind::UserAdmin) => "user_admin",
+        Some(EventKind::AclAdmin) => "acl_admin",
         None => "unknown",
     }
 }

@@ -1,0 +1,279 @@
+//! Users and ACLs on the real binaries: a TLS cluster (3 stores, 2 brokers) whose brokers
+//! enforce ACL entries (`--authorization acl`), with the local CA's `client` certificate as
+//! the super user, and the `quire` CLI as every client.
+//!
+//! What must hold:
+//! - the super user adds a user (`quire user add`, the password from a file) and ACL
+//!   entries (`quire acl add`); `quire user list` and `quire acl list` show them, and no
+//!   listing or WAL record holds the password;
+//! - that user, logged in with SCRAM-SHA-256 over TLS without a certificate, may produce
+//!   to the topic an entry names and nothing else: a produce to another topic and a
+//!   consume are refused with `Unauthorized` naming the principal, the operation and the
+//!   resource, and nothing of them is written;
+//! - a wrong password and an unknown user are refused at once with a clear error, and a
+//!   client that proves nothing (`ANONYMOUS`) may not produce;
+//! - the master is killed with SIGKILL: the users and entries are replicated state, so the
+//!   new master lets the same user log in and produce; an entry removed afterwards takes
+//!   the right away.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use quire_tests::process::{quire_bin, run_bounded};
+use quire_tests::{Cluster, Timing};
+use quire_tls::certs::files_for;
+
+const CLI_BOUND: Duration = Duration::from_secs(60);
+
+/// A client of the cluster: its TLS flags and, for a user, its name and password file.
+struct Client {
+    args: Vec<String>,
+}
+
+impl Client {
+    /// `quire ARGS` as this client; its output.
+    fn run(&self, args: &[&str]) -> Output {
+        run_bounded(
+            Command::new(quire_bin())
+                .args(args)
+                .args(&self.args)
+                .env_remove("QUIRE_PASSWORD")
+                .env_remove("QUIRE_USER"),
+            CLI_BOUND,
+        )
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(out.status.success(), "quire {args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+
+    fn refused(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            !out.status.success(),
+            "quire {args:?} succeeded: {}",
+            stdout(&out)
+        );
+        stderr(&out)
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `quire cluster status --format json` once it names a master other than `not`.
+fn wait_master(admin: &Client, brokers: &str, not: Option<u64>) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = admin.run(&[
+            "cluster",
+            "status",
+            "--brokers",
+            brokers,
+            "--format",
+            "json",
+        ]);
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&stdout(&out)) {
+            if let Some(id) = v["master"]["id"].as_u64().filter(|&id| Some(id) != not) {
+                return id;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no master (other than {not:?}) within 60 s: {}",
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn users_and_acls_decide_who_may_do_what_and_survive_a_master_kill() {
+    let _guard = quire_tests::serial::proc_test();
+    let mut cluster = Cluster::new_tls(3, 2, Timing::default());
+    cluster.add_broker_args(&["--authorization", "acl", "--super-users", "client"]);
+    cluster.start_all();
+    let tls_dir = cluster.root.path().join("tls");
+    let ca = files_for(&tls_dir, "client");
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+    let brokers = cluster
+        .broker_handles()
+        .iter()
+        .map(|b| b.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let base = vec![
+        "--brokers".to_owned(),
+        brokers.clone(),
+        "--tls-ca".to_owned(),
+        path(&ca.ca),
+    ];
+    // The super user: the local CA's client certificate (common name "client").
+    let admin = Client {
+        args: [
+            base.clone(),
+            vec![
+                "--tls-cert".into(),
+                path(&ca.cert),
+                "--tls-key".into(),
+                path(&ca.key),
+            ],
+        ]
+        .concat(),
+    };
+    let secrets = cluster.root.path().join("secrets");
+    std::fs::create_dir_all(&secrets).unwrap();
+    let user = |name: &str, password: &str| {
+        let file = secrets.join(format!("{name}-{password}"));
+        std::fs::write(&file, format!("{password}\n")).unwrap();
+        Client {
+            args: [
+                base.clone(),
+                vec![
+                    "--user".into(),
+                    name.into(),
+                    "--password-file".into(),
+                    file.display().to_string(),
+                ],
+            ]
+            .concat(),
+        }
+    };
+    let anonymous = Client { args: base.clone() };
+    let first = wait_master(&admin, &brokers, None);
+
+    // The super user adds alice and lets her produce to orders.
+    let password = "correct horse battery staple";
+    let alice = user("alice", password);
+    let new_password = secrets.join("new");
+    std::fs::write(&new_password, format!("{password}\n")).unwrap();
+    let np = new_password.display().to_string();
+    admin.ok(&["user", "add", "alice", "--new-password-file", &np]);
+    for (op, topic) in [("produce", "orders"), ("all", "alice.*")] {
+        admin.ok(&[
+            "acl",
+            "add",
+            "--principal",
+            "alice",
+            "--operation",
+            op,
+            "--topic",
+            topic,
+        ]);
+    }
+    let users = admin.ok(&["user", "list", "--format", "json"]);
+    assert!(users.contains("\"alice\""), "{users}");
+    assert!(!users.contains(password), "a listing shows the password");
+    let acls = admin.ok(&["acl", "list"]);
+    assert!(acls.contains("alice") && acls.contains("orders"), "{acls}");
+
+    // alice may produce to orders, and read and write her own prefix.
+    let produce = |c: &Client, topic: &str| {
+        c.run(&["produce", "--topic", topic, "--count", "50", "--size", "64"])
+    };
+    let out = produce(&alice, "orders");
+    assert!(out.status.success(), "alice's produce: {}", stderr(&out));
+    assert!(produce(&alice, "alice.scratch").status.success());
+
+    // Not another topic, and not a consume of orders: refused, naming who, what, where.
+    let refused = stderr(&produce(&alice, "payroll"));
+    assert!(
+        refused.contains("Unauthorized")
+            && refused.contains("\"alice\" has no produce right on topic \"payroll\""),
+        "{refused}"
+    );
+    let refused = alice.refused(&[
+        "consume",
+        "--topic",
+        "orders",
+        "--from",
+        "beginning",
+        "--timeout",
+        "2s",
+    ]);
+    assert!(
+        refused.contains("\"alice\" has no consume right on topic \"orders\""),
+        "{refused}"
+    );
+    // Nor may she administer users.
+    let refused = alice.refused(&["user", "add", "mallory", "--new-password-file", &np]);
+    assert!(
+        refused.contains("has no admin right on the cluster"),
+        "{refused}"
+    );
+    // Nothing of the refused produce was written: the super user reads orders and payroll.
+    let count = |topic: &str| {
+        admin
+            .ok(&[
+                "consume",
+                "--topic",
+                topic,
+                "--from",
+                "beginning",
+                "--timeout",
+                "3s",
+            ])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
+    };
+    assert_eq!(count("orders"), 50);
+    assert_eq!(count("payroll"), 0);
+
+    // A wrong password, an unknown user and no login at all.
+    for (who, client) in [
+        ("a wrong password", user("alice", "guess")),
+        ("an unknown user", user("mallory", password)),
+    ] {
+        let refused = client.refused(&["produce", "--topic", "orders", "--count", "1"]);
+        assert!(
+            refused.contains("refused the login")
+                && refused.contains("unknown user or wrong password"),
+            "{who}: {refused}"
+        );
+    }
+    let refused = stderr(&produce(&anonymous, "orders"));
+    assert!(
+        refused.contains("\"ANONYMOUS\" has no produce right"),
+        "{refused}"
+    );
+
+    // SIGKILL the master: the new one knows alice and her entries.
+    cluster.broker(u16::try_from(first).unwrap()).kill9();
+    let second = wait_master(&admin, &brokers, Some(first));
+    assert_ne!(second, first);
+    let out = produce(&alice, "orders");
+    assert!(
+        out.status.success(),
+        "alice after the failover: {}",
+        stderr(&out)
+    );
+    assert_eq!(count("orders"), 100);
+
+    // An entry removed takes the right away.
+    admin.ok(&[
+        "acl",
+        "remove",
+        "--principal",
+        "alice",
+        "--operation",
+        "produce",
+        "--topic",
+        "orders",
+    ]);
+    let refused = stderr(&produce(&alice, "orders"));
+    assert!(refused.contains("has no produce right"), "{refused}");
+    // And a user removed can no longer log in.
+    admin.ok(&["user", "remove", "alice"]);
+    let refused = alice.refused(&["produce", "--topic", "alice.x", "--count", "1"]);
+    assert!(refused.contains("refused the login"), "{refused}");
+}
