@@ -569,6 +569,24 @@ impl BrokerConfig {
         if !(1..=CURSORS_MAX).contains(&cursors_max) {
             return Err(r.invalid("cursors_max", format!("must be in 1..={CURSORS_MAX}")));
         }
+        let tls = TlsSettings::from_resolved(r)?;
+        let auth = crate::security::AuthSettings {
+            authorization: r.text("authorization") == Some("acl"),
+            super_users: r.list("super_users"),
+        };
+        // Without client certificates checked, nothing tells a broker from anyone else: any
+        // client could send the brokers' own appends and take-over requests, forge a user
+        // on a slave and make it master (a break-it trial did). ACL entries would protect
+        // nothing, so they are refused rather than given a false sense of safety.
+        let peers_checked = tls.files.cert.is_some()
+            && tls.files.ca.is_some()
+            && tls.client_auth != ClientAuth::None;
+        if auth.authorization && !peers_checked {
+            return Err(r.invalid(
+                "authorization",
+                "\"acl\" needs TLS with client certificates checked ([tls] cert_file, key_file and ca_file, client_auth optional or required): on plaintext any client can send the brokers' own replication and take-over requests, so ACL entries would protect nothing",
+            ));
+        }
         Ok(BrokerConfig {
             id: me,
             data_dir,
@@ -594,11 +612,8 @@ impl BrokerConfig {
             connections_per_address_max,
             connections_per_principal_max,
             fetch_responses_bytes_max,
-            tls: TlsSettings::from_resolved(r)?,
-            auth: crate::security::AuthSettings {
-                authorization: r.text("authorization") == Some("acl"),
-                super_users: r.list("super_users"),
-            },
+            tls,
+            auth,
         })
     }
 

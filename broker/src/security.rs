@@ -72,19 +72,35 @@ impl SecurityTables {
         true
     }
 
-    /// Whether a change would add a user or an entry beyond its bound: the bound's name
-    /// and value, for the master's `LimitReached` refusal.
+    /// Whether `change` adds a user or an entry these tables do not hold (what the master
+    /// counts against the bounds while the change is in flight).
     #[must_use]
-    pub fn over_bound(&self, change: &SecurityChange) -> Option<(&'static str, usize)> {
+    pub fn adds(&self, change: &SecurityChange) -> bool {
         match change {
-            SecurityChange::User(u) => (u.credential.is_some()
-                && self.users.len() >= USERS_MAX
-                && !self.users.contains_key(&u.user))
-            .then_some(("users", USERS_MAX)),
-            SecurityChange::Acl(a) => (a.action == AclAction::Add
-                && self.acls.len() >= ACLS_MAX
-                && !self.acls.contains(&a.entry))
-            .then_some(("ACL entries", ACLS_MAX)),
+            SecurityChange::User(u) => u.credential.is_some() && !self.users.contains_key(&u.user),
+            SecurityChange::Acl(a) => a.action == AclAction::Add && !self.acls.contains(&a.entry),
+        }
+    }
+
+    /// Whether `change` would add a user or an entry beyond its bound, with `inflight`
+    /// additions of its kind proposed and not yet applied: the bound's name and value, for
+    /// the master's `LimitReached` refusal.
+    #[must_use]
+    pub fn over_bound(
+        &self,
+        change: &SecurityChange,
+        inflight: usize,
+    ) -> Option<(&'static str, usize)> {
+        if !self.adds(change) {
+            return None;
+        }
+        match change {
+            SecurityChange::User(_) => {
+                (self.users.len() + inflight >= USERS_MAX).then_some(("users", USERS_MAX))
+            }
+            SecurityChange::Acl(_) => {
+                (self.acls.len() + inflight >= ACLS_MAX).then_some(("ACL entries", ACLS_MAX))
+            }
         }
     }
 
@@ -145,6 +161,57 @@ pub enum SecurityChange {
     User(UserAdminEvent),
     /// Add or remove an ACL entry.
     Acl(AclAdminEvent),
+}
+
+/// Checks a change before the master writes it: user names that are not principals of
+/// their own (`*`, `ANONYMOUS`), credentials no login could use, topic patterns with a `*`
+/// anywhere but at the end.
+///
+/// # Errors
+/// What is wrong, for an `InvalidName` refusal.
+pub fn validate(change: &SecurityChange) -> Result<(), String> {
+    match change {
+        SecurityChange::User(u) => {
+            if u.user == "*" || u.user == ANONYMOUS {
+                return Err(format!(
+                    "{:?} cannot be a user's name: ACL entries use it for {}",
+                    u.user,
+                    if u.user == "*" {
+                        "everyone"
+                    } else {
+                        "clients that proved nothing"
+                    }
+                ));
+            }
+            if let Some(c) = &u.credential {
+                let iterations =
+                    quire_tls::scram::ITERATIONS_MIN..=quire_tls::scram::ITERATIONS_MAX;
+                if !iterations.contains(&c.iterations) || c.salt.is_empty() {
+                    return Err(format!(
+                        "a credential needs {}..={} iterations and a salt (this one: {} iterations, {} bytes of salt)",
+                        iterations.start(),
+                        iterations.end(),
+                        c.iterations,
+                        c.salt.len()
+                    ));
+                }
+            }
+        }
+        SecurityChange::Acl(a) => {
+            let topic = &a.entry.topic;
+            if topic.trim_end_matches('*').contains('*') || topic.ends_with("**") {
+                return Err(format!(
+                    "topic pattern {topic:?}: '*' may stand alone or end a prefix ('orders.*'), nowhere else"
+                ));
+            }
+            if a.entry.operation == AclOperation::Admin && topic != "*" {
+                return Err(
+                    "the admin operation is about the cluster: give the topic '*'".to_owned(),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Who a connection acts as.
@@ -220,12 +287,12 @@ pub fn required(body: &Body) -> Option<(AclOperation, Option<&str>)> {
 }
 
 /// Whether `principal` may send `body`, under `settings` and the applied `tables`.
-/// `loopback`: the connection comes from a loopback address.
 ///
-/// The first user: while the cluster has no users at all, a user-admin request from a
-/// loopback address is allowed whoever sends it (MongoDB's "localhost exception"), so an
-/// operator on a broker's machine can add the first administrator named in
-/// `super_users`. The exception closes with the first user.
+/// There is no way in but `super_users` and the entries: the first administrator is a
+/// certificate's common name in `super_users` (a broker enforces entries only with client
+/// certificates checked). A "localhost exception" for the first user was tried and
+/// dropped: with certificate super users no user ever closed it, and any process on a
+/// broker's machine could add a user named like a super user.
 ///
 /// # Errors
 /// `Unauthorized`, naming the principal, the operation and the resource.
@@ -233,7 +300,6 @@ pub fn authorize(
     settings: &AuthSettings,
     tables: &SecurityTables,
     principal: &Principal,
-    loopback: bool,
     body: &Body,
 ) -> Result<(), ErrorResponse> {
     if !settings.authorization {
@@ -242,9 +308,6 @@ pub fn authorize(
     let Some((operation, topic)) = required(body) else {
         return Ok(());
     };
-    if loopback && tables.users.is_empty() && matches!(body, Body::UserAdminRequest(_)) {
-        return Ok(());
-    }
     if let Principal::Certificate {
         role: Some(Role::Broker),
         ..
@@ -322,6 +385,47 @@ mod tests {
     }
 
     #[test]
+    fn changes_no_login_or_entry_could_use_are_refused() {
+        let user = |user: &str, iterations: u32| {
+            SecurityChange::User(UserAdminEvent {
+                user: user.into(),
+                credential: Some(ScramCredential {
+                    salt: bytes::Bytes::from_static(b"salt"),
+                    iterations,
+                    stored_key: [0; 32],
+                    server_key: [0; 32],
+                }),
+            })
+        };
+        assert!(validate(&user("alice", 4096)).is_ok());
+        for bad in [
+            user("*", 4096),
+            user(ANONYMOUS, 4096),
+            user("a", 0),
+            user("a", u32::MAX),
+        ] {
+            assert!(validate(&bad).is_err(), "{bad:?}");
+        }
+        let acl = |operation, topic: &str| {
+            SecurityChange::Acl(AclAdminEvent {
+                action: AclAction::Add,
+                entry: AclEntry {
+                    principal: "alice".into(),
+                    operation,
+                    topic: topic.into(),
+                },
+            })
+        };
+        for ok in ["orders", "*", "orders.*"] {
+            assert!(validate(&acl(AclOperation::Consume, ok)).is_ok(), "{ok}");
+        }
+        for bad in ["a*b", "zz**", "*x"] {
+            assert!(validate(&acl(AclOperation::Consume, bad)).is_err(), "{bad}");
+        }
+        assert!(validate(&acl(AclOperation::Admin, "orders")).is_err());
+    }
+
+    #[test]
     fn authorization_follows_entries_super_users_and_roles() {
         let on = AuthSettings {
             authorization: true,
@@ -337,49 +441,35 @@ mod tests {
             },
         }));
         let alice = Principal::User("alice".into());
-        assert!(authorize(&on, &tables, &alice, false, &produce("orders")).is_ok());
-        let refused = authorize(&on, &tables, &alice, false, &fetch("orders")).unwrap_err();
+        assert!(authorize(&on, &tables, &alice, &produce("orders")).is_ok());
+        let refused = authorize(&on, &tables, &alice, &fetch("orders")).unwrap_err();
         assert_eq!(refused.code, ErrorCode::Unauthorized);
         assert!(refused
             .message
             .contains("\"alice\" has no consume right on topic \"orders\""));
-        assert!(authorize(&on, &tables, &alice, false, &produce("other")).is_err());
-        assert!(authorize(
-            &on,
-            &tables,
-            &Principal::Anonymous,
-            false,
-            &produce("orders")
-        )
-        .is_err());
+        assert!(authorize(&on, &tables, &alice, &produce("other")).is_err());
+        assert!(authorize(&on, &tables, &Principal::Anonymous, &produce("orders")).is_err());
         // Anyone may ask for metadata.
         let metadata = Body::MetadataRequest(MetadataRequest);
-        assert!(authorize(&on, &tables, &Principal::Anonymous, false, &metadata).is_ok());
+        assert!(authorize(&on, &tables, &Principal::Anonymous, &metadata).is_ok());
         // Super users and brokers may do everything.
         let handoff = Body::HandoffRequest(HandoffRequest {
             to: quire_proto::BrokerId(2),
         });
-        assert!(authorize(
-            &on,
-            &tables,
-            &Principal::User("root".into()),
-            false,
-            &handoff
-        )
-        .is_ok());
+        assert!(authorize(&on, &tables, &Principal::User("root".into()), &handoff).is_ok());
         let broker = Principal::Certificate {
             name: "b1".into(),
             role: Some(Role::Broker),
         };
-        assert!(authorize(&on, &tables, &broker, false, &handoff).is_ok());
+        assert!(authorize(&on, &tables, &broker, &handoff).is_ok());
         let client = Principal::Certificate {
             name: "b1".into(),
             role: Some(Role::Client),
         };
-        assert!(authorize(&on, &tables, &client, false, &handoff).is_err());
+        assert!(authorize(&on, &tables, &client, &handoff).is_err());
         // Off: nothing is checked.
         let off = AuthSettings::default();
-        assert!(authorize(&off, &tables, &Principal::Anonymous, false, &handoff).is_ok());
+        assert!(authorize(&off, &tables, &Principal::Anonymous, &handoff).is_ok());
         // Removing the entry takes the right away.
         assert!(tables.apply_acl(AclAdminEvent {
             action: AclAction::Remove,
@@ -389,19 +479,6 @@ mod tests {
                 topic: "orders".into(),
             },
         }));
-        assert!(authorize(&on, &tables, &alice, false, &produce("orders")).is_err());
-        // The first user may be added from the broker's own machine, and only the first.
-        let add = Body::UserAdminRequest(quire_proto::UserAdminRequest(UserAdminEvent {
-            user: "root".into(),
-            credential: None,
-        }));
-        assert!(authorize(&on, &tables, &Principal::Anonymous, true, &add).is_ok());
-        assert!(authorize(&on, &tables, &Principal::Anonymous, false, &add).is_err());
-        assert!(authorize(&on, &tables, &Principal::Anonymous, true, &handoff).is_err());
-        tables.apply_user(UserAdminEvent {
-            user: "root".into(),
-            credential: Some(quire_tls::scram::new_credential("pw", 4096).unwrap()),
-        });
-        assert!(authorize(&on, &tables, &Principal::Anonymous, true, &add).is_err());
+        assert!(authorize(&on, &tables, &alice, &produce("orders")).is_err());
     }
 }

@@ -150,15 +150,18 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
     }
 }
 
-/// `true` for the requests only a broker of the cluster may send: fences and appends to a
-/// store, heartbeats (with a slave's appends) and take-over requests to a broker — the
-/// cluster frames ([`is_peer_frame`], which sorts every frame type) but for reads and tails,
-/// which operators' tools send too. On a listener that checks client certificates, a peer
-/// whose certificate does not name the broker role gets [`authorize`]'s `Unauthorized` for them.
+/// `true` for the requests only a broker of the cluster may send: fences, appends and reads
+/// to a store, heartbeats (with a slave's appends) and take-over requests to a broker — the
+/// cluster frames ([`is_peer_frame`], which sorts every frame type) but for tails, which
+/// operators' tools send too (with range digests: positions and checksums, never events).
+/// Reads return the events themselves — every topic's messages and the users' credentials
+/// — so they are a broker's alone (a break-it trial read a topic its ACL entries refused,
+/// and every SCRAM key, from a store with a client certificate). On a listener that checks
+/// client certificates, a peer whose certificate does not name the broker role gets
+/// [`authorize`]'s `Unauthorized` for them.
 #[must_use]
 pub fn is_broker_only_frame(frame_type: FrameType) -> bool {
-    is_peer_frame(frame_type)
-        && !matches!(frame_type, FrameType::ReadRequest | FrameType::TailRequest)
+    is_peer_frame(frame_type) && frame_type != FrameType::TailRequest
 }
 
 /// Checks a request against what the peer's certificate allows (see

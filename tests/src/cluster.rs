@@ -349,8 +349,9 @@ impl Cluster {
     /// [`Cluster::new`] with TLS on every link: a CA and certificates in `ROOT/tls`
     /// (`quire_tls::certs`), stores that require client certificates (their `[tls]` table),
     /// brokers that serve TLS and speak it to stores and brokers (`--cert-file`, ...), and
-    /// this process's test clients speaking TLS with the client certificate (role client:
-    /// they may read stores, not fence them; `client-2` is a second client principal). A later [`Cluster::set_store_config`] must keep
+    /// this process's test clients speaking TLS with the broker certificate (they read the
+    /// stores' logs, which only the broker role may; `client` and `client-2` are client
+    /// principals for the tests to use). A later [`Cluster::set_store_config`] must keep
     /// the `[tls]` table ([`Cluster::store_tls_toml`]).
     pub fn new_tls(stores: usize, brokers: u16, timing: Timing) -> Cluster {
         use quire_tls::certs::{files_for, write_local};
@@ -383,7 +384,7 @@ impl Cluster {
             path(broker.ca),
         ];
         cluster.add_broker_args(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let client = files_for(&dir, "client")
+        let client = files_for(&dir, "broker")
             .client_config()
             .expect("client configuration");
         crate::client::set_client_tls(client);

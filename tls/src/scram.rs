@@ -161,6 +161,25 @@ fn nonce() -> Result<String, ScramError> {
     Ok(BASE64.encode(random::<NONCE_BYTES>()?))
 }
 
+/// The salt a server shows for `user` when it has no such user: the same for the same
+/// name every time (HMAC-SHA-256 of the name under a key drawn once per process), so asking
+/// twice does not tell a made-up salt from a real one (RFC 5802 §5.1). Another process
+/// shows another one: comparing the salts two brokers show still tells an unknown user
+/// (docs/operations.md says so).
+///
+/// # Errors
+/// [`ScramError::Random`] when the key cannot be drawn.
+fn fake_salt(user: &str) -> Result<[u8; SALT_BYTES], ScramError> {
+    static KEY: std::sync::OnceLock<Option<[u8; 32]>> = std::sync::OnceLock::new();
+    let key = KEY
+        .get_or_init(|| random::<32>().ok())
+        .ok_or(ScramError::Random)?;
+    let mac = hmac_sha256(&key, user.as_bytes());
+    let mut salt = [0u8; SALT_BYTES];
+    salt.copy_from_slice(&mac[..SALT_BYTES]);
+    Ok(salt)
+}
+
 /// The client side, before the server-first message.
 #[derive(Debug)]
 pub struct ScramClient {
@@ -280,14 +299,14 @@ impl ScramServer {
         message: &str,
         credential_of: impl FnOnce(&str) -> Option<ScramCredential>,
     ) -> Result<(ScramServer, String), ScramError> {
-        ScramServer::client_first_with(message, credential_of, nonce()?, random::<SALT_BYTES>()?)
+        ScramServer::client_first_with(message, credential_of, nonce()?, fake_salt)
     }
 
     fn client_first_with(
         message: &str,
         credential_of: impl FnOnce(&str) -> Option<ScramCredential>,
         server_nonce: String,
-        dummy_salt: [u8; SALT_BYTES],
+        fake_salt: impl FnOnce(&str) -> Result<[u8; SALT_BYTES], ScramError>,
     ) -> Result<(ScramServer, String), ScramError> {
         let bare = message.strip_prefix("n,,").ok_or(ScramError::Malformed(
             "the gs2 header must be \"n,,\" (no channel binding, no authzid)",
@@ -306,7 +325,7 @@ impl ScramServer {
         let credential = credential_of(&user);
         let (salt, iterations) = match &credential {
             Some(c) => (c.salt.to_vec(), c.iterations),
-            None => (dummy_salt.to_vec(), ITERATIONS_DEFAULT),
+            None => (fake_salt(&user)?.to_vec(), ITERATIONS_DEFAULT),
         };
         let nonce = format!("{client_nonce}{server_nonce}");
         let server_first = format!("r={nonce},s={},i={iterations}", BASE64.encode(salt));
@@ -384,7 +403,7 @@ mod tests {
             &first,
             |u| (u == "user").then(|| credential.clone()),
             "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into(),
-            [0; SALT_BYTES],
+            |_| Ok([0; SALT_BYTES]),
         )
         .unwrap();
         assert_eq!(
@@ -431,6 +450,17 @@ mod tests {
             exchange("mallory", "s3cret", &stored),
             Err(ScramError::BadProof)
         );
+    }
+
+    #[test]
+    fn an_unknown_user_gets_the_same_salt_every_time() {
+        let salt_of = |user: &str| {
+            let (_, first) = ScramClient::start(user, "x").unwrap();
+            let (_, server_first) = ScramServer::client_first(&first, |_| None).unwrap();
+            attribute(&server_first, 's').unwrap().to_owned()
+        };
+        assert_eq!(salt_of("mallory"), salt_of("mallory"));
+        assert_ne!(salt_of("mallory"), salt_of("eve"));
     }
 
     #[test]

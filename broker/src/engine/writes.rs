@@ -191,6 +191,8 @@ struct Pending {
 enum NewName {
     Topic(String),
     Cursor(String, String),
+    User(String),
+    Acl(quire_proto::AclEntry),
 }
 
 /// A write request as it arrives (and waits while not yet proposed).
@@ -219,6 +221,12 @@ pub struct Writes {
     new_names: BTreeSet<NewName>,
     /// Of those, topics.
     new_topics: usize,
+    /// Of those, cursors.
+    new_cursors: usize,
+    /// Of those, users.
+    new_users: usize,
+    /// Of those, ACL entries.
+    new_acls: usize,
 }
 
 /// What to do with a produce request.
@@ -242,6 +250,9 @@ impl Writes {
             needs_flush: false,
             new_names: BTreeSet::new(),
             new_topics: 0,
+            new_cursors: 0,
+            new_users: 0,
+            new_acls: 0,
         }
     }
 
@@ -560,8 +571,7 @@ impl Writes {
                     .then(|| NewName::Cursor(topic.clone(), cursor.clone()))
                     .filter(|n| !self.new_names.contains(n));
                 if adds.is_some()
-                    && state.cursor_count() + (self.new_names.len() - self.new_topics)
-                        >= self.limits.cursors_max
+                    && state.cursor_count() + self.new_cursors >= self.limits.cursors_max
                 {
                     reply(
                         out,
@@ -601,7 +611,20 @@ impl Writes {
                 }
             }
             WriteRequest::Security(change) => {
-                if let Some((what, max)) = state.security().over_bound(change) {
+                if let Err(why) = crate::security::validate(change) {
+                    reply(
+                        out,
+                        Reply::Error(ErrorResponse::new(ErrorCode::InvalidName, why)),
+                        None,
+                    );
+                    return None;
+                }
+                let tables = state.security();
+                let inflight = match change {
+                    SecurityChange::User(_) => self.new_users,
+                    SecurityChange::Acl(_) => self.new_acls,
+                };
+                if let Some((what, max)) = tables.over_bound(change, inflight) {
                     reply(
                         out,
                         Reply::Error(ErrorResponse::new(
@@ -623,7 +646,11 @@ impl Writes {
                         {
                             return Some(b);
                         }
-                        (vec![p], None, None)
+                        let adds = tables.adds(change).then(|| match change {
+                            SecurityChange::User(u) => NewName::User(u.user.clone()),
+                            SecurityChange::Acl(a) => NewName::Acl(a.entry.clone()),
+                        });
+                        (vec![p], None, adds.filter(|n| !self.new_names.contains(n)))
                     }
                     Err(e) => {
                         reply(
@@ -682,7 +709,7 @@ impl Writes {
             self.inflight_batches.insert(batch, last);
         }
         if let Some(name) = &adds {
-            self.new_topics += usize::from(matches!(name, NewName::Topic(_)));
+            *self.count_of(name) += 1;
             self.new_names.insert(name.clone());
         }
         out.push(WriteCommand::Proposed { last });
@@ -706,8 +733,18 @@ impl Writes {
 
     /// A write that added `name` stabilized (or left): the state counts the name now.
     fn forget_new(&mut self, name: &NewName) {
-        if self.new_names.remove(name) && matches!(name, NewName::Topic(_)) {
-            self.new_topics -= 1;
+        if self.new_names.remove(name) {
+            *self.count_of(name) -= 1;
+        }
+    }
+
+    /// The count of names in flight of `name`'s kind.
+    fn count_of(&mut self, name: &NewName) -> &mut usize {
+        match name {
+            NewName::Topic(_) => &mut self.new_topics,
+            NewName::Cursor(..) => &mut self.new_cursors,
+            NewName::User(_) => &mut self.new_users,
+            NewName::Acl(_) => &mut self.new_acls,
         }
     }
 

@@ -53,7 +53,8 @@ use quire_net::{
 };
 use quire_proto::{
     encode_body, AuthenticateRequest, AuthenticateResponse, Body, ErrorCode, ErrorResponse,
-    FetchRequest, Flags, LogId, RequestId, FRAME_BYTES_MAX, HEADER_BYTES, MESSAGES_PER_FRAME_MAX,
+    FetchRequest, Flags, FrameType, LogId, RequestId, FRAME_BYTES_MAX, HEADER_BYTES,
+    MESSAGES_PER_FRAME_MAX,
 };
 use quire_tls::scram::ScramServer;
 use quire_tls::Stream;
@@ -316,7 +317,17 @@ pub(crate) async fn serve(
             );
             continue;
         }
-        if let Err(refusal) = quire_net::authorize(&auth, frame.frame_type()) {
+        // With ACL entries enforced, they decide who may hand mastership away (the admin
+        // operation), a SCRAM login included; the certificate rule is for clusters without.
+        let acl_decides =
+            shared.auth.authorization && frame.frame_type() == FrameType::HandoffRequest;
+        if let Err(refusal) = quire_net::authorize(&auth, frame.frame_type()).or_else(|e| {
+            if acl_decides {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }) {
             // Replication or a take-over request from a peer whose certificate is not a
             // broker's: answered, counted, and nothing of it done.
             shared.metrics.reject_frame("unauthorized");
@@ -335,10 +346,17 @@ pub(crate) async fn serve(
                     reply.send(frame.request_id, AuthenticateResponse { message }.into());
                 }
                 Err(why) => {
-                    // As Kafka: a failed exchange is answered and the connection closed,
-                    // so a client cannot guess passwords without reconnecting.
+                    // As Kafka: a failed exchange is answered after a delay and the
+                    // connection closed, so guessing passwords takes a reconnect and
+                    // AUTHENTICATION_FAILURE_DELAY per guess (Kafka's
+                    // connection.failed.authentication.delay.ms); the log line is
+                    // throttled, as a flood of failures must not fill the disk.
                     shared.metrics.reject_frame("authentication_failed");
-                    tracing::info!(conn = id, %peer, error = %why, "SASL authentication failed");
+                    log_authentication_failure(&peer, &why);
+                    tokio::select! {
+                        () = tokio::time::sleep(AUTHENTICATION_FAILURE_DELAY) => {}
+                        () = kill.notified() => break,
+                    }
                     reply.error(
                         frame.request_id,
                         ErrorResponse::new(ErrorCode::AuthenticationFailed, why),
@@ -350,13 +368,9 @@ pub(crate) async fn serve(
         }
         if shared.auth.authorization {
             let tables = crate::security::current(&shared.security);
-            if let Err(refusal) = crate::security::authorize(
-                &shared.auth,
-                &tables,
-                &principal,
-                peer_addr.ip().is_loopback(),
-                &frame.body,
-            ) {
+            if let Err(refusal) =
+                crate::security::authorize(&shared.auth, &tables, &principal, &frame.body)
+            {
                 shared.metrics.reject_frame("unauthorized");
                 quire_net::log_unauthorized(&peer, frame.frame_type(), &refusal.message);
                 reply.error(frame.request_id, refusal);
@@ -433,6 +447,38 @@ pub(crate) async fn serve(
     tracing::debug!(conn = id, %peer, "connection closed");
 }
 
+/// How long a failed login waits before its answer and the close.
+pub const AUTHENTICATION_FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Logs a failed login at most once per `quire_net::REFUSAL_LOG_INTERVAL` for the whole
+/// process, with how many were held back.
+fn log_authentication_failure(peer: &str, why: &str) {
+    static LOG: std::sync::Mutex<Option<quire_net::Throttle>> = std::sync::Mutex::new(None);
+    let held_back = {
+        let mut log = LOG
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.get_or_insert_with(|| quire_net::Throttle::new(quire_net::REFUSAL_LOG_INTERVAL))
+            .tick(std::time::Instant::now())
+    };
+    if let Some(held_back) = held_back {
+        tracing::warn!(%peer, failed_since_last_line = held_back, "SASL authentication failed: {why}");
+    }
+}
+
+/// `name` cut to at most 64 bytes (at a character boundary) for messages and logs: a
+/// client chooses it, up to the SASL message's 4 KiB.
+fn shown_name(name: &str) -> String {
+    if name.len() <= 64 {
+        return format!("{name:?}");
+    }
+    let mut end = 64;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}…", &name[..end])
+}
+
 /// Where a SASL exchange stands after one step.
 enum Step {
     /// Send this message; another step follows.
@@ -470,10 +516,11 @@ fn authenticate_step(
             Ok(Step::Continue(first.into()))
         }
         Some(server) => {
-            let user = server.user().to_owned();
-            let (user, last) = server
-                .client_final(message)
-                .map_err(|e| format!("user {user:?}: {e}"))?;
+            let user = shown_name(server.user());
+            let (user, last) = server.client_final(message).map_err(|e| {
+                tracing::debug!(%user, error = %e, "SCRAM proof refused");
+                e.to_string()
+            })?;
             Ok(Step::Done(user, last.into()))
         }
     }

@@ -212,6 +212,12 @@ impl Broker {
                 "links to stores and brokers are plaintext ([tls] ca_file turns TLS on)"
             );
         }
+        if cfg.auth.authorization {
+            tracing::info!(super_users = %cfg.auth.super_users.join(","), "ACL entries are enforced (authorization = \"acl\")");
+            if cfg.auth.super_users.is_empty() {
+                tracing::warn!("authorization = \"acl\" without super_users: only an ACL entry with the admin operation can add users and entries; name an administrator (a certificate's common name) in super_users to bootstrap");
+            }
+        }
         tasks.push(tokio::spawn(accept_loop(
             Acceptor::new(listener, limit),
             shared,

@@ -155,6 +155,20 @@ struct JsonDump<'a> {
     end: &'a DumpEnd,
 }
 
+/// Whether a record of `kind` may carry users' SCRAM keys (StoredKey, ServerKey, salt): a
+/// user event, or a trim event with a checkpoint or a part of one (byte 9 of a Trim body is
+/// its checkpoint tag). Its raw payload is not printed; the decoded event, which leaves the
+/// keys out, still is. The segment files hold them all the same: protect the data
+/// directory.
+fn holds_credentials(kind: u8, payload: &[u8]) -> bool {
+    use quire_proto::EventKind;
+    match EventKind::from_u8(kind) {
+        Some(EventKind::UserAdmin) => true,
+        Some(EventKind::Trim) => payload.get(9).is_none_or(|&tag| tag != 0),
+        _ => false,
+    }
+}
+
 impl DumpRecord {
     fn of(r: &ScannedRecord<'_>, payload: PayloadMode) -> DumpRecord {
         let (status, dropped, problem) = match r.status {
@@ -185,6 +199,15 @@ impl DumpRecord {
             problem,
             payload: match payload {
                 PayloadMode::None => None,
+                _ if r
+                    .header
+                    .is_some_and(|h| holds_credentials(h.kind, r.payload)) =>
+                {
+                    Some(format!(
+                        "<{} bytes not shown: they may hold SCRAM credentials>",
+                        r.payload.len()
+                    ))
+                }
                 PayloadMode::Hex => Some(hex(r.payload)),
                 PayloadMode::Utf8 => Some(String::from_utf8_lossy(r.payload).into_owned()),
             },
@@ -343,6 +366,28 @@ pub fn run(config: &DumpConfig, out: &mut dyn Write) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_that_may_hold_keys_are_known() {
+        use quire_proto::{EventBody, Offset, TrimEvent};
+        let plain = EventBody::Trim(TrimEvent::plain(Offset(5)))
+            .to_payload()
+            .unwrap()
+            .to_bytes();
+        let checkpoint = EventBody::Trim(TrimEvent {
+            before: Offset(5),
+            checkpoint: Some(Box::default()),
+            part: None,
+        })
+        .to_payload()
+        .unwrap()
+        .to_bytes();
+        assert!(!holds_credentials(5, &plain));
+        assert!(holds_credentials(5, &checkpoint));
+        assert!(holds_credentials(6, b"anything"));
+        assert!(!holds_credentials(7, b"an acl entry"));
+        assert!(!holds_credentials(1, b"a message"));
+    }
 
     #[test]
     fn hex_is_lowercase_pairs() {

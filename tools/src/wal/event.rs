@@ -17,7 +17,12 @@
 //! | `cursor_commit` | `topic`, `cursor`, `cursor_offset` (the next offset the consumer wants) |
 //! | `topic_admin` | `action` (`create`, `delete`), `topic` |
 //! | `epoch_start` | `epoch`, `broker`, `voters` (`[{store_index, store_id, incarnation}]`, ids in 16 hex digits) |
-//! | `trim` | `before`, `checkpoint` (`null`, or counts: `trim_point`, `epoch`, `master`, `voters`, `topics`, `cursors`, `producers`) |
+//! | `trim` | `before`, `checkpoint` (`null`, or counts: `trim_point`, `epoch`, `master`, `voters`, `topics`, `cursors`, `producers`, `users`, `acls`) |
+//! | `user_admin` | `action` (`set`, `remove`), `user`, `iterations` (`null` for a removal); never the credential's keys or salt |
+//! | `acl_admin` | `action` (`add`, `remove`), `principal`, `operation`, `topic` |
+//!
+//! The raw `payload` of a user event, and of a trim event with a checkpoint (or a part of
+//! one), is not printed in any mode: it may hold users' SCRAM keys.
 
 use std::io::{self, Write};
 
@@ -144,6 +149,10 @@ pub struct CheckpointSummary {
     pub cursors: usize,
     /// Idempotent producers.
     pub producers: usize,
+    /// Users (names only are in the checkpoint's keys; none is printed).
+    pub users: usize,
+    /// ACL entries.
+    pub acls: usize,
 }
 
 /// Decodes `payload` as the body of an event of kind `kind`, for printing in `mode`.
@@ -217,6 +226,8 @@ pub fn decode(kind: u8, payload: &[u8], mode: PayloadMode) -> Result<Option<Deco
                 topics: c.topics.len(),
                 cursors: c.cursors.len(),
                 producers: c.producers.len(),
+                users: c.users.len(),
+                acls: c.acls.len(),
             }),
             part: t.part.map(|p| PartSummary {
                 index: p.index,
@@ -344,8 +355,8 @@ impl DecodedEvent {
                     (None, None) => write!(out, "none"),
                     (Some(c), _) => write!(
                         out,
-                        "trim_point:{},epoch:{},voters:{},topics:{},cursors:{},producers:{}",
-                        c.trim_point, c.epoch, c.voters, c.topics, c.cursors, c.producers
+                        "trim_point:{},epoch:{},voters:{},topics:{},cursors:{},producers:{},users:{},acls:{}",
+                        c.trim_point, c.epoch, c.voters, c.topics, c.cursors, c.producers, c.users, c.acls
                     ),
                 }
             }
