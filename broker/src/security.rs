@@ -323,12 +323,18 @@ pub fn authorize(
         Some(t) => format!("topic {t:?}"),
         None => "the cluster".to_owned(),
     };
+    let hint = if matches!(principal, Principal::Anonymous) {
+        "this connection proved nothing: log in (--user, QUIRE_USER) or show a client certificate"
+            .to_owned()
+    } else {
+        format!(
+            "an administrator can add one: quire acl add --principal '{name}' --operation {operation} --topic '{}'",
+            topic.unwrap_or("*")
+        )
+    };
     Err(ErrorResponse::new(
         ErrorCode::Unauthorized,
-        format!(
-            "principal {name:?} has no {operation} right on {resource}: no ACL entry grants it (an administrator can add one: quire acl add --principal {name} --operation {operation} --topic {})",
-            topic.unwrap_or("'*'")
-        ),
+        format!("principal {name:?} has no {operation} right on {resource}: no ACL entry grants it ({hint})"),
     ))
 }
 

@@ -164,12 +164,23 @@ impl AclEntry {
 }
 
 impl std::fmt::Display for AclEntry {
+    /// `principal "alice" may produce to topic "orders"`, and so on per operation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "principal {:?} may {} on topic {:?}",
-            self.principal, self.operation, self.topic
-        )
+        let topics = if self.topic == "*" {
+            "every topic".to_owned()
+        } else if let Some(prefix) = self.topic.strip_suffix('*') {
+            format!("the topics starting {prefix:?}")
+        } else {
+            format!("topic {:?}", self.topic)
+        };
+        let what = match self.operation {
+            AclOperation::Produce => format!("produce to {topics}"),
+            AclOperation::Consume => format!("consume from {topics}"),
+            AclOperation::Commit => format!("commit cursors of {topics}"),
+            AclOperation::Admin => "administer the cluster".to_owned(),
+            AclOperation::All => format!("do anything on {topics}"),
+        };
+        write!(f, "principal {:?} may {what}", self.principal)
     }
 }
 

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use quire_client::{BrokerClient, ClientError, Discovery, DiscoveryConfig};
+use quire_proto::ErrorCode;
 use quire_proto::{
     AclAction, AclAdminEvent, AclEntry, AclOperation, DescribeSecurityResponse, UserAdminEvent,
     PRINCIPAL_BYTES_MAX,
@@ -29,6 +30,8 @@ use crate::output::Report;
 
 /// The variable `quire user add` reads the new password from when no file is given.
 pub const NEW_PASSWORD_ENV: &str = "QUIRE_NEW_PASSWORD";
+/// The default of `quire user add --new-password-file`.
+pub const NEW_PASSWORD_FILE_ENV: &str = "QUIRE_NEW_PASSWORD_FILE";
 
 /// `quire user ...`
 #[derive(Debug, Subcommand)]
@@ -68,9 +71,14 @@ pub struct UserAddArgs {
     /// The user's name (what ACL entries and super_users name).
     pub name: String,
 
-    /// File whose first line is the new password (`-`: standard input). Default: the
-    /// variable QUIRE_NEW_PASSWORD.
-    #[arg(long, value_name = "FILE")]
+    /// File whose first line is the new password (`-`: standard input). Default:
+    /// $QUIRE_NEW_PASSWORD_FILE, else the password in $QUIRE_NEW_PASSWORD.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "QUIRE_NEW_PASSWORD_FILE",
+        hide_env = true
+    )]
     pub new_password_file: Option<PathBuf>,
 
     /// PBKDF2 iterations of the credential (4096..=1048576; more is slower for an attacker
@@ -133,18 +141,40 @@ fn parse_operation(s: &str) -> Result<AclOperation, String> {
     })
 }
 
+/// The master that answered.
+#[derive(Debug, Clone, Serialize)]
+pub struct MasterRef {
+    /// Broker id.
+    pub id: u16,
+    /// `host:port`.
+    pub addr: String,
+}
+
 /// What a change reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChangeReport {
+    /// `"user_set"`, `"user_remove"`, `"acl_add"` or `"acl_remove"`.
+    pub action: &'static str,
+    /// The user, for a user change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The entry, for an ACL change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acl: Option<AclRow>,
+    /// Whether the cluster's state changed (`false`: the entry was there already).
+    pub changed: bool,
     /// What was done, in words.
     pub done: String,
-    /// The master that stabilized it.
-    pub master: String,
+    /// The master that stabilized it (`None` when nothing was sent).
+    pub master: Option<MasterRef>,
 }
 
 impl Report for ChangeReport {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        writeln!(out, "{} (master {})", self.done, self.master)
+        match &self.master {
+            Some(m) => writeln!(out, "{} (master: broker {} at {})", self.done, m.id, m.addr),
+            None => writeln!(out, "{}", self.done),
+        }
     }
 }
 
@@ -153,6 +183,8 @@ impl Report for ChangeReport {
 pub struct UserRow {
     /// Its name.
     pub user: String,
+    /// Its login mechanism (always `SCRAM-SHA-256`).
+    pub mechanism: &'static str,
     /// Its credential's iterations.
     pub iterations: u32,
 }
@@ -169,9 +201,9 @@ impl Report for UsersReport {
         if self.users.is_empty() {
             return writeln!(out, "no users");
         }
-        writeln!(out, "{:<32} MECHANISM      ITERATIONS", "USER")?;
+        writeln!(out, "{:<32} {:<14} ITERATIONS", "USER", "MECHANISM")?;
         for u in &self.users {
-            writeln!(out, "{:<32} SCRAM-SHA-256  {}", u.user, u.iterations)?;
+            writeln!(out, "{:<32} {:<14} {}", u.user, u.mechanism, u.iterations)?;
         }
         Ok(())
     }
@@ -199,18 +231,23 @@ pub struct AclsReport {
 
 impl Report for AclsReport {
     fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        if !self.enforced {
+        if self.enforced {
             writeln!(
                 out,
-                "(the master does not enforce ACL entries: its authorization is \"none\")"
+                "enforced: the master checks requests against these entries"
+            )?;
+        } else {
+            writeln!(
+                out,
+                "not enforced: the master's authorization is \"none\" (everyone may do everything)"
             )?;
         }
         if self.acls.is_empty() {
             return writeln!(out, "no ACL entries");
         }
-        writeln!(out, "{:<24} {:<8} TOPIC", "PRINCIPAL", "OPERATION")?;
+        writeln!(out, "{:<24} {:<9} TOPIC", "PRINCIPAL", "OPERATION")?;
         for a in &self.acls {
-            writeln!(out, "{:<24} {:<8} {}", a.principal, a.operation, a.topic)?;
+            writeln!(out, "{:<24} {:<9} {}", a.principal, a.operation, a.topic)?;
         }
         Ok(())
     }
@@ -276,7 +313,7 @@ fn with_master<T>(
     cluster: &ClusterArgs,
     name: &str,
     f: impl AsyncFnOnce(&BrokerClient) -> Result<T, ClientError>,
-) -> anyhow::Result<(T, String)> {
+) -> anyhow::Result<(T, MasterRef)> {
     let rt = runtime(name)?;
     rt.block_on(async {
         let bound = crate::cluster::master::MasterBound {
@@ -288,11 +325,22 @@ fn with_master<T>(
         let discovery =
             Discovery::new(cluster.brokers.addrs(), config).context("reading --brokers")?;
         let master = find_master_noting(&discovery, bound).await?;
-        let addr = format!("{} at {}", master.master.id.0, master.master.addr);
-        let out = f(&master.client)
-            .await
-            .with_context(|| format!("asking the master, broker {addr}"))?;
-        Ok((out, addr))
+        let at = MasterRef {
+            id: master.master.id.0,
+            addr: master.master.addr.clone(),
+        };
+        let out = f(&master.client).await.map_err(|e| {
+            let unknown = matches!(e.code(), Some(ErrorCode::Timeout | ErrorCode::NoQuorum))
+                || e.is_connection_lost();
+            let e = anyhow::Error::new(e)
+                .context(format!("asking the master, broker {} at {}", at.id, at.addr));
+            if unknown {
+                e.context("the change may or may not have been made: check with `list`, and repeat it if it is missing (repeating a change is harmless)")
+            } else {
+                e
+            }
+        })?;
+        Ok((out, at))
     })
 }
 
@@ -322,9 +370,9 @@ fn new_password(args: &UserAddArgs) -> anyhow::Result<String> {
     }
 }
 
-fn check_principal(name: &str) -> anyhow::Result<()> {
+fn check_principal(what: &str, name: &str) -> anyhow::Result<()> {
     if name.is_empty() || name.len() > PRINCIPAL_BYTES_MAX {
-        bail!("a name must have 1..={PRINCIPAL_BYTES_MAX} bytes");
+        bail!("{what}: a name must have 1..={PRINCIPAL_BYTES_MAX} bytes");
     }
     Ok(())
 }
@@ -333,9 +381,9 @@ fn check_principal(name: &str) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// No password, iterations out of bounds, no master, a refusal (`Unauthorized`,
-/// `LimitReached`), a lost connection.
+/// `LimitReached`, `InvalidName`), a lost connection.
 pub fn user_add(args: &UserAddArgs) -> anyhow::Result<ChangeReport> {
-    check_principal(&args.name)?;
+    check_principal("the user name", &args.name)?;
     let password = new_password(args)?;
     let credential = quire_tls::scram::new_credential(&password, args.iterations)?;
     let change = UserAdminEvent {
@@ -344,28 +392,57 @@ pub fn user_add(args: &UserAddArgs) -> anyhow::Result<ChangeReport> {
     };
     let ((), master) = with_master(&args.cluster, "user", async |c| c.user_admin(change).await)?;
     Ok(ChangeReport {
+        action: "user_set",
+        user: Some(args.name.clone()),
+        acl: None,
+        changed: true,
         done: format!(
             "user {:?} set (SCRAM-SHA-256, {} iterations)",
             args.name, args.iterations
         ),
-        master,
+        master: Some(master),
     })
 }
 
-/// Runs `quire user remove`.
+/// Runs `quire user remove`: a user that does not exist is an error (nothing is sent).
 ///
 /// # Errors
-/// No master, a refusal, a lost connection.
+/// No such user, no master, a refusal, a lost connection.
 pub fn user_remove(args: &UserRemoveArgs) -> anyhow::Result<ChangeReport> {
-    check_principal(&args.name)?;
+    check_principal("the user name", &args.name)?;
     let change = UserAdminEvent {
         user: args.name.clone(),
         credential: None,
     };
-    let ((), master) = with_master(&args.cluster, "user", async |c| c.user_admin(change).await)?;
+    let name = args.name.clone();
+    let (found, master) = with_master(&args.cluster, "user", async |c| {
+        if !c
+            .describe_security()
+            .await?
+            .users
+            .iter()
+            .any(|u| u.user == name)
+        {
+            return Ok(false);
+        }
+        c.user_admin(change).await.map(|()| true)
+    })?;
+    if !found {
+        bail!(
+            "there is no user {:?} (quire user list shows them); nothing removed",
+            args.name
+        );
+    }
     Ok(ChangeReport {
-        done: format!("user {:?} removed", args.name),
-        master,
+        action: "user_remove",
+        user: Some(args.name.clone()),
+        acl: None,
+        changed: true,
+        done: format!(
+            "user {:?} removed (its ACL entries stay: quire acl list)",
+            args.name
+        ),
+        master: Some(master),
     })
 }
 
@@ -385,18 +462,21 @@ pub fn user_list(args: &ListArgs) -> anyhow::Result<UsersReport> {
             .into_iter()
             .map(|u| UserRow {
                 user: u.user,
+                mechanism: quire_tls::scram::MECHANISM,
                 iterations: u.iterations,
             })
             .collect(),
     })
 }
 
-/// Runs `quire acl add` (`action` Add) or `quire acl remove`.
+/// Runs `quire acl add` (`action` Add) or `quire acl remove`. Adding an entry that is
+/// there, or removing one that is not, sends nothing: the first reports `changed: false`,
+/// the second is an error (an operator must not believe a right was taken away).
 ///
 /// # Errors
-/// A bad pattern, no master, a refusal, a lost connection.
+/// A bad pattern, no such entry to remove, no master, a refusal, a lost connection.
 pub fn acl_change(args: &AclArgs, action: AclAction) -> anyhow::Result<ChangeReport> {
-    check_principal(&args.principal)?;
+    check_principal("--principal", &args.principal)?;
     if args.operation == AclOperation::Admin && args.topic != "*" {
         bail!("admin is about the cluster, not a topic: give --topic '*'");
     }
@@ -406,13 +486,36 @@ pub fn acl_change(args: &AclArgs, action: AclAction) -> anyhow::Result<ChangeRep
         operation: args.operation,
         topic: args.topic.clone(),
     };
-    let done = match action {
-        AclAction::Add => format!("added: {entry}"),
-        AclAction::Remove => format!("removed: {entry}"),
+    let row = AclRow {
+        principal: entry.principal.clone(),
+        operation: entry.operation.name(),
+        topic: entry.topic.clone(),
     };
+    let wanted = entry.clone();
     let change = AclAdminEvent { action, entry };
-    let ((), master) = with_master(&args.cluster, "acl", async |c| c.acl_admin(change).await)?;
-    Ok(ChangeReport { done, master })
+    let (present, master) = with_master(&args.cluster, "acl", async |c| {
+        let present = c.describe_security().await?.acls.contains(&wanted);
+        if present == (action == AclAction::Add) {
+            return Ok(present);
+        }
+        c.acl_admin(change).await.map(|()| present)
+    })?;
+    let (name, changed, done) = match (action, present) {
+        (AclAction::Add, true) => ("acl_add", false, format!("already there, nothing changed: {wanted}")),
+        (AclAction::Add, false) => ("acl_add", true, format!("added: {wanted}")),
+        (AclAction::Remove, true) => ("acl_remove", true, format!("removed: {wanted}")),
+        (AclAction::Remove, false) => bail!(
+            "no such entry, nothing removed: {wanted} (quire acl list shows the entries; an entry is removed by its exact principal, operation and topic)"
+        ),
+    };
+    Ok(ChangeReport {
+        action: name,
+        user: None,
+        acl: Some(row),
+        changed,
+        done,
+        master: Some(master),
+    })
 }
 
 /// Runs `quire acl list`.

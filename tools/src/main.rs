@@ -10,6 +10,14 @@ use quire_tools::interrupt::Interrupted;
 use quire_tools::wal::FindingsExit;
 
 fn main() -> ExitCode {
+    // An empty QUIRE_* variable counts as unset (docs/operations.md), also for the options
+    // clap reads from variables (`--tls-ca`, `--password-file`, ...), which would otherwise
+    // take "" as a value given. Done first, while this process has one thread.
+    for (name, value) in std::env::vars_os() {
+        if value.is_empty() && name.to_string_lossy().starts_with("QUIRE_") {
+            std::env::remove_var(name);
+        }
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

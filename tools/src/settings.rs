@@ -59,7 +59,7 @@ pub const PASSWORD_ENV: &str = "QUIRE_PASSWORD";
 pub const PASSWORD_FILE_ENV: &str = "QUIRE_PASSWORD_FILE";
 
 /// Every variable the client reads.
-pub const CLIENT_VARIABLES: [&str; 13] = [
+pub const CLIENT_VARIABLES: [&str; 14] = [
     BROKERS_ENV,
     PROFILE_ENV,
     CONNECT_TIMEOUT_ENV,
@@ -73,6 +73,7 @@ pub const CLIENT_VARIABLES: [&str; 13] = [
     PASSWORD_ENV,
     PASSWORD_FILE_ENV,
     crate::access::NEW_PASSWORD_ENV,
+    crate::access::NEW_PASSWORD_FILE_ENV,
 ];
 
 /// Prefixes and names of `QUIRE_*` variables that belong to others (the servers, the test

@@ -142,12 +142,22 @@ pub async fn find_master(
             // A certificate or TLS mismatch does not mend itself: say so now, not after
             // the whole bound (as Kafka's clients fail an SSL authentication at once).
             Err(e) if e.is_tls_refusal() => {
+                // The refusal itself, not the master search it ended.
+                let e = match e {
+                    ClientError::NoMaster {
+                        last: Some(last), ..
+                    } => *last,
+                    ClientError::RetriesExhausted { last, .. } => *last,
+                    e => e,
+                };
                 let what = if e.to_string().contains("SASL") {
                     "the broker refused the login (check --user and the password)"
                 } else {
                     "TLS refused the connection"
                 };
-                return Err(anyhow::Error::new(e).context(what));
+                // As text: the error's Display already holds its source, which a chain
+                // would print a second time.
+                return Err(anyhow::anyhow!("{what}: {e}"));
             }
             Err(e) => e,
         };

@@ -83,7 +83,8 @@ pub struct BrokersArgs {
     pub tls_key: Option<std::path::PathBuf>,
 
     /// Authenticate to the brokers as this user with SCRAM-SHA-256 (`quire user add`); the
-    /// password comes from $QUIRE_PASSWORD or --password-file. Default: $QUIRE_USER.
+    /// password comes from --password-file, else $QUIRE_PASSWORD. The login, not a client
+    /// certificate, then names the principal. Default: $QUIRE_USER.
     #[arg(long, value_name = "NAME", env = "QUIRE_USER", hide_env = true)]
     pub user: Option<String>,
 
@@ -157,6 +158,9 @@ impl BrokersArgs {
         let Some(user) = self.user.clone().filter(|u| !u.is_empty()) else {
             if self.password_file.is_some() {
                 anyhow::bail!("--password-file ($QUIRE_PASSWORD_FILE) needs --user ($QUIRE_USER)");
+            }
+            if std::env::var_os(crate::settings::PASSWORD_ENV).is_some_and(|p| !p.is_empty()) {
+                tracing::warn!("$QUIRE_PASSWORD is set but no user is: not logging in (give --user or $QUIRE_USER)");
             }
             return Ok(None);
         };
