@@ -172,6 +172,9 @@ pub enum SecurityChange {
 pub fn validate(change: &SecurityChange) -> Result<(), String> {
     match change {
         SecurityChange::User(u) => {
+            if u.user.chars().any(char::is_control) {
+                return Err(format!("user name {:?} holds control characters", u.user));
+            }
             if u.user == "*" || u.user == ANONYMOUS {
                 return Err(format!(
                     "{:?} cannot be a user's name: ACL entries use it for {}",
@@ -198,6 +201,14 @@ pub fn validate(change: &SecurityChange) -> Result<(), String> {
             }
         }
         SecurityChange::Acl(a) => {
+            let principal = &a.entry.principal;
+            if principal != "*"
+                && (principal.contains('*') || principal.chars().any(char::is_control))
+            {
+                return Err(format!(
+                    "principal {principal:?}: a principal is a name or '*' (there are no principal patterns)"
+                ));
+            }
             let topic = &a.entry.topic;
             if topic.trim_end_matches('*').contains('*') || topic.ends_with("**") {
                 return Err(format!(
@@ -316,7 +327,22 @@ pub fn authorize(
         return Ok(());
     }
     let name = principal.name();
-    if settings.super_users.iter().any(|s| s == name) || tables.allows(name, operation, topic) {
+    let is_super = settings.super_users.iter().any(|s| s == name);
+    if let Body::UserAdminRequest(u) = body {
+        // A user named like a super user would be one: only a super user may set or remove
+        // its password (an `admin` entry would otherwise be a way to every right, kept after
+        // the entry is removed).
+        if settings.super_users.contains(&u.0.user) && !is_super {
+            return Err(ErrorResponse::new(
+                ErrorCode::Unauthorized,
+                format!(
+                    "principal {name:?} may not set or remove user {:?}: it is a super user, whose login only a super user may change",
+                    u.0.user
+                ),
+            ));
+        }
+    }
+    if is_super || tables.allows(name, operation, topic) {
         return Ok(());
     }
     let resource = match topic {
@@ -473,6 +499,26 @@ mod tests {
             role: Some(Role::Client),
         };
         assert!(authorize(&on, &tables, &client, &handoff).is_err());
+        // An admin entry does not reach a super user's login.
+        assert!(tables.apply_acl(AclAdminEvent {
+            action: AclAction::Add,
+            entry: AclEntry {
+                principal: "ops".into(),
+                operation: AclOperation::Admin,
+                topic: "*".into(),
+            },
+        }));
+        let set = |user: &str| {
+            Body::UserAdminRequest(quire_proto::UserAdminRequest(UserAdminEvent {
+                user: user.into(),
+                credential: None,
+            }))
+        };
+        let ops = Principal::User("ops".into());
+        assert!(authorize(&on, &tables, &ops, &set("bob")).is_ok());
+        assert!(authorize(&on, &tables, &ops, &set("root")).is_err());
+        let root = Principal::User("root".into());
+        assert!(authorize(&on, &tables, &root, &set("root")).is_ok());
         // Off: nothing is checked.
         let off = AuthSettings::default();
         assert!(authorize(&off, &tables, &Principal::Anonymous, &handoff).is_ok());

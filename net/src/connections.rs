@@ -150,8 +150,8 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
     }
 }
 
-/// `true` for the requests only a broker of the cluster may send: fences, appends and reads
-/// to a store, heartbeats (with a slave's appends) and take-over requests to a broker — the
+/// `true` for the requests only a broker of the cluster may send: fences, appends, reads and
+/// range digests to a store, heartbeats (with a slave's appends) and take-over requests to a broker — the
 /// cluster frames ([`is_peer_frame`], which sorts every frame type) but for tails, which
 /// operators' tools send too (with range digests: positions and checksums, never events).
 /// Reads return the events themselves — every topic's messages and the users' credentials
@@ -159,9 +159,15 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
 /// and every SCRAM key, from a store with a client certificate). On a listener that checks
 /// client certificates, a peer whose certificate does not name the broker role gets
 /// [`authorize`]'s `Unauthorized` for them.
+///
+/// Range digests too: a digest of a one-offset range is the record's CRC-32C, and the rest
+/// of the record is known, so a client could test guesses at an event's contents offline
+/// (a re-test recovered a short message, cursor commits and ACL entries that way). Auditing
+/// a TLS cluster's stores takes a broker's certificate.
 #[must_use]
 pub fn is_broker_only_frame(frame_type: FrameType) -> bool {
-    is_peer_frame(frame_type) && frame_type != FrameType::TailRequest
+    (is_peer_frame(frame_type) && frame_type != FrameType::TailRequest)
+        || frame_type == FrameType::RangeDigestRequest
 }
 
 /// Checks a request against what the peer's certificate allows (see

@@ -178,6 +178,9 @@ impl std::fmt::Display for AclEntry {
             AclOperation::Consume => format!("consume from {topics}"),
             AclOperation::Commit => format!("commit cursors of {topics}"),
             AclOperation::Admin => "administer the cluster".to_owned(),
+            AclOperation::All if self.topic == "*" => {
+                "do anything, administering the cluster included".to_owned()
+            }
             AclOperation::All => format!("do anything on {topics}"),
         };
         write!(f, "principal {:?} may {what}", self.principal)

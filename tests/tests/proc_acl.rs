@@ -17,7 +17,7 @@
 //!   the right away, and removing one that is not there is an error;
 //! - an administrator who logs in (no certificate) may hand mastership over;
 //! - a client certificate cannot read a store's events (which hold every topic and the
-//!   users' keys), only tail it, as `quire cluster audit` does;
+//!   users' keys), only tail it;
 //! - a broker refuses to start with ACL entries enforced on a plaintext listener.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure

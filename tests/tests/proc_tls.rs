@@ -8,7 +8,8 @@
 //!   another CA each send a Fence with an epoch near the top of the range to a store: each
 //!   is refused at the handshake; a client with a certificate of the cluster's CA that
 //!   names the client role is answered `Unauthorized`; no store's promised epoch moves,
-//!   and that client may still read the stores (`quire cluster audit`);
+//!   and only a broker's certificate may audit the stores (`quire cluster audit` reads range
+//!   digests, which would let a guesser test an event's contents);
 //! - a plaintext client of a broker is refused at once (not retried for its connect
 //!   timeout) with an error that says the broker serves TLS;
 //! - the master is killed with SIGKILL: the slave fences the stores over TLS and takes
@@ -275,12 +276,22 @@ fn a_tls_cluster_serves_its_clients_survives_a_master_kill_and_refuses_strangers
         let r = forged_fence(&stores[0], tls);
         assert!(r.is_err(), "a forged fence from {who} was answered");
     }
-    // A client of the cluster's own CA may read a store (the audit below) but not fence
-    // it: its certificate names the client role.
+    // A client of the cluster's own CA may tail a store but not fence it: its certificate
+    // names the client role.
     let refused = forged_fence(&stores[0], Some(&client)).expect_err("a client's fence");
     assert!(refused.contains("Unauthorized"), "{refused}");
     assert_eq!(promised_epochs(&stores, &client), before);
+    // The audit reads range digests, which only a broker's certificate may: a client's is
+    // refused, a broker's audits.
     let audit = quire(&["cluster", "audit", "--brokers", &brokers], &tls);
+    assert!(
+        !audit.status.success(),
+        "a client certificate audited the stores"
+    );
+    let audit = quire(
+        &["cluster", "audit", "--brokers", &brokers],
+        &flags(&files_for(&ours, "broker")),
+    );
     assert!(audit.status.success(), "audit: {}", stderr(&audit));
 
     // A plaintext client of a broker is told the broker serves TLS.
