@@ -138,6 +138,9 @@ impl Storage for OsStorage {
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<File> {
         let mut o = OpenOptions::new();
+        // Segments hold every topic's messages and the users' salted SCRAM keys: files
+        // this creates are the store's user's alone (0600), as the TLS keys are.
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
         match mode {
             OpenMode::Read => File::open(path),
             OpenMode::ReadRandom => {
@@ -183,7 +186,10 @@ impl Storage for OsStorage {
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        // Directories this creates are the store's user's alone (0700); one that exists
+        // keeps its mode.
+        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
     }
 
     fn open_dir(&self, dir: &Path) -> io::Result<File> {
