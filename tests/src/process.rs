@@ -453,3 +453,44 @@ impl Drop for Proc {
         self.kill9();
     }
 }
+
+/// `quire cluster status --brokers BROKERS --format json` (with `client_args`: TLS flags, a
+/// login) until it names a master other than `not`; that status. Each try is bounded by
+/// `run_bounded`'s 60 s.
+///
+/// # Panics
+/// If no such master is named within 60 s (with the last stderr).
+pub fn wait_cli_master(
+    client_args: &[String],
+    brokers: &str,
+    not: Option<u64>,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = run_bounded(
+            Command::new(quire_bin())
+                .args([
+                    "cluster",
+                    "status",
+                    "--brokers",
+                    brokers,
+                    "--format",
+                    "json",
+                ])
+                .args(client_args),
+            Duration::from_secs(60),
+        );
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            let id = v["master"]["id"].as_u64();
+            if id.is_some() && id != not {
+                return v;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no master (other than {not:?}) within 60 s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

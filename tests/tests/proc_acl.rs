@@ -23,7 +23,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quire_tests::process::{quire_bin, run_bounded};
 use quire_tests::{Cluster, Timing};
@@ -74,30 +74,10 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// `quire cluster status --format json` once it names a master other than `not`.
+/// The id of the master `quire cluster status` names, once it is not `not`.
 fn wait_master(admin: &Client, brokers: &str, not: Option<u64>) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = admin.run(&[
-            "cluster",
-            "status",
-            "--brokers",
-            brokers,
-            "--format",
-            "json",
-        ]);
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&stdout(&out)) {
-            if let Some(id) = v["master"]["id"].as_u64().filter(|&id| Some(id) != not) {
-                return id;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no master (other than {not:?}) within 60 s: {}",
-            stderr(&out)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let status = quire_tests::process::wait_cli_master(&admin.args, brokers, not);
+    status["master"]["id"].as_u64().expect("a master id")
 }
 
 #[test]

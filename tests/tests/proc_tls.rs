@@ -18,7 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quire_client::{ConnConfig, StoreClient};
 use quire_proto::{BrokerId, Epoch};
@@ -55,32 +55,7 @@ fn stderr(out: &std::process::Output) -> String {
 
 /// `quire cluster status --format json`, once it names a master other than `not`.
 fn wait_master(brokers: &str, tls: &[String], not: Option<u64>) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = quire(
-            &[
-                "cluster",
-                "status",
-                "--brokers",
-                brokers,
-                "--format",
-                "json",
-            ],
-            tls,
-        );
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&stdout(&out)) {
-            let id = v["master"]["id"].as_u64();
-            if id.is_some() && id != not {
-                return v;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no master (other than {not:?}) within 60 s: {}",
-            stderr(&out)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    quire_tests::process::wait_cli_master(tls, brokers, not)
 }
 
 fn promised_epochs(stores: &[String], tls: &TlsFiles) -> Vec<Epoch> {

@@ -591,15 +591,9 @@ impl Writes {
                     cursor: cursor.clone(),
                     offset: *offset,
                 });
-                match body.to_payload() {
-                    Ok(p) => {
-                        if core.unstable_bytes() + EVENT_OVERHEAD_BYTES + p.len() as u64
-                            > inflight_max
-                        {
-                            return Some(b);
-                        }
-                        (vec![p], None, adds)
-                    }
+                match one_event(core, &body, inflight_max) {
+                    Ok(Some(p)) => (vec![p], None, adds),
+                    Ok(None) => return Some(b),
                     Err(e) => {
                         reply(
                             out,
@@ -639,19 +633,16 @@ impl Writes {
                     SecurityChange::User(u) => EventBody::UserAdmin(u.clone()),
                     SecurityChange::Acl(a) => EventBody::AclAdmin(a.clone()),
                 };
-                match body.to_payload() {
-                    Ok(p) => {
-                        if core.unstable_bytes() + EVENT_OVERHEAD_BYTES + p.len() as u64
-                            > inflight_max
-                        {
-                            return Some(b);
-                        }
-                        let adds = tables.adds(change).then(|| match change {
-                            SecurityChange::User(u) => NewName::User(u.user.clone()),
-                            SecurityChange::Acl(a) => NewName::Acl(a.entry.clone()),
-                        });
-                        (vec![p], None, adds.filter(|n| !self.new_names.contains(n)))
-                    }
+                let adds = tables
+                    .adds(change)
+                    .then(|| match change {
+                        SecurityChange::User(u) => NewName::User(u.user.clone()),
+                        SecurityChange::Acl(a) => NewName::Acl(a.entry.clone()),
+                    })
+                    .filter(|n| !self.new_names.contains(n));
+                match one_event(core, &body, inflight_max) {
+                    Ok(Some(p)) => (vec![p], None, adds),
+                    Ok(None) => return Some(b),
                     Err(e) => {
                         reply(
                             out,
@@ -810,6 +801,23 @@ impl Writes {
         }
         Plan::Write
     }
+}
+
+/// The payload of a write of one event (a cursor commit, a user or ACL change), or
+/// `Ok(None)` when it does not fit below the in-flight bound now (it then waits).
+///
+/// # Errors
+/// A body that cannot be encoded (a name above its bound).
+fn one_event(
+    core: &MasterCore,
+    body: &EventBody,
+    inflight_max: u64,
+) -> Result<Option<Payload>, quire_proto::WireError> {
+    let p = body.to_payload()?;
+    Ok(
+        (core.unstable_bytes() + EVENT_OVERHEAD_BYTES + p.len() as u64 <= inflight_max)
+            .then_some(p),
+    )
 }
 
 /// Bytes a produce's events take in flight (payloads plus per-event overhead).
