@@ -154,6 +154,58 @@ pub fn current(view: &SecurityView) -> std::sync::Arc<SecurityTables> {
     }
 }
 
+/// Failed logins an address may make within [`FAILED_LOGINS_WINDOW`] before its logins are
+/// refused unchecked until the window ends.
+pub const FAILED_LOGINS_MAX: u32 = 20;
+/// The window [`FAILED_LOGINS_MAX`] counts in.
+pub const FAILED_LOGINS_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+/// Addresses [`LoginFailures`] remembers at most (about 3 MiB).
+pub const FAILED_LOGINS_ADDRS_MAX: usize = 65_536;
+
+/// Failed logins by client address: an online guesser gets [`FAILED_LOGINS_MAX`] guesses
+/// per [`FAILED_LOGINS_WINDOW`] per address, whatever it does with its connections (the
+/// per-failure delay alone let a client that hangs up early guess hundreds of times a
+/// second). A window opens at an address's first failure; once it holds the most, the
+/// address's logins are refused, right password or not, until it closes. Clients behind
+/// one NAT address share the count.
+#[derive(Debug, Default)]
+pub struct LoginFailures {
+    by_addr: std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>,
+}
+
+impl LoginFailures {
+    /// How long `addr`'s logins stay refused, or `None` if it may try.
+    #[must_use]
+    pub fn blocked(
+        &self,
+        addr: std::net::IpAddr,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let &(start, count) = self.by_addr.get(&addr)?;
+        let left = FAILED_LOGINS_WINDOW.checked_sub(now.saturating_duration_since(start))?;
+        (count >= FAILED_LOGINS_MAX && !left.is_zero()).then_some(left)
+    }
+
+    /// Counts a failed login from `addr`. When [`FAILED_LOGINS_ADDRS_MAX`] addresses are
+    /// remembered, those whose window closed are forgotten first; if none has, the failure
+    /// is not counted (the per-failure delay still applies).
+    pub fn failed(&mut self, addr: std::net::IpAddr, now: std::time::Instant) {
+        let open =
+            |start: std::time::Instant| now.saturating_duration_since(start) < FAILED_LOGINS_WINDOW;
+        if !self.by_addr.contains_key(&addr) && self.by_addr.len() >= FAILED_LOGINS_ADDRS_MAX {
+            self.by_addr.retain(|_, (start, _)| open(*start));
+            if self.by_addr.len() >= FAILED_LOGINS_ADDRS_MAX {
+                return;
+            }
+        }
+        let entry = self.by_addr.entry(addr).or_insert((now, 0));
+        if !open(entry.0) {
+            *entry = (now, 0);
+        }
+        entry.1 = entry.1.saturating_add(1);
+    }
+}
+
 /// A user or ACL change, as the master writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SecurityChange {
@@ -414,6 +466,29 @@ mod tests {
         // A name that sorts between others, or before "*", finds nothing of theirs.
         assert!(!tables.allows("user", AclOperation::Consume, Some("t1")));
         assert!(!tables.allows("!", AclOperation::Consume, Some("t1")));
+    }
+
+    #[test]
+    fn an_address_that_fails_too_often_is_refused_until_its_window_closes() {
+        let mut f = LoginFailures::default();
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let b: std::net::IpAddr = [10, 0, 0, 2].into();
+        let t0 = std::time::Instant::now();
+        for _ in 0..FAILED_LOGINS_MAX - 1 {
+            f.failed(a, t0);
+        }
+        assert_eq!(f.blocked(a, t0), None);
+        f.failed(a, t0);
+        let second = std::time::Duration::from_secs(1);
+        assert_eq!(
+            f.blocked(a, t0 + second),
+            Some(FAILED_LOGINS_WINDOW - second)
+        );
+        assert_eq!(f.blocked(b, t0), None, "another address is not held back");
+        assert_eq!(f.blocked(a, t0 + FAILED_LOGINS_WINDOW), None);
+        // A failure after the window opens a new one.
+        f.failed(a, t0 + FAILED_LOGINS_WINDOW);
+        assert_eq!(f.blocked(a, t0 + FAILED_LOGINS_WINDOW), None);
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - an administrator who logs in (no certificate) may hand mastership over;
 //! - a client certificate cannot read a store's events (which hold every topic and the
 //!   users' keys), only tail it;
+//! - an address that fails FAILED_LOGINS_MAX logins is refused for the rest of the minute,
+//!   the right password included;
 //! - a broker refuses to start with ACL entries enforced on a plaintext listener.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
@@ -354,4 +356,29 @@ fn users_and_acls_decide_who_may_do_what_and_survive_a_master_kill() {
     admin.ok(&["user", "remove", "alice"]);
     let refused = alice.refused(&["produce", "--topic", "alice.x", "--count", "1"]);
     assert!(refused.contains("refused the login"), "{refused}");
+
+    // An address that keeps guessing is held back, the right password included (last: it
+    // holds this machine's logins back for a minute).
+    // One broker address only, so every login goes to that broker first.
+    let first_addr = brokers.split(',').next().unwrap().to_owned();
+    let one_broker = |c: Client| Client {
+        args: c
+            .args
+            .iter()
+            .map(|a| {
+                if *a == brokers {
+                    first_addr.clone()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect(),
+    };
+    let guesser = one_broker(user("ops", "guess"));
+    for _ in 0..quire_broker::security::FAILED_LOGINS_MAX {
+        let refused = guesser.refused(&["user", "list"]);
+        assert!(refused.contains("refused the login"), "{refused}");
+    }
+    let refused = one_broker(user("ops", password)).refused(&["user", "list"]);
+    assert!(refused.contains("too many failed logins"), "{refused}");
 }

@@ -219,6 +219,14 @@ pub(crate) struct ConnShared {
     pub(crate) security: crate::security::SecurityView,
     /// `authorization` and `super_users`.
     pub(crate) auth: Arc<crate::security::AuthSettings>,
+    /// Failed logins by client address.
+    pub(crate) login_failures: Arc<std::sync::Mutex<crate::security::LoginFailures>>,
+}
+
+/// The guarded value; a poisoned lock still guards it (what a panicking holder left is
+/// a count, never half of one).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Serves one inbound connection until the peer closes it, it breaks, or the broker stops.
@@ -336,7 +344,23 @@ pub(crate) async fn serve(
             continue;
         }
         if let Body::AuthenticateRequest(a) = &frame.body {
-            match authenticate_step(a, &mut sasl, &shared.security) {
+            let blocked = sasl
+                .is_none()
+                .then(|| {
+                    lock(&shared.login_failures).blocked(peer_addr.ip(), std::time::Instant::now())
+                })
+                .flatten();
+            let step = match blocked {
+                Some(left) => Err(format!(
+                    "too many failed logins from this address: try again in {} s",
+                    left.as_secs() + 1
+                )),
+                None => authenticate_step(a, &mut sasl, &shared.security),
+            };
+            if step.is_err() && blocked.is_none() {
+                lock(&shared.login_failures).failed(peer_addr.ip(), std::time::Instant::now());
+            }
+            match step {
                 Ok(Step::Continue(message)) => {
                     reply.send(frame.request_id, AuthenticateResponse { message }.into());
                 }

@@ -185,6 +185,7 @@ impl Broker {
             fetch_responses: ConnBytes::new(cfg.fetch_responses_bytes_max),
             security,
             auth: Arc::new(cfg.auth.clone()),
+            login_failures: Arc::default(),
         };
         let connections_max =
             quire_net::fit_open_files_limit(cfg.connections_max, PEER_CONNECTIONS_RESERVE);
