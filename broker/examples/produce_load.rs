@@ -82,6 +82,7 @@ fn run(
     loop {
         while inflight.len() < window as usize && Instant::now() < deadline {
             let req = ProduceRequest {
+                format: quire_proto::MessageFormat::Raw,
                 topic: format!("load{}", p % 3),
                 producer_id: p,
                 sequence: seq,

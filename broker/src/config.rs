@@ -13,6 +13,8 @@
 //! brokers = ["1=10.0.0.1:7201", "2=10.0.0.2:7201"]
 //! ack_quorum = 2                  # default: majority of the stores
 //! metrics_listen = "127.0.0.1:9201"
+//! kafka_listen = "0.0.0.0:9092"  # Kafka clients' listener (docs/kafka.md); unset: none
+//! kafka_brokers = ["1=10.0.0.1:9092", "2=10.0.0.2:9092"] # every broker's Kafka address
 //! log_format = "json"             # or "pretty"
 //! heartbeat = "100ms"
 //! election_timeout = "500ms"
@@ -167,6 +169,16 @@ pub fn schema() -> Schema {
             Kind::Text,
             "Address to serve GET /metrics (Prometheus), /healthz and /ready on; unset: none",
         ),
+        Setting::new(
+            "kafka_listen",
+            Kind::Text,
+            "Address to serve Kafka clients on, host:port (docs/kafka.md; plaintext, no login yet); unset: no Kafka listener",
+        ),
+        Setting::new(
+            "kafka_brokers",
+            Kind::List,
+            "Every broker's Kafka address as ID=host:port, comma separated, for Kafka clients' metadata; unset: this broker's kafka_listen only",
+        ),
         Setting::new("log_format", Kind::Choice(&["pretty", "json"]), "Log line format on stderr")
             .default_value(Value::Text("pretty".to_owned())),
         Setting::new("heartbeat", millis, "How often the master heartbeats slaves and stores")
@@ -314,6 +326,11 @@ pub struct BrokerConfig {
     pub ack_quorum: usize,
     /// Metrics address.
     pub metrics_listen: Option<String>,
+    /// The Kafka listener's address (`None`: no Kafka listener).
+    pub kafka_listen: Option<String>,
+    /// Every broker's advertised Kafka address `(id, host:port)` as given (this broker's,
+    /// if not given, is the address its Kafka listener is bound to).
+    pub kafka_brokers: Vec<(BrokerId, String)>,
     /// Log format.
     pub log_format: LogFormat,
     /// Heartbeat period.
@@ -443,6 +460,16 @@ impl BrokerConfig {
         if let Some(addr) = r.text("metrics_listen") {
             quire_net::layers::check_host_port(addr).map_err(|m| r.invalid("metrics_listen", m))?;
         }
+        let kafka_listen = r.text("kafka_listen").map(str::to_owned);
+        if let Some(addr) = &kafka_listen {
+            quire_net::layers::check_host_port(addr).map_err(|m| r.invalid("kafka_listen", m))?;
+        }
+        let kafka_entries = r.list("kafka_brokers");
+        let kafka_brokers = if kafka_entries.is_empty() {
+            Vec::new()
+        } else {
+            parse_brokers(&kafka_entries).map_err(|e| r.invalid("kafka_brokers", e.to_string()))?
+        };
         let heartbeat = r.duration("heartbeat").unwrap_or_default();
         if heartbeat < Duration::from_millis(HEARTBEAT_MS_MIN) {
             return Err(r.invalid(
@@ -595,6 +622,8 @@ impl BrokerConfig {
             brokers,
             ack_quorum,
             metrics_listen: r.text("metrics_listen").map(str::to_owned),
+            kafka_listen,
+            kafka_brokers,
             log_format: match r.text("log_format") {
                 Some("json") => LogFormat::Json,
                 _ => LogFormat::Pretty,

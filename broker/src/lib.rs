@@ -67,7 +67,7 @@ pub fn main_with(cli: Cli) -> anyhow::Result<()> {
 /// their sources on stdout instead and returns (an error if they are not valid).
 /// Deprecated spellings are logged as warnings once logging is up.
 ///
-/// Prints `listening on ADDR` (and `metrics on ADDR`) on stdout once bound, so scripts and
+/// Prints `listening on ADDR` (and `metrics on ADDR`, `kafka on ADDR`) on stdout once bound, so scripts and
 /// tests started with port 0 can find the broker.
 ///
 /// # Errors
@@ -104,6 +104,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             writeln!(out, "listening on {}", broker.local_addr())?;
             if let Some(m) = broker.metrics_addr() {
                 writeln!(out, "metrics on {m}")?;
+            }
+            if let Some(k) = broker.kafka_addr() {
+                writeln!(out, "kafka on {k}")?;
             }
             out.flush()?;
         }

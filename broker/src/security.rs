@@ -423,6 +423,7 @@ mod tests {
 
     fn produce(topic: &str) -> Body {
         Body::ProduceRequest(ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: topic.into(),
             producer_id: 0,
             sequence: 0,
@@ -432,6 +433,7 @@ mod tests {
 
     fn fetch(topic: &str) -> Body {
         Body::FetchRequest(FetchRequest {
+            records: false,
             topic: topic.into(),
             from_offset: Offset(0),
             max_messages: 1,
@@ -557,7 +559,7 @@ mod tests {
         assert!(authorize(&on, &tables, &alice, &produce("other")).is_err());
         assert!(authorize(&on, &tables, &Principal::Anonymous, &produce("orders")).is_err());
         // Anyone may ask for metadata.
-        let metadata = Body::MetadataRequest(MetadataRequest);
+        let metadata = Body::MetadataRequest(MetadataRequest::default());
         assert!(authorize(&on, &tables, &Principal::Anonymous, &metadata).is_ok());
         // Super users and brokers may do everything.
         let handoff = Body::HandoffRequest(HandoffRequest {

@@ -76,7 +76,7 @@ fn proc_no_quorum_fails_in_bounded_time_and_a_retry_is_written_once() {
     }
     // The failed request is never answered a second time (answers come in order on this
     // connection: one more round trip flushes anything sent before it).
-    assert!(c.request(quire_proto::MetadataRequest).is_ok());
+    assert!(c.request(quire_proto::MetadataRequest::default()).is_ok());
     assert!(
         !c.stashed(failed_id),
         "a failed produce must never be acked later"
@@ -250,6 +250,7 @@ fn proc_cursors_metrics_and_bad_frames() {
     let mut s = Client::connect(&cluster.broker(slave).addr.clone()).expect("connect");
     match s
         .request(FetchRequest {
+            records: false,
             topic: "t".into(),
             from_offset: Offset(0),
             max_messages: 10,
@@ -276,6 +277,7 @@ fn proc_cursors_metrics_and_bad_frames() {
     // A long poll returns as soon as a message arrives.
     let poll = c
         .send(FetchRequest {
+            records: false,
             topic: "later".into(),
             from_offset: Offset(0),
             max_messages: 10,

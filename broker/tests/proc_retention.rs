@@ -44,6 +44,7 @@ struct Producer {
 impl Producer {
     fn request(seq: u64) -> ProduceRequest {
         ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: TOPIC.into(),
             producer_id: PRODUCER,
             sequence: seq,
@@ -72,6 +73,7 @@ fn master_client(cluster: &Cluster) -> Client {
 
 fn fetch(c: &mut Client, from: Offset) -> Body {
     c.request(FetchRequest {
+        records: false,
         topic: TOPIC.into(),
         from_offset: from,
         max_messages: 1000,

@@ -161,7 +161,7 @@ impl BrokerClient {
     /// # Errors
     /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`].
     pub async fn metadata(&self) -> Result<MetadataResponse, ClientError> {
-        match self.request(MetadataRequest.into()).await?.body {
+        match self.request(MetadataRequest::default().into()).await?.body {
             Body::MetadataResponse(r) => Ok(r),
             other => Err(remote_or_unexpected(FrameType::MetadataRequest, other)),
         }

@@ -434,6 +434,7 @@ impl Consumer {
             .request(
                 "fetch",
                 FetchRequest {
+                    records: false,
                     topic: self.topic.clone(),
                     from_offset: self.fetch_offset,
                     max_messages: self.config.fetch_max_messages,
@@ -494,7 +495,10 @@ pub(crate) fn accept_fetch(from: Offset, r: FetchResponse, out: &mut VecDeque<Me
 }
 
 async fn metadata(link: &mut MasterLink) -> Result<MetadataResponse, ClientError> {
-    match link.request("metadata", MetadataRequest.into()).await? {
+    match link
+        .request("metadata", MetadataRequest::default().into())
+        .await?
+    {
         Body::MetadataResponse(m) => Ok(m),
         other => Err(ClientError::UnexpectedResponse {
             request: FrameType::MetadataRequest,
@@ -521,6 +525,7 @@ mod tests {
         let next = accept_fetch(
             Offset(3),
             FetchResponse {
+                formats: Vec::new(),
                 hwm: Some(Offset(20)),
                 next_offset: Offset(21),
                 messages: msgs(&[5, 9]),
@@ -536,6 +541,7 @@ mod tests {
         let next = accept_fetch(
             Offset(21),
             FetchResponse {
+                formats: Vec::new(),
                 hwm: None,
                 next_offset: Offset(4),
                 messages: Vec::new(),
@@ -551,6 +557,7 @@ mod tests {
         let next = accept_fetch(
             Offset(10),
             FetchResponse {
+                formats: Vec::new(),
                 hwm: None,
                 // A faulty answer: 8 is below the position, 12 comes after 14.
                 next_offset: Offset(0),

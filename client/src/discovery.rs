@@ -470,6 +470,7 @@ mod tests {
 
     fn answer(epoch: u64, master: Option<u16>) -> MetadataResponse {
         MetadataResponse {
+            topics: Vec::new(),
             epoch: Epoch(epoch),
             hwm: None,
             master: master.map(info),

@@ -471,6 +471,7 @@ impl<W> Pipeline<W> {
         Some(Outgoing {
             sequence: b.sequence,
             request: ProduceRequest {
+                format: quire_proto::MessageFormat::Raw,
                 topic: b.topic.clone(),
                 producer_id,
                 sequence: b.sequence,

@@ -226,6 +226,7 @@ fn handle(id: u16, body: Body, st: &Shared) -> Option<(Body, Option<Duration>)> 
                 None => master.clone(),
             };
             MetadataResponse {
+                topics: Vec::new(),
                 epoch: Epoch(g.epoch),
                 hwm: g.log.entries.len().checked_sub(1).map(|o| Offset(o as u64)),
                 master: named,
@@ -338,6 +339,7 @@ fn handle(id: u16, body: Body, st: &Shared) -> Option<(Body, Option<Duration>)> 
                 .then(|| Duration::from_millis(u64::from(f.wait_ms).min(20)));
             return Some((
                 FetchResponse {
+                    formats: Vec::new(),
                     hwm,
                     next_offset: Offset(next),
                     messages,

@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use quire_proto::*;
 
 fn main() -> std::io::Result<()> {
-    let message = EventBody::Message(MessageEvent {
+    let message = EventBody::Message(MessageEvent { format: quire_proto::MessageFormat::Raw,
         topic: "orders".into(),
         producer_id: 7,
         sequence: 1,
@@ -103,14 +103,14 @@ fn main() -> std::io::Result<()> {
         )
         .into(),
         ErrorResponse::not_voter(StoreId(4), Incarnation(2)).into(),
-        ProduceRequest {
+        ProduceRequest { format: quire_proto::MessageFormat::Raw,
             topic: "orders".into(),
             producer_id: 7,
             sequence: 1,
             messages: vec![Bytes::from_static(b"a"), Bytes::from_static(b"bc")],
         }
         .into(),
-        FetchResponse {
+        FetchResponse { formats: Vec::new(),
             hwm: Some(Offset(2)),
             next_offset: Offset(3),
             messages: vec![(Offset(1), Bytes::from_static(b"hello"))],
@@ -122,7 +122,7 @@ fn main() -> std::io::Result<()> {
             offset: Offset(3),
         }
         .into(),
-        MetadataResponse {
+        MetadataResponse { topics: Vec::new(),
             epoch: Epoch(3),
             hwm: Some(Offset(2)),
             master: Some(BrokerInfo {

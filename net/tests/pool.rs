@@ -16,6 +16,7 @@ const LEN: usize = 300 * 1024;
 async fn produce(c: &mut TcpStream, id: u64) {
     let mut buf = BytesMut::new();
     let body = ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".into(),
         producer_id: 1,
         sequence: id,

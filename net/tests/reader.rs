@@ -69,6 +69,7 @@ async fn pipelined_frames_come_whole_and_give_their_budget_back() {
     let budget = ReadBudget::new(FRAME_BYTES_MAX, metrics.clone());
     let (mut c, mut r) = pair(&budget, &settings(5_000, 0)).await;
     let big = ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".into(),
         producer_id: 0,
         sequence: 0,
@@ -293,6 +294,7 @@ async fn each_frame_has_a_buffer_of_its_own() {
         frame_bytes(
             id,
             ProduceRequest {
+                format: quire_proto::MessageFormat::Raw,
                 topic: "t".into(),
                 producer_id: 1,
                 sequence: id,
@@ -352,6 +354,7 @@ async fn a_small_frame_waits_for_the_budget_without_timing_out() {
     let small = frame_bytes(
         5,
         ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "t".into(),
             producer_id: 0,
             sequence: 0,

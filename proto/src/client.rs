@@ -19,10 +19,23 @@ use bytes::Bytes;
 
 use crate::codec::{BodyWriter, Reader};
 use crate::error::WireError;
+use crate::event_body::{MessageFormat, SNAPSHOT_TOPICS_MAX};
 use crate::limits::{
     ADDR_BYTES_MAX, CURSOR_BYTES_MAX, MEMBERS_MAX, MESSAGES_PER_FRAME_MAX, TOPIC_BYTES_MAX,
 };
 use crate::types::{BrokerId, Epoch, Incarnation, Offset, StoreId};
+
+/// A [`MessageFormat`] byte of a produce request or fetch response.
+fn read_message_format(
+    r: &mut Reader<'_>,
+    field: &'static str,
+) -> Result<MessageFormat, WireError> {
+    match r.u8(field)? {
+        0 => Ok(MessageFormat::Raw),
+        1 => Ok(MessageFormat::Kafka),
+        byte => Err(WireError::InvalidTag { field, byte }),
+    }
+}
 
 /// Checks a topic name: non-empty, at most [`TOPIC_BYTES_MAX`] bytes (a `&str` is UTF-8
 /// already).
@@ -110,6 +123,8 @@ pub struct StoreInfo {
 /// ..    8      sequence              u64: sequence of messages[0]
 /// ..    4      message count         u32, ≤ MESSAGES_PER_FRAME_MAX
 /// per message: 4 length u32, n bytes
+/// ..    0|1    format                u8, only for MessageFormat::Kafka (1): the messages
+///                                    are Kafka records (crate::record); absent: opaque
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProduceRequest {
@@ -121,6 +136,8 @@ pub struct ProduceRequest {
     pub sequence: u64,
     /// The messages, each at most `MESSAGE_BYTES_MAX` bytes.
     pub messages: Vec<Bytes>,
+    /// What the messages are (the Kafka listener writes [`MessageFormat::Kafka`]).
+    pub format: MessageFormat,
 }
 
 /// Master → producer: the messages are stabilized at log offsets
@@ -150,6 +167,8 @@ pub struct ProduceResponse {
 /// ..    4      max_messages          u32
 /// ..    4      max_bytes             u32: message bytes
 /// ..    4      wait_ms               u32
+/// ..    0|1    records               u8, only when set (1): answer Kafka records whole,
+///                                    with each message's format
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FetchRequest {
@@ -163,6 +182,10 @@ pub struct FetchRequest {
     pub max_bytes: u32,
     /// Longest time to wait for a message, in milliseconds.
     pub wait_ms: u32,
+    /// `false` (native consumers): a Kafka record is answered as its value alone.
+    /// `true` (the Kafka listener): every message is answered as stored, and the response
+    /// lists each message's format.
+    pub records: bool,
 }
 
 /// Master → consumer: messages with their log offsets, in offset order.
@@ -173,6 +196,8 @@ pub struct FetchRequest {
 /// ..    8      next_offset           u64: where the next fetch starts
 /// ..    4      message count         u32, ≤ MESSAGES_PER_FRAME_MAX
 /// per message: 8 offset u64, 4 length u32, n bytes
+/// then, only if the request asked for records and there are messages:
+/// ..    n      formats               u8 per message (0 opaque, 1 Kafka record)
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FetchResponse {
@@ -183,6 +208,9 @@ pub struct FetchResponse {
     pub next_offset: Offset,
     /// `(log offset, message)` pairs, offsets increasing.
     pub messages: Vec<(Offset, Bytes)>,
+    /// Each message's format, in the same order, when the request asked for
+    /// [`FetchRequest::records`]; empty otherwise.
+    pub formats: Vec<MessageFormat>,
 }
 
 /// Consumer → master: durably set `cursor` of `topic` to `offset` (the next log offset
@@ -235,9 +263,17 @@ pub struct CursorResponse {
     pub offset: Option<Offset>,
 }
 
-/// Anyone → any broker: who is master, and what the cluster looks like. Empty body.
+/// Anyone → any broker: who is master, and what the cluster looks like.
+///
+/// ```text
+/// off   size   field
+/// 0     0|1    topics                u8, only when set (1): list the topics too
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MetadataRequest;
+pub struct MetadataRequest {
+    /// Whether the answer lists the topics ([`MetadataResponse::topics`]).
+    pub topics: bool,
+}
 
 /// Broker → anyone: the broker's view of the cluster.
 ///
@@ -249,6 +285,8 @@ pub struct MetadataRequest;
 /// ..    4      broker count          u32, ≤ MEMBERS_MAX, then BrokerInfo each
 /// ..    4      store count           u32, ≤ MEMBERS_MAX, then StoreInfo each
 /// ..    1|9    applied               Option<Offset>: highest offset applied to this broker's state
+/// then, only if the request asked for topics and there are any:
+/// ..    4      topic count           u32, ≤ SNAPSHOT_TOPICS_MAX, then a string each
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetadataResponse {
@@ -266,6 +304,9 @@ pub struct MetadataResponse {
     /// state (topics, cursors, producer table); `None` before the first. On a slave it
     /// trails the master's HWM by the replication lag.
     pub applied: Option<Offset>,
+    /// The topics this broker's state holds, by name, when the request asked for them
+    /// ([`MetadataRequest::topics`]); empty otherwise.
+    pub topics: Vec<String>,
 }
 
 /// Operator → master: hand mastership to slave broker `to` (graceful handoff, DESIGN.md
@@ -386,6 +427,9 @@ impl ProduceRequest {
         for m in &self.messages {
             w.payload("produce messages", m)?;
         }
+        if self.format != MessageFormat::Raw {
+            w.u8(self.format as u8);
+        }
         Ok(())
     }
 
@@ -398,7 +442,13 @@ impl ProduceRequest {
         for _ in 0..count {
             messages.push(r.payload("produce messages")?);
         }
+        let format = if r.remaining() > 0 {
+            read_message_format(r, "produce format")?
+        } else {
+            MessageFormat::Raw
+        };
         Ok(ProduceRequest {
+            format,
             topic,
             producer_id,
             sequence,
@@ -429,6 +479,9 @@ impl FetchRequest {
         w.u32(self.max_messages);
         w.u32(self.max_bytes);
         w.u32(self.wait_ms);
+        if self.records {
+            w.u8(1);
+        }
         Ok(())
     }
 
@@ -439,6 +492,7 @@ impl FetchRequest {
             max_messages: r.u32("fetch max_messages")?,
             max_bytes: r.u32("fetch max_bytes")?,
             wait_ms: r.u32("fetch wait_ms")?,
+            records: r.remaining() > 0 && r.bool("fetch records")?,
         })
     }
 }
@@ -456,6 +510,18 @@ impl FetchResponse {
             w.u64(offset.0);
             w.payload("fetch messages", m)?;
         }
+        if !self.formats.is_empty() {
+            if self.formats.len() != self.messages.len() {
+                return Err(WireError::CountTooLarge {
+                    field: "fetch formats",
+                    count: self.formats.len() as u64,
+                    max: self.messages.len() as u64,
+                });
+            }
+            for f in &self.formats {
+                w.u8(*f as u8);
+            }
+        }
         Ok(())
     }
 
@@ -468,7 +534,15 @@ impl FetchResponse {
             let offset = r.offset("fetch messages")?;
             messages.push((offset, r.payload("fetch messages")?));
         }
+        let mut formats = Vec::new();
+        if r.remaining() > 0 {
+            formats.reserve(count);
+            for _ in 0..count {
+                formats.push(read_message_format(r, "fetch formats")?);
+            }
+        }
         Ok(FetchResponse {
+            formats,
             hwm,
             next_offset,
             messages,
@@ -531,12 +605,17 @@ impl CursorResponse {
 }
 
 impl MetadataRequest {
-    pub(crate) fn write<W: BodyWriter>(&self, _w: &mut W) -> Result<(), WireError> {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        if self.topics {
+            w.u8(1);
+        }
         Ok(())
     }
 
-    pub(crate) fn read(_r: &mut Reader<'_>) -> Result<Self, WireError> {
-        Ok(MetadataRequest)
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(MetadataRequest {
+            topics: r.remaining() > 0 && r.bool("metadata topics")?,
+        })
     }
 }
 
@@ -554,6 +633,12 @@ impl MetadataResponse {
             s.write(w)?;
         }
         w.opt_offset(self.applied);
+        if !self.topics.is_empty() {
+            w.count("metadata topics", self.topics.len(), SNAPSHOT_TOPICS_MAX)?;
+            for t in &self.topics {
+                w.name("topic", t, TOPIC_BYTES_MAX)?;
+            }
+        }
         Ok(())
     }
 
@@ -572,7 +657,16 @@ impl MetadataResponse {
             stores.push(StoreInfo::read(r)?);
         }
         let applied = r.opt_offset("metadata applied")?;
+        let mut topics = Vec::new();
+        if r.remaining() > 0 {
+            let count = r.count("metadata topics", SNAPSHOT_TOPICS_MAX, 3)?;
+            topics.reserve(count);
+            for _ in 0..count {
+                topics.push(r.name("topic", TOPIC_BYTES_MAX)?);
+            }
+        }
         Ok(MetadataResponse {
+            topics,
             epoch,
             hwm,
             master,

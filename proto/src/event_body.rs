@@ -8,12 +8,17 @@
 //!
 //! ```text
 //! Message (kind 1)           CursorCommit (kind 2)      TopicAdmin (kind 3)
-//! 1    version  u8           1    version  u8           1    version  u8
+//! 1    version  u8 (1|2)     1    version  u8           1    version  u8
 //! 2+n  topic    string       2+n  topic    string       1    action   u8 (1 create, 2 delete)
 //! 8    producer_id u64       2+n  cursor   string       2+n  topic    string
 //! 8    sequence u64          8    offset   u64
+//! 1    format   u8 (version 2 only: 1 a Kafka record, crate::record)
 //! 4    length   u32
 //! n    message bytes
+//!
+//! A message written by a native producer is version 1 (its bytes are opaque); one written
+//! through the Kafka listener is version 2 with format 1 (its bytes are a
+//! [`crate::record::KafkaRecord`]). Every other kind is version 1.
 //!
 //! EpochStart (kind 4)        Trim (kind 5)
 //! 1    version  u8           1    version  u8
@@ -69,6 +74,29 @@ use crate::types::{BrokerId, Epoch, EventKind, Incarnation, Offset, StoreId};
 /// The event body format version this build writes and reads.
 pub const EVENT_BODY_VERSION: u8 = 1;
 
+/// What a message's bytes are. One byte in a version-2 message body.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MessageFormat {
+    /// Opaque bytes from a native producer (a version-1 body; never written as a byte).
+    #[default]
+    Raw = 0,
+    /// A Kafka record: timestamp, key, headers and value ([`crate::record::KafkaRecord`]).
+    Kafka = 1,
+}
+
+/// The event body version a message of `format` is written with.
+#[must_use]
+pub fn message_body_version(format: MessageFormat) -> u8 {
+    match format {
+        MessageFormat::Raw => EVENT_BODY_VERSION,
+        MessageFormat::Kafka => MESSAGE_BODY_VERSION_FORMATTED,
+    }
+}
+
+/// The message body version that carries a [`MessageFormat`] byte.
+pub const MESSAGE_BODY_VERSION_FORMATTED: u8 = 2;
+
 /// A producer's message, as stored in the log (kind [`EventKind::Message`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MessageEvent {
@@ -78,6 +106,8 @@ pub struct MessageEvent {
     pub producer_id: u64,
     /// The message's sequence number for that producer.
     pub sequence: u64,
+    /// What the bytes are.
+    pub format: MessageFormat,
     /// The message bytes (on decode, a slice of the event payload: no copy).
     pub message: Bytes,
 }
@@ -604,7 +634,8 @@ impl EventBody {
     pub fn to_payload(&self) -> Result<Payload, WireError> {
         let mut out = BytesMut::new();
         if let EventBody::Message(m) = self {
-            encode_message_header(
+            encode_message_header_as(
+                m.format,
                 &m.topic,
                 m.producer_id,
                 m.sequence,
@@ -640,19 +671,31 @@ impl EventBody {
     fn decode_bytes(kind: EventKind, payload: &Bytes) -> Result<EventBody, WireError> {
         let mut r = Reader::new(payload);
         let version = r.u8("event body version")?;
-        if version != EVENT_BODY_VERSION {
+        let formatted = kind == EventKind::Message && version == MESSAGE_BODY_VERSION_FORMATTED;
+        if version != EVENT_BODY_VERSION && !formatted {
             return Err(WireError::UnsupportedEventBodyVersion {
                 version,
                 supported: EVENT_BODY_VERSION,
             });
         }
         let body = match kind {
-            EventKind::Message => EventBody::Message(MessageEvent {
-                topic: r.name("topic", TOPIC_BYTES_MAX)?,
-                producer_id: r.u64("message producer_id")?,
-                sequence: r.u64("message sequence")?,
-                message: r.payload("message")?,
-            }),
+            EventKind::Message => {
+                let topic = r.name("topic", TOPIC_BYTES_MAX)?;
+                let producer_id = r.u64("message producer_id")?;
+                let sequence = r.u64("message sequence")?;
+                let format = if formatted {
+                    read_format(&mut r)?
+                } else {
+                    MessageFormat::Raw
+                };
+                EventBody::Message(MessageEvent {
+                    topic,
+                    producer_id,
+                    sequence,
+                    format,
+                    message: r.payload("message")?,
+                })
+            }
             EventKind::CursorCommit => EventBody::CursorCommit(CursorCommitEvent {
                 topic: r.name("topic", TOPIC_BYTES_MAX)?,
                 cursor: r.name("cursor", CURSOR_BYTES_MAX)?,
@@ -703,12 +746,18 @@ impl EventBody {
     }
 
     fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
-        w.u8(EVENT_BODY_VERSION);
+        match self {
+            EventBody::Message(m) => w.u8(message_body_version(m.format)),
+            _ => w.u8(EVENT_BODY_VERSION),
+        }
         match self {
             EventBody::Message(m) => {
                 w.name("topic", &m.topic, TOPIC_BYTES_MAX)?;
                 w.u64(m.producer_id);
                 w.u64(m.sequence);
+                if m.format != MessageFormat::Raw {
+                    w.u8(m.format as u8);
+                }
                 message(w, &m.message)?;
             }
             EventBody::CursorCommit(c) => {
@@ -772,21 +821,37 @@ impl MessageEvent {
     /// (or `head` is not a well-formed header for `tail.len()` bytes).
     fn decode_split(head: &Bytes, tail: &Bytes) -> Option<MessageEvent> {
         let mut r = Reader::new(head);
-        if r.u8("event body version").ok()? != EVENT_BODY_VERSION {
+        let version = r.u8("event body version").ok()?;
+        if version != EVENT_BODY_VERSION && version != MESSAGE_BODY_VERSION_FORMATTED {
             return None;
         }
         let topic = r.name("topic", TOPIC_BYTES_MAX).ok()?;
         let producer_id = r.u64("message producer_id").ok()?;
         let sequence = r.u64("message sequence").ok()?;
+        let format = if version == MESSAGE_BODY_VERSION_FORMATTED {
+            read_format(&mut r).ok()?
+        } else {
+            MessageFormat::Raw
+        };
         let length = r.u32("message length").ok()? as usize;
         (r.remaining() == 0 && length == tail.len() && length <= MESSAGE_BYTES_MAX).then(|| {
             MessageEvent {
                 topic,
                 producer_id,
                 sequence,
+                format,
                 message: tail.clone(),
             }
         })
+    }
+}
+
+/// The format byte of a version-2 message body.
+fn read_format(r: &mut Reader<'_>) -> Result<MessageFormat, WireError> {
+    let field = "message format";
+    match r.u8(field)? {
+        1 => Ok(MessageFormat::Kafka),
+        byte => Err(WireError::InvalidTag { field, byte }),
     }
 }
 
@@ -795,6 +860,13 @@ impl MessageEvent {
 #[must_use]
 pub fn message_header_bytes(topic_bytes: usize) -> usize {
     1 + 2 + topic_bytes + 8 + 8 + 4
+}
+
+/// [`message_header_bytes`] for a message of `format` (a Kafka record's header has its
+/// format byte too).
+#[must_use]
+pub fn message_header_bytes_as(format: MessageFormat, topic_bytes: usize) -> usize {
+    message_header_bytes(topic_bytes) + usize::from(format != MessageFormat::Raw)
 }
 
 /// The producer hot path without a copy: appends to `out` the header of a message event
@@ -812,6 +884,28 @@ pub fn encode_message_header(
     message_bytes: usize,
     out: &mut BytesMut,
 ) -> Result<(), WireError> {
+    encode_message_header_as(
+        MessageFormat::Raw,
+        topic,
+        producer_id,
+        sequence,
+        message_bytes,
+        out,
+    )
+}
+
+/// [`encode_message_header`] for a message of `format`.
+///
+/// # Errors
+/// As [`encode_message_header`].
+pub fn encode_message_header_as(
+    format: MessageFormat,
+    topic: &str,
+    producer_id: u64,
+    sequence: u64,
+    message_bytes: usize,
+    out: &mut BytesMut,
+) -> Result<(), WireError> {
     crate::client::validate_topic(topic)?;
     if message_bytes > MESSAGE_BYTES_MAX {
         return Err(WireError::PayloadTooLarge {
@@ -820,15 +914,18 @@ pub fn encode_message_header(
             max: MESSAGE_BYTES_MAX,
         });
     }
-    out.reserve(message_header_bytes(topic.len()));
+    out.reserve(message_header_bytes_as(format, topic.len()));
     let start = out.len();
-    out.u8(EVENT_BODY_VERSION);
+    out.u8(message_body_version(format));
     if let Err(e) = out.name("topic", topic, TOPIC_BYTES_MAX) {
         out.truncate(start);
         return Err(e);
     }
     out.u64(producer_id);
     out.u64(sequence);
+    if format != MessageFormat::Raw {
+        out.u8(format as u8);
+    }
     // MESSAGE_BYTES_MAX < FRAME_BYTES_MAX ≤ u32::MAX (asserted in limits.rs).
     out.u32(message_bytes as u32);
     Ok(())

@@ -40,6 +40,7 @@ pub mod event_body;
 pub mod frame;
 pub mod limits;
 pub mod payload;
+pub mod record;
 pub mod replication;
 pub mod security;
 pub mod types;
@@ -53,9 +54,10 @@ pub use digest::{EntryId, RangeDigest};
 pub use error::{ErrorCode, WireError};
 pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
-    encode_message_event, encode_message_header, message_event_bytes, message_header_bytes,
-    trim_part_index, BrokerSnapshot, CheckpointPart, CursorCommitEvent, EpochStartEvent, EventBody,
-    MessageEvent, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent,
+    encode_message_event, encode_message_header, encode_message_header_as, message_body_version,
+    message_event_bytes, message_header_bytes, message_header_bytes_as, trim_part_index,
+    BrokerSnapshot, CheckpointPart, CursorCommitEvent, EpochStartEvent, EventBody, MessageEvent,
+    MessageFormat, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent,
     TrimEvent, Voter, CHECKPOINT_PARTS_MAX, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX,
     SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
 };
@@ -66,6 +68,7 @@ pub use frame::{
 };
 pub use limits::*;
 pub use payload::Payload;
+pub use record::KafkaRecord;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,

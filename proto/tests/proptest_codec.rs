@@ -213,6 +213,7 @@ fn body() -> impl Strategy<Value = Body> {
         )
             .prop_map(|(topic, producer_id, sequence, messages)| {
                 ProduceRequest {
+                    format: quire_proto::MessageFormat::Raw,
                     topic,
                     producer_id,
                     sequence,
@@ -234,6 +235,7 @@ fn body() -> impl Strategy<Value = Body> {
         )
             .prop_map(|(topic, from_offset, max_messages, max_bytes, wait_ms)| {
                 FetchRequest {
+                    records: false,
                     topic,
                     from_offset,
                     max_messages,
@@ -248,6 +250,7 @@ fn body() -> impl Strategy<Value = Body> {
             prop::collection::vec((offset(), payload()), 0..6)
         )
             .prop_map(|(hwm, next_offset, messages)| FetchResponse {
+                formats: Vec::new(),
                 hwm,
                 next_offset,
                 messages
@@ -268,7 +271,7 @@ fn body() -> impl Strategy<Value = Body> {
         }
         .into()),
         opt_off().prop_map(|offset| CursorResponse { offset }.into()),
-        Just(MetadataRequest.into()),
+        Just(MetadataRequest::default().into()),
         (
             epoch(),
             opt_off(),
@@ -300,6 +303,7 @@ fn body() -> impl Strategy<Value = Body> {
                     })
                     .collect();
                 MetadataResponse {
+                    topics: Vec::new(),
                     epoch,
                     hwm,
                     master,
@@ -480,7 +484,7 @@ proptest! {
         junk in prop::collection::vec(any::<u8>(), 0..128),
     ) {
         let bodies = [
-            EventBody::Message(MessageEvent { topic: topic.clone(), producer_id: a, sequence: b, message: message.clone() }),
+            EventBody::Message(MessageEvent { format: quire_proto::MessageFormat::Raw, topic: topic.clone(), producer_id: a, sequence: b, message: message.clone() }),
             EventBody::CursorCommit(CursorCommitEvent { topic: topic.clone(), cursor, offset: Offset(a) }),
             EventBody::TopicAdmin(TopicAdminEvent { action: TopicAction::Delete, topic: topic.clone() }),
             EventBody::EpochStart(EpochStartEvent { epoch: Epoch(a), broker: BrokerId(b as u16), voters: vec![Voter { store_index: b as u16, store_id: StoreId(a), incarnation: Incarnation(b) }] }),
@@ -493,7 +497,7 @@ proptest! {
         }
         let mut hot = BytesMut::new();
         encode_message_event(&topic, a, b, &message, &mut hot).expect("encodes");
-        let expected = EventBody::Message(MessageEvent { topic, producer_id: a, sequence: b, message });
+        let expected = EventBody::Message(MessageEvent { format: quire_proto::MessageFormat::Raw, topic, producer_id: a, sequence: b, message });
         prop_assert_eq!(EventBody::decode(EventKind::Message, &hot.into()), Ok(expected));
     }
 }

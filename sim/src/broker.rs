@@ -450,6 +450,7 @@ impl SimBroker {
                     cursor: false,
                 };
                 let req = ProduceRequest {
+                    format: quire_proto::MessageFormat::Raw,
                     topic,
                     producer_id,
                     sequence,

@@ -328,6 +328,7 @@ impl Consumer {
         let request = self.request_id();
         self.awaiting = Some(request);
         let req = FetchRequest {
+            records: false,
             topic: self.topic.clone(),
             from_offset: self.next,
             max_messages: FETCH_MESSAGES_MAX,

@@ -158,7 +158,7 @@ impl Client {
     }
 
     pub fn metadata(&mut self) -> std::io::Result<MetadataResponse> {
-        match self.request(MetadataRequest)? {
+        match self.request(MetadataRequest::default())? {
             Body::MetadataResponse(m) => Ok(m),
             other => Err(std::io::Error::other(format!(
                 "metadata answered {other:?}"
@@ -170,6 +170,7 @@ impl Client {
     /// because retention trimmed offset 0).
     pub fn is_serving(&mut self) -> bool {
         match self.request(FetchRequest {
+            records: false,
             topic: "__probe".into(),
             from_offset: Offset(0),
             max_messages: 1,
@@ -207,6 +208,7 @@ pub fn payload(p: u64, i: u64) -> Bytes {
 /// A produce request of `count` messages of producer `p` from sequence `seq`.
 pub fn produce_request(topic: &str, p: u64, seq: u64, count: u64) -> ProduceRequest {
     ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: topic.into(),
         producer_id: p,
         sequence: seq,
@@ -222,6 +224,7 @@ pub fn fetch_all(c: &mut Client, topic: &str, want: usize) -> Vec<(Offset, Bytes
     let deadline = Instant::now() + WAIT;
     while out.len() < want && Instant::now() < deadline {
         match c.request(FetchRequest {
+            records: false,
             topic: topic.into(),
             from_offset: next,
             max_messages: 1000,

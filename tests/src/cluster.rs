@@ -415,6 +415,33 @@ impl Cluster {
         std::fs::write(&path, toml).expect("store config");
     }
 
+    /// Gives every broker a Kafka listener on a free port (`--kafka-listen`, and every
+    /// broker's address as `--kafka-brokers`); call before starting them. The bootstrap
+    /// addresses, in broker id order.
+    pub fn enable_kafka(&mut self) -> Vec<String> {
+        let addrs: Vec<String> = self
+            .brokers
+            .iter()
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let list = self
+            .brokers
+            .iter()
+            .zip(&addrs)
+            .map(|(b, a)| format!("{}={a}", b.id))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (b, a) in self.brokers.iter_mut().zip(&addrs) {
+            b.args.extend([
+                "--kafka-listen".to_owned(),
+                a.clone(),
+                "--kafka-brokers".to_owned(),
+                list.clone(),
+            ]);
+        }
+        addrs
+    }
+
     /// Adds flags to every broker's command line; call before starting them.
     pub fn add_broker_args(&mut self, args: &[&str]) {
         for b in &mut self.brokers {
@@ -542,6 +569,7 @@ impl Cluster {
     pub fn produce_marker(&self) -> Offset {
         let sequence = self.settle_sequence.fetch_add(1, Ordering::SeqCst);
         let r = self.produce_acked(&ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "__warmup".into(),
             producer_id: SETTLE_PRODUCER_ID,
             sequence,

@@ -492,6 +492,7 @@ pub fn fetch_through(cluster: &Cluster, topic: &str, last: u64) -> Vec<(Offset, 
             "topic {topic} read up to {next:?}, not past {last} within {WAIT:?}"
         );
         match c.request(FetchRequest {
+            records: false,
             topic: topic.into(),
             from_offset: next,
             max_messages: 1000,

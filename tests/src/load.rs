@@ -230,6 +230,7 @@ fn run_consumer(
         };
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
             let answer = c.request(quire_proto::FetchRequest {
+                records: false,
                 topic: topic.into(),
                 from_offset: next,
                 max_messages: 1000,

@@ -208,7 +208,8 @@ fn bad_frames(addr: &str) {
     frame.extend(&body);
     let mut s = connect(addr);
     s.write_all(&frame).unwrap();
-    s.write_all(&sound_frame(8, MetadataRequest)).unwrap();
+    s.write_all(&sound_frame(8, MetadataRequest::default()))
+        .unwrap();
     let mut buf = BytesMut::new();
     let f = read_frame(&mut s, &mut buf).expect("answered");
     assert_eq!(f.request_id, RequestId(7));
@@ -231,7 +232,8 @@ fn bad_frames(addr: &str) {
     .expect("encodes");
     let mut s = connect(addr);
     s.write_all(&other_log).unwrap();
-    s.write_all(&sound_frame(11, MetadataRequest)).unwrap();
+    s.write_all(&sound_frame(11, MetadataRequest::default()))
+        .unwrap();
     let mut buf = BytesMut::new();
     let f = read_frame(&mut s, &mut buf).expect("answered");
     assert_eq!((f.log, f.request_id), (LogId(3), RequestId(10)));
@@ -992,6 +994,7 @@ fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
     let message_bytes = 256 * 1024;
     for r in 0..5u64 {
         cluster.produce_acked(&ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "big".into(),
             producer_id: 7,
             sequence: r * 8,
@@ -1002,6 +1005,7 @@ fn a_broker_stops_reading_a_consumer_that_does_not_read_its_answers() {
     }
     let fetch = |max_bytes| -> Body {
         FetchRequest {
+            records: false,
             topic: "big".into(),
             from_offset: Offset(0),
             max_messages: 1000,
@@ -1047,6 +1051,7 @@ fn sixteen_consumers_that_never_read_hold_no_more_than_the_broker_wide_budget() 
     let message_bytes = 256 * 1024;
     for r in 0..5u64 {
         cluster.produce_acked(&ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "big".into(),
             producer_id: 7,
             sequence: r * 8,
@@ -1057,6 +1062,7 @@ fn sixteen_consumers_that_never_read_hold_no_more_than_the_broker_wide_budget() 
     }
     let fetch = |max_bytes| -> Body {
         FetchRequest {
+            records: false,
             topic: "big".into(),
             from_offset: Offset(0),
             max_messages: 1000,
@@ -1319,7 +1325,8 @@ fn idle_connections_beyond_connections_max_are_refused_and_replication_goes_on()
     // A new client gets the error: refused at accept, or (on the reserve) at its first
     // frame, which is not a cluster frame.
     let mut s = connect(&master_addr);
-    s.write_all(&sound_frame(1, MetadataRequest)).unwrap();
+    s.write_all(&sound_frame(1, MetadataRequest::default()))
+        .unwrap();
     assert_eq!(
         error_then(&mut s),
         (RequestId::CONNECTION, ErrorCode::Overloaded, true)
@@ -1387,6 +1394,7 @@ fn a_kept_message_holds_only_its_own_frame() {
         out.extend(sound_frame(
             2 * round + 1,
             ProduceRequest {
+                format: quire_proto::MessageFormat::Raw,
                 topic: "pinned".into(),
                 producer_id: 8,
                 sequence: round,
@@ -1457,7 +1465,7 @@ fn a_client_that_pipelines_faster_than_it_reads_is_held_back_not_cut_off() {
         std::thread::spawn(move || {
             let mut out = Vec::new();
             for id in 1..=PIPELINED_REQUESTS {
-                out.extend(sound_frame(id, MetadataRequest));
+                out.extend(sound_frame(id, MetadataRequest::default()));
             }
             s.write_all(&out).expect("the broker reads every request");
         })

@@ -48,6 +48,7 @@ fn proc_a_lagging_store_catches_up_from_another_store_with_large_events() {
     for seq in 0..MESSAGES {
         let answer = c
             .request(ProduceRequest {
+                format: quire_proto::MessageFormat::Raw,
                 topic: "big".into(),
                 producer_id: 5,
                 sequence: seq,

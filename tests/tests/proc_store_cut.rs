@@ -75,6 +75,7 @@ fn fetch_through(addr: &str, topic: &str, hwm: Offset) -> Vec<(Offset, Bytes)> {
             "read through {hwm} within {WAIT:?}"
         );
         match c.request(FetchRequest {
+            records: false,
             topic: topic.into(),
             from_offset: next,
             max_messages: 1000,

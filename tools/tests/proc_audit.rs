@@ -61,6 +61,7 @@ fn produce(c: &Cluster, sequence: &mut u64, count: u64) -> u64 {
     let mut last = 0;
     for _ in 0..count / 20 {
         let r = c.produce_acked(&ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "audit".into(),
             producer_id: PRODUCER_ID,
             sequence: *sequence,

@@ -215,6 +215,7 @@ impl H {
 
     fn produce(&mut self, token: u64, sequence: u64) -> Vec<Command> {
         let req = WriteRequest::Produce(ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "t".into(),
             producer_id: 9,
             sequence,
@@ -299,6 +300,7 @@ fn a_produced_message_reaches_the_appends_without_a_copy() {
     let large = Bytes::from(vec![5u8; quire_proto::INLINE_PAYLOAD_BYTES_MAX + 1]);
     let small = Bytes::from(vec![6u8; 10]);
     let req = WriteRequest::Produce(ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".into(),
         producer_id: 9,
         sequence: 0,
@@ -431,6 +433,7 @@ fn a_fenced_master_steps_down_and_its_waiting_writes_get_not_master() {
     assert!(!h.engine.write(
         RequestToken(2),
         WriteRequest::Produce(ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: "t".into(),
             producer_id: 9,
             sequence: 1,
@@ -1016,6 +1019,7 @@ fn fetch_replies(out: &[Command]) -> Vec<(RequestToken, FetchReply)> {
 
 fn fetch_req(from: u64, wait_ms: u32) -> quire_proto::FetchRequest {
     quire_proto::FetchRequest {
+        records: false,
         topic: "t".into(),
         from_offset: Offset(from),
         max_messages: 10,

@@ -182,6 +182,7 @@ impl H {
 
 fn produce(producer_id: u64, sequence: u64, n: usize) -> ProduceRequest {
     ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".to_owned(),
         producer_id,
         sequence,
@@ -304,6 +305,7 @@ fn a_request_waits_for_in_flight_room_and_goes_when_there_is() {
     let mut h = H::new();
     // Three messages of 1000 bytes fill the 4096 in-flight bytes.
     let big = |seq| ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".to_owned(),
         producer_id: 0,
         sequence: seq,
@@ -326,6 +328,7 @@ fn a_request_waits_for_in_flight_room_and_goes_when_there_is() {
 fn too_large_messages_and_empty_batches_are_refused() {
     let mut h = H::new();
     let p = ProduceRequest {
+        format: quire_proto::MessageFormat::Raw,
         topic: "t".to_owned(),
         producer_id: 0,
         sequence: 0,
@@ -417,6 +420,7 @@ fn new_topics_and_cursors_beyond_their_bounds_are_refused() {
     });
     let to = |topic: &str| {
         WriteRequest::Produce(ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
             topic: topic.to_owned(),
             ..produce(0, 0, 1)
         })

@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bytes::BytesMut;
 use quire_proto::{
-    encode_message_header, message_event_bytes, message_header_bytes, CommitCursorRequest,
-    CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, Offset, Payload,
-    ProduceRequest,
+    encode_message_header_as, message_event_bytes, message_header_bytes_as, CommitCursorRequest,
+    CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, MessageFormat, Offset,
+    Payload, ProduceRequest,
 };
 
 use super::RequestToken;
@@ -824,7 +824,11 @@ fn one_event(
 fn batch_bytes(p: &ProduceRequest) -> u64 {
     p.messages
         .iter()
-        .map(|msg| EVENT_OVERHEAD_BYTES + message_event_bytes(p.topic.len(), msg.len()) as u64)
+        .map(|msg| {
+            EVENT_OVERHEAD_BYTES
+                + (message_event_bytes(p.topic.len(), msg.len())
+                    + usize::from(p.format != MessageFormat::Raw)) as u64
+        })
         .sum()
 }
 
@@ -839,11 +843,13 @@ fn batch_bytes(p: &ProduceRequest) -> u64 {
 /// reader shared one buffer between frames, a 1,025-byte message kept ~4 KB alive, and
 /// one sent behind a refused 8 MB frame kept 7.8 MB.
 fn encode_batch(p: &ProduceRequest) -> Result<Vec<Payload>, quire_proto::WireError> {
-    let mut headers =
-        BytesMut::with_capacity(message_header_bytes(p.topic.len()) * p.messages.len());
+    let mut headers = BytesMut::with_capacity(
+        message_header_bytes_as(p.format, p.topic.len()) * p.messages.len(),
+    );
     let mut out = Vec::with_capacity(p.messages.len());
     for (i, msg) in p.messages.iter().enumerate() {
-        encode_message_header(
+        encode_message_header_as(
+            p.format,
             &p.topic,
             p.producer_id,
             p.sequence.wrapping_add(i as u64),

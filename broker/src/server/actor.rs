@@ -316,8 +316,16 @@ impl Actor {
                 };
                 r.reply.answer(r.request_id, ack.into(), r.permits);
             }
-            Body::MetadataRequest(_) => {
-                let m = self.metadata();
+            Body::MetadataRequest(req) => {
+                let mut m = self.metadata();
+                if req.topics {
+                    m.topics = self
+                        .engine
+                        .state()
+                        .topics()
+                        .map(|(t, _)| t.to_owned())
+                        .collect();
+                }
                 r.reply.answer(r.request_id, m.into(), r.permits);
             }
             Body::ProduceRequest(_) => {
@@ -407,6 +415,7 @@ impl Actor {
             })
             .collect();
         MetadataResponse {
+            topics: Vec::new(),
             epoch,
             hwm,
             master,

@@ -82,18 +82,27 @@ const _: () = assert!(CONN_RESPONSE_BYTES_MAX >= FRAME_BYTES_MAX);
 /// answer is written).
 #[derive(Debug)]
 pub(crate) struct Permits {
-    request: OwnedSemaphorePermit,
-    _produce_bytes: Option<OwnedSemaphorePermit>,
-    response_bytes: Option<BytesHeld>,
+    pub(crate) request: OwnedSemaphorePermit,
+    pub(crate) _produce_bytes: Option<OwnedSemaphorePermit>,
+    pub(crate) response_bytes: Option<BytesHeld>,
     /// A fetch's share of the broker-wide budget of fetch answers.
-    shared_response_bytes: Option<BytesHeld>,
+    pub(crate) shared_response_bytes: Option<BytesHeld>,
+}
+
+/// Where a [`Responder`]'s answers go.
+#[derive(Clone, Debug)]
+enum Sink {
+    /// Encoded, to the connection's writer.
+    Wire(mpsc::Sender<OutFrame>),
+    /// As they are, to an in-process caller ([`super::local::LocalClient`]): one answer.
+    Local(mpsc::Sender<Body>),
 }
 
 /// Sends answers on one inbound connection; cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct Responder {
     id: u64,
-    tx: mpsc::Sender<OutFrame>,
+    tx: Sink,
     kill: Arc<Notify>,
     /// Set when the connection is closed for not reading its answers, so it is counted and
     /// logged once however many answers find its queue full afterwards.
@@ -102,6 +111,17 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
+    /// A responder that hands its one answer to `tx` unencoded (an in-process request).
+    pub(crate) fn local(tx: mpsc::Sender<Body>, metrics: Arc<Metrics>) -> Responder {
+        Responder {
+            id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
+            tx: Sink::Local(tx),
+            kill: Arc::new(Notify::new()),
+            dropped: Arc::new(AtomicBool::new(false)),
+            metrics,
+        }
+    }
+
     /// Queues `body` as the answer to `request_id`. Never waits: a connection whose queue
     /// is full (the peer does not read) is closed.
     pub(crate) fn send(&self, request_id: RequestId, body: Body) {
@@ -121,6 +141,14 @@ impl Responder {
         body: Body,
         permits: Option<Permits>,
     ) {
+        let tx = match &self.tx {
+            Sink::Wire(tx) => tx,
+            Sink::Local(tx) => {
+                // The caller waits for this one answer; its permits go back now.
+                let _ = tx.try_send(body);
+                return;
+            }
+        };
         let mut scratch = BytesMut::new();
         let encoded = match encode_body(&body, &mut scratch) {
             Ok(e) => e,
@@ -153,7 +181,7 @@ impl Responder {
                 frame = frame.holding_shared(held);
             }
         }
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.tx.try_send(frame) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(frame) {
             if !self.dropped.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     conn = self.id,
@@ -258,7 +286,7 @@ pub(crate) async fn serve(
     ));
     let reply = Responder {
         id,
-        tx,
+        tx: Sink::Wire(tx),
         kill: kill.clone(),
         dropped: Arc::new(AtomicBool::new(false)),
         metrics: shared.metrics.clone(),
@@ -573,7 +601,7 @@ fn note_read_error(id: u64, peer: &str, e: &ReadError, metrics: &Metrics) {
 /// `message_event_bytes_max`, the largest message event applied so far (a message is
 /// shorter than its event). Only a message larger than any applied when the fetch arrived
 /// (produced meanwhile, or older than this broker's restart) can exceed the bound.
-fn fetch_response_bytes_max(f: &FetchRequest, message_event_bytes_max: usize) -> usize {
+pub(crate) fn fetch_response_bytes_max(f: &FetchRequest, message_event_bytes_max: usize) -> usize {
     let messages = (f.max_messages as usize).clamp(1, MESSAGES_PER_FRAME_MAX);
     let payload = (f.max_bytes as usize)
         .clamp(1, super::actor::FETCH_BYTES_MAX)
@@ -586,7 +614,7 @@ fn fetch_response_bytes_max(f: &FetchRequest, message_event_bytes_max: usize) ->
 
 /// The produce byte budget a request takes: its messages plus a fixed overhead per message
 /// (never more than the whole budget, so one maximal request always fits).
-fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
+pub(crate) fn produce_permit_bytes(p: &quire_proto::ProduceRequest, max: usize) -> u32 {
     let bytes: usize = p
         .messages
         .iter()
@@ -644,6 +672,7 @@ mod tests {
 
     fn answer_bytes(messages: usize, payload_bytes: usize) -> usize {
         let body = FetchResponse {
+            formats: Vec::new(),
             hwm: Some(Offset(u64::MAX)),
             next_offset: Offset(1),
             messages: (0..messages)
@@ -699,6 +728,7 @@ mod tests {
     #[test]
     fn a_fetch_answer_fits_its_bound() {
         let req = |max_messages: u32, max_bytes: u32| FetchRequest {
+            records: false,
             topic: "t".to_owned(),
             from_offset: Offset(0),
             max_messages,

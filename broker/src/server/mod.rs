@@ -15,6 +15,7 @@
 
 mod actor;
 mod conn;
+mod local;
 mod slots;
 
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ pub use actor::{
     BLOCKED_REQUESTS_MAX, FETCH_WAITERS_MAX, FETCH_WAIT_MS_MAX, SLAVE_READY_LAG_EVENTS_MAX,
 };
 pub use conn::{CONN_REQUESTS_MAX, CONN_RESPONSE_BYTES_MAX, WRITE_QUEUE_FRAMES_MAX};
+pub use local::{LocalClient, LOCAL_REQUESTS_MAX};
 pub use slots::{RECONNECT_BACKOFF_MAX, SLOT_QUEUE_MAX};
 
 /// Requests queued for the actor, at most (readers wait beyond it).
@@ -55,6 +57,7 @@ pub const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Broker {
     local_addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    kafka_addr: Option<SocketAddr>,
     tasks: Vec<JoinHandle<()>>,
     actor: JoinHandle<()>,
     metrics: Arc<Metrics>,
@@ -83,6 +86,14 @@ impl Broker {
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let local_addr = listener.local_addr().context("reading the bound address")?;
+        let kafka_listener = match &config.kafka_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the Kafka address {addr}"))?,
+            ),
+            None => None,
+        };
         let metrics_listener = match &config.metrics_listen {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -187,6 +198,26 @@ impl Broker {
             auth: Arc::new(cfg.auth.clone()),
             login_failures: Arc::default(),
         };
+        let mut kafka_addr = None;
+        if let Some(l) = kafka_listener {
+            let addr = l.local_addr().context("reading the Kafka address")?;
+            kafka_addr = Some(addr);
+            let mut brokers: Vec<(u16, String)> = cfg
+                .kafka_brokers
+                .iter()
+                .map(|(b, a)| (b.0, a.clone()))
+                .collect();
+            if !brokers.iter().any(|(b, _)| *b == cfg.id.0) {
+                brokers.push((cfg.id.0, addr.to_string()));
+            }
+            let settings = quire_kafka::KafkaSettings::new(brokers, cluster_id(&cfg));
+            tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS");
+            tasks.push(tokio::spawn(quire_kafka::serve(
+                l,
+                LocalClient::new(shared.clone()),
+                settings,
+            )));
+        }
         let connections_max =
             quire_net::fit_open_files_limit(cfg.connections_max, PEER_CONNECTIONS_RESERVE);
         let limit = ConnectionLimit::new(
@@ -227,6 +258,7 @@ impl Broker {
         Ok(Broker {
             local_addr,
             metrics_addr,
+            kafka_addr,
             tasks,
             actor,
             metrics,
@@ -261,6 +293,12 @@ impl Broker {
         self.local_addr
     }
 
+    /// The Kafka listener's address, if there is one.
+    #[must_use]
+    pub fn kafka_addr(&self) -> Option<SocketAddr> {
+        self.kafka_addr
+    }
+
     /// The metrics address, if metrics are served.
     #[must_use]
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
@@ -280,6 +318,24 @@ impl Broker {
         }
         self.actor.abort();
         let _ = self.actor.await;
+    }
+}
+
+/// The cluster id Kafka clients are told: derived from the store list, which is fixed for
+/// the cluster's life, so every broker tells the same one.
+fn cluster_id(cfg: &BrokerConfig) -> String {
+    format!(
+        "quire-{:08x}",
+        crc32c::crc32c(cfg.stores.join(",").as_bytes())
+    )
+}
+
+impl quire_kafka::Backend for LocalClient {
+    fn call(
+        &self,
+        body: quire_proto::Body,
+    ) -> impl std::future::Future<Output = quire_proto::Body> + Send {
+        LocalClient::call(self, body)
     }
 }
 

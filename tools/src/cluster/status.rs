@@ -457,6 +457,7 @@ mod tests {
     #[test]
     fn the_master_is_the_broker_naming_itself_and_its_view_is_shown() {
         let master_view = MetadataResponse {
+            topics: Vec::new(),
             epoch: Epoch(0x1_0001),
             hwm: Some(Offset(41)),
             master: Some(brokers()[0].clone()),
@@ -469,6 +470,7 @@ mod tests {
             applied: Some(Offset(41)),
         };
         let slave_view = MetadataResponse {
+            topics: Vec::new(),
             hwm: Some(Offset(40)),
             stores: vec![
                 store(1, true, None),
@@ -516,6 +518,7 @@ mod tests {
     #[test]
     fn without_a_confirmed_master_the_highest_epoch_is_shown_and_master_is_null() {
         let stale = MetadataResponse {
+            topics: Vec::new(),
             epoch: Epoch(5),
             hwm: Some(Offset(3)),
             master: Some(brokers()[0].clone()),

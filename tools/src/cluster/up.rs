@@ -23,7 +23,12 @@
 //! DIR/logs/store0.log ...        each process's stdout and stderr
 //! DIR/cluster.json               pids and addresses (written by --detach)
 //! DIR/ports                      the ports used, one per line (reused by the next start)
+//! DIR/kafka-ports                the brokers' Kafka listener ports, likewise
 //! ```
+//!
+//! Every broker also serves Kafka clients (docs/kafka.md) on a port of its own, except with
+//! `--tls` (the Kafka listener has no TLS yet). `cluster.json` lists them as `kafka`: the
+//! bootstrap addresses.
 //!
 //! # Ports
 //! With `--base-port P`, stores listen on `P, P+1, …` and brokers on the ports after them.
@@ -244,6 +249,9 @@ pub struct ClusterFile {
     pub stores: Vec<String>,
     /// Every process.
     pub processes: Vec<ProcessInfo>,
+    /// The brokers' Kafka listeners, in id order (empty: none, as with `--tls`).
+    #[serde(default)]
+    pub kafka: Vec<String>,
 }
 
 impl ClusterFile {
@@ -281,6 +289,8 @@ struct Proc {
 pub struct LocalCluster {
     dir: PathBuf,
     procs: Vec<Proc>,
+    /// The brokers' Kafka addresses, in id order.
+    kafka: Vec<String>,
     /// Started with `--tls`.
     tls: bool,
 }
@@ -361,9 +371,29 @@ impl LocalCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
+        let kafka_addrs: Vec<String> = if spec.tls {
+            Vec::new()
+        } else {
+            kafka_ports_for(
+                &spec.dir,
+                spec.base_port.map(|b| {
+                    b.saturating_add(u16::try_from(spec.stores + spec.brokers).unwrap_or(u16::MAX))
+                }),
+                spec.brokers,
+            )?
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+        };
+        let kafka_list: Vec<String> = kafka_addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
         let mut cluster = LocalCluster {
             dir: spec.dir.clone(),
             procs: Vec::new(),
+            kafka: kafka_addrs.clone(),
             tls: spec.tls,
         };
         for (i, addr) in store_addrs.iter().enumerate() {
@@ -399,6 +429,10 @@ impl LocalCluster {
                 .args(["--brokers", &list.join(",")]);
             if spec.tls {
                 cmd.args(tls_flags(&spec.dir, &name));
+            }
+            if let Some(kafka) = kafka_addrs.get(i) {
+                cmd.args(["--kafka-listen", kafka])
+                    .args(["--kafka-brokers", &kafka_list.join(",")]);
             }
             cluster.spawn(
                 cmd,
@@ -658,6 +692,7 @@ impl LocalCluster {
             brokers: self.broker_addrs(),
             stores: self.store_addrs(),
             processes: self.processes(),
+            kafka: self.kafka.clone(),
         }
     }
 
@@ -887,6 +922,35 @@ fn ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>
     Ok(ports)
 }
 
+/// The brokers' Kafka ports: after the other processes' ports if `base` is given; else
+/// the previous run's (`DIR/kafka-ports`) if there are `n`; else fresh free ones. Written
+/// back to `DIR/kafka-ports`.
+fn kafka_ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>> {
+    let path = dir.join("kafka-ports");
+    let previous: Option<Vec<u16>> = fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect());
+    let ports = match (base, previous) {
+        (None, Some(p)) if p.len() == n => p,
+        (base, _) => {
+            let others: Vec<u16> = fs::read_to_string(dir.join("ports"))
+                .ok()
+                .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect())
+                .unwrap_or_default();
+            let mut picked = pick_ports(base, n + others.len())?;
+            picked.retain(|p| !others.contains(p));
+            picked.truncate(n);
+            if picked.len() < n {
+                bail!("could not pick {n} free ports for the Kafka listeners");
+            }
+            picked
+        }
+    };
+    let text: String = ports.iter().map(|p| format!("{p}\n")).collect();
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(ports)
+}
+
 /// Refuses to start a cluster in `dir` while the one recorded in `DIR/cluster.json` still
 /// has a live process: starting over it would fail on the stores' locks after rewriting
 /// its files.
@@ -1017,6 +1081,13 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "  stores:  {}", cluster.store_addrs().join(","))?;
     writeln!(out, "  brokers: {brokers}")?;
     writeln!(out, "  master:  {master}")?;
+    if !cluster.kafka.is_empty() {
+        writeln!(
+            out,
+            "  kafka:   {} (bootstrap servers for Kafka clients)",
+            cluster.kafka.join(",")
+        )?;
+    }
     writeln!(out, "  logs:    {}", dir.join("logs").display())?;
     if let Some(files) = cluster.client_tls_files() {
         writeln!(
@@ -1048,6 +1119,9 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
         "  quire consume{reach} --topic t --from beginning --timeout 2s"
     )?;
     writeln!(out, "  quire cluster status{reach}")?;
+    if let Some(k) = cluster.kafka.first() {
+        writeln!(out, "  kcat -b {k} -L")?;
+    }
     crate::profile::offer_cluster_profile(
         args.profile.as_deref(),
         &cluster.broker_addrs(),

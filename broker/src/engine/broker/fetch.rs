@@ -19,8 +19,8 @@
 
 use bytes::Bytes;
 use quire_proto::{
-    EventBody, EventKind, FetchRequest, FetchResponse, Offset, FRAME_BYTES_MAX,
-    MESSAGES_PER_FRAME_MAX,
+    EventBody, EventKind, FetchRequest, FetchResponse, KafkaRecord, MessageEvent, MessageFormat,
+    Offset, FRAME_BYTES_MAX, MESSAGES_PER_FRAME_MAX,
 };
 
 use super::{Command, Engine, RequestToken};
@@ -114,8 +114,7 @@ impl StoreFetch {
                 first: first_offset.max(self.trim_point),
             };
         }
-        let mut messages: Vec<(Offset, Bytes)> = Vec::new();
-        let mut bytes = 0usize;
+        let mut gathered = Gathered::new(self.req.records, self.bytes_max);
         let mut scanned: Option<Offset> = None;
         for e in events {
             if e.offset > last {
@@ -136,13 +135,11 @@ impl StoreFetch {
             if self.scan_through.is_some() && msg.topic != self.req.topic {
                 continue;
             }
-            if !messages.is_empty() && bytes + msg.message.len() > self.bytes_max {
+            if !gathered.add(e.offset, msg) {
                 break;
             }
-            bytes += msg.message.len();
-            messages.push((e.offset, msg.message));
         }
-        let next_offset = messages.last().map_or_else(
+        let next_offset = gathered.messages.last().map_or_else(
             || {
                 scanned
                     .map_or(self.req.from_offset, Offset::next)
@@ -150,11 +147,59 @@ impl StoreFetch {
             },
             |(o, _)| o.next(),
         );
-        FetchReply::Messages(FetchResponse {
-            hwm: self.hwm,
+        FetchReply::Messages(gathered.into_response(self.hwm, next_offset))
+    }
+}
+
+/// The messages of a fetch answer, gathered in offset order within its byte bound.
+struct Gathered {
+    /// The request's [`FetchRequest::records`].
+    records: bool,
+    bytes_max: usize,
+    bytes: usize,
+    messages: Vec<(Offset, Bytes)>,
+    formats: Vec<MessageFormat>,
+}
+
+impl Gathered {
+    fn new(records: bool, bytes_max: usize) -> Gathered {
+        Gathered {
+            records,
+            bytes_max,
+            bytes: 0,
+            messages: Vec::new(),
+            formats: Vec::new(),
+        }
+    }
+
+    /// Adds the message at `offset`, or returns `false` if it would take the answer past
+    /// its byte bound (the first message is always added). A Kafka record is answered
+    /// whole when the request asked for records, and as its value otherwise (a slice, no
+    /// copy; a record that does not decode, which the listener never writes, whole).
+    fn add(&mut self, offset: Offset, msg: MessageEvent) -> bool {
+        let bytes = if msg.format == MessageFormat::Kafka && !self.records {
+            KafkaRecord::value_of(&msg.message).unwrap_or(msg.message)
+        } else {
+            msg.message
+        };
+        if !self.messages.is_empty() && self.bytes + bytes.len() > self.bytes_max {
+            return false;
+        }
+        self.bytes += bytes.len();
+        self.messages.push((offset, bytes));
+        if self.records {
+            self.formats.push(msg.format);
+        }
+        true
+    }
+
+    fn into_response(self, hwm: Option<Offset>, next_offset: Offset) -> FetchResponse {
+        FetchResponse {
+            hwm,
             next_offset,
-            messages,
-        })
+            messages: self.messages,
+            formats: self.formats,
+        }
     }
 }
 
@@ -233,6 +278,7 @@ impl Engine {
             self.out.push(Command::FetchAnswer {
                 token,
                 reply: FetchReply::Messages(FetchResponse {
+                    formats: Vec::new(),
                     hwm,
                     next_offset: next,
                     messages: Vec::new(),
@@ -241,8 +287,7 @@ impl Engine {
             return;
         }
         let bytes_max = (req.max_bytes as usize).clamp(1, FETCH_BYTES_MAX);
-        let mut messages: Vec<(Offset, Bytes)> = Vec::new();
-        let mut bytes = 0usize;
+        let mut gathered = Gathered::new(req.records, bytes_max);
         let mut missed = false;
         for &o in &offsets {
             let Some(e) = self.recent.get(o) else {
@@ -253,24 +298,21 @@ impl Engine {
             else {
                 continue;
             };
-            if !messages.is_empty() && bytes + msg.message.len() > bytes_max {
+            if !gathered.add(o, msg) {
                 break;
             }
-            bytes += msg.message.len();
-            messages.push((o, msg.message));
         }
-        if messages.is_empty() && missed {
+        if gathered.messages.is_empty() && missed {
             self.fetch_from_store(token, req, offsets, None, bytes_max, hwm);
             return;
         }
-        let next_offset = messages.last().map_or(req.from_offset, |(o, _)| o.next());
+        let next_offset = gathered
+            .messages
+            .last()
+            .map_or(req.from_offset, |(o, _)| o.next());
         self.out.push(Command::FetchAnswer {
             token,
-            reply: FetchReply::Messages(FetchResponse {
-                hwm,
-                next_offset,
-                messages,
-            }),
+            reply: FetchReply::Messages(gathered.into_response(hwm, next_offset)),
         });
     }
 
@@ -389,6 +431,7 @@ mod tests {
         StoreFetch {
             source: SlotId(0),
             req: FetchRequest {
+                records: false,
                 topic: "a".to_owned(),
                 from_offset: Offset(from),
                 max_messages: 100,

@@ -1,0 +1,104 @@
+//! [`LocalClient`]: requests to the broker's actor from inside the process, for listeners
+//! that speak another protocol (the Kafka listener, quire-kafka).
+//!
+//! A request takes the path a client connection's request takes — the same broker-wide
+//! produce byte budget and fetch answer budget, the same ACL check, the same actor and
+//! engine — and its answer comes back as a [`Body`] instead of an encoded frame. Its
+//! principal is `ANONYMOUS` (the Kafka listener has no login yet): with
+//! `authorization = "acl"`, only entries for `ANONYMOUS` (or `*`-wide ones a super user
+//! added) let it do anything.
+//!
+//! Bounds: at most [`LOCAL_REQUESTS_MAX`] requests of all callers wait for an answer at
+//! once (callers wait beyond it). A fetch holds its share of `fetch_responses_bytes_max`
+//! until the actor answers; the caller then owns the answer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quire_proto::{Body, ErrorCode, ErrorResponse, RequestId};
+use tokio::sync::{mpsc, Semaphore};
+
+use super::conn::{self, ConnShared, Permits, Request, Responder};
+use crate::security::Principal;
+
+/// Requests of in-process callers that wait for an answer at once, at most.
+pub const LOCAL_REQUESTS_MAX: usize = 4096;
+
+/// A handle that sends requests to the broker's actor from inside the process; cheap to
+/// clone (clones share the bound).
+#[derive(Clone, Debug)]
+pub struct LocalClient {
+    shared: ConnShared,
+    requests: Arc<Semaphore>,
+}
+
+impl LocalClient {
+    pub(crate) fn new(shared: ConnShared) -> LocalClient {
+        LocalClient {
+            shared,
+            requests: Arc::new(Semaphore::new(LOCAL_REQUESTS_MAX)),
+        }
+    }
+
+    /// Serves `body` (a client request: produce, fetch, metadata, cursor, commit …) as the
+    /// broker serves it on a client connection and returns the answer: the response body,
+    /// or an [`ErrorResponse`] body (`NotMaster`, `Timeout`, `Unauthorized`, …).
+    ///
+    /// # Errors
+    /// `ShuttingDown` as an [`ErrorResponse`] once the actor has stopped.
+    pub async fn call(&self, body: Body) -> Body {
+        let stopped =
+            || ErrorResponse::new(ErrorCode::ShuttingDown, "the broker is stopping").into();
+        let shared = &self.shared;
+        if shared.auth.authorization {
+            let tables = crate::security::current(&shared.security);
+            if let Err(refusal) =
+                crate::security::authorize(&shared.auth, &tables, &Principal::Anonymous, &body)
+            {
+                shared.metrics.reject_frame("unauthorized");
+                return refusal.into();
+            }
+        }
+        let Ok(request) = self.requests.clone().acquire_owned().await else {
+            return stopped();
+        };
+        let produce_bytes = match &body {
+            Body::ProduceRequest(p) => {
+                let want = conn::produce_permit_bytes(p, shared.produce_bytes_max);
+                match shared.produce_bytes.clone().acquire_many_owned(want).await {
+                    Ok(p) => Some(p),
+                    Err(_) => return stopped(),
+                }
+            }
+            _ => None,
+        };
+        let shared_response_bytes = match &body {
+            Body::FetchRequest(f) => {
+                let bound = conn::fetch_response_bytes_max(
+                    f,
+                    shared.message_event_bytes_max.load(Ordering::Relaxed),
+                );
+                Some(shared.fetch_responses.acquire(bound).await)
+            }
+            _ => None,
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        let req = Request {
+            request_id: RequestId(1),
+            body,
+            reply: Responder::local(tx, shared.metrics.clone()),
+            permits: Permits {
+                request,
+                _produce_bytes: produce_bytes,
+                response_bytes: None,
+                shared_response_bytes,
+            },
+            received: Instant::now(),
+        };
+        if shared.actor.send(req).await.is_err() {
+            return stopped();
+        }
+        rx.recv().await.unwrap_or_else(stopped)
+    }
+}

@@ -1,0 +1,656 @@
+//! One handler per supported Kafka API, each mapping a decoded request onto the broker's
+//! native requests ([`Backend::call`]) and their answers onto the Kafka response.
+//!
+//! | API | versions | maps to |
+//! | --- | --- | --- |
+//! | ApiVersions (18) | 0–3 | the table below |
+//! | Metadata (3) | 0–12 | `MetadataRequest { topics: true }`: brokers' Kafka addresses, each topic as partition 0 led by the master |
+//! | Produce (0) | 0–9 (3–9 served) | one `ProduceRequest` of format Kafka per partition, answered once stabilized |
+//! | Fetch (1) | 4–12 | one `FetchRequest { records: true }` per partition, long-polled |
+//! | ListOffsets (2) | 1–7 | fetch probes: earliest = the first offset held, latest = HWM + 1 |
+//! | FindCoordinator (10) | 0–4 | `COORDINATOR_NOT_AVAILABLE`: no consumer groups yet |
+//!
+//! Produce is announced from version 0 although a request below 3 closes the connection
+//! (versions 0–2 carry message sets v0/v1, which Quire does not read, as Kafka 4 no longer
+//! does): librdkafka 2.0 (Debian 12's, tried here) compresses with gzip, snappy or lz4
+//! only for a broker whose Produce range includes version 0 — and lz4 only if it
+//! announces FindCoordinator 0 — and otherwise sends the batch uncompressed; it always
+//! uses the highest version both sides announce (Produce 7, Fetch 11).
+
+use std::collections::HashSet;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::ResponseError;
+use quire_proto::{Body, ErrorCode, ErrorDetail, MessageFormat, Offset, MESSAGES_PER_FRAME_MAX};
+use tokio::task::JoinSet;
+
+use crate::batch::{self, BatchError};
+use crate::{split_host_port, Backend, KafkaSettings};
+
+/// The APIs the listener serves, `(key, lowest version, highest version)`: what
+/// ApiVersions announces. Any other request closes the connection.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 0, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::ApiVersions, 0, 3),
+];
+
+/// The versions of `key` the listener serves, `(lowest, highest)`; `None` if it does not
+/// serve the API.
+#[must_use]
+pub fn supported_versions(key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED_APIS
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|&(_, lo, hi)| (lo, hi))
+}
+
+/// What a request is answered with.
+pub(crate) enum Answer {
+    /// Nothing (a produce with `acks=0`).
+    None,
+    /// The response body, encoded at the request's version.
+    Body(BytesMut),
+}
+
+fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
+    let mut buf = BytesMut::with_capacity(body.compute_size(version)?);
+    body.encode(&mut buf, version)?;
+    Ok(Answer::Body(buf))
+}
+
+/// The only partition of every topic.
+const PARTITION: i32 = 0;
+
+/// Serves one decoded-header request whose body is `body`.
+///
+/// # Errors
+/// A body that does not decode at `version` (the connection is closed).
+pub(crate) async fn serve<B: Backend>(
+    backend: &B,
+    settings: &KafkaSettings,
+    key: ApiKey,
+    version: i16,
+    mut body: Bytes,
+) -> anyhow::Result<Answer> {
+    match key {
+        ApiKey::ApiVersions => {
+            ApiVersionsRequest::decode(&mut body, version)?;
+            encoded(&api_versions(), version)
+        }
+        ApiKey::Metadata => {
+            let req = MetadataRequest::decode(&mut body, version)?;
+            encoded(&metadata(backend, settings, &req, version).await, version)
+        }
+        ApiKey::Produce => {
+            let req = ProduceRequest::decode(&mut body, version)?;
+            let acks = req.acks;
+            let resp = produce(backend, req).await;
+            if acks == 0 {
+                Ok(Answer::None)
+            } else {
+                encoded(&resp, version)
+            }
+        }
+        ApiKey::Fetch => {
+            let req = FetchRequest::decode(&mut body, version)?;
+            encoded(&fetch(backend, req).await, version)
+        }
+        ApiKey::ListOffsets => {
+            let req = ListOffsetsRequest::decode(&mut body, version)?;
+            encoded(&list_offsets(backend, req).await, version)
+        }
+        ApiKey::FindCoordinator => {
+            let req = FindCoordinatorRequest::decode(&mut body, version)?;
+            encoded(&find_coordinator(&req, version), version)
+        }
+        other => anyhow::bail!("{other:?} is not served"),
+    }
+}
+
+/// FindCoordinator: there are no consumer groups (or transactions) yet, so no coordinator:
+/// `COORDINATOR_NOT_AVAILABLE` for every key (clients retry, and a consumer with a
+/// `group.id` waits for one).
+fn find_coordinator(req: &FindCoordinatorRequest, version: i16) -> FindCoordinatorResponse {
+    let error = ResponseError::CoordinatorNotAvailable.code();
+    let why = || {
+        Some(StrBytes::from_static_str(
+            "consumer groups are not supported yet (docs/kafka.md)",
+        ))
+    };
+    if version >= 4 {
+        let coordinators = req
+            .coordinator_keys
+            .iter()
+            .map(|k| {
+                Coordinator::default()
+                    .with_key(k.clone())
+                    .with_node_id(BrokerId(-1))
+                    .with_port(-1)
+                    .with_error_code(error)
+                    .with_error_message(why())
+            })
+            .collect();
+        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+    }
+    let resp = FindCoordinatorResponse::default()
+        .with_error_code(error)
+        .with_node_id(BrokerId(-1))
+        .with_port(-1);
+    if version >= 1 {
+        resp.with_error_message(why())
+    } else {
+        resp
+    }
+}
+
+fn api_versions() -> ApiVersionsResponse {
+    ApiVersionsResponse::default().with_api_keys(
+        SUPPORTED_APIS
+            .iter()
+            .map(|&(k, lo, hi)| {
+                ApiVersion::default()
+                    .with_api_key(k as i16)
+                    .with_min_version(lo)
+                    .with_max_version(hi)
+            })
+            .collect(),
+    )
+}
+
+/// The answer to an ApiVersions request at a version this listener does not serve
+/// (answered at version 0).
+pub(crate) fn api_versions_unsupported() -> ApiVersionsResponse {
+    api_versions().with_error_code(ResponseError::UnsupportedVersion.code())
+}
+
+/// The Kafka error for a broker's error answer.
+fn kafka_error(code: ErrorCode) -> ResponseError {
+    match code {
+        ErrorCode::NotMaster => ResponseError::NotLeaderOrFollower,
+        ErrorCode::Timeout | ErrorCode::Overloaded | ErrorCode::ShuttingDown => {
+            ResponseError::RequestTimedOut
+        }
+        ErrorCode::NoQuorum => ResponseError::NotEnoughReplicas,
+        ErrorCode::MessageTooLarge | ErrorCode::FrameTooLarge => ResponseError::MessageTooLarge,
+        ErrorCode::InvalidName => ResponseError::InvalidTopicException,
+        ErrorCode::Unauthorized => ResponseError::TopicAuthorizationFailed,
+        ErrorCode::LimitReached => ResponseError::PolicyViolation,
+        ErrorCode::OffsetOutOfRange | ErrorCode::Trimmed => ResponseError::OffsetOutOfRange,
+        ErrorCode::UnknownTopic => ResponseError::UnknownTopicOrPartition,
+        ErrorCode::SequenceGap => ResponseError::OutOfOrderSequenceNumber,
+        ErrorCode::Malformed => ResponseError::InvalidRequest,
+        _ => ResponseError::UnknownServerError,
+    }
+}
+
+/// The Kafka error for an answer that is not the response expected.
+fn unexpected(answer: &Body) -> ResponseError {
+    match answer {
+        Body::ErrorResponse(e) => kafka_error(e.code),
+        _ => ResponseError::UnknownServerError,
+    }
+}
+
+fn topic_name(s: &str) -> TopicName {
+    TopicName(StrBytes::from_string(s.to_owned()))
+}
+
+/// Metadata: every broker with a Kafka address, and each topic asked for (all this
+/// broker's state holds, for a null or — at version 0 — empty list) as partition 0 led by
+/// the master.
+async fn metadata<B: Backend>(
+    backend: &B,
+    settings: &KafkaSettings,
+    req: &MetadataRequest,
+    version: i16,
+) -> MetadataResponse {
+    let brokers: Vec<MetadataResponseBroker> = settings
+        .brokers
+        .iter()
+        .filter_map(|(id, addr)| {
+            let (host, port) = split_host_port(addr)?;
+            Some(
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(i32::from(*id)))
+                    .with_host(StrBytes::from_string(host))
+                    .with_port(port),
+            )
+        })
+        .collect();
+    let node_ids: Vec<BrokerId> = brokers.iter().map(|b| b.node_id).collect();
+    let view = backend
+        .call(quire_proto::MetadataRequest { topics: true }.into())
+        .await;
+    let (master, known): (Option<i32>, HashSet<String>) = match view {
+        Body::MetadataResponse(m) => (
+            m.master.map(|b| i32::from(b.id.0)),
+            m.topics.into_iter().collect(),
+        ),
+        _ => (None, HashSet::new()),
+    };
+    let wanted: Vec<Option<String>> = match &req.topics {
+        Some(t) if !(version == 0 && t.is_empty()) => t
+            .iter()
+            .map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+            .collect(),
+        _ => {
+            let mut all: Vec<String> = known.iter().cloned().collect();
+            all.sort();
+            all.into_iter().map(Some).collect()
+        }
+    };
+    let topics = wanted
+        .into_iter()
+        .map(|name| {
+            let Some(name) = name else {
+                // Asked for by topic id: Quire topics have none.
+                return MetadataResponseTopic::default()
+                    .with_error_code(ResponseError::UnknownTopicId.code());
+            };
+            let topic = MetadataResponseTopic::default().with_name(Some(topic_name(&name)));
+            if quire_proto::client::validate_topic(&name).is_err() {
+                return topic.with_error_code(ResponseError::InvalidTopicException.code());
+            }
+            // A topic is created by its first message, so any valid name asked for is
+            // announced: a producer writes to it, a consumer waits for its first record.
+            // (A slave's topic list trails the master's, so "unknown" from a slave could
+            // be wrong a moment after a produce anyway.)
+            let partition = MetadataResponsePartition::default()
+                .with_partition_index(PARTITION)
+                .with_leader_epoch(-1)
+                .with_replica_nodes(node_ids.clone())
+                .with_isr_nodes(node_ids.clone());
+            let partition = match master {
+                Some(m) => partition.with_leader_id(BrokerId(m)),
+                None => partition
+                    .with_leader_id(BrokerId(-1))
+                    .with_error_code(ResponseError::LeaderNotAvailable.code()),
+            };
+            topic.with_partitions(vec![partition])
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(StrBytes::from_string(settings.cluster_id.clone())))
+        .with_controller_id(BrokerId(master.unwrap_or(-1)))
+        .with_topics(topics)
+}
+
+/// Produce: each partition's batches, stored as one native produce of Kafka records and
+/// answered once stabilized. Partitions are served concurrently.
+async fn produce<B: Backend>(backend: &B, req: ProduceRequest) -> ProduceResponse {
+    let mut tasks = JoinSet::new();
+    let mut order = Vec::new();
+    for (t, topic) in req.topic_data.into_iter().enumerate() {
+        let name = topic.name.0.to_string();
+        order.push((topic.name.clone(), topic.partition_data.len()));
+        for (p, part) in topic.partition_data.into_iter().enumerate() {
+            let backend = backend.clone();
+            let name = name.clone();
+            let transactional = req.transactional_id.is_some();
+            tasks.spawn(async move {
+                let r = produce_partition(&backend, name, part.index, part.records, transactional)
+                    .await;
+                (t, p, part.index, r)
+            });
+        }
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(r) = done {
+            results.push(r);
+        }
+    }
+    results.sort_by_key(|&(t, p, _, _)| (t, p));
+    let mut responses: Vec<TopicProduceResponse> = order
+        .into_iter()
+        .map(|(name, n)| {
+            TopicProduceResponse::default()
+                .with_name(name)
+                .with_partition_responses(Vec::with_capacity(n))
+        })
+        .collect();
+    for (t, _, index, r) in results {
+        let part = PartitionProduceResponse::default()
+            .with_index(index)
+            .with_log_append_time_ms(-1)
+            .with_log_start_offset(-1);
+        let part = match r {
+            Ok(base) => part.with_base_offset(base),
+            Err((e, msg)) => part
+                .with_base_offset(-1)
+                .with_error_code(e.code())
+                .with_error_message(msg.map(StrBytes::from_string)),
+        };
+        if let Some(topic) = responses.get_mut(t) {
+            topic.partition_responses.push(part);
+        }
+    }
+    ProduceResponse::default().with_responses(responses)
+}
+
+type PartitionError = (ResponseError, Option<String>);
+
+async fn produce_partition<B: Backend>(
+    backend: &B,
+    topic: String,
+    partition: i32,
+    records: Option<Bytes>,
+    transactional: bool,
+) -> Result<i64, PartitionError> {
+    if partition != PARTITION {
+        return Err((ResponseError::UnknownTopicOrPartition, None));
+    }
+    if transactional {
+        return Err((
+            ResponseError::TransactionalIdAuthorizationFailed,
+            Some("transactions are not supported (docs/kafka.md)".to_owned()),
+        ));
+    }
+    if quire_proto::client::validate_topic(&topic).is_err() {
+        return Err((ResponseError::InvalidTopicException, None));
+    }
+    let messages = match batch::messages_of(records.unwrap_or_default()) {
+        Ok(m) => m,
+        Err(BatchError::Corrupt(why)) => return Err((ResponseError::CorruptMessage, Some(why))),
+        Err(BatchError::Transactional) => {
+            return Err((
+                ResponseError::TransactionalIdAuthorizationFailed,
+                Some("transactional and control records are not supported".to_owned()),
+            ))
+        }
+    };
+    if messages.is_empty() {
+        return Err((ResponseError::CorruptMessage, Some("no records".to_owned())));
+    }
+    if messages.len() > MESSAGES_PER_FRAME_MAX {
+        return Err((
+            ResponseError::RecordListTooLarge,
+            Some(format!(
+                "at most {MESSAGES_PER_FRAME_MAX} records per partition and request"
+            )),
+        ));
+    }
+    let answer = backend
+        .call(
+            quire_proto::ProduceRequest {
+                topic,
+                producer_id: 0,
+                sequence: 0,
+                messages,
+                format: MessageFormat::Kafka,
+            }
+            .into(),
+        )
+        .await;
+    match answer {
+        Body::ProduceResponse(r) => {
+            i64::try_from(r.base_offset.0).map_err(|_| (ResponseError::UnknownServerError, None))
+        }
+        Body::ErrorResponse(e) => Err((kafka_error(e.code), Some(e.message))),
+        other => Err((unexpected(&other), None)),
+    }
+}
+
+/// Fetch: each partition read from its offset; when the first pass finds fewer than
+/// `min_bytes`, a second pass waits up to `max_wait_ms` and answers as soon as one
+/// partition has records.
+async fn fetch<B: Backend>(backend: &B, req: FetchRequest) -> FetchResponse {
+    let mut wanted = Vec::new();
+    for topic in &req.topics {
+        for p in &topic.partitions {
+            wanted.push((
+                topic.topic.clone(),
+                p.partition,
+                p.fetch_offset,
+                p.partition_max_bytes,
+            ));
+        }
+    }
+    let mut parts: Vec<PartitionData> = fetch_pass(backend, &wanted, 0).await;
+    let bytes: usize = parts
+        .iter()
+        .map(|p| p.records.as_ref().map_or(0, Bytes::len))
+        .sum();
+    let min_bytes = usize::try_from(req.min_bytes.max(1)).unwrap_or(1);
+    let wait_ms = u32::try_from(req.max_wait_ms.max(0)).unwrap_or(0);
+    let all_failed = parts.iter().all(|p| p.error_code != 0);
+    if bytes < min_bytes && wait_ms > 0 && !all_failed {
+        let waited = fetch_waiting(backend, &wanted, wait_ms).await;
+        for (i, p) in waited {
+            parts[i] = p;
+        }
+    }
+    let mut responses: Vec<FetchableTopicResponse> = Vec::new();
+    for ((topic, _, _, _), part) in wanted.into_iter().zip(parts) {
+        match responses.last_mut() {
+            Some(r) if r.topic == topic => r.partitions.push(part),
+            _ => responses.push(
+                FetchableTopicResponse::default()
+                    .with_topic(topic)
+                    .with_partitions(vec![part]),
+            ),
+        }
+    }
+    FetchResponse::default().with_responses(responses)
+}
+
+type Wanted = (TopicName, i32, i64, i32);
+
+async fn fetch_pass<B: Backend>(
+    backend: &B,
+    wanted: &[Wanted],
+    wait_ms: u32,
+) -> Vec<PartitionData> {
+    let mut tasks = JoinSet::new();
+    for (i, w) in wanted.iter().cloned().enumerate() {
+        let backend = backend.clone();
+        tasks.spawn(async move { (i, fetch_partition(&backend, w, wait_ms).await) });
+    }
+    let mut out: Vec<Option<PartitionData>> = vec![None; wanted.len()];
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((i, p)) = done {
+            out[i] = Some(p);
+        }
+    }
+    out.into_iter()
+        .map(|p| p.unwrap_or_else(|| failed(0, ResponseError::UnknownServerError)))
+        .collect()
+}
+
+/// The long poll: every partition asked again with `wait_ms`; returns those answered by
+/// the first with records (or all, if none had any by the deadline). The fetches still
+/// waiting in the broker end at their own deadline, unanswered to the client.
+async fn fetch_waiting<B: Backend>(
+    backend: &B,
+    wanted: &[Wanted],
+    wait_ms: u32,
+) -> Vec<(usize, PartitionData)> {
+    let mut tasks = JoinSet::new();
+    for (i, w) in wanted.iter().cloned().enumerate() {
+        let backend = backend.clone();
+        tasks.spawn(async move { (i, fetch_partition(&backend, w, wait_ms).await) });
+    }
+    let mut out = Vec::new();
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_millis(u64::from(wait_ms) + 1_000);
+    while let Ok(Some(done)) = tokio::time::timeout_at(deadline, tasks.join_next()).await {
+        if let Ok((i, p)) = done {
+            let has_records = p.records.as_ref().is_some_and(|r| !r.is_empty());
+            out.push((i, p));
+            if has_records {
+                break;
+            }
+        }
+    }
+    // Answers that are already in are kept; the rest are left to run out.
+    while let Some(Ok((i, p))) = tasks.try_join_next() {
+        out.push((i, p));
+    }
+    tasks.detach_all();
+    out
+}
+
+fn failed(partition: i32, e: ResponseError) -> PartitionData {
+    PartitionData::default()
+        .with_partition_index(partition)
+        .with_error_code(e.code())
+        .with_high_watermark(-1)
+        .with_records(None)
+}
+
+/// Kafka's high watermark (the next offset to be stabilized) for a Quire HWM (the last
+/// stabilized offset).
+fn high_watermark(hwm: Option<Offset>) -> i64 {
+    hwm.map_or(0, |o| {
+        i64::try_from(o.0).unwrap_or(i64::MAX).saturating_add(1)
+    })
+}
+
+async fn fetch_partition<B: Backend>(backend: &B, w: Wanted, wait_ms: u32) -> PartitionData {
+    let (topic, partition, offset, max_bytes) = w;
+    if partition != PARTITION {
+        return failed(partition, ResponseError::UnknownTopicOrPartition);
+    }
+    let Ok(from) = u64::try_from(offset) else {
+        return failed(partition, ResponseError::OffsetOutOfRange);
+    };
+    let name = topic.0.to_string();
+    if quire_proto::client::validate_topic(&name).is_err() {
+        return failed(partition, ResponseError::InvalidTopicException);
+    }
+    let answer = backend
+        .call(
+            quire_proto::FetchRequest {
+                topic: name,
+                from_offset: Offset(from),
+                max_messages: u32::try_from(MESSAGES_PER_FRAME_MAX).unwrap_or(u32::MAX),
+                max_bytes: u32::try_from(max_bytes.max(1)).unwrap_or(1),
+                wait_ms,
+                records: true,
+            }
+            .into(),
+        )
+        .await;
+    match answer {
+        Body::FetchResponse(r) => {
+            let hw = high_watermark(r.hwm);
+            match batch::batches_of(Offset(from), &r.messages, &r.formats, r.next_offset) {
+                Ok(records) => PartitionData::default()
+                    .with_partition_index(partition)
+                    .with_high_watermark(hw)
+                    .with_last_stable_offset(hw)
+                    .with_records(Some(records)),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot build a record batch");
+                    failed(partition, ResponseError::CorruptMessage)
+                }
+            }
+        }
+        Body::ErrorResponse(e) => {
+            let mut p = failed(partition, kafka_error(e.code));
+            if let ErrorDetail::Trimmed { first_offset } = e.detail {
+                p = p.with_log_start_offset(i64::try_from(first_offset.0).unwrap_or(-1));
+            }
+            p
+        }
+        other => failed(partition, unexpected(&other)),
+    }
+}
+
+/// ListOffsets: the earliest offset (-2: where the log starts) and the latest (-1: the
+/// high watermark) of partition 0, learned from fetch probes. Offsets by timestamp are not
+/// served yet (`INVALID_REQUEST`, docs/kafka.md).
+async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListOffsetsResponse {
+    let mut topics = Vec::new();
+    for topic in req.topics {
+        let mut parts = Vec::new();
+        for p in topic.partitions {
+            let part = ListOffsetsPartitionResponse::default()
+                .with_partition_index(p.partition_index)
+                .with_timestamp(-1)
+                .with_leader_epoch(-1);
+            let r = if p.partition_index != PARTITION {
+                Err(ResponseError::UnknownTopicOrPartition)
+            } else {
+                match p.timestamp {
+                    -2 => earliest_and_latest(backend, &topic.name.0)
+                        .await
+                        .map(|(e, _)| e),
+                    -1 => earliest_and_latest(backend, &topic.name.0)
+                        .await
+                        .map(|(_, l)| l),
+                    _ => Err(ResponseError::InvalidRequest),
+                }
+            };
+            parts.push(match r {
+                Ok(offset) => part.with_offset(offset),
+                Err(e) => part.with_offset(-1).with_error_code(e.code()),
+            });
+        }
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(topic.name)
+                .with_partitions(parts),
+        );
+    }
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// `(first offset held, high watermark)` of the log `topic` is in.
+async fn earliest_and_latest<B: Backend>(
+    backend: &B,
+    topic: &str,
+) -> Result<(i64, i64), ResponseError> {
+    if quire_proto::client::validate_topic(topic).is_err() {
+        return Err(ResponseError::InvalidTopicException);
+    }
+    let probe = |from: u64| {
+        backend.call(
+            quire_proto::FetchRequest {
+                topic: topic.to_owned(),
+                from_offset: Offset(from),
+                max_messages: 1,
+                max_bytes: 1,
+                wait_ms: 0,
+                records: true,
+            }
+            .into(),
+        )
+    };
+    let mut first = 0u64;
+    let mut answer = probe(0).await;
+    if let Body::ErrorResponse(e) = &answer {
+        if let ErrorDetail::Trimmed { first_offset } = e.detail {
+            first = first_offset.0;
+            answer = probe(first).await;
+        }
+    }
+    match answer {
+        Body::FetchResponse(r) => Ok((
+            i64::try_from(first).unwrap_or(i64::MAX),
+            high_watermark(r.hwm),
+        )),
+        other => Err(unexpected(&other)),
+    }
+}

@@ -1,0 +1,331 @@
+//! Kafka record batches (RecordBatch v2, KIP-98's format) to Quire messages and back.
+//!
+//! In: a produced batch is decoded — decompressed if gzip, snappy, lz4 or zstd — and each
+//! record becomes one [`KafkaRecord`] message. Out: fetched messages become one
+//! uncompressed batch whose records keep their Quire offsets (gaps where other topics'
+//! messages are, as after compaction). A native producer's message (format
+//! [`MessageFormat::Raw`]) is read as a record with that value, no key and no timestamp.
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions,
+    TimestampType, NO_PARTITION_LEADER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE,
+    NO_TIMESTAMP,
+};
+use quire_proto::{KafkaRecord, MessageFormat, Offset};
+
+/// Why a produced batch cannot be stored.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BatchError {
+    /// The bytes are not record batches (or decompress past the bound): Kafka's
+    /// `CORRUPT_MESSAGE`.
+    Corrupt(String),
+    /// Transactional or control records: transactions are not supported.
+    Transactional,
+}
+
+/// The records of the batches in `records` (a produce's partition data), each encoded as a
+/// [`KafkaRecord`] message.
+pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> {
+    let sets = RecordBatchDecoder::decode_all(&mut records)
+        .map_err(|e| BatchError::Corrupt(format!("{e:#}")))?;
+    let mut out = Vec::new();
+    for set in sets {
+        for r in set.records {
+            if r.transactional || r.control {
+                return Err(BatchError::Transactional);
+            }
+            let record = KafkaRecord {
+                timestamp_ms: r.timestamp,
+                key: r.key,
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|(k, v)| (k.into_bytes(), v))
+                    .collect(),
+                value: r.value,
+            };
+            let mut buf = BytesMut::with_capacity(record.encoded_bytes());
+            record
+                .encode(&mut buf)
+                .map_err(|e| BatchError::Corrupt(e.to_string()))?;
+            out.push(buf.freeze());
+        }
+    }
+    Ok(out)
+}
+
+/// The record batches (v2, uncompressed) answering a fetch from `from`: `messages` at
+/// their offsets (`formats` says what each is; empty: every one opaque), then, if the
+/// broker scanned further (`next_offset` past the last message, or past `from` with no
+/// message), an empty batch spanning the rest. Kafka clients move their position to the
+/// end of the last batch (RecordBatch's `lastOffsetDelta`), so a topic whose offsets stop
+/// short of the high watermark — other topics' messages follow it in the shared log — is
+/// read to its end instead of fetched from the same offset forever. Empty bytes for no
+/// messages and nothing scanned.
+///
+/// # Errors
+/// A message that says it is a Kafka record but does not decode, or an encoding failure
+/// of the batch (neither happens for what the listener stored).
+pub(crate) fn batches_of(
+    from: Offset,
+    messages: &[(Offset, Bytes)],
+    formats: &[MessageFormat],
+    next_offset: Offset,
+) -> anyhow::Result<Bytes> {
+    let mut out = BytesMut::from(&batch_of(messages, formats)?[..]);
+    let covered = messages.last().map_or(from, |(o, _)| o.next());
+    if next_offset > covered {
+        empty_batch(covered, next_offset, &mut out)?;
+    }
+    Ok(out.freeze())
+}
+
+/// Bytes of a RecordBatch v2 header, and so of a batch with no records.
+const BATCH_HEADER_BYTES: usize = 61;
+
+/// Appends a record batch v2 with no records spanning offsets `first..end` (Kafka writes
+/// such batches when compaction empties one; KIP-98's format):
+///
+/// ```text
+/// 0   8  baseOffset i64        = first        29  8  baseTimestamp i64    = -1
+/// 8   4  batchLength i32       = 49           37  8  maxTimestamp i64     = -1
+/// 12  4  partitionLeaderEpoch  = -1           45  8  producerId i64       = -1
+/// 16  1  magic i8              = 2            53  2  producerEpoch i16    = -1
+/// 17  4  crc u32 (CRC-32C of bytes 21..61)    55  4  baseSequence i32     = -1
+/// 21  2  attributes i16        = 0            59  4  recordCount i32      = 0
+/// 23  4  lastOffsetDelta i32   = end - 1 - first
+/// ```
+fn empty_batch(first: Offset, end: Offset, out: &mut BytesMut) -> anyhow::Result<()> {
+    use bytes::BufMut;
+    let base = i64::try_from(first.0)?;
+    let delta = i32::try_from(end.0 - 1 - first.0).unwrap_or(i32::MAX);
+    let start = out.len();
+    out.put_i64(base);
+    out.put_i32(i32::try_from(BATCH_HEADER_BYTES - 12)?);
+    out.put_i32(NO_PARTITION_LEADER_EPOCH);
+    out.put_i8(2);
+    out.put_u32(0); // the CRC, below
+    out.put_i16(0);
+    out.put_i32(delta);
+    out.put_i64(NO_TIMESTAMP);
+    out.put_i64(NO_TIMESTAMP);
+    out.put_i64(NO_PRODUCER_ID);
+    out.put_i16(NO_PRODUCER_EPOCH);
+    out.put_i32(NO_SEQUENCE);
+    out.put_i32(0);
+    let crc = crc32c::crc32c(&out[start + 21..]);
+    out[start + 17..start + 21].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
+/// One uncompressed record batch (v2) holding `messages` at their offsets; `formats` says
+/// what each message is (empty: every one opaque). Empty bytes for no messages.
+fn batch_of(messages: &[(Offset, Bytes)], formats: &[MessageFormat]) -> anyhow::Result<Bytes> {
+    if messages.is_empty() {
+        return Ok(Bytes::new());
+    }
+    let mut records = Vec::with_capacity(messages.len());
+    for (i, (offset, bytes)) in messages.iter().enumerate() {
+        let format = formats.get(i).copied().unwrap_or(MessageFormat::Raw);
+        let stored = match format {
+            MessageFormat::Kafka => KafkaRecord::decode(bytes).map_err(|e| {
+                anyhow::anyhow!("the message at offset {} is no record: {e}", offset.0)
+            })?,
+            MessageFormat::Raw => KafkaRecord {
+                timestamp_ms: NO_TIMESTAMP,
+                key: None,
+                headers: Vec::new(),
+                value: Some(bytes.clone()),
+            },
+        };
+        let mut headers = IndexMap::with_capacity(stored.headers.len());
+        for (k, v) in stored.headers {
+            // Stored from a decoded record, so its keys are UTF-8; a repeated key keeps
+            // the last value (the codec's header map has one entry per key).
+            let k = StrBytes::from_utf8(k).map_err(|e| {
+                anyhow::anyhow!("a header key at offset {} is not UTF-8: {e}", offset.0)
+            })?;
+            headers.insert(k, v);
+        }
+        records.push(Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
+            producer_id: NO_PRODUCER_ID,
+            producer_epoch: NO_PRODUCER_EPOCH,
+            timestamp_type: TimestampType::Creation,
+            offset: i64::try_from(offset.0)?,
+            sequence: NO_SEQUENCE,
+            timestamp: stored.timestamp_ms,
+            key: stored.key,
+            value: stored.value,
+            headers,
+        });
+    }
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )?;
+    Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a panic is a test failure
+
+    use super::*;
+
+    fn record(offset: i64, key: &'static [u8], value: &'static [u8]) -> Record {
+        let mut headers = IndexMap::new();
+        headers.insert(
+            StrBytes::from_static_str("h"),
+            Some(Bytes::from_static(b"v")),
+        );
+        Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
+            producer_id: NO_PRODUCER_ID,
+            producer_epoch: NO_PRODUCER_EPOCH,
+            timestamp_type: TimestampType::Creation,
+            offset,
+            sequence: NO_SEQUENCE,
+            timestamp: 1_700_000_000_000 + offset,
+            key: Some(Bytes::from_static(key)),
+            value: Some(Bytes::from_static(value)),
+            headers,
+        }
+    }
+
+    fn produced(compression: Compression) -> Bytes {
+        let records = [record(0, b"k0", b"v0"), record(1, b"k1", b"v1")];
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .unwrap();
+        buf.freeze()
+    }
+
+    /// Every codec a client may send decodes to the same records, and the records come
+    /// back out at the offsets they were stored at, with their keys, values, headers and
+    /// timestamps.
+    #[test]
+    fn records_survive_the_round_trip_through_every_codec() {
+        for c in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let messages = messages_of(produced(c)).unwrap();
+            assert_eq!(messages.len(), 2, "{c:?}");
+            let stored: Vec<(Offset, Bytes)> = vec![
+                (Offset(10), messages[0].clone()),
+                (Offset(13), messages[1].clone()),
+            ];
+            let batch = batch_of(&stored, &[MessageFormat::Kafka, MessageFormat::Kafka]).unwrap();
+            let back = RecordBatchDecoder::decode_all(&mut batch.clone()).unwrap();
+            let back: Vec<Record> = back.into_iter().flat_map(|s| s.records).collect();
+            assert_eq!(back.len(), 2);
+            assert_eq!(back[0].offset, 10);
+            assert_eq!(back[1].offset, 13, "a gap stays a gap");
+            assert_eq!(back[1].key.as_deref(), Some(&b"k1"[..]));
+            assert_eq!(back[1].value.as_deref(), Some(&b"v1"[..]));
+            assert_eq!(back[1].timestamp, 1_700_000_000_001);
+            assert_eq!(
+                back[0]
+                    .headers
+                    .get(&StrBytes::from_static_str("h"))
+                    .cloned()
+                    .flatten()
+                    .as_deref(),
+                Some(&b"v"[..])
+            );
+        }
+    }
+
+    /// A fetch that scanned past its last record ends with an empty batch to where the
+    /// scan ended, which the codec reads as a valid batch of no records.
+    #[test]
+    fn a_scan_past_the_records_ends_with_an_empty_batch() {
+        let stored = vec![(Offset(5), Bytes::from_static(b"raw"))];
+        let bytes = batches_of(Offset(3), &stored, &[], Offset(20)).unwrap();
+        let infos = RecordBatchDecoder::decode_batch_info(&mut bytes.clone()).unwrap();
+        assert_eq!(infos.len(), 2);
+        assert_eq!((infos[1].min_offset, infos[1].record_count), (6, 0));
+        let sets = RecordBatchDecoder::decode_all(&mut bytes.clone()).unwrap();
+        assert_eq!(
+            sets.iter().map(|s| s.records.len()).sum::<usize>(),
+            1,
+            "the CRC holds"
+        );
+        // The empty batch's last offset is 19: the client fetches from 20 next.
+        assert_eq!(
+            i32::from_be_bytes(
+                bytes[bytes.len() - 61 + 23..bytes.len() - 61 + 27]
+                    .try_into()
+                    .unwrap()
+            ),
+            13
+        );
+        // No record and nothing scanned: nothing.
+        assert!(batches_of(Offset(3), &[], &[], Offset(3))
+            .unwrap()
+            .is_empty());
+        // No record but a scanned span: one empty batch.
+        let only = batches_of(Offset(3), &[], &[], Offset(9)).unwrap();
+        assert_eq!(only.len(), 61);
+    }
+
+    #[test]
+    fn a_native_message_reads_as_a_record_with_its_value() {
+        let batch = batch_of(&[(Offset(4), Bytes::from_static(b"raw"))], &[]).unwrap();
+        let back = RecordBatchDecoder::decode_all(&mut batch.clone()).unwrap();
+        let r = &back[0].records[0];
+        assert_eq!(
+            (r.offset, r.key.clone(), r.value.as_deref()),
+            (4, None, Some(&b"raw"[..]))
+        );
+    }
+
+    #[test]
+    fn garbage_and_transactions_are_refused() {
+        assert!(matches!(
+            messages_of(Bytes::from_static(b"not a batch at all, no")),
+            Err(BatchError::Corrupt(_))
+        ));
+        let mut t = record(0, b"k", b"v");
+        t.transactional = true;
+        t.producer_id = 7;
+        t.producer_epoch = 0;
+        t.sequence = 0;
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &[t],
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        assert_eq!(messages_of(buf.freeze()), Err(BatchError::Transactional));
+    }
+}

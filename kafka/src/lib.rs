@@ -1,0 +1,172 @@
+//! quire-kafka: a Kafka wire-protocol listener for a Quire broker, so that Kafka clients
+//! (librdkafka and everything built on it, kcat, the Java client) produce to and consume
+//! from Quire unchanged.
+//!
+//! ```text
+//!  Kafka client ──TCP──> conn: 4-byte size, request header, body ──> api: one handler per API
+//!                          (kafka-protocol decodes and encodes)         │
+//!                                                                       ▼
+//!                                                Backend::call(quire_proto::Body) ── the broker's
+//!                                                produce / fetch / metadata path, as a native
+//!                                                client's request (bounds, ACLs, quorum)
+//! ```
+//!
+//! Mapping (docs/kafka.md has the whole table): every Quire topic is a Kafka topic with one
+//! partition, 0, whose leader is the Quire master; a Kafka offset is the Quire log offset
+//! of the record (topics share the log, so a topic's offsets have gaps, which Kafka clients
+//! skip as they do after compaction). Each record of a produced batch is stored as one
+//! Quire message of format [`quire_proto::MessageFormat::Kafka`] (its timestamp, key,
+//! headers and value: [`quire_proto::KafkaRecord`]); a compressed batch is decompressed
+//! first, so every record gets its own offset. A produce is answered once its records are
+//! stabilized (on a quorum of stores) for `acks=1` and `acks=-1` alike, and not at all for
+//! `acks=0`. A fetch returns stabilized records only, so `read_committed` and
+//! `read_uncommitted` read the same.
+//!
+//! The codec is the `kafka-protocol` crate (generated from Kafka's message schemas), used
+//! through a copy patched to bound what a request's counts and compressed batches can make
+//! it allocate (third_party/kafka-protocol/QUIRE-PATCH.md).
+//!
+//! Bounds: [`KafkaSettings::request_bytes_max`] per request (a larger size prefix closes
+//! the connection, as Kafka's `socket.request.max.bytes`), [`KafkaSettings::read_budget_bytes`]
+//! of requests buffered across connections, [`KafkaSettings::connections_max`]
+//! connections, one request served at a time per connection (Kafka's own rule: answers
+//! keep the requests' order), an idle timeout and a whole-request timeout.
+
+mod api;
+mod batch;
+mod conn;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quire_proto::Body;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+pub use api::{supported_versions, SUPPORTED_APIS};
+
+/// What the listener needs from a broker: one client request served as the broker serves
+/// a native client's (the same bounds, ACL check, quorum and answers).
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// Serves `body` (a client request: produce, fetch, metadata) and returns the answer:
+    /// the response body, or an `ErrorResponse` body (`NotMaster`, `Timeout`, `Trimmed`,
+    /// `Unauthorized`, `ShuttingDown`, …).
+    fn call(&self, body: Body) -> impl Future<Output = Body> + Send;
+}
+
+/// Default of [`KafkaSettings::request_bytes_max`]: 16 MiB (Quire's frame bound; Kafka's
+/// `socket.request.max.bytes` defaults to 100 MiB).
+pub const REQUEST_BYTES_MAX_DEFAULT: usize = 16 << 20;
+/// Default of [`KafkaSettings::read_budget_bytes`]: 64 MiB.
+pub const READ_BUDGET_BYTES_DEFAULT: usize = 64 << 20;
+/// Default of [`KafkaSettings::connections_max`].
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
+/// Default of [`KafkaSettings::idle_timeout`]: 10 minutes (Kafka's
+/// `connections.max.idle.ms`).
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
+/// Default of [`KafkaSettings::request_timeout`]: 30 s.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How the listener runs.
+#[derive(Clone, Debug)]
+pub struct KafkaSettings {
+    /// Every broker's advertised Kafka address, `(Quire broker id, host:port)`, as Kafka
+    /// clients are told in metadata answers (a broker missing here is not named to them).
+    pub brokers: Vec<(u16, String)>,
+    /// The cluster id told to clients (Metadata, DescribeCluster).
+    pub cluster_id: String,
+    /// Largest request accepted, in bytes (its size prefix; a larger one closes the
+    /// connection).
+    pub request_bytes_max: usize,
+    /// Bytes of requests being read or served, across all connections; readers wait
+    /// beyond it.
+    pub read_budget_bytes: usize,
+    /// Connections served at once; more are closed as they arrive.
+    pub connections_max: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+    /// A request must arrive whole this long after its size prefix.
+    pub request_timeout: Duration,
+}
+
+impl KafkaSettings {
+    /// Settings with every bound at its default.
+    #[must_use]
+    pub fn new(brokers: Vec<(u16, String)>, cluster_id: String) -> KafkaSettings {
+        KafkaSettings {
+            brokers,
+            cluster_id,
+            request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            read_budget_bytes: READ_BUDGET_BYTES_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Accepts Kafka clients on `listener` and serves each on its own task, until the task
+/// running this is dropped or aborted.
+pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: KafkaSettings) {
+    let settings = Arc::new(settings);
+    let budget = Arc::new(Semaphore::new(settings.read_budget_bytes));
+    let connections = Arc::new(Semaphore::new(settings.connections_max));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "Kafka listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max = settings.connections_max, "Kafka listener: too many connections, closing a new one");
+            continue;
+        };
+        let backend = backend.clone();
+        let settings = settings.clone();
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            conn::serve(stream, peer, backend, &settings, &budget).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Host and port of `addr` ("host:port", IPv6 hosts in brackets) as Kafka metadata carries
+/// them; `None` if it is not host:port.
+#[must_use]
+pub fn split_host_port(addr: &str) -> Option<(String, i32)> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Some((a.ip().to_string(), i32::from(a.port())));
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| (host.to_owned(), i32::from(port)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_split_into_host_and_port() {
+        assert_eq!(
+            split_host_port("127.0.0.1:9092"),
+            Some(("127.0.0.1".into(), 9092))
+        );
+        assert_eq!(split_host_port("[::1]:9092"), Some(("::1".into(), 9092)));
+        assert_eq!(
+            split_host_port("kafka-1.example:19092"),
+            Some(("kafka-1.example".into(), 19092))
+        );
+        assert_eq!(split_host_port("nohost"), None);
+        assert_eq!(split_host_port(":9092"), None);
+        assert_eq!(split_host_port("h:99999"), None);
+    }
+}
