@@ -81,28 +81,22 @@ fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
 /// The only partition of every topic.
 const PARTITION: i32 = 0;
 
-/// Serves one decoded-header request whose body is `body`.
+/// Serves one decoded request of `version`.
 ///
 /// # Errors
-/// A body that does not decode at `version` (the connection is closed).
+/// An answer that cannot be encoded at `version` (the connection is closed).
 pub(crate) async fn serve<B: Backend>(
     backend: &B,
     settings: &KafkaSettings,
-    key: ApiKey,
     version: i16,
-    mut body: Bytes,
+    req: KafkaRequest,
 ) -> anyhow::Result<Answer> {
-    match key {
-        ApiKey::ApiVersions => {
-            ApiVersionsRequest::decode(&mut body, version)?;
-            encoded(&api_versions(), version)
-        }
-        ApiKey::Metadata => {
-            let req = MetadataRequest::decode(&mut body, version)?;
+    match req {
+        KafkaRequest::ApiVersions => encoded(&api_versions(), version),
+        KafkaRequest::Metadata(req) => {
             encoded(&metadata(backend, settings, &req, version).await, version)
         }
-        ApiKey::Produce => {
-            let req = ProduceRequest::decode(&mut body, version)?;
+        KafkaRequest::Produce(req) => {
             let acks = req.acks;
             let resp = produce(backend, req).await;
             if acks == 0 {
@@ -111,20 +105,55 @@ pub(crate) async fn serve<B: Backend>(
                 encoded(&resp, version)
             }
         }
-        ApiKey::Fetch => {
-            let req = FetchRequest::decode(&mut body, version)?;
-            encoded(&fetch(backend, req).await, version)
+        KafkaRequest::Fetch(req) => encoded(&fetch(backend, req).await, version),
+        KafkaRequest::ListOffsets(req) => encoded(&list_offsets(backend, req).await, version),
+        KafkaRequest::FindCoordinator(req) => encoded(&find_coordinator(&req, version), version),
+    }
+}
+
+/// A request of an API the listener serves, decoded.
+#[derive(Debug)]
+pub enum KafkaRequest {
+    /// ApiVersions (its body carries only the client's name and version).
+    ApiVersions,
+    /// Metadata.
+    Metadata(MetadataRequest),
+    /// Produce.
+    Produce(ProduceRequest),
+    /// Fetch.
+    Fetch(FetchRequest),
+    /// ListOffsets.
+    ListOffsets(ListOffsetsRequest),
+    /// FindCoordinator.
+    FindCoordinator(FindCoordinatorRequest),
+}
+
+/// Decodes the body of a `key` request at `version` (its header already read).
+///
+/// # Errors
+/// An API the listener does not serve, or a body that does not decode whole.
+pub(crate) fn decode_body(
+    key: ApiKey,
+    version: i16,
+    mut body: Bytes,
+) -> anyhow::Result<KafkaRequest> {
+    let req = match key {
+        ApiKey::ApiVersions => {
+            ApiVersionsRequest::decode(&mut body, version)?;
+            KafkaRequest::ApiVersions
         }
+        ApiKey::Metadata => KafkaRequest::Metadata(MetadataRequest::decode(&mut body, version)?),
+        ApiKey::Produce => KafkaRequest::Produce(ProduceRequest::decode(&mut body, version)?),
+        ApiKey::Fetch => KafkaRequest::Fetch(FetchRequest::decode(&mut body, version)?),
         ApiKey::ListOffsets => {
-            let req = ListOffsetsRequest::decode(&mut body, version)?;
-            encoded(&list_offsets(backend, req).await, version)
+            KafkaRequest::ListOffsets(ListOffsetsRequest::decode(&mut body, version)?)
         }
         ApiKey::FindCoordinator => {
-            let req = FindCoordinatorRequest::decode(&mut body, version)?;
-            encoded(&find_coordinator(&req, version), version)
+            KafkaRequest::FindCoordinator(FindCoordinatorRequest::decode(&mut body, version)?)
         }
         other => anyhow::bail!("{other:?} is not served"),
-    }
+    };
+    Ok(req)
 }
 
 /// FindCoordinator: there are no consumer groups (or transactions) yet, so no coordinator:

@@ -26,6 +26,16 @@ pub(crate) enum BatchError {
     Transactional,
 }
 
+/// The records of the batches in `records` (a produce's partition data) as the messages
+/// Quire stores, or why they cannot be stored (for the fuzz target and tests: what a
+/// produce does with a partition's bytes).
+///
+/// # Errors
+/// A description of the refusal (`CORRUPT_MESSAGE` or transactional records).
+pub fn stored_records(records: Bytes) -> Result<Vec<Bytes>, String> {
+    messages_of(records).map_err(|e| format!("{e:?}"))
+}
+
 /// The records of the batches in `records` (a produce's partition data), each encoded as a
 /// [`KafkaRecord`] message.
 pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> {

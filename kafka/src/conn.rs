@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::api::{self, Answer};
+use crate::api::{self, Answer, KafkaRequest};
 use crate::{Backend, KafkaSettings};
 
 /// Bytes of a request before its header's variable part: size is not counted; api key
@@ -85,13 +85,39 @@ pub(crate) async fn serve<B: Backend>(
     tracing::debug!(%peer, reason = %why, "Kafka client connection closed");
 }
 
-/// Decodes one request, serves it, and encodes the answer frame (size prefix included);
-/// `Ok(None)` for a request that gets no answer (a produce with `acks=0`).
-async fn decode_and_serve<B: Backend>(
-    backend: &B,
-    settings: &KafkaSettings,
-    mut bytes: Bytes,
-) -> Result<Option<Bytes>, String> {
+/// A request as read off a connection.
+#[derive(Debug)]
+pub enum Decoded {
+    /// A request to serve: its API version, correlation id and body.
+    Request {
+        /// The request's API version.
+        version: i16,
+        /// The request's correlation id (echoed in the answer).
+        correlation_id: i32,
+        /// The API key.
+        api_key: ApiKey,
+        /// The body.
+        request: Box<KafkaRequest>,
+    },
+    /// ApiVersions at a version this listener does not serve: answered at version 0 with
+    /// `UNSUPPORTED_VERSION` and the supported ranges (KIP-511).
+    UnsupportedApiVersions {
+        /// The request's correlation id.
+        correlation_id: i32,
+    },
+}
+
+/// Decodes one request (its bytes after the size prefix): header and body, without
+/// serving it. Pure; what the fuzz target and the property tests drive.
+///
+/// # Errors
+/// Why the connection must be closed: fewer than 8 bytes, an unknown API key, an API not
+/// served, a version outside the announced range, or a header or body that does not
+/// decode.
+pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
+    if bytes.len() < FIXED_HEADER_BYTES {
+        return Err(format!("a request of {} bytes has no header", bytes.len()));
+    }
     let key = i16::from_be_bytes([bytes[0], bytes[1]]);
     let version = i16::from_be_bytes([bytes[2], bytes[3]]);
     let correlation_id = i32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
@@ -103,9 +129,7 @@ async fn decode_and_serve<B: Backend>(
     };
     if version < range.0 || version > range.1 {
         if api_key == ApiKey::ApiVersions {
-            // KIP-511: answer at version 0 so the client learns what it may use.
-            let body = api::api_versions_unsupported();
-            return frame(correlation_id, 0, |buf| body.encode(buf, 0)).map(Some);
+            return Ok(Decoded::UnsupportedApiVersions { correlation_id });
         }
         return Err(format!(
             "{api_key:?} v{version} is outside the supported {}..={}",
@@ -113,9 +137,38 @@ async fn decode_and_serve<B: Backend>(
         ));
     }
     let header_version = api_key.request_header_version(version);
-    let _header = RequestHeader::decode(&mut bytes, header_version)
+    RequestHeader::decode(&mut bytes, header_version)
         .map_err(|e| format!("{api_key:?} v{version}: bad request header: {e}"))?;
-    let answer = api::serve(backend, settings, api_key, version, bytes)
+    let request = api::decode_body(api_key, version, bytes)
+        .map_err(|e| format!("{api_key:?} v{version}: {e:#}"))?;
+    Ok(Decoded::Request {
+        version,
+        correlation_id,
+        api_key,
+        request: Box::new(request),
+    })
+}
+
+/// Decodes one request, serves it, and encodes the answer frame (size prefix included);
+/// `Ok(None)` for a request that gets no answer (a produce with `acks=0`).
+async fn decode_and_serve<B: Backend>(
+    backend: &B,
+    settings: &KafkaSettings,
+    bytes: Bytes,
+) -> Result<Option<Bytes>, String> {
+    let (version, correlation_id, api_key, request) = match decode_request(bytes)? {
+        Decoded::UnsupportedApiVersions { correlation_id } => {
+            let body = api::api_versions_unsupported();
+            return frame(correlation_id, 0, |buf| body.encode(buf, 0)).map(Some);
+        }
+        Decoded::Request {
+            version,
+            correlation_id,
+            api_key,
+            request,
+        } => (version, correlation_id, api_key, request),
+    };
+    let answer = api::serve(backend, settings, version, *request)
         .await
         .map_err(|e| format!("{api_key:?} v{version}: {e}"))?;
     let header_version = api_key.response_header_version(version);

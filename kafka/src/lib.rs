@@ -45,7 +45,9 @@ use quire_proto::Body;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-pub use api::{supported_versions, SUPPORTED_APIS};
+pub use api::{supported_versions, KafkaRequest, SUPPORTED_APIS};
+pub use batch::stored_records;
+pub use conn::{decode_request, Decoded};
 
 /// What the listener needs from a broker: one client request served as the broker serves
 /// a native client's (the same bounds, ACL check, quorum and answers).

@@ -362,6 +362,10 @@ impl Decoder<Option<StdString>> for String {
         match Int16.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Quire patch: a length above the bytes left is refused before allocating.
+                if n as usize > buf.remaining() {
+                    bail!("String length {n} exceeds the {} bytes left", buf.remaining());
+                }
                 let mut strbuf = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -514,6 +518,10 @@ impl Decoder<Option<StdString>> for CompactString {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Quire patch: a length above the bytes left is refused before allocating.
+                if (n - 1) as usize > buf.remaining() {
+                    bail!("String length {} exceeds the {} bytes left", n - 1, buf.remaining());
+                }
                 let mut strbuf = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut strbuf)?;
                 Ok(Some(std::string::String::from_utf8(strbuf)?))
@@ -658,6 +666,10 @@ impl Decoder<Option<Vec<u8>>> for Bytes {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
+                // Quire patch: a length above the bytes left is refused before allocating.
+                if n as usize > buf.remaining() {
+                    bail!("Data length {n} exceeds the {} bytes left", buf.remaining());
+                }
                 let mut data = vec![0; n as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
@@ -807,6 +819,10 @@ impl Decoder<Option<Vec<u8>>> for CompactBytes {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
+                // Quire patch: a length above the bytes left is refused before allocating.
+                if (n - 1) as usize > buf.remaining() {
+                    bail!("Data length {} exceeds the {} bytes left", n - 1, buf.remaining());
+                }
                 let mut data = vec![0; (n - 1) as usize];
                 buf.try_copy_to_slice(&mut data)?;
                 Ok(Some(data))
