@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The Kafka listener against the native client, same cluster, same run (issue 14).
+#
+#   benches/kafka-vs-native.sh [--duration 10s] [--warmup 2s] [--rounds 2] [--size 1024]
+#                              [--dir PARENT]
+#
+# Starts one local cluster (quire cluster up --detach: 3 stores + 2 brokers on 127.0.0.1,
+# each broker with a Kafka listener), then alternates, --rounds times: the native client
+# (quire bench cluster: 4 producers, batches of 64, 4 in flight) and librdkafka
+# (confluent-kafka from PyPI, benches/kafka/produce.py: one producer, acks=all,
+# linger.ms=5), each producing SIZE-byte messages for --duration after --warmup, to a
+# topic of its own. Prints every run, the medians and the ratio kafka / native of
+# throughput, p50 and p99 (acked messages; latency from send to stabilized ack or
+# delivery report). The last stdout line is one JSON object.
+#
+# Environment: QUIRE=path (a built quire; default target/release/quire, built if missing);
+# python3 with confluent-kafka (`pip install confluent-kafka`). Everything runs on
+# 127.0.0.1; every wait is bounded; an exit or Ctrl-C stops the cluster and removes it.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+SELF="$HERE/$(basename "${BASH_SOURCE[0]}")"
+usage() { sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
+die() { echo "kafka-vs-native: error: $*" >&2; exit 1; }
+note() { echo "== $*" >&2; }
+
+DURATION=10 WARMUP=2 ROUNDS=2 SIZE=1024 PARENT=""
+secs() { local v=${1%s}; [[ "$v" =~ ^[0-9]+$ ]] || die "durations are whole seconds (10s), not $1"; echo "$v"; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --duration) DURATION=$(secs "${2:?}"); shift 2 ;;
+    --warmup) WARMUP=$(secs "${2:?}"); shift 2 ;;
+    --rounds) ROUNDS=${2:?}; shift 2 ;;
+    --size) SIZE=${2:?}; shift 2 ;;
+    --dir) PARENT=${2:?}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+python3 -c 'import confluent_kafka' 2>/dev/null || die "python3 needs confluent-kafka (pip install confluent-kafka)"
+PARENT=${PARENT:-$REPO/target}
+mkdir -p "$PARENT"
+QUIRE=${QUIRE:-$REPO/target/release/quire}
+if [ ! -x "$QUIRE" ]; then
+  note "building quire (release)"
+  (cd "$REPO" && cargo build --release --bin quire >&2)
+fi
+WORK=$(mktemp -d "$PARENT/kafka-vs-native.XXXXXX")
+CLUSTER="$WORK/cluster"
+cleanup() {
+  [ -f "$CLUSTER/cluster.json" ] && "$QUIRE" cluster down --dir "$CLUSTER" --timeout 10s >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$QUIRE" cluster up --detach --dir "$CLUSTER" --ready-timeout 30s >/dev/null
+read -r BROKERS KAFKA < <(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(",".join(c["brokers"]), ",".join(c["kafka"]))' "$CLUSTER/cluster.json")
+[ -n "$KAFKA" ] || die "the cluster has no Kafka listeners"
+RESULTS="$WORK/results.jsonl"
+: > "$RESULTS"
+for round in $(seq 1 "$ROUNDS"); do
+  note "round $round: native"
+  timeout $((DURATION + WARMUP + 60)) "$QUIRE" bench cluster --brokers "$BROKERS" --topic "native-$round" \
+    --producers 4 --event-size "$SIZE" --batch 64 --in-flight 4 --duration "${DURATION}s" \
+    --warmup "${WARMUP}s" --format json \
+    | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"mode":"native","ops_per_s":r["ops_per_s"],"p50_us":r["p50_us"],"p99_us":r["p99_us"]}))' >> "$RESULTS"
+  note "round $round: kafka (librdkafka)"
+  timeout $((DURATION + WARMUP + 60)) python3 "$HERE/kafka/produce.py" "$KAFKA" "kafka-$round" "$SIZE" "$DURATION" "$WARMUP" \
+    | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); r["mode"]="kafka"; print(json.dumps(r))' >> "$RESULTS"
+done
+
+python3 - "$RESULTS" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+fields = ["ops_per_s", "p50_us", "p99_us"]
+print(f"{'mode':7} {'msgs/s':>10} {'p50 us':>9} {'p99 us':>9}")
+for r in runs:
+    print(f"{r['mode']:7} {r['ops_per_s']:10.0f} {r['p50_us']:9d} {r['p99_us']:9d}" + (f"  failed {r['failed']}" if r.get('failed') else ""))
+med = {m: {f: statistics.median(r[f] for r in runs if r['mode'] == m) for f in fields} for m in ("native", "kafka")}
+for m, v in med.items():
+    print(f"median {m:7} {v['ops_per_s']:10.0f} msgs/s  p50 {v['p50_us']:.0f} us  p99 {v['p99_us']:.0f} us")
+ratio = {f: med['kafka'][f] / med['native'][f] if med['native'][f] else None for f in fields}
+print("kafka / native: " + "  ".join(f"{f} {ratio[f]:.3f}" for f in fields if ratio[f] is not None))
+print(json.dumps({"bench": "kafka-vs-native", "runs": runs, "median": med, "ratio_kafka_over_native": ratio}))
+PY

@@ -1,0 +1,69 @@
+"""librdkafka (confluent-kafka) produce load for benches/kafka-vs-native.sh.
+
+Produces MESSAGES of SIZE bytes with acks=all to TOPIC for DURATION seconds (after WARMUP
+seconds not counted), records each message's delivery latency (produce() call to delivery
+report), and prints one JSON object: ops_per_s, p50_us, p99_us, delivered, failed.
+Every wait is bounded: flush() at the end waits at most 30 s.
+
+Usage: python3 produce.py BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S
+"""
+import json
+import sys
+import time
+
+from confluent_kafka import Producer
+
+bootstrap, topic = sys.argv[1], sys.argv[2]
+size, duration, warmup = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+payload = b"x" * size
+latencies = []
+counted = {"ok": 0, "failed": 0}
+start = time.monotonic()
+measure_from = start + warmup
+measure_to = measure_from + duration
+
+
+def report(err, msg, sent):
+    now = time.monotonic()
+    if err is not None:
+        counted["failed"] += 1
+        return
+    if measure_from <= sent and now <= measure_to:
+        counted["ok"] += 1
+        latencies.append(now - sent)
+
+
+p = Producer({
+    "bootstrap.servers": bootstrap,
+    "acks": "all",
+    "enable.idempotence": False,  # not served yet (docs/kafka.md)
+    "linger.ms": 5,
+    "queue.buffering.max.messages": 200000,
+    "message.timeout.ms": 30000,
+})
+while True:
+    now = time.monotonic()
+    if now >= measure_to:
+        break
+    try:
+        p.produce(topic, payload, on_delivery=lambda e, m, s=now: report(e, m, s))
+    except BufferError:
+        p.poll(0.001)
+        continue
+    p.poll(0)
+left = p.flush(30)
+latencies.sort()
+
+
+def pct(q):
+    return int(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e6) if latencies else 0
+
+
+print(json.dumps({
+    "ops_per_s": counted["ok"] / duration,
+    "p50_us": pct(0.50),
+    "p99_us": pct(0.99),
+    "delivered": counted["ok"],
+    "failed": counted["failed"],
+    "unflushed": left,
+}))
