@@ -18,6 +18,8 @@
 //! uses the highest version both sides announce (Produce 7, Fetch 11).
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
@@ -41,7 +43,7 @@ use quire_proto::{Body, ErrorCode, ErrorDetail, MessageFormat, Offset, MESSAGES_
 use tokio::task::JoinSet;
 
 use crate::batch::{self, BatchError};
-use crate::{split_host_port, Backend, KafkaSettings};
+use crate::{split_host_port, Backend, KafkaSettings, Pending};
 
 /// The APIs the listener serves, `(key, lowest version, highest version)`: what
 /// ApiVersions announces. Any other request closes the connection.
@@ -81,11 +83,43 @@ fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
 /// The only partition of every topic.
 const PARTITION: i32 = 0;
 
-/// Serves one decoded request of `version`.
-///
-/// # Errors
-/// An answer that cannot be encoded at `version` (the connection is closed).
-pub(crate) async fn serve<B: Backend>(
+/// Starts serving one decoded request of `version`: a produce is handed to the broker
+/// before this returns (so the requests of a connection reach the log in the order they
+/// were read), the rest of it and every other request run in the future returned. That
+/// future fails if the answer cannot be encoded at `version` (the connection is closed).
+pub(crate) async fn start<B: Backend>(
+    backend: &B,
+    settings: &Arc<KafkaSettings>,
+    version: i16,
+    req: KafkaRequest,
+) -> Finishing {
+    match req {
+        KafkaRequest::Produce(req) => {
+            let acks = req.acks;
+            let submitted = produce_submit(backend, req).await;
+            Box::pin(async move {
+                let resp = produce_finish(submitted).await;
+                if acks == 0 {
+                    Ok(Answer::None)
+                } else {
+                    encoded(&resp, version)
+                }
+            })
+        }
+        other => {
+            let backend = backend.clone();
+            let settings = settings.clone();
+            Box::pin(async move { serve(&backend, &settings, version, other).await })
+        }
+    }
+}
+
+/// The rest of a request once [`start`] has handed what must keep its order to the broker:
+/// its answer, encoded.
+pub(crate) type Finishing = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Answer>> + Send>>;
+
+/// Serves one decoded request other than a produce.
+async fn serve<B: Backend>(
     backend: &B,
     settings: &KafkaSettings,
     version: i16,
@@ -98,7 +132,7 @@ pub(crate) async fn serve<B: Backend>(
         }
         KafkaRequest::Produce(req) => {
             let acks = req.acks;
-            let resp = produce(backend, req).await;
+            let resp = produce_finish(produce_submit(backend, req).await).await;
             if acks == 0 {
                 Ok(Answer::None)
             } else {
@@ -325,68 +359,89 @@ async fn metadata<B: Backend>(
         .with_topics(topics)
 }
 
-/// Produce: each partition's batches, stored as one native produce of Kafka records and
-/// answered once stabilized. Partitions are served concurrently.
-async fn produce<B: Backend>(backend: &B, req: ProduceRequest) -> ProduceResponse {
-    let mut tasks = JoinSet::new();
-    let mut order = Vec::new();
-    for (t, topic) in req.topic_data.into_iter().enumerate() {
+/// Produce, first step: each partition's batches decoded and handed to the broker as one
+/// native produce of Kafka records, in the order of the request (so a request's records,
+/// and those of the requests read after it, get offsets in that order).
+async fn produce_submit<B: Backend>(
+    backend: &B,
+    req: ProduceRequest,
+) -> Vec<(TopicName, Vec<(i32, Submitted)>)> {
+    let transactional = req.transactional_id.is_some();
+    let mut out = Vec::with_capacity(req.topic_data.len());
+    for topic in req.topic_data {
         let name = topic.name.0.to_string();
-        order.push((topic.name.clone(), topic.partition_data.len()));
-        for (p, part) in topic.partition_data.into_iter().enumerate() {
-            let backend = backend.clone();
-            let name = name.clone();
-            let transactional = req.transactional_id.is_some();
-            tasks.spawn(async move {
-                let r = produce_partition(&backend, name, part.index, part.records, transactional)
-                    .await;
-                (t, p, part.index, r)
+        let mut parts = Vec::with_capacity(topic.partition_data.len());
+        for part in topic.partition_data {
+            // Decompressing and decoding is CPU work of up to a 64 MiB batch: off the
+            // runtime's threads, which also run the broker's heartbeats.
+            let topic = name.clone();
+            let decoded = tokio::task::spawn_blocking(move || {
+                produce_request(&topic, part.index, part.records, transactional)
+            })
+            .await
+            .unwrap_or_else(|_| Err((ResponseError::UnknownServerError, None)));
+            let submitted = match decoded {
+                Ok(body) => Submitted::Sent(backend.submit(body).await),
+                Err(e) => Submitted::Refused(e),
+            };
+            parts.push((part.index, submitted));
+        }
+        out.push((topic.name, parts));
+    }
+    out
+}
+
+/// A partition of a produce: handed to the broker, or refused before.
+enum Submitted {
+    Sent(Pending),
+    Refused(PartitionError),
+}
+
+/// Produce, second step: the answers, once stabilized (or refused).
+async fn produce_finish(topics: Vec<(TopicName, Vec<(i32, Submitted)>)>) -> ProduceResponse {
+    let mut responses = Vec::with_capacity(topics.len());
+    for (name, parts) in topics {
+        let mut partition_responses = Vec::with_capacity(parts.len());
+        for (index, submitted) in parts {
+            let r = match submitted {
+                Submitted::Refused(e) => Err(e),
+                Submitted::Sent(pending) => match pending.await {
+                    Body::ProduceResponse(r) => i64::try_from(r.base_offset.0)
+                        .map_err(|_| (ResponseError::UnknownServerError, None)),
+                    Body::ErrorResponse(e) => Err((kafka_error(e.code), Some(e.message))),
+                    other => Err((unexpected(&other), None)),
+                },
+            };
+            let part = PartitionProduceResponse::default()
+                .with_index(index)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            partition_responses.push(match r {
+                Ok(base) => part.with_base_offset(base),
+                Err((e, msg)) => part
+                    .with_base_offset(-1)
+                    .with_error_code(e.code())
+                    .with_error_message(msg.map(StrBytes::from_string)),
             });
         }
-    }
-    let mut results = Vec::with_capacity(tasks.len());
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(r) = done {
-            results.push(r);
-        }
-    }
-    results.sort_by_key(|&(t, p, _, _)| (t, p));
-    let mut responses: Vec<TopicProduceResponse> = order
-        .into_iter()
-        .map(|(name, n)| {
+        responses.push(
             TopicProduceResponse::default()
                 .with_name(name)
-                .with_partition_responses(Vec::with_capacity(n))
-        })
-        .collect();
-    for (t, _, index, r) in results {
-        let part = PartitionProduceResponse::default()
-            .with_index(index)
-            .with_log_append_time_ms(-1)
-            .with_log_start_offset(-1);
-        let part = match r {
-            Ok(base) => part.with_base_offset(base),
-            Err((e, msg)) => part
-                .with_base_offset(-1)
-                .with_error_code(e.code())
-                .with_error_message(msg.map(StrBytes::from_string)),
-        };
-        if let Some(topic) = responses.get_mut(t) {
-            topic.partition_responses.push(part);
-        }
+                .with_partition_responses(partition_responses),
+        );
     }
     ProduceResponse::default().with_responses(responses)
 }
 
 type PartitionError = (ResponseError, Option<String>);
 
-async fn produce_partition<B: Backend>(
-    backend: &B,
-    topic: String,
+/// The native produce for one partition's bytes, or why there is none.
+fn produce_request(
+    topic: &str,
     partition: i32,
     records: Option<Bytes>,
     transactional: bool,
-) -> Result<i64, PartitionError> {
+) -> Result<Body, PartitionError> {
     if partition != PARTITION {
         return Err((ResponseError::UnknownTopicOrPartition, None));
     }
@@ -396,12 +451,15 @@ async fn produce_partition<B: Backend>(
             Some("transactions are not supported (docs/kafka.md)".to_owned()),
         ));
     }
-    if quire_proto::client::validate_topic(&topic).is_err() {
+    if quire_proto::client::validate_topic(topic).is_err() {
         return Err((ResponseError::InvalidTopicException, None));
     }
     let messages = match batch::messages_of(records.unwrap_or_default()) {
         Ok(m) => m,
         Err(BatchError::Corrupt(why)) => return Err((ResponseError::CorruptMessage, Some(why))),
+        Err(BatchError::TooLarge(why)) => {
+            return Err((ResponseError::RecordListTooLarge, Some(why)))
+        }
         Err(BatchError::Transactional) => {
             return Err((
                 ResponseError::TransactionalIdAuthorizationFailed,
@@ -412,33 +470,14 @@ async fn produce_partition<B: Backend>(
     if messages.is_empty() {
         return Err((ResponseError::CorruptMessage, Some("no records".to_owned())));
     }
-    if messages.len() > MESSAGES_PER_FRAME_MAX {
-        return Err((
-            ResponseError::RecordListTooLarge,
-            Some(format!(
-                "at most {MESSAGES_PER_FRAME_MAX} records per partition and request"
-            )),
-        ));
+    Ok(quire_proto::ProduceRequest {
+        topic: topic.to_owned(),
+        producer_id: 0,
+        sequence: 0,
+        messages,
+        format: MessageFormat::Kafka,
     }
-    let answer = backend
-        .call(
-            quire_proto::ProduceRequest {
-                topic,
-                producer_id: 0,
-                sequence: 0,
-                messages,
-                format: MessageFormat::Kafka,
-            }
-            .into(),
-        )
-        .await;
-    match answer {
-        Body::ProduceResponse(r) => {
-            i64::try_from(r.base_offset.0).map_err(|_| (ResponseError::UnknownServerError, None))
-        }
-        Body::ErrorResponse(e) => Err((kafka_error(e.code), Some(e.message))),
-        other => Err((unexpected(&other), None)),
-    }
+    .into())
 }
 
 /// Fetch: each partition read from its offset; when the first pass finds fewer than
@@ -456,7 +495,10 @@ async fn fetch<B: Backend>(backend: &B, req: FetchRequest) -> FetchResponse {
             ));
         }
     }
-    let mut parts: Vec<PartitionData> = fetch_pass(backend, &wanted, 0).await;
+    let max_bytes = usize::try_from(req.max_bytes.max(1))
+        .unwrap_or(1)
+        .min(FETCH_RESPONSE_BYTES_MAX);
+    let mut parts: Vec<PartitionData> = fetch_pass(backend, &wanted, max_bytes).await;
     let bytes: usize = parts
         .iter()
         .map(|p| p.records.as_ref().map_or(0, Bytes::len))
@@ -465,7 +507,16 @@ async fn fetch<B: Backend>(backend: &B, req: FetchRequest) -> FetchResponse {
     let wait_ms = u32::try_from(req.max_wait_ms.max(0)).unwrap_or(0);
     let all_failed = parts.iter().all(|p| p.error_code != 0);
     if bytes < min_bytes && wait_ms > 0 && !all_failed {
-        let waited = fetch_waiting(backend, &wanted, wait_ms).await;
+        // Wait on the first few partitions only: each waiting fetch holds a place in the
+        // broker's bound of in-process requests (the others are asked again next fetch).
+        let waiting: Vec<(usize, Wanted)> = wanted
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter(|(i, _)| parts[*i].error_code == 0)
+            .take(FETCH_WAITING_PARTITIONS_MAX)
+            .collect();
+        let waited = fetch_waiting(backend, waiting, wait_ms).await;
         for (i, p) in waited {
             parts[i] = p;
         }
@@ -486,25 +537,53 @@ async fn fetch<B: Backend>(backend: &B, req: FetchRequest) -> FetchResponse {
 
 type Wanted = (TopicName, i32, i64, i32);
 
+/// Partitions of one fetch read from the broker at once, at most.
+pub const FETCH_CONCURRENCY_MAX: usize = 8;
+/// Partitions of one fetch that wait for records (`max_wait_ms`), at most.
+pub const FETCH_WAITING_PARTITIONS_MAX: usize = 8;
+/// Record bytes one fetch answer carries at most, whatever its `max_bytes`.
+pub const FETCH_RESPONSE_BYTES_MAX: usize = 64 << 20;
+
+/// Reads every partition once, without waiting, [`FETCH_CONCURRENCY_MAX`] at a time, until
+/// the answer holds `max_bytes` of records (the partitions after that are answered with
+/// none, and asked again by the client's next fetch).
 async fn fetch_pass<B: Backend>(
     backend: &B,
     wanted: &[Wanted],
-    wait_ms: u32,
+    max_bytes: usize,
 ) -> Vec<PartitionData> {
     let mut tasks = JoinSet::new();
-    for (i, w) in wanted.iter().cloned().enumerate() {
-        let backend = backend.clone();
-        tasks.spawn(async move { (i, fetch_partition(&backend, w, wait_ms).await) });
-    }
     let mut out: Vec<Option<PartitionData>> = vec![None; wanted.len()];
-    while let Some(done) = tasks.join_next().await {
+    let mut next = 0;
+    let mut bytes = 0usize;
+    loop {
+        while tasks.len() < FETCH_CONCURRENCY_MAX && next < wanted.len() && bytes < max_bytes {
+            let backend = backend.clone();
+            let w = wanted[next].clone();
+            let i = next;
+            tasks.spawn(async move { (i, fetch_partition(&backend, w, 0).await) });
+            next += 1;
+        }
+        let Some(done) = tasks.join_next().await else {
+            break;
+        };
         if let Ok((i, p)) = done {
+            bytes += p.records.as_ref().map_or(0, Bytes::len);
             out[i] = Some(p);
         }
     }
     out.into_iter()
-        .map(|p| p.unwrap_or_else(|| failed(0, ResponseError::UnknownServerError)))
+        .zip(wanted)
+        .map(|(p, w)| p.unwrap_or_else(|| not_read(w.1)))
         .collect()
+}
+
+/// A partition this answer did not read (its byte bound was reached first).
+fn not_read(partition: i32) -> PartitionData {
+    PartitionData::default()
+        .with_partition_index(partition)
+        .with_high_watermark(-1)
+        .with_records(None)
 }
 
 /// The long poll: every partition asked again with `wait_ms`; returns those answered by
@@ -512,11 +591,11 @@ async fn fetch_pass<B: Backend>(
 /// waiting in the broker end at their own deadline, unanswered to the client.
 async fn fetch_waiting<B: Backend>(
     backend: &B,
-    wanted: &[Wanted],
+    wanted: Vec<(usize, Wanted)>,
     wait_ms: u32,
 ) -> Vec<(usize, PartitionData)> {
     let mut tasks = JoinSet::new();
-    for (i, w) in wanted.iter().cloned().enumerate() {
+    for (i, w) in wanted {
         let backend = backend.clone();
         tasks.spawn(async move { (i, fetch_partition(&backend, w, wait_ms).await) });
     }

@@ -27,8 +27,27 @@ use crate::{Backend, KafkaSettings};
 /// (2), version (2), correlation id (4).
 const FIXED_HEADER_BYTES: usize = 8;
 
+/// Requests of one connection being served at once, at most: they are read ahead and
+/// answered in order (the reader waits beyond it).
+pub const PIPELINE_MAX: usize = 16;
+/// Bytes of a request body read (and taken from the read budget) at a time, so a client
+/// that announces a large request and sends nothing holds no more than this.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// A request read and started, whose answer the writer waits for in turn.
+struct InFlight {
+    correlation_id: i32,
+    header_version: i16,
+    what: String,
+    answer: api::Finishing,
+    /// Its share of the read budget, given back once answered.
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// Serves `stream` until the client closes it, sends something unusable, or is idle too
-/// long.
+/// long. Requests are read ahead, up to [`PIPELINE_MAX`]: a produce is handed to the broker
+/// as it is read (so a connection's produces reach the log in the order sent), and the
+/// answers are written in the order of the requests, as Kafka requires.
 pub(crate) async fn serve<B: Backend>(
     stream: TcpStream,
     peer: SocketAddr,
@@ -39,6 +58,30 @@ pub(crate) async fn serve<B: Backend>(
     let _ = stream.set_nodelay(true);
     let (mut r, mut w) = stream.into_split();
     tracing::debug!(%peer, "Kafka client connected");
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<InFlight>(PIPELINE_MAX);
+    let writer = tokio::spawn(async move {
+        while let Some(f) = rx.recv().await {
+            let answer = match f.answer.await {
+                Ok(a) => a,
+                Err(e) => return format!("{}: {e:#}", f.what),
+            };
+            let body = match answer {
+                Answer::None => continue,
+                Answer::Body(body) => body,
+            };
+            let frame = match frame(f.correlation_id, f.header_version, |buf| {
+                buf.extend_from_slice(&body);
+                Ok(())
+            }) {
+                Ok(frame) => frame,
+                Err(why) => return why,
+            };
+            if let Err(e) = w.write_all(&frame).await {
+                return format!("write failed: {e}");
+            }
+        }
+        "closed".to_owned()
+    });
     let why = loop {
         let mut size = [0u8; 4];
         match tokio::time::timeout(settings.idle_timeout, r.read_exact(&mut size)).await {
@@ -56,33 +99,69 @@ pub(crate) async fn serve<B: Backend>(
                 settings.request_bytes_max
             );
         }
-        // ≤ request_bytes_max, which the settings keep under the budget's u32 range.
-        let Ok(permit) = budget
-            .clone()
-            .acquire_many_owned(u32::try_from(len).unwrap_or(u32::MAX))
-            .await
-        else {
-            break "stopping".to_owned();
-        };
-        let mut buf = BytesMut::zeroed(len);
-        match tokio::time::timeout(settings.request_timeout, r.read_exact(&mut buf)).await {
-            Err(_) => break "request not whole in time".to_owned(),
-            Ok(Err(_)) => break "closed inside a request".to_owned(),
-            Ok(Ok(_)) => {}
-        }
-        let bytes = buf.freeze();
-        let answer = match decode_and_serve(&backend, settings, bytes).await {
-            Ok(a) => a,
+        let (buf, permit) = match read_body(&mut r, len, settings, budget).await {
+            Ok(b) => b,
             Err(why) => break why,
         };
-        drop(permit);
-        if let Some(frame) = answer {
-            if let Err(e) = w.write_all(&frame).await {
-                break format!("write failed: {e}");
-            }
+        let (correlation_id, header_version, what, answer) =
+            match start(&backend, settings, buf.freeze()).await {
+                Ok(s) => s,
+                Err(why) => break why,
+            };
+        let f = InFlight {
+            correlation_id,
+            header_version,
+            what,
+            answer,
+            _budget: permit,
+        };
+        if tx.send(f).await.is_err() {
+            break "the writer stopped".to_owned();
         }
     };
-    tracing::debug!(%peer, reason = %why, "Kafka client connection closed");
+    drop(tx);
+    // Answers already started are written, then the connection closes.
+    let written = writer
+        .await
+        .unwrap_or_else(|e| format!("writer failed: {e}"));
+    tracing::debug!(%peer, reason = %why, writer = %written, "Kafka client connection closed");
+}
+
+/// Reads a `len`-byte request body, taking the read budget as bytes arrive.
+async fn read_body(
+    r: &mut tokio::net::tcp::OwnedReadHalf,
+    len: usize,
+    settings: &KafkaSettings,
+    budget: &Arc<Semaphore>,
+) -> Result<(BytesMut, tokio::sync::OwnedSemaphorePermit), String> {
+    let deadline = tokio::time::Instant::now() + settings.request_timeout;
+    let mut buf = BytesMut::with_capacity(len.min(READ_CHUNK_BYTES));
+    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    while buf.len() < len {
+        let n = (len - buf.len()).min(READ_CHUNK_BYTES);
+        // n ≤ 64 KiB: fits the budget's u32 permits.
+        let take = budget
+            .clone()
+            .acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX));
+        let permit = match tokio::time::timeout_at(deadline, take).await {
+            Err(_) => return Err("request not whole in time (read budget)".to_owned()),
+            Ok(Err(_)) => return Err("stopping".to_owned()),
+            Ok(Ok(p)) => p,
+        };
+        match held.as_mut() {
+            Some(h) => h.merge(permit),
+            None => held = Some(permit),
+        }
+        let start = buf.len();
+        buf.resize(start + n, 0);
+        match tokio::time::timeout_at(deadline, r.read_exact(&mut buf[start..])).await {
+            Err(_) => return Err("request not whole in time".to_owned()),
+            Ok(Err(_)) => return Err("closed inside a request".to_owned()),
+            Ok(Ok(_)) => {}
+        }
+    }
+    let held = held.ok_or_else(|| "empty request".to_owned())?;
+    Ok((buf, held))
 }
 
 /// A request as read off a connection.
@@ -149,36 +228,37 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
     })
 }
 
-/// Decodes one request, serves it, and encodes the answer frame (size prefix included);
-/// `Ok(None)` for a request that gets no answer (a produce with `acks=0`).
-async fn decode_and_serve<B: Backend>(
+/// Decodes one request and starts it: its correlation id, response header version, a
+/// name for logs, and the answer to come (an ApiVersions at a version not served is
+/// answered at once, at version 0).
+async fn start<B: Backend>(
     backend: &B,
-    settings: &KafkaSettings,
+    settings: &Arc<KafkaSettings>,
     bytes: Bytes,
-) -> Result<Option<Bytes>, String> {
-    let (version, correlation_id, api_key, request) = match decode_request(bytes)? {
+) -> Result<(i32, i16, String, api::Finishing), String> {
+    match decode_request(bytes)? {
         Decoded::UnsupportedApiVersions { correlation_id } => {
-            let body = api::api_versions_unsupported();
-            return frame(correlation_id, 0, |buf| body.encode(buf, 0)).map(Some);
+            let mut body = BytesMut::new();
+            api::api_versions_unsupported()
+                .encode(&mut body, 0)
+                .map_err(|e| format!("cannot encode ApiVersions: {e}"))?;
+            let answer: api::Finishing = Box::pin(std::future::ready(Ok(Answer::Body(body))));
+            Ok((correlation_id, 0, "ApiVersions".to_owned(), answer))
         }
         Decoded::Request {
             version,
             correlation_id,
             api_key,
             request,
-        } => (version, correlation_id, api_key, request),
-    };
-    let answer = api::serve(backend, settings, version, *request)
-        .await
-        .map_err(|e| format!("{api_key:?} v{version}: {e}"))?;
-    let header_version = api_key.response_header_version(version);
-    match answer {
-        Answer::None => Ok(None),
-        Answer::Body(body) => frame(correlation_id, header_version, |buf| {
-            buf.extend_from_slice(&body);
-            Ok(())
-        })
-        .map(Some),
+        } => {
+            let answer = api::start(backend, settings, version, *request).await;
+            Ok((
+                correlation_id,
+                api_key.response_header_version(version),
+                format!("{api_key:?} v{version}"),
+                answer,
+            ))
+        }
     }
 }
 

@@ -49,13 +49,23 @@ pub use api::{supported_versions, KafkaRequest, SUPPORTED_APIS};
 pub use batch::stored_records;
 pub use conn::{decode_request, Decoded};
 
+/// The answer to a request handed to the broker, still to come.
+pub type Pending = std::pin::Pin<Box<dyn Future<Output = Body> + Send>>;
+
 /// What the listener needs from a broker: one client request served as the broker serves
 /// a native client's (the same bounds, ACL check, quorum and answers).
 pub trait Backend: Clone + Send + Sync + 'static {
-    /// Serves `body` (a client request: produce, fetch, metadata) and returns the answer:
+    /// Hands `body` (a client request: produce, fetch, metadata) to the broker and resolves
+    /// once the broker has taken it — requests handed over one after another are served in
+    /// that order (a produce's messages get offsets in it) — to the answer still to come:
     /// the response body, or an `ErrorResponse` body (`NotMaster`, `Timeout`, `Trimmed`,
     /// `Unauthorized`, `ShuttingDown`, …).
-    fn call(&self, body: Body) -> impl Future<Output = Body> + Send;
+    fn submit(&self, body: Body) -> impl Future<Output = Pending> + Send;
+
+    /// [`Backend::submit`], then its answer.
+    fn call(&self, body: Body) -> impl Future<Output = Body> + Send {
+        async move { self.submit(body).await.await }
+    }
 }
 
 /// Default of [`KafkaSettings::request_bytes_max`]: 16 MiB (Quire's frame bound; Kafka's

@@ -429,6 +429,25 @@ pub(crate) async fn serve(
                 continue;
             }
         }
+        if let Body::ProduceRequest(p) = &frame.body {
+            // A message that says it is a Kafka record must be one: Kafka consumers read
+            // it as such (the Kafka listener writes only records it encoded).
+            if p.format == quire_proto::MessageFormat::Kafka
+                && p.messages
+                    .iter()
+                    .any(|m| quire_proto::KafkaRecord::decode(m).is_err())
+            {
+                shared.metrics.reject_frame("malformed");
+                reply.error(
+                    frame.request_id,
+                    ErrorResponse::new(
+                        ErrorCode::Malformed,
+                        "a message of format Kafka is not a Kafka record (docs/protocol.md, Event bodies)",
+                    ),
+                );
+                continue;
+            }
+        }
         if frame.log != LogId::ZERO {
             // One log per cluster until partitions land (docs/partitions.md).
             shared.metrics.reject_frame("unknown_log");

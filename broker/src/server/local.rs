@@ -48,8 +48,20 @@ impl LocalClient {
     /// # Errors
     /// `ShuttingDown` as an [`ErrorResponse`] once the actor has stopped.
     pub async fn call(&self, body: Body) -> Body {
-        let stopped =
-            || ErrorResponse::new(ErrorCode::ShuttingDown, "the broker is stopping").into();
+        self.submit(body).await.await
+    }
+
+    /// [`LocalClient::call`] in two steps: resolves once the request is in the actor's
+    /// queue (requests submitted one after another are served in that order) to the answer
+    /// still to come.
+    pub async fn submit(&self, body: Body) -> quire_kafka::Pending {
+        fn answered(b: Body) -> quire_kafka::Pending {
+            Box::pin(std::future::ready(b))
+        }
+        fn stopping() -> Body {
+            ErrorResponse::new(ErrorCode::ShuttingDown, "the broker is stopping").into()
+        }
+        let stopped = || answered(stopping());
         let shared = &self.shared;
         if shared.auth.authorization {
             let tables = crate::security::current(&shared.security);
@@ -57,7 +69,7 @@ impl LocalClient {
                 crate::security::authorize(&shared.auth, &tables, &Principal::Anonymous, &body)
             {
                 shared.metrics.reject_frame("unauthorized");
-                return refusal.into();
+                return answered(refusal.into());
             }
         }
         let Ok(request) = self.requests.clone().acquire_owned().await else {
@@ -99,6 +111,6 @@ impl LocalClient {
         if shared.actor.send(req).await.is_err() {
             return stopped();
         }
-        rx.recv().await.unwrap_or_else(stopped)
+        Box::pin(async move { rx.recv().await.unwrap_or_else(stopping) })
     }
 }

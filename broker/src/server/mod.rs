@@ -331,11 +331,11 @@ fn cluster_id(cfg: &BrokerConfig) -> String {
 }
 
 impl quire_kafka::Backend for LocalClient {
-    fn call(
+    fn submit(
         &self,
         body: quire_proto::Body,
-    ) -> impl std::future::Future<Output = quire_proto::Body> + Send {
-        LocalClient::call(self, body)
+    ) -> impl std::future::Future<Output = quire_kafka::Pending> + Send {
+        LocalClient::submit(self, body)
     }
 }
 
