@@ -2,13 +2,14 @@
 # The Kafka listener against the native client, same cluster, same run (issue 14).
 #
 #   benches/kafka-vs-native.sh [--duration 10s] [--warmup 2s] [--rounds 2] [--size 1024]
-#                              [--dir PARENT]
+#                              [--kafka-queue 1024] [--dir PARENT]
 #
 # Starts one local cluster (quire cluster up --detach: 3 stores + 2 brokers on 127.0.0.1,
 # each broker with a Kafka listener), then alternates, --rounds times: the native client
 # (quire bench cluster: 4 producers, batches of 64, 4 in flight) and librdkafka
 # (confluent-kafka from PyPI, benches/kafka/produce.py: one producer, acks=all,
-# linger.ms=5), each producing SIZE-byte messages for --duration after --warmup, to a
+# linger.ms=5, at most --kafka-queue messages queued or in flight: by default 1,024, the
+# native run's window), each producing SIZE-byte messages for --duration after --warmup, to a
 # topic of its own. Prints every run, the medians and the ratio kafka / native of
 # throughput, p50 and p99 (acked messages; latency from send to stabilized ack or
 # delivery report). The last stdout line is one JSON object.
@@ -25,7 +26,7 @@ usage() { sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "kafka-vs-native: error: $*" >&2; exit 1; }
 note() { echo "== $*" >&2; }
 
-DURATION=10 WARMUP=2 ROUNDS=2 SIZE=1024 PARENT=""
+DURATION=10 WARMUP=2 ROUNDS=2 SIZE=1024 QUEUE=1024 PARENT=""
 secs() { local v=${1%s}; [[ "$v" =~ ^[0-9]+$ ]] || die "durations are whole seconds (10s), not $1"; echo "$v"; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --warmup) WARMUP=$(secs "${2:?}"); shift 2 ;;
     --rounds) ROUNDS=${2:?}; shift 2 ;;
     --size) SIZE=${2:?}; shift 2 ;;
+    --kafka-queue) QUEUE=${2:?}; shift 2 ;;
     --dir) PARENT=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -67,7 +69,7 @@ for round in $(seq 1 "$ROUNDS"); do
     --warmup "${WARMUP}s" --format json \
     | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"mode":"native","ops_per_s":r["ops_per_s"],"p50_us":r["p50_us"],"p99_us":r["p99_us"]}))' >> "$RESULTS"
   note "round $round: kafka (librdkafka)"
-  timeout $((DURATION + WARMUP + 60)) python3 "$HERE/kafka/produce.py" "$KAFKA" "kafka-$round" "$SIZE" "$DURATION" "$WARMUP" \
+  timeout $((DURATION + WARMUP + 60)) python3 "$HERE/kafka/produce.py" "$KAFKA" "kafka-$round" "$SIZE" "$DURATION" "$WARMUP" "$QUEUE" \
     | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); r["mode"]="kafka"; print(json.dumps(r))' >> "$RESULTS"
 done
 
