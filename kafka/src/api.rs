@@ -373,13 +373,18 @@ async fn produce_submit<B: Backend>(
         let mut parts = Vec::with_capacity(topic.partition_data.len());
         for part in topic.partition_data {
             // Decompressing and decoding is CPU work of up to a 64 MiB batch: off the
-            // runtime's threads, which also run the broker's heartbeats.
+            // runtime's threads, which also run the broker's heartbeats, and one partition
+            // at a time in the whole process, so that many small compressed requests
+            // cannot take every core and gigabytes at once.
             let topic = name.clone();
-            let decoded = tokio::task::spawn_blocking(move || {
-                produce_request(&topic, part.index, part.records, transactional)
-            })
-            .await
-            .unwrap_or_else(|_| Err((ResponseError::UnknownServerError, None)));
+            let decoded = match DECODES.acquire().await {
+                Ok(_one) => tokio::task::spawn_blocking(move || {
+                    produce_request(&topic, part.index, part.records, transactional)
+                })
+                .await
+                .unwrap_or_else(|_| Err((ResponseError::UnknownServerError, None))),
+                Err(_) => Err((ResponseError::UnknownServerError, None)),
+            };
             let submitted = match decoded {
                 Ok(body) => Submitted::Sent(backend.submit(body).await),
                 Err(e) => Submitted::Refused(e),
@@ -390,6 +395,11 @@ async fn produce_submit<B: Backend>(
     }
     out
 }
+
+/// Produced partitions decompressed and decoded at once in the process, at most (each up
+/// to 64 MiB decompressed and 64 MiB of records).
+pub const DECODES_MAX: usize = 1;
+static DECODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECODES_MAX);
 
 /// A partition of a produce: handed to the broker, or refused before.
 enum Submitted {
