@@ -97,14 +97,7 @@ pub(crate) async fn start<B: Backend>(
         KafkaRequest::Produce(req) => {
             let acks = req.acks;
             let submitted = produce_submit(backend, req).await;
-            Box::pin(async move {
-                let resp = produce_finish(submitted).await;
-                if acks == 0 {
-                    Ok(Answer::None)
-                } else {
-                    encoded(&resp, version)
-                }
-            })
+            Box::pin(produce_answer(submitted, acks, version))
         }
         other => {
             let backend = backend.clone();
@@ -118,7 +111,7 @@ pub(crate) async fn start<B: Backend>(
 /// its answer, encoded.
 pub(crate) type Finishing = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Answer>> + Send>>;
 
-/// Serves one decoded request other than a produce.
+/// Serves one decoded request at once (a produce without reading ahead of it).
 async fn serve<B: Backend>(
     backend: &B,
     settings: &KafkaSettings,
@@ -132,12 +125,7 @@ async fn serve<B: Backend>(
         }
         KafkaRequest::Produce(req) => {
             let acks = req.acks;
-            let resp = produce_finish(produce_submit(backend, req).await).await;
-            if acks == 0 {
-                Ok(Answer::None)
-            } else {
-                encoded(&resp, version)
-            }
+            produce_answer(produce_submit(backend, req).await, acks, version).await
         }
         KafkaRequest::Fetch(req) => encoded(&fetch(backend, req).await, version),
         KafkaRequest::ListOffsets(req) => encoded(&list_offsets(backend, req).await, version),
@@ -405,6 +393,20 @@ static DECODES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DECOD
 enum Submitted {
     Sent(Pending),
     Refused(PartitionError),
+}
+
+/// Produce, second step, encoded: no answer for `acks=0`.
+async fn produce_answer(
+    submitted: Vec<(TopicName, Vec<(i32, Submitted)>)>,
+    acks: i16,
+    version: i16,
+) -> anyhow::Result<Answer> {
+    let resp = produce_finish(submitted).await;
+    if acks == 0 {
+        Ok(Answer::None)
+    } else {
+        encoded(&resp, version)
+    }
 }
 
 /// Produce, second step: the answers, once stabilized (or refused).

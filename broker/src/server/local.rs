@@ -41,19 +41,12 @@ impl LocalClient {
         }
     }
 
-    /// Serves `body` (a client request: produce, fetch, metadata, cursor, commit …) as the
-    /// broker serves it on a client connection and returns the answer: the response body,
-    /// or an [`ErrorResponse`] body (`NotMaster`, `Timeout`, `Unauthorized`, …).
-    ///
-    /// # Errors
-    /// `ShuttingDown` as an [`ErrorResponse`] once the actor has stopped.
-    pub async fn call(&self, body: Body) -> Body {
-        self.submit(body).await.await
-    }
-
-    /// [`LocalClient::call`] in two steps: resolves once the request is in the actor's
-    /// queue (requests submitted one after another are served in that order) to the answer
-    /// still to come.
+    /// Hands `body` (a client request: produce, fetch, metadata, cursor, commit …) to the
+    /// actor as the broker takes it from a client connection, and resolves once it is in
+    /// the actor's queue (requests submitted one after another are served in that order)
+    /// to the answer still to come: the response body, or an [`ErrorResponse`] body
+    /// (`NotMaster`, `Timeout`, `Unauthorized`, …; `ShuttingDown` once the actor has
+    /// stopped).
     pub async fn submit(&self, body: Body) -> quire_kafka::Pending {
         fn answered(b: Body) -> quire_kafka::Pending {
             Box::pin(std::future::ready(b))

@@ -901,9 +901,7 @@ fn init_store(exe: &Path, data_dir: &Path, log: &Path) -> anyhow::Result<()> {
 /// `DIR/ports`.
 fn ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>> {
     let path = dir.join("ports");
-    let previous: Option<Vec<u16>> = fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect());
+    let previous = read_ports(&path);
     let ports = match (base, previous) {
         (None, Some(p)) if p.len() == n => p,
         // The brokers' data directories pin the addresses of this many processes: new
@@ -922,21 +920,23 @@ fn ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>
     Ok(ports)
 }
 
+/// The ports a ports file lists, one per line; `None` if it is missing or unreadable.
+fn read_ports(path: &Path) -> Option<Vec<u16>> {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect())
+}
+
 /// The brokers' Kafka ports: after the other processes' ports if `base` is given; else
 /// the previous run's (`DIR/kafka-ports`) if there are `n`; else fresh free ones. Written
 /// back to `DIR/kafka-ports`.
 fn kafka_ports_for(dir: &Path, base: Option<u16>, n: usize) -> anyhow::Result<Vec<u16>> {
     let path = dir.join("kafka-ports");
-    let previous: Option<Vec<u16>> = fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect());
+    let previous = read_ports(&path);
     let ports = match (base, previous) {
         (None, Some(p)) if p.len() == n => p,
         (base, _) => {
-            let others: Vec<u16> = fs::read_to_string(dir.join("ports"))
-                .ok()
-                .and_then(|t| t.lines().map(|l| l.trim().parse().ok()).collect())
-                .unwrap_or_default();
+            let others = read_ports(&dir.join("ports")).unwrap_or_default();
             let mut picked = pick_ports(base, n + others.len())?;
             picked.retain(|p| !others.contains(p));
             picked.truncate(n);
