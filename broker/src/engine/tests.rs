@@ -476,3 +476,54 @@ fn new_topics_and_cursors_beyond_their_bounds_are_refused() {
         .any(|(t, r)| *t == 10 && matches!(r, Reply::CursorCommitted)));
     assert_eq!(h.state.cursor_count(), 2);
 }
+
+/// A Kafka producer's batches must follow each other (KIP-98): a batch that overtook one
+/// that failed is refused, so it is never applied over a gap; a native producer may skip
+/// ahead. Retries of written or in-flight batches are answered as for any producer.
+#[test]
+fn a_kafka_producer_may_not_skip_sequences() {
+    let kafka = |producer_id, sequence, n| {
+        let mut p = produce(producer_id, sequence, n);
+        p.format = quire_proto::MessageFormat::Kafka;
+        WriteRequest::Produce(p)
+    };
+    let mut h = H::new();
+    // A new producer starts at 0.
+    h.request(1, kafka(9, 3, 1), 0);
+    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::SequenceGap));
+    h.request(2, kafka(9, 0, 2), 0);
+    h.flush(false);
+    // In flight: the next batch starts at 2, not 3; a retry of 0 joins the first.
+    h.request(3, kafka(9, 3, 1), 0);
+    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::SequenceGap));
+    h.request(4, kafka(9, 2, 1), 0);
+    h.request(5, kafka(9, 0, 2), 0);
+    h.flush(false);
+    h.release();
+    let mut a = h.answers();
+    a.sort_by_key(|(t, _)| *t);
+    assert_eq!(
+        a.iter().map(|(t, r)| (*t, code(r))).collect::<Vec<_>>(),
+        vec![(2, None), (4, None), (5, None)]
+    );
+    // Applied through 2: 4 is a gap, 3 is next, and a retry of 2 gets its offset.
+    h.request(6, kafka(9, 4, 1), 0);
+    h.request(7, kafka(9, 2, 1), 0);
+    h.request(8, kafka(9, 3, 1), 0);
+    h.flush(true);
+    let mut a = h.answers();
+    a.sort_by_key(|(t, _)| *t);
+    assert_eq!(code(&a[0].1), Some(ErrorCode::SequenceGap));
+    assert_eq!(
+        a[1].1,
+        Reply::Produced {
+            base_offset: Offset(3),
+            count: 1
+        }
+    );
+    assert_eq!(code(&a[2].1), None);
+    // A native producer may skip ahead.
+    h.produce(9, 5, 10, 1, 0);
+    h.flush(true);
+    assert_eq!(code(&h.answers()[0].1), None);
+}

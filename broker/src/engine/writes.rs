@@ -761,7 +761,8 @@ impl Writes {
         if p.producer_id == 0 {
             return Plan::Write;
         }
-        match state.dedup(p.producer_id, p.sequence, n) {
+        let dedup = state.dedup(p.producer_id, p.sequence, n);
+        match dedup {
             Dedup::Duplicate { base_offset } => {
                 return Plan::Reply(
                     Reply::Produced {
@@ -798,6 +799,19 @@ impl Writes {
                 "producer {} sequence {} overlaps a batch in flight (resend batches in order)",
                 p.producer_id, p.sequence
             ));
+        }
+        // Kafka's rule for idempotent producers (KIP-98): a new batch starts right after
+        // the last one written or in flight, so a batch that overtook a failed one is
+        // refused and resent in order, never applied over a gap.
+        if p.format == MessageFormat::Kafka && dedup == Dedup::New {
+            let applied_next = state.last_sequence(p.producer_id).map_or(0, |l| l + 1);
+            let next = inflight_last.map_or(applied_next, |l| applied_next.max(l + 1));
+            if p.sequence != next {
+                return gap(format!(
+                    "producer {} sequence {} is not the next one ({next}): a Kafka producer's batches follow each other",
+                    p.producer_id, p.sequence
+                ));
+            }
         }
         Plan::Write
     }
