@@ -8,7 +8,11 @@
 //! | Produce (0) | 0–9 (3–9 served) | one `ProduceRequest` of format Kafka per partition, answered once stabilized |
 //! | Fetch (1) | 4–12 | one `FetchRequest { records: true }` per partition, long-polled |
 //! | ListOffsets (2) | 1–7 | fetch probes: earliest = the first offset held, latest = HWM + 1 |
-//! | FindCoordinator (10) | 0–4 | `COORDINATOR_NOT_AVAILABLE`: no consumer groups yet |
+//! | FindCoordinator (10) | 0–4 | groups: the master's Kafka address; transactions: `COORDINATOR_NOT_AVAILABLE` |
+//! | JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13) | 0–7, 0–5, 0–4, 0–4 | the master's group coordinator ([`crate::group`]) |
+//! | OffsetCommit (8), OffsetFetch (9) | 2–8, 1–7 | `CommitCursorRequest` / `CursorRequest`, cursor = group id |
+//! | ListGroups (16), DescribeGroups (15) | 0–4, 0–5 | the master's groups |
+//! | InitProducerId (22) | 0–4 | a new random producer id (or the next epoch of one): [`init_producer_id`] |
 //!
 //! Produce is announced from version 0 although a request below 3 closes the connection
 //! (versions 0–2 carry message sets v0/v1, which Quire does not read, as Kafka 4 no longer
@@ -24,7 +28,6 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
@@ -33,9 +36,12 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, TopicName,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, DescribeGroupsRequest, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, HeartbeatRequest, InitProducerIdRequest,
+    InitProducerIdResponse, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, ProduceResponse, ProducerId,
+    SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
@@ -43,7 +49,7 @@ use quire_proto::{Body, ErrorCode, ErrorDetail, MessageFormat, Offset, MESSAGES_
 use tokio::task::JoinSet;
 
 use crate::batch::{self, BatchError};
-use crate::{split_host_port, Backend, KafkaSettings, Pending};
+use crate::{coordinator, split_host_port, Backend, Client, KafkaSettings, Listener, Pending};
 
 /// The APIs the listener serves, `(key, lowest version, highest version)`: what
 /// ApiVersions announces. Any other request closes the connection.
@@ -54,6 +60,15 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Metadata, 0, 12),
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::JoinGroup, 0, 7),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 4),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
 ];
 
 /// The versions of `key` the listener serves, `(lowest, highest)`; `None` if it does not
@@ -81,7 +96,7 @@ fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
 }
 
 /// The only partition of every topic.
-const PARTITION: i32 = 0;
+pub(crate) const PARTITION: i32 = 0;
 
 /// Starts serving one decoded request of `version`: a produce is handed to the broker
 /// before this returns (so the requests of a connection reach the log in the order they
@@ -89,7 +104,8 @@ const PARTITION: i32 = 0;
 /// future fails if the answer cannot be encoded at `version` (the connection is closed).
 pub(crate) async fn start<B: Backend>(
     backend: &B,
-    settings: &Arc<KafkaSettings>,
+    listener: &Arc<Listener>,
+    client: Client,
     version: i16,
     req: KafkaRequest,
 ) -> Finishing {
@@ -101,8 +117,8 @@ pub(crate) async fn start<B: Backend>(
         }
         other => {
             let backend = backend.clone();
-            let settings = settings.clone();
-            Box::pin(async move { serve(&backend, &settings, version, other).await })
+            let listener = listener.clone();
+            Box::pin(async move { serve(&backend, &listener, &client, version, other).await })
         }
     }
 }
@@ -114,10 +130,12 @@ pub(crate) type Finishing = std::pin::Pin<Box<dyn Future<Output = anyhow::Result
 /// Serves one decoded request at once (a produce without reading ahead of it).
 async fn serve<B: Backend>(
     backend: &B,
-    settings: &KafkaSettings,
+    listener: &Listener,
+    client: &Client,
     version: i16,
     req: KafkaRequest,
 ) -> anyhow::Result<Answer> {
+    let settings = &listener.settings;
     match req {
         KafkaRequest::ApiVersions => encoded(&api_versions(), version),
         KafkaRequest::Metadata(req) => {
@@ -129,7 +147,42 @@ async fn serve<B: Backend>(
         }
         KafkaRequest::Fetch(req) => encoded(&fetch(backend, req).await, version),
         KafkaRequest::ListOffsets(req) => encoded(&list_offsets(backend, req).await, version),
-        KafkaRequest::FindCoordinator(req) => encoded(&find_coordinator(&req, version), version),
+        KafkaRequest::FindCoordinator(req) => encoded(
+            &coordinator::find_coordinator(backend, listener, &req, version).await,
+            version,
+        ),
+        KafkaRequest::InitProducerId(req) => encoded(&init_producer_id(&req), version),
+        KafkaRequest::JoinGroup(req) => encoded(
+            &coordinator::join_group(backend, listener, client, req, version).await,
+            version,
+        ),
+        KafkaRequest::SyncGroup(req) => encoded(
+            &coordinator::sync_group(backend, listener, req).await,
+            version,
+        ),
+        KafkaRequest::Heartbeat(req) => encoded(
+            &coordinator::heartbeat(backend, listener, &req).await,
+            version,
+        ),
+        KafkaRequest::LeaveGroup(req) => encoded(
+            &coordinator::leave_group(backend, listener, &req, version).await,
+            version,
+        ),
+        KafkaRequest::OffsetCommit(req) => encoded(
+            &coordinator::offset_commit(backend, listener, req).await,
+            version,
+        ),
+        KafkaRequest::OffsetFetch(req) => encoded(
+            &coordinator::offset_fetch(backend, listener, req, version).await,
+            version,
+        ),
+        KafkaRequest::ListGroups => {
+            encoded(&coordinator::list_groups(backend, listener).await, version)
+        }
+        KafkaRequest::DescribeGroups(req) => encoded(
+            &coordinator::describe_groups(backend, listener, &req).await,
+            version,
+        ),
     }
 }
 
@@ -148,6 +201,24 @@ pub enum KafkaRequest {
     ListOffsets(ListOffsetsRequest),
     /// FindCoordinator.
     FindCoordinator(FindCoordinatorRequest),
+    /// InitProducerId.
+    InitProducerId(InitProducerIdRequest),
+    /// JoinGroup.
+    JoinGroup(JoinGroupRequest),
+    /// SyncGroup.
+    SyncGroup(SyncGroupRequest),
+    /// Heartbeat.
+    Heartbeat(HeartbeatRequest),
+    /// LeaveGroup.
+    LeaveGroup(LeaveGroupRequest),
+    /// OffsetCommit.
+    OffsetCommit(OffsetCommitRequest),
+    /// OffsetFetch.
+    OffsetFetch(OffsetFetchRequest),
+    /// ListGroups (its filters are not applied).
+    ListGroups,
+    /// DescribeGroups.
+    DescribeGroups(DescribeGroupsRequest),
 }
 
 /// Decodes the body of a `key` request at `version` (its header already read).
@@ -173,45 +244,92 @@ pub(crate) fn decode_body(
         ApiKey::FindCoordinator => {
             KafkaRequest::FindCoordinator(FindCoordinatorRequest::decode(&mut body, version)?)
         }
+        ApiKey::InitProducerId => {
+            KafkaRequest::InitProducerId(InitProducerIdRequest::decode(&mut body, version)?)
+        }
+        ApiKey::JoinGroup => KafkaRequest::JoinGroup(JoinGroupRequest::decode(&mut body, version)?),
+        ApiKey::SyncGroup => KafkaRequest::SyncGroup(SyncGroupRequest::decode(&mut body, version)?),
+        ApiKey::Heartbeat => KafkaRequest::Heartbeat(HeartbeatRequest::decode(&mut body, version)?),
+        ApiKey::LeaveGroup => {
+            KafkaRequest::LeaveGroup(LeaveGroupRequest::decode(&mut body, version)?)
+        }
+        ApiKey::OffsetCommit => {
+            KafkaRequest::OffsetCommit(OffsetCommitRequest::decode(&mut body, version)?)
+        }
+        ApiKey::OffsetFetch => {
+            KafkaRequest::OffsetFetch(OffsetFetchRequest::decode(&mut body, version)?)
+        }
+        ApiKey::ListGroups => {
+            ListGroupsRequest::decode(&mut body, version)?;
+            KafkaRequest::ListGroups
+        }
+        ApiKey::DescribeGroups => {
+            KafkaRequest::DescribeGroups(DescribeGroupsRequest::decode(&mut body, version)?)
+        }
         other => anyhow::bail!("{other:?} is not served"),
     };
     Ok(req)
 }
 
-/// FindCoordinator: there are no consumer groups (or transactions) yet, so no coordinator:
-/// `COORDINATOR_NOT_AVAILABLE` for every key (clients retry, and a consumer with a
-/// `group.id` waits for one).
-fn find_coordinator(req: &FindCoordinatorRequest, version: i16) -> FindCoordinatorResponse {
-    let error = ResponseError::CoordinatorNotAvailable.code();
-    let why = || {
-        Some(StrBytes::from_static_str(
-            "consumer groups are not supported yet (docs/kafka.md)",
-        ))
-    };
-    if version >= 4 {
-        let coordinators = req
-            .coordinator_keys
-            .iter()
-            .map(|k| {
-                Coordinator::default()
-                    .with_key(k.clone())
-                    .with_node_id(BrokerId(-1))
-                    .with_port(-1)
-                    .with_error_code(error)
-                    .with_error_message(why())
-            })
-            .collect();
-        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+/// InitProducerId for an idempotent producer (KIP-98; KIP-360 for the epoch bump):
+/// a new producer id — 63 random bits, so that any broker can hand one out with no
+/// coordination (two producers share one with probability n²/2⁶⁴ for n producers) — at
+/// epoch 0; or, asked with a producer id and epoch (version 3 and later), the same id at
+/// the next epoch, whose sequences start again at 0 (a new id once the epoch would reach
+/// `i16::MAX`). A transactional id is refused with
+/// `TRANSACTIONAL_ID_AUTHORIZATION_FAILED`: transactions are not supported.
+///
+/// How the id, epoch and sequences map onto the broker's idempotent-producer table:
+/// [`native_producer`].
+pub(crate) fn init_producer_id(req: &InitProducerIdRequest) -> InitProducerIdResponse {
+    if req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty())
+    {
+        return InitProducerIdResponse::default()
+            .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
     }
-    let resp = FindCoordinatorResponse::default()
-        .with_error_code(error)
-        .with_node_id(BrokerId(-1))
-        .with_port(-1);
-    if version >= 1 {
-        resp.with_error_message(why())
+    let (id, epoch) = if req.producer_id.0 >= 0 && (0..i16::MAX - 1).contains(&req.producer_epoch) {
+        (req.producer_id.0, req.producer_epoch + 1)
     } else {
-        resp
+        (new_producer_id(), 0)
+    };
+    InitProducerIdResponse::default()
+        .with_producer_id(ProducerId(id))
+        .with_producer_epoch(epoch)
+}
+
+/// A new Kafka producer id: 63 random bits (`rand`'s thread-local generator, seeded from
+/// the operating system).
+fn new_producer_id() -> i64 {
+    (rand::random::<u64>() >> 1) as i64
+}
+
+/// The broker's producer id for a Kafka producer's records to one partition of a topic.
+///
+/// Kafka numbers a producer's records per partition (each partition's sequences start at
+/// 0), and a new epoch starts them at 0 again; the broker's idempotent-producer table
+/// numbers them per producer id. So each `(producer id, epoch, topic, partition)` is its
+/// own broker producer id: the 64-bit FNV-1a hash of those fields (fixed, so every broker
+/// computes the same one, and a new master knows the producer from the log), never 0
+/// (which means "not idempotent"). The Kafka sequence is the broker's sequence.
+pub(crate) fn native_producer(p: &batch::KafkaProducer, topic: &str, partition: i32) -> u64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET_BASIS;
+    let fields = [
+        &p.id.to_le_bytes()[..],
+        &p.epoch.to_le_bytes()[..],
+        &partition.to_le_bytes()[..],
+        topic.as_bytes(),
+    ];
+    for b in fields.into_iter().flatten() {
+        h = (h ^ u64::from(*b)).wrapping_mul(PRIME);
     }
+    h.max(1)
 }
 
 fn api_versions() -> ApiVersionsResponse {
@@ -235,7 +353,7 @@ pub(crate) fn api_versions_unsupported() -> ApiVersionsResponse {
 }
 
 /// The Kafka error for a broker's error answer.
-fn kafka_error(code: ErrorCode) -> ResponseError {
+pub(crate) fn kafka_error(code: ErrorCode) -> ResponseError {
     match code {
         ErrorCode::NotMaster => ResponseError::NotLeaderOrFollower,
         ErrorCode::Timeout | ErrorCode::Overloaded | ErrorCode::ShuttingDown => {
@@ -466,8 +584,8 @@ fn produce_request(
     if quire_proto::client::validate_topic(topic).is_err() {
         return Err((ResponseError::InvalidTopicException, None));
     }
-    let messages = match batch::messages_of(records.unwrap_or_default()) {
-        Ok(m) => m,
+    let produced = match batch::messages_of(records.unwrap_or_default()) {
+        Ok(p) => p,
         Err(BatchError::Corrupt(why)) => return Err((ResponseError::CorruptMessage, Some(why))),
         Err(BatchError::TooLarge(why)) => {
             return Err((ResponseError::RecordListTooLarge, Some(why)))
@@ -479,14 +597,20 @@ fn produce_request(
             ))
         }
     };
-    if messages.is_empty() {
+    if produced.messages.is_empty() {
         return Err((ResponseError::CorruptMessage, Some("no records".to_owned())));
     }
+    let (producer_id, sequence) = produced.producer.map_or((0, 0), |p| {
+        (
+            native_producer(&p, topic, partition),
+            u64::from(p.first_sequence.unsigned_abs()),
+        )
+    });
     Ok(quire_proto::ProduceRequest {
         topic: topic.to_owned(),
-        producer_id: 0,
-        sequence: 0,
-        messages,
+        producer_id,
+        sequence,
+        messages: produced.messages,
         format: MessageFormat::Kafka,
     }
     .into())

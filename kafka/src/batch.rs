@@ -39,7 +39,69 @@ pub const DECODED_BYTES_MAX: usize = 64 << 20;
 /// # Errors
 /// A description of the refusal (`CORRUPT_MESSAGE` or transactional records).
 pub fn stored_records(records: Bytes) -> Result<Vec<Bytes>, String> {
-    messages_of(records).map_err(|e| format!("{e:?}"))
+    messages_of(records)
+        .map(|p| p.messages)
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// The idempotent producer a produced partition's records say they come from (KIP-98:
+/// every record of a batch carries the batch's producer id, epoch and `baseSequence +
+/// offsetDelta`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KafkaProducer {
+    /// The producer id InitProducerId gave (≥ 0).
+    pub id: i64,
+    /// The producer epoch (≥ 0).
+    pub epoch: i16,
+    /// The sequence of the first record.
+    pub first_sequence: i32,
+}
+
+/// A produced partition's records, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Produced {
+    /// Each record as a [`KafkaRecord`] message.
+    pub messages: Vec<Bytes>,
+    /// The idempotent producer, `None` for records without a producer id.
+    pub producer: Option<KafkaProducer>,
+}
+
+/// Checks that `r` continues the records before it: all of them with no producer id, or
+/// all from one producer and epoch with consecutive sequences (Kafka's own rule for a
+/// produce, which has the broker refuse the request otherwise).
+fn check_producer(
+    producer: &mut Option<Option<KafkaProducer>>,
+    count: usize,
+    r: &Record,
+) -> Result<(), BatchError> {
+    let this = (r.producer_id >= 0).then_some(KafkaProducer {
+        id: r.producer_id,
+        epoch: r.producer_epoch,
+        first_sequence: r.sequence,
+    });
+    match (*producer, this) {
+        (None, _) => {
+            if this.is_some_and(|p| p.epoch < 0 || p.first_sequence < 0) {
+                return Err(BatchError::Corrupt(
+                    "an idempotent record needs a producer epoch and a sequence".to_owned(),
+                ));
+            }
+            *producer = Some(this);
+            Ok(())
+        }
+        (Some(None), None) => Ok(()),
+        (Some(Some(first)), Some(p))
+            if p.id == first.id
+                && p.epoch == first.epoch
+                && i64::from(p.first_sequence)
+                    == i64::from(first.first_sequence) + count as i64 =>
+        {
+            Ok(())
+        }
+        _ => Err(BatchError::Corrupt(
+            "the records of one produced partition must come from one producer, with consecutive sequences".to_owned(),
+        )),
+    }
 }
 
 /// The records of the batches in `records` (a produce's partition data), each encoded as a
@@ -49,7 +111,7 @@ pub fn stored_records(records: Bytes) -> Result<Vec<Bytes>, String> {
 /// `MESSAGES_PER_FRAME_MAX` records together; then one batch is decoded at a time (at
 /// most 64 MiB decompressed) and the stored records may take at most
 /// [`DECODED_BYTES_MAX`].
-pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> {
+pub(crate) fn messages_of(mut records: Bytes) -> Result<Produced, BatchError> {
     let corrupt = |e: anyhow::Error| BatchError::Corrupt(format!("{e:#}"));
     let infos = RecordBatchDecoder::decode_batch_info(&mut records.clone()).map_err(corrupt)?;
     let announced: i64 = infos.iter().map(|i| i64::from(i.record_count.max(0))).sum();
@@ -59,6 +121,7 @@ pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> 
         )));
     }
     let mut out = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+    let mut producer = None;
     let mut bytes = 0usize;
     while bytes::Buf::has_remaining(&records) {
         let set = RecordBatchDecoder::decode(&mut records).map_err(corrupt)?;
@@ -71,6 +134,7 @@ pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> 
             if r.transactional || r.control {
                 return Err(BatchError::Transactional);
             }
+            check_producer(&mut producer, out.len(), &r)?;
             let record = KafkaRecord {
                 timestamp_ms: r.timestamp,
                 key: r.key,
@@ -94,7 +158,10 @@ pub(crate) fn messages_of(mut records: Bytes) -> Result<Vec<Bytes>, BatchError> 
             out.push(buf.freeze());
         }
     }
-    Ok(out)
+    Ok(Produced {
+        messages: out,
+        producer: producer.flatten(),
+    })
 }
 
 /// The record batches (v2, uncompressed) answering a fetch from `from`: `messages` at
@@ -276,7 +343,7 @@ mod tests {
             Compression::Lz4,
             Compression::Zstd,
         ] {
-            let messages = messages_of(produced(c)).unwrap();
+            let messages = messages_of(produced(c)).unwrap().messages;
             assert_eq!(messages.len(), 2, "{c:?}");
             let stored: Vec<(Offset, Bytes)> = vec![
                 (Offset(10), messages[0].clone()),
@@ -367,6 +434,63 @@ mod tests {
             messages_of(buf.freeze()),
             Err(BatchError::TooLarge(_))
         ));
+    }
+
+    fn encoded(records: &[Record]) -> Bytes {
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        buf.freeze()
+    }
+
+    fn idempotent(offset: i64, id: i64, epoch: i16, sequence: i32) -> Record {
+        let mut r = record(offset, b"k", b"v");
+        r.producer_id = id;
+        r.producer_epoch = epoch;
+        r.sequence = sequence;
+        r
+    }
+
+    /// An idempotent batch names its producer, epoch and first sequence; batches of one
+    /// partition must continue each other (one producer, consecutive sequences).
+    #[test]
+    fn idempotent_batches_name_their_producer() {
+        let one = encoded(&[idempotent(0, 9, 2, 40), idempotent(1, 9, 2, 41)]);
+        let two = encoded(&[idempotent(0, 9, 2, 42)]);
+        let both = Bytes::from([one.clone(), two].concat());
+        let got = messages_of(both).unwrap();
+        assert_eq!(got.messages.len(), 3);
+        assert_eq!(
+            got.producer,
+            Some(KafkaProducer {
+                id: 9,
+                epoch: 2,
+                first_sequence: 40
+            })
+        );
+        assert_eq!(
+            messages_of(produced(Compression::None)).unwrap().producer,
+            None
+        );
+        for bad in [
+            encoded(&[idempotent(0, 9, 2, 44)]), // a gap after 41
+            encoded(&[idempotent(0, 8, 2, 42)]), // another producer
+            encoded(&[idempotent(0, 9, 3, 42)]), // another epoch
+            encoded(&[record(0, b"k", b"v")]),   // no producer
+        ] {
+            let mixed = Bytes::from([one.clone(), bad].concat());
+            assert!(
+                matches!(messages_of(mixed), Err(BatchError::Corrupt(_))),
+                "mixed batches are refused"
+            );
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Answer, KafkaRequest};
-use crate::{Backend, KafkaSettings};
+use crate::{Backend, Client, KafkaSettings, Listener};
 
 /// Bytes of a request before its header's variable part: size is not counted; api key
 /// (2), version (2), correlation id (4).
@@ -52,9 +52,11 @@ pub(crate) async fn serve<B: Backend>(
     stream: TcpStream,
     peer: SocketAddr,
     backend: B,
-    settings: &Arc<KafkaSettings>,
+    shared: &Arc<Listener>,
     budget: &Arc<Semaphore>,
 ) {
+    let settings = &shared.settings;
+    let client_host = peer.ip().to_string();
     let _ = stream.set_nodelay(true);
     let (mut r, mut w) = stream.into_split();
     tracing::debug!(%peer, "Kafka client connected");
@@ -104,7 +106,7 @@ pub(crate) async fn serve<B: Backend>(
             Err(why) => break why,
         };
         let (correlation_id, header_version, what, answer) =
-            match start(&backend, settings, buf.freeze()).await {
+            match start(&backend, shared, &client_host, buf.freeze()).await {
                 Ok(s) => s,
                 Err(why) => break why,
             };
@@ -177,6 +179,8 @@ pub enum Decoded {
         api_key: ApiKey,
         /// The body.
         request: Box<KafkaRequest>,
+        /// The request header's `client_id` (empty for none).
+        client_id: String,
     },
     /// ApiVersions at a version this listener does not serve: answered at version 0 with
     /// `UNSUPPORTED_VERSION` and the supported ranges (KIP-511).
@@ -216,7 +220,7 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
         ));
     }
     let header_version = api_key.request_header_version(version);
-    RequestHeader::decode(&mut bytes, header_version)
+    let header = RequestHeader::decode(&mut bytes, header_version)
         .map_err(|e| format!("{api_key:?} v{version}: bad request header: {e}"))?;
     let request = api::decode_body(api_key, version, bytes)
         .map_err(|e| format!("{api_key:?} v{version}: {e:#}"))?;
@@ -225,6 +229,7 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
         correlation_id,
         api_key,
         request: Box::new(request),
+        client_id: header.client_id.map(|c| c.to_string()).unwrap_or_default(),
     })
 }
 
@@ -233,7 +238,8 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
 /// answered at once, at version 0).
 async fn start<B: Backend>(
     backend: &B,
-    settings: &Arc<KafkaSettings>,
+    shared: &Arc<Listener>,
+    client_host: &str,
     bytes: Bytes,
 ) -> Result<(i32, i16, String, api::Finishing), String> {
     match decode_request(bytes)? {
@@ -250,8 +256,13 @@ async fn start<B: Backend>(
             correlation_id,
             api_key,
             request,
+            client_id,
         } => {
-            let answer = api::start(backend, settings, version, *request).await;
+            let client = Client {
+                id: client_id,
+                host: client_host.to_owned(),
+            };
+            let answer = api::start(backend, shared, client, version, *request).await;
             Ok((
                 correlation_id,
                 api_key.response_header_version(version),

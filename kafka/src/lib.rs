@@ -29,12 +29,17 @@
 //! Bounds: [`KafkaSettings::request_bytes_max`] per request (a larger size prefix closes
 //! the connection, as Kafka's `socket.request.max.bytes`), [`KafkaSettings::read_budget_bytes`]
 //! of requests buffered across connections, [`KafkaSettings::connections_max`]
-//! connections, one request served at a time per connection (Kafka's own rule: answers
-//! keep the requests' order), an idle timeout and a whole-request timeout.
+//! connections, requests read ahead at most 16 per connection and answered in their order
+//! (Kafka's own rule), an idle timeout and a whole-request timeout.
+//!
+//! Consumer groups: the master is every group's coordinator ([`group`] holds membership
+//! in memory; committed offsets are cursors in the replicated log).
 
 mod api;
 mod batch;
 mod conn;
+mod coordinator;
+pub mod group;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -84,6 +89,9 @@ pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// How the listener runs.
 #[derive(Clone, Debug)]
 pub struct KafkaSettings {
+    /// This broker's Quire broker id: the Kafka node id it is known by, and how it knows
+    /// it is the master (the group coordinator).
+    pub node_id: u16,
     /// Every broker's advertised Kafka address, `(Quire broker id, host:port)`, as Kafka
     /// clients are told in metadata answers (a broker missing here is not named to them).
     pub brokers: Vec<(u16, String)>,
@@ -106,8 +114,9 @@ pub struct KafkaSettings {
 impl KafkaSettings {
     /// Settings with every bound at its default.
     #[must_use]
-    pub fn new(brokers: Vec<(u16, String)>, cluster_id: String) -> KafkaSettings {
+    pub fn new(node_id: u16, brokers: Vec<(u16, String)>, cluster_id: String) -> KafkaSettings {
         KafkaSettings {
+            node_id,
             brokers,
             cluster_id,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
@@ -122,7 +131,12 @@ impl KafkaSettings {
 /// Accepts Kafka clients on `listener` and serves each on its own task, until the task
 /// running this is dropped or aborted.
 pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: KafkaSettings) {
-    let settings = Arc::new(settings);
+    let shared = Arc::new(Listener {
+        settings,
+        groups: std::sync::Mutex::default(),
+    });
+    let _clock = AbortOnDrop(tokio::spawn(coordinator::run_clock(shared.clone())));
+    let settings = &shared.settings;
     let budget = Arc::new(Semaphore::new(settings.read_budget_bytes));
     let connections = Arc::new(Semaphore::new(settings.connections_max));
     loop {
@@ -140,12 +154,46 @@ pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: Kafk
             continue;
         };
         let backend = backend.clone();
-        let settings = settings.clone();
+        let shared = shared.clone();
         let budget = budget.clone();
         tokio::spawn(async move {
-            conn::serve(stream, peer, backend, &settings, &budget).await;
+            conn::serve(stream, peer, backend, &shared, &budget).await;
             drop(permit);
         });
+    }
+}
+
+/// What every connection of one listener shares: its settings and the group coordinator.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    pub settings: KafkaSettings,
+    groups: std::sync::Mutex<group::Groups>,
+}
+
+impl Listener {
+    /// The groups, locked (never held across an await).
+    pub(crate) fn groups(&self) -> std::sync::MutexGuard<'_, group::Groups> {
+        // A panic while holding the lock leaves the groups as they were between two
+        // steps of the state machine: carry on with them.
+        self.groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Who sent a request: its `client.id` (request header) and address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Client {
+    pub id: String,
+    pub host: String,
+}
+
+/// Aborts a task when dropped (the coordinator's clock ends with the listener).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

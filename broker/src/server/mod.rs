@@ -210,7 +210,7 @@ impl Broker {
             if !brokers.iter().any(|(b, _)| *b == cfg.id.0) {
                 brokers.push((cfg.id.0, addr.to_string()));
             }
-            let settings = quire_kafka::KafkaSettings::new(brokers, cluster_id(&cfg));
+            let settings = quire_kafka::KafkaSettings::new(cfg.id.0, brokers, cluster_id(&cfg));
             tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS");
             tasks.push(tokio::spawn(quire_kafka::serve(
                 l,

@@ -1,0 +1,931 @@
+//! The consumer-group coordinator: Kafka's classic group membership protocol (JoinGroup,
+//! SyncGroup, Heartbeat, LeaveGroup; KIP-62 for the session and rebalance timeouts,
+//! KIP-394 for the member id handed out before the first join), kept in memory by the
+//! master's Kafka listener.
+//!
+//! Membership is soft state, as in Kafka: a new master starts with no groups, and the
+//! members of the old one, told `NOT_COORDINATOR` and then `UNKNOWN_MEMBER_ID`, join
+//! again. What must survive a failover — the committed offsets — is not here: an offset
+//! commit is a cursor commit (cursor = group id) through the replicated log
+//! (`api::offset_commit`).
+//!
+//! A group moves through Kafka's states:
+//!
+//! ```text
+//!   Empty ──join──▶ PreparingRebalance ──every member joined, or the rebalance
+//!     ▲                  ▲    │              timeout──▶ CompletingRebalance
+//!     │  last member     │    │                            │ leader's SyncGroup
+//!     └──── leaves ──────┴────┴── a join, a leave, ◀───── Stable
+//!                                 a session expiry
+//! ```
+//!
+//! This type is the state machine alone: time comes in as an argument (`now`), answers go
+//! out through oneshot channels, so tests drive it without a runtime or a clock.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+use tokio::sync::oneshot;
+
+/// Session timeouts a member may ask for, in ms (Kafka's broker defaults
+/// `group.min.session.timeout.ms` and `group.max.session.timeout.ms`).
+pub const SESSION_TIMEOUT_MS: std::ops::RangeInclusive<i32> = 6_000..=1_800_000;
+/// Groups with members held at once; a join that would start another is refused with
+/// `GROUP_MAX_SIZE_REACHED` (a group without members is forgotten at once: its offsets
+/// are in the log).
+pub const GROUPS_MAX: usize = 4_096;
+/// Members (joined or holding a member id not yet used) per group, at most (Kafka's
+/// `group.max.size` is unbounded by default; a bound here keeps one group's memory
+/// bounded): `GROUP_MAX_SIZE_REACHED` beyond it.
+pub const MEMBERS_MAX: usize = 1_024;
+/// Bytes of one member's protocol metadata and of one assignment, at most.
+pub const METADATA_BYTES_MAX: usize = 1 << 20;
+/// Bytes of the client id kept in a member id, at most.
+const MEMBER_ID_CLIENT_BYTES_MAX: usize = 64;
+
+/// A group's state, as DescribeGroups and ListGroups name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupState {
+    /// No members.
+    Empty,
+    /// Waiting for the members to join again.
+    PreparingRebalance,
+    /// Joined; waiting for the leader's assignment.
+    CompletingRebalance,
+    /// Every member has its assignment.
+    Stable,
+}
+
+impl GroupState {
+    /// Kafka's name for the state.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
+        }
+    }
+}
+
+/// A JoinGroup, decoded.
+#[derive(Clone, Debug)]
+pub struct Join {
+    /// The group id (non-empty).
+    pub group: String,
+    /// The member id; empty for a member joining for the first time.
+    pub member_id: String,
+    /// The static member id (KIP-345), kept and shown only.
+    pub instance_id: Option<String>,
+    /// The client's `client.id` (request header).
+    pub client_id: String,
+    /// The client's address.
+    pub client_host: String,
+    /// ms without a heartbeat after which the member is removed.
+    pub session_timeout_ms: i32,
+    /// ms the coordinator waits for every member to join again in a rebalance.
+    pub rebalance_timeout_ms: i32,
+    /// The protocol type (`consumer` for consumers).
+    pub protocol_type: String,
+    /// The protocols the member supports (assignor name, metadata), in its order of
+    /// preference.
+    pub protocols: Vec<(String, Bytes)>,
+    /// Version 4 and later: a member without an id is given one and must join again with it
+    /// (`MEMBER_ID_REQUIRED`, KIP-394).
+    pub member_id_required: bool,
+}
+
+/// The answer to a JoinGroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Joined {
+    /// `None` for success.
+    pub error: Option<ResponseError>,
+    /// The new generation.
+    pub generation: i32,
+    /// The group's protocol type.
+    pub protocol_type: Option<String>,
+    /// The protocol chosen.
+    pub protocol_name: Option<String>,
+    /// The leader's member id.
+    pub leader: String,
+    /// This member's id.
+    pub member_id: String,
+    /// For the leader: every member with its metadata for the chosen protocol; empty for
+    /// the others.
+    pub members: Vec<(String, Option<String>, Bytes)>,
+}
+
+impl Joined {
+    fn error(e: ResponseError, member_id: &str) -> Joined {
+        Joined {
+            error: Some(e),
+            generation: -1,
+            protocol_type: None,
+            protocol_name: None,
+            leader: String::new(),
+            member_id: member_id.to_owned(),
+            members: Vec::new(),
+        }
+    }
+}
+
+/// The answer to a SyncGroup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Synced {
+    /// `None` for success.
+    pub error: Option<ResponseError>,
+    /// The group's protocol type.
+    pub protocol_type: Option<String>,
+    /// The protocol chosen.
+    pub protocol_name: Option<String>,
+    /// This member's assignment (the leader's bytes for it; empty if it gave none).
+    pub assignment: Bytes,
+}
+
+impl Synced {
+    fn error(e: ResponseError) -> Synced {
+        Synced {
+            error: Some(e),
+            protocol_type: None,
+            protocol_name: None,
+            assignment: Bytes::new(),
+        }
+    }
+}
+
+/// An answer now, or one to come.
+#[derive(Debug)]
+pub enum Answer<T> {
+    /// Answered at once.
+    Now(T),
+    /// Answered when the rebalance gets there (a dropped sender means the member was
+    /// removed or replaced first).
+    Later(oneshot::Receiver<T>),
+}
+
+#[derive(Debug)]
+struct Member {
+    instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    session_timeout: Duration,
+    rebalance_timeout: Duration,
+    protocols: Vec<(String, Bytes)>,
+    assignment: Bytes,
+    last_seen: Instant,
+    join: Option<oneshot::Sender<Joined>>,
+    sync: Option<oneshot::Sender<Synced>>,
+}
+
+#[derive(Debug)]
+struct Group {
+    state: GroupState,
+    generation: i32,
+    protocol_type: Option<String>,
+    protocol: Option<String>,
+    leader: Option<String>,
+    members: BTreeMap<String, Member>,
+    /// Member ids handed out (MEMBER_ID_REQUIRED) and not yet joined with, until when.
+    pending: BTreeMap<String, Instant>,
+    rebalance_deadline: Option<Instant>,
+}
+
+impl Group {
+    fn new() -> Group {
+        Group {
+            state: GroupState::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            rebalance_deadline: None,
+        }
+    }
+
+    /// Starts a rebalance (or keeps the one running): every member must join again.
+    fn prepare_rebalance(&mut self, now: Instant) {
+        if self.state == GroupState::PreparingRebalance {
+            return;
+        }
+        for m in self.members.values_mut() {
+            // A member waiting for its assignment is told to join again.
+            if let Some(tx) = m.sync.take() {
+                let _ = tx.send(Synced::error(ResponseError::RebalanceInProgress));
+            }
+        }
+        let wait = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout)
+            .max()
+            .unwrap_or_default();
+        self.state = GroupState::PreparingRebalance;
+        self.rebalance_deadline = Some(now + wait);
+    }
+
+    /// Ends the join phase once every member joined again, or at the rebalance deadline
+    /// (members that did not join by then are removed): a new generation, its leader
+    /// given every member's metadata.
+    fn try_complete_join(&mut self, now: Instant) {
+        if self.state != GroupState::PreparingRebalance {
+            return;
+        }
+        let all_joined = self.members.values().all(|m| m.join.is_some());
+        let late = self.rebalance_deadline.is_some_and(|d| now >= d);
+        if !all_joined && !late {
+            return;
+        }
+        self.members.retain(|_, m| m.join.is_some());
+        self.generation = self.generation.wrapping_add(1).max(1);
+        self.rebalance_deadline = None;
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.protocol = None;
+            self.protocol_type = None;
+            self.leader = None;
+            return;
+        }
+        if !self
+            .leader
+            .as_ref()
+            .is_some_and(|l| self.members.contains_key(l))
+        {
+            self.leader = self.members.keys().next().cloned();
+        }
+        let leader = self.leader.clone().unwrap_or_default();
+        self.protocol = self.choose_protocol(&leader);
+        self.state = GroupState::CompletingRebalance;
+        let protocol = self.protocol.clone().unwrap_or_default();
+        let everyone: Vec<(String, Option<String>, Bytes)> = self
+            .members
+            .iter()
+            .map(|(id, m)| {
+                let metadata = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| *n == protocol)
+                    .map(|(_, b)| b.clone())
+                    .unwrap_or_default();
+                (id.clone(), m.instance_id.clone(), metadata)
+            })
+            .collect();
+        for (id, m) in &mut self.members {
+            m.assignment = Bytes::new();
+            m.last_seen = now;
+            if let Some(tx) = m.join.take() {
+                let _ = tx.send(Joined {
+                    error: None,
+                    generation: self.generation,
+                    protocol_type: self.protocol_type.clone(),
+                    protocol_name: self.protocol.clone(),
+                    leader: leader.clone(),
+                    member_id: id.clone(),
+                    members: if *id == leader {
+                        everyone.clone()
+                    } else {
+                        Vec::new()
+                    },
+                });
+            }
+        }
+    }
+
+    /// The protocol every member supports that most members list first among those
+    /// (Kafka's vote), ties broken by the leader's order.
+    fn choose_protocol(&self, leader: &str) -> Option<String> {
+        let common = |name: &str| {
+            self.members
+                .values()
+                .all(|m| m.protocols.iter().any(|(n, _)| n == name))
+        };
+        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.members.values() {
+            if let Some((n, _)) = m.protocols.iter().find(|(n, _)| common(n)) {
+                *votes.entry(n.as_str()).or_default() += 1;
+            }
+        }
+        let order = &self.members.get(leader)?.protocols;
+        let mut best: Option<(&str, usize)> = None;
+        for (n, _) in order {
+            let v = votes.get(n.as_str()).copied().unwrap_or(0);
+            if v > 0 && best.is_none_or(|(_, b)| v > b) {
+                best = Some((n, v));
+            }
+        }
+        best.map(|(n, _)| n.to_owned())
+    }
+
+    /// Whether `protocols` share one protocol with every member now in the group.
+    fn supports(&self, protocol_type: &str, protocols: &[(String, Bytes)]) -> bool {
+        if self.members.is_empty() {
+            return true;
+        }
+        self.protocol_type.as_deref() == Some(protocol_type)
+            && protocols.iter().any(|(n, _)| {
+                self.members
+                    .values()
+                    .all(|m| m.protocols.iter().any(|(o, _)| o == n))
+            })
+    }
+
+    /// Removes members; starts a rebalance if any are left.
+    fn remove(&mut self, ids: &[String], now: Instant) {
+        let mut removed = false;
+        for id in ids {
+            removed |= self.members.remove(id).is_some();
+        }
+        if !removed {
+            return;
+        }
+        if self.leader.as_ref().is_some_and(|l| ids.contains(l)) {
+            self.leader = None;
+        }
+        if self.members.is_empty() {
+            self.state = GroupState::Empty;
+            self.generation = self.generation.wrapping_add(1).max(1);
+            self.protocol = None;
+            self.protocol_type = None;
+            self.rebalance_deadline = None;
+        } else {
+            self.prepare_rebalance(now);
+            self.try_complete_join(now);
+        }
+    }
+}
+
+/// Every group this coordinator holds, for the master epoch it coordinates in.
+#[derive(Debug, Default)]
+pub struct Groups {
+    groups: BTreeMap<String, Group>,
+    epoch: Option<u64>,
+}
+
+/// A group's state as DescribeGroups shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Described {
+    /// The state.
+    pub state: GroupState,
+    /// The protocol type (empty for none).
+    pub protocol_type: String,
+    /// The protocol chosen (empty for none).
+    pub protocol: String,
+    /// `(member id, instance id, client id, client host, metadata, assignment)` each.
+    pub members: Vec<DescribedMember>,
+}
+
+/// One member as DescribeGroups shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescribedMember {
+    /// Member id.
+    pub member_id: String,
+    /// Static member id.
+    pub instance_id: Option<String>,
+    /// Client id.
+    pub client_id: String,
+    /// Client address.
+    pub client_host: String,
+    /// Its metadata for the chosen protocol (empty before one is chosen).
+    pub metadata: Bytes,
+    /// Its assignment (empty before the leader's SyncGroup).
+    pub assignment: Bytes,
+}
+
+impl Groups {
+    /// Drops every group if the master epoch changed since the groups were formed: this
+    /// broker became master again, after another master whose groups its members joined.
+    pub fn coordinate_in(&mut self, epoch: u64) {
+        if self.epoch != Some(epoch) {
+            self.groups.clear();
+            self.epoch = Some(epoch);
+        }
+    }
+
+    /// JoinGroup. `new_member_id` makes the id of a member joining for the first time
+    /// (Kafka's `client.id` + `-` + a random suffix).
+    pub fn join(
+        &mut self,
+        req: Join,
+        now: Instant,
+        new_member_id: impl FnOnce(&str) -> String,
+    ) -> Answer<Joined> {
+        let fail = |e| Answer::Now(Joined::error(e, &req.member_id));
+        if req.group.is_empty() {
+            return fail(ResponseError::InvalidGroupId);
+        }
+        if !SESSION_TIMEOUT_MS.contains(&req.session_timeout_ms) {
+            return fail(ResponseError::InvalidSessionTimeout);
+        }
+        if req.protocol_type.is_empty()
+            || req.protocols.is_empty()
+            || req
+                .protocols
+                .iter()
+                .any(|(_, m)| m.len() > METADATA_BYTES_MAX)
+        {
+            return fail(ResponseError::InconsistentGroupProtocol);
+        }
+        if !self.groups.contains_key(&req.group) && self.groups.len() >= GROUPS_MAX {
+            return fail(ResponseError::GroupMaxSizeReached);
+        }
+        let group = self
+            .groups
+            .entry(req.group.clone())
+            .or_insert_with(Group::new);
+        if !group.supports(&req.protocol_type, &req.protocols) {
+            return fail(ResponseError::InconsistentGroupProtocol);
+        }
+        let session_timeout = Duration::from_millis(req.session_timeout_ms.unsigned_abs().into());
+        let member_id = if req.member_id.is_empty() {
+            if group.members.len() + group.pending.len() >= MEMBERS_MAX {
+                return fail(ResponseError::GroupMaxSizeReached);
+            }
+            let client: String = req
+                .client_id
+                .chars()
+                .scan(0, |n, c| {
+                    *n += c.len_utf8();
+                    (*n <= MEMBER_ID_CLIENT_BYTES_MAX).then_some(c)
+                })
+                .collect();
+            let id = new_member_id(&client);
+            if req.member_id_required {
+                group.pending.insert(id.clone(), now + session_timeout);
+                return Answer::Now(Joined::error(ResponseError::MemberIdRequired, &id));
+            }
+            id
+        } else if group.pending.remove(&req.member_id).is_some()
+            || group.members.contains_key(&req.member_id)
+        {
+            req.member_id.clone()
+        } else {
+            return fail(ResponseError::UnknownMemberId);
+        };
+        let (tx, rx) = oneshot::channel();
+        let rebalance_timeout = Duration::from_millis(
+            req.rebalance_timeout_ms
+                .max(req.session_timeout_ms)
+                .unsigned_abs()
+                .into(),
+        );
+        let member = group.members.entry(member_id).or_insert_with(|| Member {
+            instance_id: None,
+            client_id: String::new(),
+            client_host: String::new(),
+            session_timeout,
+            rebalance_timeout,
+            protocols: Vec::new(),
+            assignment: Bytes::new(),
+            last_seen: now,
+            join: None,
+            sync: None,
+        });
+        member.instance_id = req.instance_id;
+        member.client_id = req.client_id;
+        member.client_host = req.client_host;
+        member.session_timeout = session_timeout;
+        member.rebalance_timeout = rebalance_timeout;
+        member.protocols = req.protocols;
+        member.last_seen = now;
+        member.join = Some(tx);
+        if group.members.len() == 1 {
+            group.protocol_type = Some(req.protocol_type);
+        }
+        group.prepare_rebalance(now);
+        group.try_complete_join(now);
+        Answer::Later(rx)
+    }
+
+    /// SyncGroup: the leader's `assignments` (member id, bytes) are handed to every member.
+    pub fn sync(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        assignments: Vec<(String, Bytes)>,
+        now: Instant,
+    ) -> Answer<Synced> {
+        let Some(g) = self.groups.get_mut(group) else {
+            return Answer::Now(Synced::error(ResponseError::UnknownMemberId));
+        };
+        let Some(m) = g.members.get_mut(member_id) else {
+            return Answer::Now(Synced::error(ResponseError::UnknownMemberId));
+        };
+        m.last_seen = now;
+        if generation != g.generation {
+            return Answer::Now(Synced::error(ResponseError::IllegalGeneration));
+        }
+        let answer = |g: &Group, m: &Member| Synced {
+            error: None,
+            protocol_type: g.protocol_type.clone(),
+            protocol_name: g.protocol.clone(),
+            assignment: m.assignment.clone(),
+        };
+        match g.state {
+            GroupState::Empty | GroupState::PreparingRebalance => {
+                Answer::Now(Synced::error(ResponseError::RebalanceInProgress))
+            }
+            GroupState::Stable => Answer::Now(answer(g, &g.members[member_id])),
+            GroupState::CompletingRebalance => {
+                let (tx, rx) = oneshot::channel();
+                if let Some(m) = g.members.get_mut(member_id) {
+                    m.sync = Some(tx);
+                }
+                if g.leader.as_deref() == Some(member_id) {
+                    for (id, bytes) in assignments {
+                        if bytes.len() <= METADATA_BYTES_MAX {
+                            if let Some(m) = g.members.get_mut(&id) {
+                                m.assignment = bytes;
+                            }
+                        }
+                    }
+                    g.state = GroupState::Stable;
+                    let answers: Vec<(String, Synced)> = g
+                        .members
+                        .iter()
+                        .map(|(id, m)| (id.clone(), answer(g, m)))
+                        .collect();
+                    for (id, a) in answers {
+                        if let Some(tx) = g.members.get_mut(&id).and_then(|m| m.sync.take()) {
+                            let _ = tx.send(a);
+                        }
+                    }
+                }
+                Answer::Later(rx)
+            }
+        }
+    }
+
+    /// Heartbeat: `None` while the member's generation is current and stable,
+    /// `REBALANCE_IN_PROGRESS` when it must join again.
+    pub fn heartbeat(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        now: Instant,
+    ) -> Option<ResponseError> {
+        let Some(g) = self.groups.get_mut(group) else {
+            return Some(ResponseError::UnknownMemberId);
+        };
+        let Some(m) = g.members.get_mut(member_id) else {
+            return Some(ResponseError::UnknownMemberId);
+        };
+        m.last_seen = now;
+        if generation != g.generation {
+            return Some(ResponseError::IllegalGeneration);
+        }
+        match g.state {
+            GroupState::PreparingRebalance | GroupState::Empty => {
+                Some(ResponseError::RebalanceInProgress)
+            }
+            GroupState::CompletingRebalance | GroupState::Stable => None,
+        }
+    }
+
+    /// Whether `member_id` of `generation` may commit offsets for `group` now. A commit
+    /// with generation -1 and no member id (a consumer that assigns partitions itself) is
+    /// taken when the group has no members.
+    pub fn may_commit(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        now: Instant,
+    ) -> Option<ResponseError> {
+        let g = self.groups.get_mut(group);
+        if generation < 0 && member_id.is_empty() {
+            return match g {
+                Some(g) if !g.members.is_empty() => Some(ResponseError::UnknownMemberId),
+                _ => None,
+            };
+        }
+        let Some(g) = g else {
+            return Some(ResponseError::UnknownMemberId);
+        };
+        let Some(m) = g.members.get_mut(member_id) else {
+            return Some(ResponseError::UnknownMemberId);
+        };
+        m.last_seen = now;
+        if generation != g.generation {
+            return Some(ResponseError::IllegalGeneration);
+        }
+        match g.state {
+            GroupState::Stable => None,
+            _ => Some(ResponseError::RebalanceInProgress),
+        }
+    }
+
+    /// LeaveGroup: each member's result (`UNKNOWN_MEMBER_ID` for one not in the group).
+    pub fn leave(
+        &mut self,
+        group: &str,
+        members: &[String],
+        now: Instant,
+    ) -> Vec<Option<ResponseError>> {
+        let Some(g) = self.groups.get_mut(group) else {
+            return vec![Some(ResponseError::UnknownMemberId); members.len()];
+        };
+        let results = members
+            .iter()
+            .map(|id| (!g.members.contains_key(id)).then_some(ResponseError::UnknownMemberId))
+            .collect();
+        g.remove(members, now);
+        if g.members.is_empty() && g.pending.is_empty() {
+            self.groups.remove(group);
+        }
+        results
+    }
+
+    /// Time passes: members silent for their session timeout are removed (a member
+    /// waiting in a join is not silent), unused member ids expire, a rebalance whose
+    /// deadline passed completes without the members that did not join, and groups left
+    /// without members are forgotten.
+    pub fn tick(&mut self, now: Instant) {
+        for g in self.groups.values_mut() {
+            g.pending.retain(|_, until| *until > now);
+            let expired: Vec<String> = g
+                .members
+                .iter()
+                .filter(|(_, m)| m.join.is_none() && now >= m.last_seen + m.session_timeout)
+                .map(|(id, _)| id.clone())
+                .collect();
+            g.remove(&expired, now);
+            g.try_complete_join(now);
+        }
+        self.groups
+            .retain(|_, g| !(g.members.is_empty() && g.pending.is_empty()));
+    }
+
+    /// Groups with members: `(group id, protocol type, state)`, by id.
+    #[must_use]
+    pub fn list(&self) -> Vec<(String, String, GroupState)> {
+        self.groups
+            .iter()
+            .filter(|(_, g)| !g.members.is_empty())
+            .map(|(id, g)| {
+                (
+                    id.clone(),
+                    g.protocol_type.clone().unwrap_or_default(),
+                    g.state,
+                )
+            })
+            .collect()
+    }
+
+    /// DescribeGroups for one group (`Empty` with no members for one not held).
+    #[must_use]
+    pub fn describe(&self, group: &str) -> Described {
+        let Some(g) = self.groups.get(group) else {
+            return Described {
+                state: GroupState::Empty,
+                protocol_type: String::new(),
+                protocol: String::new(),
+                members: Vec::new(),
+            };
+        };
+        let protocol = g.protocol.clone().unwrap_or_default();
+        Described {
+            state: g.state,
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            protocol: protocol.clone(),
+            members: g
+                .members
+                .iter()
+                .map(|(id, m)| DescribedMember {
+                    member_id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    metadata: m
+                        .protocols
+                        .iter()
+                        .find(|(n, _)| *n == protocol)
+                        .map(|(_, b)| b.clone())
+                        .unwrap_or_default(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join(member_id: &str, protocols: &[&str]) -> Join {
+        Join {
+            group: "g".to_owned(),
+            member_id: member_id.to_owned(),
+            instance_id: None,
+            client_id: "c".to_owned(),
+            client_host: "127.0.0.1".to_owned(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 20_000,
+            protocol_type: "consumer".to_owned(),
+            protocols: protocols
+                .iter()
+                .map(|p| ((*p).to_owned(), Bytes::from(format!("meta-{member_id}"))))
+                .collect(),
+            member_id_required: true,
+        }
+    }
+
+    fn now_answer<T: std::fmt::Debug>(a: Answer<T>) -> T {
+        match a {
+            Answer::Now(t) => t,
+            Answer::Later(_) => panic!("expected an answer now"),
+        }
+    }
+
+    fn later<T>(a: Answer<T>) -> oneshot::Receiver<T> {
+        match a {
+            Answer::Later(rx) => rx,
+            Answer::Now(_) => panic!("expected an answer later"),
+        }
+    }
+
+    /// Joins a member from scratch (MEMBER_ID_REQUIRED, then the join with its id).
+    fn new_member(g: &mut Groups, name: &str, t: Instant) -> (String, oneshot::Receiver<Joined>) {
+        let first = now_answer(g.join(join("", &["range"]), t, |c| format!("{c}-{name}")));
+        assert_eq!(first.error, Some(ResponseError::MemberIdRequired));
+        let rx = later(g.join(join(&first.member_id, &["range"]), t, |_| unreachable!()));
+        (first.member_id, rx)
+    }
+
+    /// One member: join, the leader's own sync, heartbeats, commits; a second member makes
+    /// the first join again; the leader's assignment reaches both; a leave rebalances.
+    #[test]
+    fn members_join_sync_heartbeat_and_leave() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        g.coordinate_in(7);
+        let (a, mut rx) = new_member(&mut g, "a", t);
+        let joined = rx.try_recv().unwrap();
+        assert_eq!((joined.error, joined.generation), (None, 1));
+        assert_eq!(joined.leader, a);
+        assert_eq!(joined.members.len(), 1);
+        assert_eq!(joined.protocol_name.as_deref(), Some("range"));
+        let mut s = later(g.sync("g", 1, &a, vec![(a.clone(), Bytes::from("all"))], t));
+        assert_eq!(s.try_recv().unwrap().assignment, Bytes::from("all"));
+        assert_eq!(g.heartbeat("g", 1, &a, t), None);
+        assert_eq!(g.may_commit("g", 1, &a, t), None);
+        assert_eq!(
+            g.may_commit("g", 0, &a, t),
+            Some(ResponseError::IllegalGeneration)
+        );
+        assert_eq!(
+            g.may_commit("g", -1, "", t),
+            Some(ResponseError::UnknownMemberId),
+            "a group with members takes no commits from outside it"
+        );
+
+        // b joins: a is told by its heartbeat, joins again, both get generation 2.
+        let (b, mut rx_b) = new_member(&mut g, "b", t);
+        assert!(rx_b.try_recv().is_err(), "b waits for a");
+        assert_eq!(
+            g.heartbeat("g", 1, &a, t),
+            Some(ResponseError::RebalanceInProgress)
+        );
+        let mut rx_a = later(g.join(join(&a, &["range"]), t, |_| unreachable!()));
+        let (ja, jb) = (rx_a.try_recv().unwrap(), rx_b.try_recv().unwrap());
+        assert_eq!((ja.generation, jb.generation), (2, 2));
+        assert_eq!(ja.members.len(), 2, "the leader learns every member");
+        assert!(jb.members.is_empty());
+        // b syncs first and waits for the leader's assignment.
+        let mut sb = later(g.sync("g", 2, &b, Vec::new(), t));
+        assert!(sb.try_recv().is_err());
+        let mut sa = later(g.sync(
+            "g",
+            2,
+            &a,
+            vec![
+                (a.clone(), Bytes::from("p0")),
+                (b.clone(), Bytes::from("p1")),
+            ],
+            t,
+        ));
+        assert_eq!(sa.try_recv().unwrap().assignment, Bytes::from("p0"));
+        assert_eq!(sb.try_recv().unwrap().assignment, Bytes::from("p1"));
+        assert_eq!(g.describe("g").state, GroupState::Stable);
+
+        // a leaves: b must join again and becomes the leader of generation 3.
+        assert_eq!(
+            g.leave("g", &[a.clone(), "nobody".to_owned()], t),
+            vec![None, Some(ResponseError::UnknownMemberId)]
+        );
+        assert_eq!(
+            g.heartbeat("g", 2, &b, t),
+            Some(ResponseError::RebalanceInProgress)
+        );
+        let mut rx_b = later(g.join(join(&b, &["range"]), t, |_| unreachable!()));
+        let jb = rx_b.try_recv().unwrap();
+        assert_eq!((jb.generation, jb.leader.as_str()), (3, b.as_str()));
+        // The last member leaves: the group is forgotten.
+        g.leave("g", &[b], t);
+        assert!(g.list().is_empty());
+    }
+
+    /// A member silent for its session timeout is removed; one that does not join again
+    /// within the rebalance timeout is left out of the next generation.
+    #[test]
+    fn silent_members_are_removed() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let (a, mut rx) = new_member(&mut g, "a", t);
+        rx.try_recv().unwrap();
+        let _ = g.sync("g", 1, &a, Vec::new(), t);
+        let (b, mut rx_b) = new_member(&mut g, "b", t);
+        // a heartbeats (told to join again) but never joins: after the rebalance timeout
+        // (20 s) b is alone.
+        for at in [9, 18] {
+            assert_eq!(
+                g.heartbeat("g", 1, &a, t + Duration::from_secs(at)),
+                Some(ResponseError::RebalanceInProgress)
+            );
+            g.tick(t + Duration::from_secs(at));
+        }
+        g.tick(t + Duration::from_secs(19));
+        assert!(rx_b.try_recv().is_err());
+        g.tick(t + Duration::from_secs(21));
+        let jb = rx_b.try_recv().unwrap();
+        assert_eq!((jb.generation, jb.leader.as_str()), (2, b.as_str()));
+        assert_eq!(
+            g.heartbeat("g", 1, &a, t),
+            Some(ResponseError::UnknownMemberId)
+        );
+        // b stops heartbeating: removed after its session timeout (10 s).
+        let _ = g.sync("g", 2, &b, Vec::new(), t + Duration::from_secs(21));
+        g.tick(t + Duration::from_secs(30));
+        assert_eq!(g.list().len(), 1);
+        g.tick(t + Duration::from_secs(32));
+        assert!(g.list().is_empty());
+    }
+
+    #[test]
+    fn bad_joins_are_refused() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let mut short = join("", &["range"]);
+        short.session_timeout_ms = 100;
+        assert_eq!(
+            now_answer(g.join(short, t, |c| c.to_owned())).error,
+            Some(ResponseError::InvalidSessionTimeout)
+        );
+        assert_eq!(
+            now_answer(g.join(join("made-up", &["range"]), t, |c| c.to_owned())).error,
+            Some(ResponseError::UnknownMemberId)
+        );
+        let (_a, _rx) = new_member(&mut g, "a", t);
+        assert_eq!(
+            now_answer(g.join(join("", &["sticky"]), t, |c| c.to_owned())).error,
+            Some(ResponseError::InconsistentGroupProtocol),
+            "no protocol in common with the members"
+        );
+    }
+
+    /// The protocol chosen is one every member supports, by the members' first choices.
+    #[test]
+    fn the_protocol_is_voted() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let mut rxs = Vec::new();
+        for (name, protocols) in [
+            ("a", &["roundrobin", "range"][..]),
+            ("b", &["range", "roundrobin"][..]),
+            ("c", &["range"][..]),
+        ] {
+            let first = now_answer(g.join(join("", protocols), t, |c| format!("{c}-{name}")));
+            rxs.push((
+                first.member_id.clone(),
+                g.join(join(&first.member_id, protocols), t, |_| unreachable!()),
+            ));
+        }
+        // The first member's join completed generation 1 alone; the group then waits for it.
+        let (a, _) = &rxs[0];
+        let rx = later(g.join(join(a, &["roundrobin", "range"]), t, |_| unreachable!()));
+        let mut rx = rx;
+        let j = rx.try_recv().unwrap();
+        assert_eq!(j.protocol_name.as_deref(), Some("range"));
+        assert_eq!(j.members.len(), 3);
+    }
+
+    /// A new master epoch forgets every group.
+    #[test]
+    fn a_new_epoch_starts_without_groups() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        g.coordinate_in(1);
+        let (_a, _rx) = new_member(&mut g, "a", t);
+        assert_eq!(g.list().len(), 1);
+        g.coordinate_in(1);
+        assert_eq!(g.list().len(), 1);
+        g.coordinate_in(2);
+        assert!(g.list().is_empty());
+    }
+}
