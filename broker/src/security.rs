@@ -344,7 +344,8 @@ pub fn required(body: &Body) -> Option<(AclOperation, Option<&str>)> {
         Body::UserAdminRequest(_)
         | Body::AclAdminRequest(_)
         | Body::DescribeSecurityRequest(_)
-        | Body::HandoffRequest(_) => (AclOperation::Admin, None),
+        | Body::HandoffRequest(_)
+        | Body::TopicAdminRequest(_) => (AclOperation::Admin, None),
         _ => return None,
     })
 }

@@ -193,6 +193,34 @@ impl BrokerClient {
         }
     }
 
+    /// Creates or deletes a topic (the master; returns once the change is stabilized).
+    ///
+    /// # Errors
+    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`] (`NotMaster`,
+    /// `TopicExists`, `InvalidPartitions`, `UnknownTopic`, `LimitReached`,
+    /// `Unauthorized`, ...).
+    pub async fn topic_admin(
+        &self,
+        change: quire_proto::TopicAdminRequest,
+    ) -> Result<(), ClientError> {
+        match self.request(Body::TopicAdminRequest(change)).await?.body {
+            Body::AdminResponse(_) => Ok(()),
+            other => Err(remote_or_unexpected(FrameType::TopicAdminRequest, other)),
+        }
+    }
+
+    /// The topics the broker's state holds, by name.
+    ///
+    /// # Errors
+    /// As [`BrokerClient::metadata`].
+    pub async fn topics(&self) -> Result<Vec<String>, ClientError> {
+        let body = MetadataRequest { topics: true }.into();
+        match self.request(body).await?.body {
+            Body::MetadataResponse(r) => Ok(r.topics),
+            other => Err(remote_or_unexpected(FrameType::MetadataRequest, other)),
+        }
+    }
+
     /// The users and ACL entries the broker applied (any broker answers).
     ///
     /// # Errors

@@ -144,6 +144,7 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::AdminResponse
         | FrameType::DescribeSecurityRequest
         | FrameType::DescribeSecurityResponse
+        | FrameType::TopicAdminRequest
         // An operator's audit tool, not a peer: it waits for a place in the pool.
         | FrameType::RangeDigestRequest
         | FrameType::RangeDigestResponse => false,

@@ -263,6 +263,31 @@ pub struct CursorResponse {
     pub offset: Option<Offset>,
 }
 
+/// Operator → master: create or delete a topic (a [`crate::TopicAdminEvent`] through the
+/// log), answered with [`crate::AdminResponse`] once stabilized.
+///
+/// Create: the topic must not exist (`TopicExists`), `partitions` must be 1 (every topic
+/// is one partition for now: `InvalidPartitions`), and a new topic counts against
+/// `topics_max` (`LimitReached`). Delete: the topic must exist (`UnknownTopic`); its
+/// messages stay in the log until retention but are no longer served, and a message
+/// produced to the name later starts it again, empty. `partitions` is 0 for a delete.
+///
+/// ```text
+/// off   size   field
+/// 0     1      action                u8: 1 create, 2 delete
+/// 1     2+n    topic                 string ≤ TOPIC_BYTES_MAX
+/// ..    4      partitions            u32
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicAdminRequest {
+    /// Create or delete.
+    pub action: crate::TopicAction,
+    /// Topic name.
+    pub topic: String,
+    /// Partitions of a new topic (1); 0 for a delete.
+    pub partitions: u32,
+}
+
 /// Anyone → any broker: who is master, and what the cluster looks like.
 ///
 /// ```text
@@ -600,6 +625,29 @@ impl CursorResponse {
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
         Ok(CursorResponse {
             offset: r.opt_offset("cursor offset")?,
+        })
+    }
+}
+
+impl TopicAdminRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u8(self.action as u8);
+        w.name("topic", &self.topic, TOPIC_BYTES_MAX)?;
+        w.u32(self.partitions);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let field = "topic admin action";
+        let action = match r.u8(field)? {
+            1 => crate::TopicAction::Create,
+            2 => crate::TopicAction::Delete,
+            byte => return Err(WireError::InvalidTag { field, byte }),
+        };
+        Ok(TopicAdminRequest {
+            action,
+            topic: r.name("topic", TOPIC_BYTES_MAX)?,
+            partitions: r.u32("topic admin partitions")?,
         })
     }
 }

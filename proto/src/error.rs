@@ -337,14 +337,23 @@ pub enum ErrorCode {
     /// `ErrorDetail::Trimmed` names the first offset still held.
     Trimmed = 208,
     /// Broker: the request would add a topic or a cursor beyond the broker's bound
-    /// (`topics_max`, `cursors_max`); not retried. Use existing names, or raise the bound
-    /// (there is no topic or cursor deletion yet).
+    /// (`topics_max`, `cursors_max`); not retried. Use existing names, delete topics
+    /// ([`crate::TopicAdminRequest`]), or raise the bound.
     LimitReached = 209,
+    /// Broker: a topic create names a topic that exists.
+    TopicExists = 210,
+    /// Broker: a topic create asks for a number of partitions this cluster cannot make
+    /// (every topic is one partition until issue 13's partitions land).
+    InvalidPartitions = 211,
+    /// Broker: a Kafka-format idempotent produce whose producer the idempotent-producer
+    /// table does not hold (never seen, or forgotten for newer ones) starts past sequence
+    /// 0; the producer starts over (the Kafka listener's `UNKNOWN_PRODUCER_ID`).
+    UnknownProducer = 212,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 28] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -370,6 +379,9 @@ impl ErrorCode {
         ErrorCode::NoQuorum,
         ErrorCode::Trimmed,
         ErrorCode::LimitReached,
+        ErrorCode::TopicExists,
+        ErrorCode::InvalidPartitions,
+        ErrorCode::UnknownProducer,
     ];
 
     /// The code's number on the wire.
@@ -398,7 +410,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 25] = [
+        let expected: [(ErrorCode, u16); 28] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -424,13 +436,16 @@ mod tests {
             (ErrorCode::NoQuorum, 207),
             (ErrorCode::Trimmed, 208),
             (ErrorCode::LimitReached, 209),
+            (ErrorCode::TopicExists, 210),
+            (ErrorCode::InvalidPartitions, 211),
+            (ErrorCode::UnknownProducer, 212),
         ];
         for (code, number) in expected {
             assert_eq!(code.as_u16(), number);
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 14, 99, 102, 199, 210, 299, u16::MAX] {
+        for n in [0u16, 14, 99, 102, 199, 213, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -36,7 +36,7 @@ use bytes::{Bytes, BytesMut};
 use crate::client::{
     CommitCursorRequest, CommitCursorResponse, CursorRequest, CursorResponse, FetchRequest,
     FetchResponse, HandoffRequest, HandoffResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse,
+    ProduceRequest, ProduceResponse, TopicAdminRequest,
 };
 use crate::codec::{BodyWriter, ChunkWriter, CountingWriter, Reader};
 use crate::error::WireError;
@@ -275,6 +275,8 @@ bodies! {
     DescribeSecurityRequest = 0x0312, request;
     /// [`DescribeSecurityResponse`]: broker → operator.
     DescribeSecurityResponse = 0x0313, response;
+    /// [`TopicAdminRequest`]: operator → master (answered with [`AdminResponse`]).
+    TopicAdminRequest = 0x0314, request;
 }
 
 impl Body {

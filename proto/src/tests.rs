@@ -307,6 +307,12 @@ pub(crate) fn samples() -> Vec<Body> {
         })
         .into(),
         crate::AdminResponse.into(),
+        crate::TopicAdminRequest {
+            action: crate::TopicAction::Create,
+            topic: "orders".into(),
+            partitions: 1,
+        }
+        .into(),
         crate::DescribeSecurityRequest.into(),
         crate::DescribeSecurityResponse {
             authorization: true,

@@ -948,7 +948,9 @@ impl SimBroker {
                 request: r.request,
                 ok: true,
             },
-            Reply::SecurityChanged => panic!("the simulated clients send no user or ACL changes"),
+            Reply::SecurityChanged | Reply::TopicChanged => {
+                panic!("the simulated clients send no user, ACL or topic changes")
+            }
             Reply::NotMaster => self.failed(r, ProduceError::NotMaster { hint: None }, now_ms),
             Reply::Error(e) => {
                 let error = match e.code {

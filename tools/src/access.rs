@@ -255,13 +255,13 @@ impl Report for AclsReport {
 
 impl ClusterArgs {
     /// Fills in the brokers and connect timeout from flags, variables and the profile.
-    fn resolve(&mut self, env: &crate::settings::Env) -> anyhow::Result<()> {
+    pub(crate) fn resolve(&mut self, env: &crate::settings::Env) -> anyhow::Result<()> {
         self.brokers.resolve(Some(&mut self.connect), env)?;
         Ok(())
     }
 }
 
-fn emit(report: &impl Report, format: &FormatArgs) -> anyhow::Result<()> {
+pub(crate) fn emit(report: &impl Report, format: &FormatArgs) -> anyhow::Result<()> {
     crate::output::emit(report, format.format, &mut io::stdout().lock())?;
     Ok(())
 }
@@ -309,7 +309,7 @@ pub fn run_acl(command: AclCommand, env: &crate::settings::Env) -> anyhow::Resul
 }
 
 /// Runs `f` against the master `cluster` leads to.
-fn with_master<T>(
+pub(crate) fn with_master<T>(
     cluster: &ClusterArgs,
     name: &str,
     f: impl AsyncFnOnce(&BrokerClient) -> Result<T, ClientError>,

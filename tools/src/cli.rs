@@ -75,6 +75,10 @@ pub enum Command {
     #[command(subcommand)]
     Cluster(crate::cluster::ClusterCommand),
 
+    /// The cluster's topics: `create`, `delete`, `list`.
+    #[command(subcommand)]
+    Topic(crate::topic::TopicCommand),
+
     /// The cluster's users (SCRAM-SHA-256 logins): `add`, `remove`, `list`.
     #[command(subcommand)]
     User(crate::access::UserCommand),

@@ -42,6 +42,7 @@ pub mod produce;
 pub mod profile;
 pub mod servers;
 pub mod settings;
+pub mod topic;
 pub mod units;
 pub mod wal;
 
@@ -125,6 +126,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             output::emit(&report, args.format.format, &mut io::stdout().lock())?;
             bench::cluster::check(&report)?;
         }
+        Command::Topic(command) => topic::run(command, &env)?,
         Command::User(command) => access::run_user(command, &env)?,
         Command::Acl(command) => access::run_acl(command, &env)?,
         Command::Wal(command) => wal::run(&command)?,
@@ -165,6 +167,7 @@ pub fn reads_client_settings(command: &Command) -> bool {
         Command::Produce(_)
             | Command::Consume(_)
             | Command::Cluster(_)
+            | Command::Topic(_)
             | Command::User(_)
             | Command::Acl(_)
             | Command::Profile(_)

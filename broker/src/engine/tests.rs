@@ -488,9 +488,9 @@ fn a_kafka_producer_may_not_skip_sequences() {
         WriteRequest::Produce(p)
     };
     let mut h = H::new();
-    // A new producer starts at 0.
+    // A producer the table does not hold starts at 0.
     h.request(1, kafka(9, 3, 1), 0);
-    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::SequenceGap));
+    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::UnknownProducer));
     h.request(2, kafka(9, 0, 2), 0);
     h.flush(false);
     // In flight: the next batch starts at 2, not 3; a retry of 0 joins the first.
@@ -526,4 +526,49 @@ fn a_kafka_producer_may_not_skip_sequences() {
     h.produce(9, 5, 10, 1, 0);
     h.flush(true);
     assert_eq!(code(&h.answers()[0].1), None);
+}
+
+/// Topics are created and deleted through the log; each refusal is typed.
+#[test]
+fn topics_are_created_and_deleted_with_typed_refusals() {
+    let admin = |action, topic: &str, partitions| {
+        WriteRequest::TopicAdmin(quire_proto::TopicAdminRequest {
+            action,
+            topic: topic.to_owned(),
+            partitions,
+        })
+    };
+    use quire_proto::TopicAction::{Create, Delete};
+    let mut h = H::new();
+    h.request(1, admin(Create, "orders", 1), 0);
+    // Being created: a second create is refused already.
+    h.request(2, admin(Create, "orders", 1), 0);
+    h.request(3, admin(Create, "wide", 4), 0);
+    h.request(4, admin(Delete, "missing", 0), 0);
+    h.request(5, admin(Create, "", 1), 0);
+    h.flush(true);
+    let mut a = h.answers();
+    a.sort_by_key(|(t, _)| *t);
+    assert_eq!(a[0], (1, Reply::TopicChanged));
+    assert_eq!(
+        a[1..]
+            .iter()
+            .map(|(t, r)| (*t, code(r)))
+            .collect::<Vec<_>>(),
+        vec![
+            (2, Some(ErrorCode::TopicExists)),
+            (3, Some(ErrorCode::InvalidPartitions)),
+            (4, Some(ErrorCode::UnknownTopic)),
+            (5, Some(ErrorCode::InvalidName)),
+        ]
+    );
+    assert!(h.state.topic("orders").is_some());
+    h.request(6, admin(Create, "orders", 1), 0);
+    h.request(7, admin(Delete, "orders", 0), 0);
+    h.flush(true);
+    let mut a = h.answers();
+    a.sort_by_key(|(t, _)| *t);
+    assert_eq!(code(&a[0].1), Some(ErrorCode::TopicExists));
+    assert_eq!(a[1], (7, Reply::TopicChanged));
+    assert!(h.state.topic("orders").is_none());
 }

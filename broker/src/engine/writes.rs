@@ -28,7 +28,7 @@ use bytes::BytesMut;
 use quire_proto::{
     encode_message_header_as, message_event_bytes, message_header_bytes_as, CommitCursorRequest,
     CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, MessageFormat, Offset,
-    Payload, ProduceRequest,
+    Payload, ProduceRequest, TopicAction, TopicAdminEvent, TopicAdminRequest,
 };
 
 use super::RequestToken;
@@ -67,6 +67,8 @@ pub enum WriteRequest {
     CommitCursor(CommitCursorRequest),
     /// Add, replace or remove a user or an ACL entry (one event, likewise).
     Security(SecurityChange),
+    /// Create or delete a topic (one topic-admin event, likewise).
+    TopicAdmin(TopicAdminRequest),
 }
 
 impl Arrival {
@@ -87,6 +89,7 @@ impl WriteRequest {
             WriteRequest::Produce(_) => WriteKind::Produce,
             WriteRequest::CommitCursor(_) => WriteKind::CommitCursor,
             WriteRequest::Security(_) => WriteKind::Security,
+            WriteRequest::TopicAdmin(_) => WriteKind::TopicAdmin,
         }
     }
 }
@@ -100,6 +103,8 @@ pub enum WriteKind {
     CommitCursor,
     /// A user or ACL change: one user-admin or ACL-admin event.
     Security,
+    /// A topic create or delete: one topic-admin event.
+    TopicAdmin,
 }
 
 /// Whether the driver lets new writes be proposed now.
@@ -125,6 +130,8 @@ pub enum Reply {
     CursorCommitted,
     /// The user or ACL change is stabilized.
     SecurityChanged,
+    /// The topic create or delete is stabilized.
+    TopicChanged,
     /// This broker is not (or no longer) the master; the driver adds where the master is.
     NotMaster,
     /// A typed error.
@@ -351,6 +358,7 @@ impl Writes {
                     },
                     WriteKind::CommitCursor => Reply::CursorCommitted,
                     WriteKind::Security => Reply::SecurityChanged,
+                    WriteKind::TopicAdmin => Reply::TopicChanged,
                 };
                 out.push(WriteCommand::Answer {
                     token: w.token,
@@ -653,12 +661,34 @@ impl Writes {
                     }
                 }
             }
+            WriteRequest::TopicAdmin(t) => {
+                let (adds, body) = match self.plan_topic_admin(state, t) {
+                    Ok(planned) => planned,
+                    Err(e) => {
+                        reply(out, Reply::Error(e), None);
+                        return None;
+                    }
+                };
+                match one_event(core, &body, inflight_max) {
+                    Ok(Some(p)) => (vec![p], None, adds),
+                    Ok(None) => return Some(b),
+                    Err(e) => {
+                        reply(
+                            out,
+                            Reply::Error(ErrorResponse::new(ErrorCode::InvalidName, e.to_string())),
+                            None,
+                        );
+                        return None;
+                    }
+                }
+            }
         };
         let event_kind = match &b.request {
             WriteRequest::Produce(_) => EventKind::Message,
             WriteRequest::CommitCursor(_) => EventKind::CursorCommit,
             WriteRequest::Security(SecurityChange::User(_)) => EventKind::UserAdmin,
             WriteRequest::Security(SecurityChange::Acl(_)) => EventKind::AclAdmin,
+            WriteRequest::TopicAdmin(_) => EventKind::TopicAdmin,
         };
         let count = payloads.len() as u64;
         let mut base = None;
@@ -739,6 +769,64 @@ impl Writes {
         }
     }
 
+    /// The event of a topic create or delete and the name it adds, or why it is refused:
+    /// a create of a topic that exists or is being created (`TopicExists`), of other than
+    /// one partition (`InvalidPartitions`), or past `topics_max` (`LimitReached`); a
+    /// delete of a topic that does not exist (`UnknownTopic`); a bad name (`InvalidName`).
+    fn plan_topic_admin(
+        &self,
+        state: &BrokerState,
+        t: &TopicAdminRequest,
+    ) -> Result<(Option<NewName>, EventBody), ErrorResponse> {
+        quire_proto::validate_topic(&t.topic)
+            .map_err(|e| ErrorResponse::new(ErrorCode::InvalidName, e.to_string()))?;
+        let exists = state.topic(&t.topic).is_some();
+        let name = NewName::Topic(t.topic.clone());
+        let adds = match t.action {
+            TopicAction::Create => {
+                if exists || self.new_names.contains(&name) {
+                    return Err(ErrorResponse::new(
+                        ErrorCode::TopicExists,
+                        format!("topic {:?} exists", t.topic),
+                    ));
+                }
+                if t.partitions != 1 {
+                    return Err(ErrorResponse::new(
+                        ErrorCode::InvalidPartitions,
+                        format!(
+                            "{} partitions asked for: every topic is one partition in this version",
+                            t.partitions
+                        ),
+                    ));
+                }
+                if state.topic_count() + self.new_topics >= self.limits.topics_max {
+                    return Err(ErrorResponse::new(
+                        ErrorCode::LimitReached,
+                        format!(
+                            "topic {:?} would be one more than this cluster's topics_max ({})",
+                            t.topic, self.limits.topics_max
+                        ),
+                    ));
+                }
+                Some(name)
+            }
+            TopicAction::Delete => {
+                if !exists {
+                    return Err(ErrorResponse::new(
+                        ErrorCode::UnknownTopic,
+                        format!("topic {:?} does not exist", t.topic),
+                    ));
+                }
+                None
+            }
+        };
+        let body = EventBody::TopicAdmin(TopicAdminEvent {
+            action: t.action,
+            topic: t.topic.clone(),
+        });
+        Ok((adds, body))
+    }
+
     /// What to do with a produce: answer it from the idempotent-producer table or with an
     /// error, attach it to the same batch in flight, or write it.
     fn plan_produce(&self, state: &BrokerState, p: &ProduceRequest) -> Plan {
@@ -804,7 +892,20 @@ impl Writes {
         // the last one written or in flight, so a batch that overtook a failed one is
         // refused and resent in order, never applied over a gap.
         if p.format == MessageFormat::Kafka && dedup == Dedup::New {
-            let applied_next = state.last_sequence(p.producer_id).map_or(0, |l| l + 1);
+            let applied = state.last_sequence(p.producer_id);
+            if applied.is_none() && inflight_last.is_none() && p.sequence != 0 {
+                return Plan::Reply(
+                    Reply::Error(ErrorResponse::new(
+                        ErrorCode::UnknownProducer,
+                        format!(
+                            "producer {} is not in the idempotent-producer table (never seen, or forgotten for newer ones) and sequence {} is not 0: start over",
+                            p.producer_id, p.sequence
+                        ),
+                    )),
+                    Some("unknown_producer"),
+                );
+            }
+            let applied_next = applied.map_or(0, |l| l + 1);
             let next = inflight_last.map_or(applied_next, |l| applied_next.max(l + 1));
             if p.sequence != next {
                 return gap(format!(

@@ -332,9 +332,10 @@ impl Actor {
                 self.metrics.produce_requests.inc();
                 self.on_write_request(r);
             }
-            Body::CommitCursorRequest(_) | Body::UserAdminRequest(_) | Body::AclAdminRequest(_) => {
-                self.on_write_request(r)
-            }
+            Body::CommitCursorRequest(_)
+            | Body::UserAdminRequest(_)
+            | Body::AclAdminRequest(_)
+            | Body::TopicAdminRequest(_) => self.on_write_request(r),
             Body::DescribeSecurityRequest(_) => {
                 let tables = self.engine.state().security();
                 let body = quire_proto::DescribeSecurityResponse {
@@ -904,7 +905,9 @@ impl Actor {
                         ProduceResponse { base_offset, count }.into()
                     }
                     Reply::CursorCommitted => CommitCursorResponse.into(),
-                    Reply::SecurityChanged => quire_proto::AdminResponse.into(),
+                    Reply::SecurityChanged | Reply::TopicChanged => {
+                        quire_proto::AdminResponse.into()
+                    }
                     Reply::NotMaster => {
                         let (epoch, master) = self.master_hint();
                         ErrorResponse::not_master(epoch, master).into()
@@ -931,6 +934,7 @@ impl Actor {
             Body::CommitCursorRequest(c) => WriteRequest::CommitCursor(c),
             Body::UserAdminRequest(u) => WriteRequest::Security(SecurityChange::User(u.0)),
             Body::AclAdminRequest(a) => WriteRequest::Security(SecurityChange::Acl(a.0)),
+            Body::TopicAdminRequest(t) => WriteRequest::TopicAdmin(t),
             _ => return,
         };
         let token = RequestToken(self.next_token);
