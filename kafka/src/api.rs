@@ -12,6 +12,9 @@
 //! | JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13) | 0–7, 0–5, 0–4, 0–4 | the master's group coordinator ([`crate::group`]) |
 //! | OffsetCommit (8), OffsetFetch (9) | 2–8, 1–7 | `CommitCursorRequest` / `CursorRequest`, cursor = group id |
 //! | ListGroups (16), DescribeGroups (15) | 0–4, 0–5 | the master's groups |
+//! | CreateTopics (19), DeleteTopics (20) | 0–7 (2–7 served), 0–6 (1–6 served) | `TopicAdminRequest` (one partition per topic) |
+//! | CreatePartitions (37) | 0–3 | `INVALID_PARTITIONS` |
+//! | DescribeCluster (60), DescribeConfigs (32) | 0–1, 0–4 (1–4 served) | the brokers; `cleanup.policy=delete` per topic |
 //! | InitProducerId (22) | 0–4 | a new random producer id (or the next epoch of one): [`init_producer_id`] |
 //!
 //! Produce is announced from version 0 although a request below 3 closes the connection
@@ -36,10 +39,11 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, DescribeGroupsRequest, FetchRequest,
-    FetchResponse, FindCoordinatorRequest, HeartbeatRequest, InitProducerIdRequest,
-    InitProducerIdResponse, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreatePartitionsRequest,
+    CreateTopicsRequest, DeleteTopicsRequest, DescribeClusterRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, FetchRequest, FetchResponse, FindCoordinatorRequest, HeartbeatRequest,
+    InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, ProduceResponse, ProducerId,
     SyncGroupRequest, TopicName,
 };
@@ -49,7 +53,9 @@ use quire_proto::{Body, ErrorCode, ErrorDetail, MessageFormat, Offset, MESSAGES_
 use tokio::task::JoinSet;
 
 use crate::batch::{self, BatchError};
-use crate::{coordinator, split_host_port, Backend, Client, KafkaSettings, Listener, Pending};
+use crate::{
+    admin, coordinator, split_host_port, Backend, Client, KafkaSettings, Listener, Pending,
+};
 
 /// The APIs the listener serves, `(key, lowest version, highest version)`: what
 /// ApiVersions announces. Any other request closes the connection.
@@ -69,6 +75,14 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 7),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
+    // Announced from 0, served from the first version the codec reads (2, 1, 1): as for
+    // Produce, librdkafka uses an admin API only if the broker's range starts at 0, and
+    // then the highest version both sides know.
+    (ApiKey::CreateTopics, 0, 7),
+    (ApiKey::DeleteTopics, 0, 6),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::DescribeConfigs, 0, 4),
 ];
 
 /// The versions of `key` the listener serves, `(lowest, highest)`; `None` if it does not
@@ -183,6 +197,20 @@ async fn serve<B: Backend>(
             &coordinator::describe_groups(backend, listener, &req).await,
             version,
         ),
+        KafkaRequest::CreateTopics(req) => {
+            encoded(&admin::create_topics(backend, settings, req).await, version)
+        }
+        KafkaRequest::DeleteTopics(req) => {
+            encoded(&admin::delete_topics(backend, req, version).await, version)
+        }
+        KafkaRequest::CreatePartitions(req) => encoded(&admin::create_partitions(req), version),
+        KafkaRequest::DescribeCluster => {
+            encoded(&admin::describe_cluster(backend, settings).await, version)
+        }
+        KafkaRequest::DescribeConfigs(req) => encoded(
+            &admin::describe_configs(backend, settings, req).await,
+            version,
+        ),
     }
 }
 
@@ -219,6 +247,16 @@ pub enum KafkaRequest {
     ListGroups,
     /// DescribeGroups.
     DescribeGroups(DescribeGroupsRequest),
+    /// CreateTopics.
+    CreateTopics(CreateTopicsRequest),
+    /// DeleteTopics.
+    DeleteTopics(DeleteTopicsRequest),
+    /// CreatePartitions.
+    CreatePartitions(CreatePartitionsRequest),
+    /// DescribeCluster (its options are not applied).
+    DescribeCluster,
+    /// DescribeConfigs.
+    DescribeConfigs(DescribeConfigsRequest),
 }
 
 /// Decodes the body of a `key` request at `version` (its header already read).
@@ -265,6 +303,22 @@ pub(crate) fn decode_body(
         }
         ApiKey::DescribeGroups => {
             KafkaRequest::DescribeGroups(DescribeGroupsRequest::decode(&mut body, version)?)
+        }
+        ApiKey::CreateTopics => {
+            KafkaRequest::CreateTopics(CreateTopicsRequest::decode(&mut body, version)?)
+        }
+        ApiKey::DeleteTopics => {
+            KafkaRequest::DeleteTopics(DeleteTopicsRequest::decode(&mut body, version)?)
+        }
+        ApiKey::CreatePartitions => {
+            KafkaRequest::CreatePartitions(CreatePartitionsRequest::decode(&mut body, version)?)
+        }
+        ApiKey::DescribeCluster => {
+            DescribeClusterRequest::decode(&mut body, version)?;
+            KafkaRequest::DescribeCluster
+        }
+        ApiKey::DescribeConfigs => {
+            KafkaRequest::DescribeConfigs(DescribeConfigsRequest::decode(&mut body, version)?)
         }
         other => anyhow::bail!("{other:?} is not served"),
     };
@@ -367,6 +421,7 @@ pub(crate) fn kafka_error(code: ErrorCode) -> ResponseError {
         ErrorCode::OffsetOutOfRange | ErrorCode::Trimmed => ResponseError::OffsetOutOfRange,
         ErrorCode::UnknownTopic => ResponseError::UnknownTopicOrPartition,
         ErrorCode::SequenceGap => ResponseError::OutOfOrderSequenceNumber,
+        ErrorCode::UnknownProducer => ResponseError::UnknownProducerId,
         ErrorCode::Malformed => ResponseError::InvalidRequest,
         _ => ResponseError::UnknownServerError,
     }
@@ -472,7 +527,10 @@ async fn produce_submit<B: Backend>(
     backend: &B,
     req: ProduceRequest,
 ) -> Vec<(TopicName, Vec<(i32, Submitted)>)> {
-    let transactional = req.transactional_id.is_some();
+    let transactional = req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty());
     let mut out = Vec::with_capacity(req.topic_data.len());
     for topic in req.topic_data {
         let name = topic.name.0.to_string();

@@ -167,10 +167,10 @@ pub(crate) fn messages_of(mut records: Bytes) -> Result<Produced, BatchError> {
 /// The record batches (v2, uncompressed) answering a fetch from `from`: `messages` at
 /// their offsets (`formats` says what each is; empty: every one opaque), then, if the
 /// broker scanned further (`next_offset` past the last message, or past `from` with no
-/// message), an empty batch spanning the rest. Kafka clients move their position to the
-/// end of the last batch (RecordBatch's `lastOffsetDelta`), so a topic whose offsets stop
-/// short of the high watermark — other topics' messages follow it in the shared log — is
-/// read to its end instead of fetched from the same offset forever. Empty bytes for no
+/// message), a control batch whose one COMMIT marker sits at the last offset scanned
+/// ([`skip_marker`]). Kafka clients move their position past it, so a topic whose offsets
+/// stop short of the high watermark — other topics' messages follow it in the shared log —
+/// is read to its end instead of fetched from the same offset forever. Empty bytes for no
 /// messages and nothing scanned.
 ///
 /// # Errors
@@ -185,46 +185,49 @@ pub(crate) fn batches_of(
     let mut out = BytesMut::from(&batch_of(messages, formats)?[..]);
     let covered = messages.last().map_or(from, |(o, _)| o.next());
     if next_offset > covered {
-        empty_batch(covered, next_offset, &mut out)?;
+        skip_marker(next_offset, &mut out)?;
     }
     Ok(out.freeze())
 }
 
-/// Bytes of a RecordBatch v2 header, and so of a batch with no records.
-const BATCH_HEADER_BYTES: usize = 61;
-
-/// Appends a record batch v2 with no records spanning offsets `first..end` (Kafka writes
-/// such batches when compaction empties one; KIP-98's format):
+/// Appends a control batch holding one transaction COMMIT marker at offset `end - 1`
+/// (KIP-98's control records: key = version 0 and type 1, value = version 0 and
+/// coordinator epoch 0): clients move their position past it to `end`, and deliver
+/// nothing.
 ///
-/// ```text
-/// 0   8  baseOffset i64        = first        29  8  baseTimestamp i64    = -1
-/// 8   4  batchLength i32       = 49           37  8  maxTimestamp i64     = -1
-/// 12  4  partitionLeaderEpoch  = -1           45  8  producerId i64       = -1
-/// 16  1  magic i8              = 2            53  2  producerEpoch i16    = -1
-/// 17  4  crc u32 (CRC-32C of bytes 21..61)    55  4  baseSequence i32     = -1
-/// 21  2  attributes i16        = 0            59  4  recordCount i32      = 0
-/// 23  4  lastOffsetDelta i32   = end - 1 - first
-/// ```
-fn empty_batch(first: Offset, end: Offset, out: &mut BytesMut) -> anyhow::Result<()> {
-    use bytes::BufMut;
-    let base = i64::try_from(first.0)?;
-    let delta = i32::try_from(end.0 - 1 - first.0).unwrap_or(i32::MAX);
-    let start = out.len();
-    out.put_i64(base);
-    out.put_i32(i32::try_from(BATCH_HEADER_BYTES - 12)?);
-    out.put_i32(NO_PARTITION_LEADER_EPOCH);
-    out.put_i8(2);
-    out.put_u32(0); // the CRC, below
-    out.put_i16(0);
-    out.put_i32(delta);
-    out.put_i64(NO_TIMESTAMP);
-    out.put_i64(NO_TIMESTAMP);
-    out.put_i64(NO_PRODUCER_ID);
-    out.put_i16(NO_PRODUCER_EPOCH);
-    out.put_i32(NO_SEQUENCE);
-    out.put_i32(0);
-    let crc = crc32c::crc32c(&out[start + 21..]);
-    out[start + 17..start + 21].copy_from_slice(&crc.to_be_bytes());
+/// Why a marker rather than an empty batch (which Kafka writes when compaction empties
+/// one): librdkafka counts a fetch answer without a record or a control record as "no
+/// whole message fit", doubles its fetch size, and from 1 GiB on reports every such answer
+/// to the application as `MSG_SIZE_TOO_LARGE` — which a consumer at the live end of a
+/// topic, while other topics are written, met on a third of its fetches (found by a
+/// break-it trial). A COMMIT marker is ignored at every isolation level, by librdkafka
+/// and by the Java client, and it counts as read.
+fn skip_marker(end: Offset, out: &mut BytesMut) -> anyhow::Result<()> {
+    const CONTROL_COMMIT: [u8; 4] = [0, 0, 0, 1];
+    const CONTROL_VALUE: [u8; 6] = [0; 6];
+    let marker = Record {
+        transactional: true,
+        control: true,
+        delete_horizon: false,
+        partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
+        producer_id: NO_PRODUCER_ID,
+        producer_epoch: NO_PRODUCER_EPOCH,
+        timestamp_type: TimestampType::Creation,
+        offset: i64::try_from(end.0)? - 1,
+        sequence: NO_SEQUENCE,
+        timestamp: NO_TIMESTAMP,
+        key: Some(Bytes::from_static(&CONTROL_COMMIT)),
+        value: Some(Bytes::from_static(&CONTROL_VALUE)),
+        headers: IndexMap::new(),
+    };
+    RecordBatchEncoder::encode(
+        out,
+        &[marker],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )?;
     Ok(())
 }
 
@@ -370,37 +373,30 @@ mod tests {
         }
     }
 
-    /// A fetch that scanned past its last record ends with an empty batch to where the
-    /// scan ended, which the codec reads as a valid batch of no records.
+    /// A fetch that scanned past its last record ends with a COMMIT marker at the last
+    /// offset scanned, which the codec reads as a valid control record.
     #[test]
-    fn a_scan_past_the_records_ends_with_an_empty_batch() {
+    fn a_scan_past_the_records_ends_with_a_commit_marker() {
         let stored = vec![(Offset(5), Bytes::from_static(b"raw"))];
         let bytes = batches_of(Offset(3), &stored, &[], Offset(20)).unwrap();
-        let infos = RecordBatchDecoder::decode_batch_info(&mut bytes.clone()).unwrap();
-        assert_eq!(infos.len(), 2);
-        assert_eq!((infos[1].min_offset, infos[1].record_count), (6, 0));
         let sets = RecordBatchDecoder::decode_all(&mut bytes.clone()).unwrap();
-        assert_eq!(
-            sets.iter().map(|s| s.records.len()).sum::<usize>(),
-            1,
-            "the CRC holds"
-        );
-        // The empty batch's last offset is 19: the client fetches from 20 next.
-        assert_eq!(
-            i32::from_be_bytes(
-                bytes[bytes.len() - 61 + 23..bytes.len() - 61 + 27]
-                    .try_into()
-                    .unwrap()
-            ),
-            13
-        );
+        let records: Vec<&Record> = sets.iter().flat_map(|s| &s.records).collect();
+        assert_eq!(records.len(), 2, "the CRCs hold");
+        assert!(!records[0].control);
+        // The marker sits at 19: the client fetches from 20 next, and delivers nothing.
+        let marker = records[1];
+        assert!(marker.control && marker.transactional);
+        assert_eq!(marker.offset, 19);
+        assert_eq!(marker.key.as_deref(), Some(&[0u8, 0, 0, 1][..]), "COMMIT");
         // No record and nothing scanned: nothing.
         assert!(batches_of(Offset(3), &[], &[], Offset(3))
             .unwrap()
             .is_empty());
-        // No record but a scanned span: one empty batch.
+        // No record but a scanned span: the marker alone.
         let only = batches_of(Offset(3), &[], &[], Offset(9)).unwrap();
-        assert_eq!(only.len(), 61);
+        let sets = RecordBatchDecoder::decode_all(&mut only.clone()).unwrap();
+        assert_eq!(sets.len(), 1);
+        assert_eq!(sets[0].records[0].offset, 8);
     }
 
     #[test]

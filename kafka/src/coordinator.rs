@@ -212,7 +212,7 @@ pub(crate) async fn join_group<B: Backend>(
                     .collect(),
                 member_id_required: version >= 4,
             };
-            let answer = listener.groups().join(join, Instant::now(), new_member_id);
+            let answer = listener.groups().join(join, Instant::now());
             await_answer(answer, wait, || Joined {
                 error: Some(ResponseError::RebalanceInProgress),
                 generation: -1,
@@ -244,11 +244,6 @@ pub(crate) async fn join_group<B: Backend>(
                 })
                 .collect(),
         )
-}
-
-/// A member id: the client id, `-`, and 128 random bits in hex (Kafka's form).
-fn new_member_id(client: &str) -> String {
-    format!("{client}-{:032x}", rand::random::<u128>())
 }
 
 /// SyncGroup: the leader's assignments handed to every member of the generation.
@@ -542,22 +537,39 @@ pub(crate) async fn list_groups<B: Backend>(
     ListGroupsResponse::default().with_groups(groups)
 }
 
-/// DescribeGroups: each group's state, protocol and members.
+/// Bytes of member metadata and assignments one DescribeGroups answer carries, at most:
+/// a group that would take it past this is answered `POLICY_VIOLATION` (ask for fewer
+/// groups at a time), and so are the groups after it.
+pub const DESCRIBE_BYTES_MAX: usize = 32 << 20;
+
+/// DescribeGroups: each group's state, protocol and members; a group named twice is
+/// answered once.
 pub(crate) async fn describe_groups<B: Backend>(
     backend: &B,
     listener: &Listener,
     req: &DescribeGroupsRequest,
 ) -> DescribeGroupsResponse {
     let coordinator = coordinator_epoch(backend, listener).await;
+    let mut seen = std::collections::HashSet::new();
+    let mut bytes = 0usize;
     let groups = req
         .groups
         .iter()
+        .filter(|g| seen.insert(g.0.clone()))
         .map(|g| {
             let out = DescribedGroup::default().with_group_id(g.clone());
             if let Err(e) = coordinator {
                 return out.with_error_code(e.code());
             }
             let d = listener.groups().describe(&g.0);
+            bytes += d
+                .members
+                .iter()
+                .map(|m| m.metadata.len() + m.assignment.len())
+                .sum::<usize>();
+            if bytes > DESCRIBE_BYTES_MAX {
+                return out.with_error_code(ResponseError::PolicyViolation.code());
+            }
             let state = if d.members.is_empty() {
                 GroupState::Empty
             } else {

@@ -36,12 +36,22 @@ pub const SESSION_TIMEOUT_MS: std::ops::RangeInclusive<i32> = 6_000..=1_800_000;
 /// `GROUP_MAX_SIZE_REACHED` (a group without members is forgotten at once: its offsets
 /// are in the log).
 pub const GROUPS_MAX: usize = 4_096;
-/// Members (joined or holding a member id not yet used) per group, at most (Kafka's
-/// `group.max.size` is unbounded by default; a bound here keeps one group's memory
-/// bounded): `GROUP_MAX_SIZE_REACHED` beyond it.
+/// Members per group, at most (Kafka's `group.max.size` is unbounded by default; a bound
+/// here keeps one group's memory bounded): `GROUP_MAX_SIZE_REACHED` beyond it. A member id
+/// handed out before the first join (KIP-394) holds nothing: it is checked by its tag.
 pub const MEMBERS_MAX: usize = 1_024;
-/// Bytes of one member's protocol metadata and of one assignment, at most.
-pub const METADATA_BYTES_MAX: usize = 1 << 20;
+/// Bytes of one member's protocol metadata (all its protocols together), and of one
+/// assignment, at most: `INCONSISTENT_GROUP_PROTOCOL` beyond (a consumer's subscription
+/// of hundreds of topics takes a few KiB).
+pub const METADATA_BYTES_MAX: usize = 256 << 10;
+/// Bytes of protocol metadata and assignments the coordinator holds for all groups
+/// together, at most: a join beyond it is refused with `GROUP_MAX_SIZE_REACHED`.
+pub const HELD_BYTES_MAX: usize = 256 << 20;
+/// How long a group that had no members waits for more to join before its first
+/// generation (Kafka's `group.initial.rebalance.delay.ms`, 3 s by default): consumers
+/// starting together, or rejoining a new master after a failover, form one generation
+/// instead of the first taking every partition for a moment.
+pub const INITIAL_REBALANCE_DELAY: Duration = Duration::from_secs(3);
 /// Bytes of the client id kept in a member id, at most.
 const MEMBER_ID_CLIENT_BYTES_MAX: usize = 64;
 
@@ -166,6 +176,17 @@ pub enum Answer<T> {
     Later(oneshot::Receiver<T>),
 }
 
+impl Member {
+    /// Bytes of metadata and assignment this member holds.
+    fn held_bytes(&self) -> usize {
+        self.protocols
+            .iter()
+            .map(|(n, m)| n.len() + m.len())
+            .sum::<usize>()
+            + self.assignment.len()
+    }
+}
+
 #[derive(Debug)]
 struct Member {
     instance_id: Option<String>,
@@ -188,12 +209,20 @@ struct Group {
     protocol: Option<String>,
     leader: Option<String>,
     members: BTreeMap<String, Member>,
-    /// Member ids handed out (MEMBER_ID_REQUIRED) and not yet joined with, until when.
-    pending: BTreeMap<String, Instant>,
     rebalance_deadline: Option<Instant>,
+    /// Bytes of metadata and assignments its members hold ([`Group::recount`]).
+    held: usize,
+    /// While set and not passed, the join phase does not end early when every member has
+    /// joined: the group had no members ([`INITIAL_REBALANCE_DELAY`]).
+    initial_until: Option<Instant>,
 }
 
 impl Group {
+    /// Counts the bytes its members hold again (after any change to them).
+    fn recount(&mut self) {
+        self.held = self.members.values().map(Member::held_bytes).sum();
+    }
+
     fn new() -> Group {
         Group {
             state: GroupState::Empty,
@@ -202,8 +231,9 @@ impl Group {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
-            pending: BTreeMap::new(),
             rebalance_deadline: None,
+            held: 0,
+            initial_until: None,
         }
     }
 
@@ -224,8 +254,15 @@ impl Group {
             .map(|m| m.rebalance_timeout)
             .max()
             .unwrap_or_default();
+        if self.state == GroupState::Empty {
+            let delay = INITIAL_REBALANCE_DELAY.min(wait);
+            self.initial_until = Some(now + delay);
+            self.rebalance_deadline = Some(now + delay);
+        } else {
+            self.initial_until = None;
+            self.rebalance_deadline = Some(now + wait);
+        }
         self.state = GroupState::PreparingRebalance;
-        self.rebalance_deadline = Some(now + wait);
     }
 
     /// Ends the join phase once every member joined again, or at the rebalance deadline
@@ -235,11 +272,13 @@ impl Group {
         if self.state != GroupState::PreparingRebalance {
             return;
         }
-        let all_joined = self.members.values().all(|m| m.join.is_some());
+        let all_joined = self.members.values().all(|m| m.join.is_some())
+            && self.initial_until.is_none_or(|t| now >= t);
         let late = self.rebalance_deadline.is_some_and(|d| now >= d);
         if !all_joined && !late {
             return;
         }
+        self.initial_until = None;
         self.members.retain(|_, m| m.join.is_some());
         self.generation = self.generation.wrapping_add(1).max(1);
         self.rebalance_deadline = None;
@@ -355,6 +394,7 @@ impl Group {
             self.prepare_rebalance(now);
             self.try_complete_join(now);
         }
+        self.recount();
     }
 }
 
@@ -363,6 +403,35 @@ impl Group {
 pub struct Groups {
     groups: BTreeMap<String, Group>,
     epoch: Option<u64>,
+    /// The key of the member-id tags: SipHash keyed with random keys drawn once per
+    /// coordinator (std's `RandomState`), so that a tag cannot be made without asking.
+    tags: std::collections::hash_map::RandomState,
+}
+
+/// Hex digits of a member id's nonce and of its tag.
+const NONCE_HEX: usize = 16;
+const TAG_HEX: usize = 16;
+
+/// The tag of a member id handed out for `group` with `nonce`.
+fn tag(key: &std::collections::hash_map::RandomState, group: &str, nonce: u64) -> u64 {
+    use std::hash::BuildHasher;
+    key.hash_one((group, nonce))
+}
+
+/// Whether `member_id` ends with a nonce and its tag for `group` under `key`.
+fn tagged(key: &std::collections::hash_map::RandomState, group: &str, member_id: &str) -> bool {
+    let Some(tail) = member_id
+        .len()
+        .checked_sub(NONCE_HEX + TAG_HEX)
+        .and_then(|at| member_id.get(at..))
+    else {
+        return false;
+    };
+    let (nonce, t) = tail.split_at(NONCE_HEX);
+    match (u64::from_str_radix(nonce, 16), u64::from_str_radix(t, 16)) {
+        (Ok(nonce), Ok(t)) => tag(key, group, nonce) == t,
+        _ => false,
+    }
 }
 
 /// A group's state as DescribeGroups shows it.
@@ -405,14 +474,16 @@ impl Groups {
         }
     }
 
-    /// JoinGroup. `new_member_id` makes the id of a member joining for the first time
-    /// (Kafka's `client.id` + `-` + a random suffix).
-    pub fn join(
-        &mut self,
-        req: Join,
-        now: Instant,
-        new_member_id: impl FnOnce(&str) -> String,
-    ) -> Answer<Joined> {
+    /// JoinGroup.
+    ///
+    /// A member joining for the first time (empty member id) is given an id: its client
+    /// id, `-`, a 64-bit random nonce and a 64-bit tag of (group, nonce) under this
+    /// coordinator's key, in hex. From version 4 (`member_id_required`) the id is answered
+    /// with `MEMBER_ID_REQUIRED` and nothing is kept until the member joins with it, when
+    /// its tag shows it was handed out here for this group (KIP-394's purpose — a member
+    /// whose first join timed out cannot leave a ghost behind — without a table of ids an
+    /// unauthenticated client could fill).
+    pub fn join(&mut self, req: Join, now: Instant) -> Answer<Joined> {
         let fail = |e| Answer::Now(Joined::error(e, &req.member_id));
         if req.group.is_empty() {
             return fail(ResponseError::InvalidGroupId);
@@ -420,30 +491,28 @@ impl Groups {
         if !SESSION_TIMEOUT_MS.contains(&req.session_timeout_ms) {
             return fail(ResponseError::InvalidSessionTimeout);
         }
-        if req.protocol_type.is_empty()
-            || req.protocols.is_empty()
-            || req
-                .protocols
-                .iter()
-                .any(|(_, m)| m.len() > METADATA_BYTES_MAX)
-        {
+        let adds: usize = req.protocols.iter().map(|(n, m)| n.len() + m.len()).sum();
+        if req.protocol_type.is_empty() || req.protocols.is_empty() || adds > METADATA_BYTES_MAX {
             return fail(ResponseError::InconsistentGroupProtocol);
         }
-        if !self.groups.contains_key(&req.group) && self.groups.len() >= GROUPS_MAX {
+        let known = self.groups.get(&req.group);
+        if known.is_none() && self.groups.len() >= GROUPS_MAX {
             return fail(ResponseError::GroupMaxSizeReached);
         }
-        let group = self
-            .groups
-            .entry(req.group.clone())
-            .or_insert_with(Group::new);
-        if !group.supports(&req.protocol_type, &req.protocols) {
+        if known.is_some_and(|g| !g.supports(&req.protocol_type, &req.protocols)) {
             return fail(ResponseError::InconsistentGroupProtocol);
         }
-        let session_timeout = Duration::from_millis(req.session_timeout_ms.unsigned_abs().into());
+        let current = known.and_then(|g| g.members.get(&req.member_id));
+        if current.is_none() && known.is_some_and(|g| g.members.len() >= MEMBERS_MAX) {
+            return fail(ResponseError::GroupMaxSizeReached);
+        }
+        let held_before = current.map_or(0, Member::held_bytes);
+        let held: usize = self.groups.values().map(|g| g.held).sum();
+        if held.saturating_sub(held_before) + adds > HELD_BYTES_MAX {
+            tracing::warn!(group = %req.group, held, "group coordinator: metadata bound reached, join refused");
+            return fail(ResponseError::GroupMaxSizeReached);
+        }
         let member_id = if req.member_id.is_empty() {
-            if group.members.len() + group.pending.len() >= MEMBERS_MAX {
-                return fail(ResponseError::GroupMaxSizeReached);
-            }
             let client: String = req
                 .client_id
                 .chars()
@@ -452,26 +521,34 @@ impl Groups {
                     (*n <= MEMBER_ID_CLIENT_BYTES_MAX).then_some(c)
                 })
                 .collect();
-            let id = new_member_id(&client);
+            let nonce: u64 = rand::random();
+            let id = format!(
+                "{client}-{nonce:0w$x}{:0t$x}",
+                tag(&self.tags, &req.group, nonce),
+                w = NONCE_HEX,
+                t = TAG_HEX
+            );
             if req.member_id_required {
-                group.pending.insert(id.clone(), now + session_timeout);
                 return Answer::Now(Joined::error(ResponseError::MemberIdRequired, &id));
             }
             id
-        } else if group.pending.remove(&req.member_id).is_some()
-            || group.members.contains_key(&req.member_id)
-        {
+        } else if current.is_some() || tagged(&self.tags, &req.group, &req.member_id) {
             req.member_id.clone()
         } else {
             return fail(ResponseError::UnknownMemberId);
         };
-        let (tx, rx) = oneshot::channel();
+        let session_timeout = Duration::from_millis(req.session_timeout_ms.unsigned_abs().into());
         let rebalance_timeout = Duration::from_millis(
             req.rebalance_timeout_ms
                 .max(req.session_timeout_ms)
                 .unsigned_abs()
                 .into(),
         );
+        let group = self
+            .groups
+            .entry(req.group.clone())
+            .or_insert_with(Group::new);
+        let (tx, rx) = oneshot::channel();
         let member = group.members.entry(member_id).or_insert_with(|| Member {
             instance_id: None,
             client_id: String::new(),
@@ -497,6 +574,7 @@ impl Groups {
         }
         group.prepare_rebalance(now);
         group.try_complete_join(now);
+        group.recount();
         Answer::Later(rx)
     }
 
@@ -544,6 +622,7 @@ impl Groups {
                         }
                     }
                     g.state = GroupState::Stable;
+                    g.recount();
                     let answers: Vec<(String, Synced)> = g
                         .members
                         .iter()
@@ -614,9 +693,14 @@ impl Groups {
         if generation != g.generation {
             return Some(ResponseError::IllegalGeneration);
         }
+        // As Kafka: the generation's members may commit while the group prepares a
+        // rebalance (that is when their partitions are revoked, and commit), not while
+        // it waits for the new generation's assignment.
         match g.state {
-            GroupState::Stable => None,
-            _ => Some(ResponseError::RebalanceInProgress),
+            GroupState::Stable | GroupState::PreparingRebalance => None,
+            GroupState::Empty | GroupState::CompletingRebalance => {
+                Some(ResponseError::RebalanceInProgress)
+            }
         }
     }
 
@@ -635,19 +719,18 @@ impl Groups {
             .map(|id| (!g.members.contains_key(id)).then_some(ResponseError::UnknownMemberId))
             .collect();
         g.remove(members, now);
-        if g.members.is_empty() && g.pending.is_empty() {
+        if g.members.is_empty() {
             self.groups.remove(group);
         }
         results
     }
 
     /// Time passes: members silent for their session timeout are removed (a member
-    /// waiting in a join is not silent), unused member ids expire, a rebalance whose
-    /// deadline passed completes without the members that did not join, and groups left
-    /// without members are forgotten.
+    /// waiting in a join is not silent), a rebalance whose deadline passed completes
+    /// without the members that did not join, and groups left without members are
+    /// forgotten.
     pub fn tick(&mut self, now: Instant) {
         for g in self.groups.values_mut() {
-            g.pending.retain(|_, until| *until > now);
             let expired: Vec<String> = g
                 .members
                 .iter()
@@ -656,9 +739,9 @@ impl Groups {
                 .collect();
             g.remove(&expired, now);
             g.try_complete_join(now);
+            g.recount();
         }
-        self.groups
-            .retain(|_, g| !(g.members.is_empty() && g.pending.is_empty()));
+        self.groups.retain(|_, g| !g.members.is_empty());
     }
 
     /// Groups with members: `(group id, protocol type, state)`, by id.
@@ -718,6 +801,8 @@ impl Groups {
 mod tests {
     use super::*;
 
+    const SECOND: Duration = Duration::from_secs(1);
+
     fn join(member_id: &str, protocols: &[&str]) -> Join {
         Join {
             group: "g".to_owned(),
@@ -751,28 +836,42 @@ mod tests {
     }
 
     /// Joins a member from scratch (MEMBER_ID_REQUIRED, then the join with its id).
-    fn new_member(g: &mut Groups, name: &str, t: Instant) -> (String, oneshot::Receiver<Joined>) {
-        let first = now_answer(g.join(join("", &["range"]), t, |c| format!("{c}-{name}")));
+    fn new_member(
+        g: &mut Groups,
+        protocols: &[&str],
+        t: Instant,
+    ) -> (String, oneshot::Receiver<Joined>) {
+        let first = now_answer(g.join(join("", protocols), t));
         assert_eq!(first.error, Some(ResponseError::MemberIdRequired));
-        let rx = later(g.join(join(&first.member_id, &["range"]), t, |_| unreachable!()));
+        let rx = later(g.join(join(&first.member_id, protocols), t));
         (first.member_id, rx)
+    }
+
+    /// A group of one member at generation 1 (formed after the initial delay), its
+    /// assignment synced; the time it became stable.
+    fn one_member(g: &mut Groups, t: Instant) -> (String, Instant) {
+        let (a, mut rx) = new_member(g, &["range"], t);
+        assert!(
+            rx.try_recv().is_err(),
+            "the first generation waits for the initial delay"
+        );
+        let t = t + INITIAL_REBALANCE_DELAY;
+        g.tick(t);
+        let joined = rx.try_recv().unwrap();
+        assert_eq!((joined.error, joined.generation), (None, 1));
+        assert_eq!(joined.leader, a);
+        let _ = g.sync("g", 1, &a, vec![(a.clone(), Bytes::from("all"))], t);
+        (a, t)
     }
 
     /// One member: join, the leader's own sync, heartbeats, commits; a second member makes
     /// the first join again; the leader's assignment reaches both; a leave rebalances.
     #[test]
     fn members_join_sync_heartbeat_and_leave() {
-        let t = Instant::now();
         let mut g = Groups::default();
         g.coordinate_in(7);
-        let (a, mut rx) = new_member(&mut g, "a", t);
-        let joined = rx.try_recv().unwrap();
-        assert_eq!((joined.error, joined.generation), (None, 1));
-        assert_eq!(joined.leader, a);
-        assert_eq!(joined.members.len(), 1);
-        assert_eq!(joined.protocol_name.as_deref(), Some("range"));
-        let mut s = later(g.sync("g", 1, &a, vec![(a.clone(), Bytes::from("all"))], t));
-        assert_eq!(s.try_recv().unwrap().assignment, Bytes::from("all"));
+        let (a, t) = one_member(&mut g, Instant::now());
+        assert_eq!(g.describe("g").members[0].assignment, Bytes::from("all"));
         assert_eq!(g.heartbeat("g", 1, &a, t), None);
         assert_eq!(g.may_commit("g", 1, &a, t), None);
         assert_eq!(
@@ -785,18 +884,29 @@ mod tests {
             "a group with members takes no commits from outside it"
         );
 
-        // b joins: a is told by its heartbeat, joins again, both get generation 2.
-        let (b, mut rx_b) = new_member(&mut g, "b", t);
+        // b joins: a is told by its heartbeat, may still commit, joins again; both get
+        // generation 2 at once (no initial delay: the group had members).
+        let (b, mut rx_b) = new_member(&mut g, &["range"], t);
         assert!(rx_b.try_recv().is_err(), "b waits for a");
         assert_eq!(
             g.heartbeat("g", 1, &a, t),
             Some(ResponseError::RebalanceInProgress)
         );
-        let mut rx_a = later(g.join(join(&a, &["range"]), t, |_| unreachable!()));
+        assert_eq!(
+            g.may_commit("g", 1, &a, t),
+            None,
+            "a commits while its partitions are revoked"
+        );
+        let mut rx_a = later(g.join(join(&a, &["range"]), t));
         let (ja, jb) = (rx_a.try_recv().unwrap(), rx_b.try_recv().unwrap());
         assert_eq!((ja.generation, jb.generation), (2, 2));
         assert_eq!(ja.members.len(), 2, "the leader learns every member");
         assert!(jb.members.is_empty());
+        assert_eq!(
+            g.may_commit("g", 2, &a, t),
+            Some(ResponseError::RebalanceInProgress),
+            "no commits while the new assignment is awaited"
+        );
         // b syncs first and waits for the leader's assignment.
         let mut sb = later(g.sync("g", 2, &b, Vec::new(), t));
         assert!(sb.try_recv().is_err());
@@ -823,7 +933,7 @@ mod tests {
             g.heartbeat("g", 2, &b, t),
             Some(ResponseError::RebalanceInProgress)
         );
-        let mut rx_b = later(g.join(join(&b, &["range"]), t, |_| unreachable!()));
+        let mut rx_b = later(g.join(join(&b, &["range"]), t));
         let jb = rx_b.try_recv().unwrap();
         assert_eq!((jb.generation, jb.leader.as_str()), (3, b.as_str()));
         // The last member leaves: the group is forgotten.
@@ -831,28 +941,41 @@ mod tests {
         assert!(g.list().is_empty());
     }
 
+    /// Members that join within the initial delay form one generation.
+    #[test]
+    fn members_starting_together_form_one_generation() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let mut rxs: Vec<_> = (0..3)
+            .map(|i| new_member(&mut g, &["range"], t + SECOND * i).1)
+            .collect();
+        g.tick(t + INITIAL_REBALANCE_DELAY - Duration::from_millis(1));
+        assert!(rxs.iter_mut().all(|rx| rx.try_recv().is_err()));
+        g.tick(t + INITIAL_REBALANCE_DELAY);
+        let joined: Vec<Joined> = rxs.iter_mut().map(|rx| rx.try_recv().unwrap()).collect();
+        assert!(joined.iter().all(|j| j.generation == 1));
+        assert_eq!(joined.iter().map(|j| j.members.len()).sum::<usize>(), 3);
+    }
+
     /// A member silent for its session timeout is removed; one that does not join again
     /// within the rebalance timeout is left out of the next generation.
     #[test]
     fn silent_members_are_removed() {
-        let t = Instant::now();
         let mut g = Groups::default();
-        let (a, mut rx) = new_member(&mut g, "a", t);
-        rx.try_recv().unwrap();
-        let _ = g.sync("g", 1, &a, Vec::new(), t);
-        let (b, mut rx_b) = new_member(&mut g, "b", t);
+        let (a, t) = one_member(&mut g, Instant::now());
+        let (b, mut rx_b) = new_member(&mut g, &["range"], t);
         // a heartbeats (told to join again) but never joins: after the rebalance timeout
         // (20 s) b is alone.
         for at in [9, 18] {
             assert_eq!(
-                g.heartbeat("g", 1, &a, t + Duration::from_secs(at)),
+                g.heartbeat("g", 1, &a, t + SECOND * at),
                 Some(ResponseError::RebalanceInProgress)
             );
-            g.tick(t + Duration::from_secs(at));
+            g.tick(t + SECOND * at);
         }
-        g.tick(t + Duration::from_secs(19));
+        g.tick(t + SECOND * 19);
         assert!(rx_b.try_recv().is_err());
-        g.tick(t + Duration::from_secs(21));
+        g.tick(t + SECOND * 21);
         let jb = rx_b.try_recv().unwrap();
         assert_eq!((jb.generation, jb.leader.as_str()), (2, b.as_str()));
         assert_eq!(
@@ -860,10 +983,10 @@ mod tests {
             Some(ResponseError::UnknownMemberId)
         );
         // b stops heartbeating: removed after its session timeout (10 s).
-        let _ = g.sync("g", 2, &b, Vec::new(), t + Duration::from_secs(21));
-        g.tick(t + Duration::from_secs(30));
+        let _ = g.sync("g", 2, &b, Vec::new(), t + SECOND * 21);
+        g.tick(t + SECOND * 30);
         assert_eq!(g.list().len(), 1);
-        g.tick(t + Duration::from_secs(32));
+        g.tick(t + SECOND * 32);
         assert!(g.list().is_empty());
     }
 
@@ -874,19 +997,79 @@ mod tests {
         let mut short = join("", &["range"]);
         short.session_timeout_ms = 100;
         assert_eq!(
-            now_answer(g.join(short, t, |c| c.to_owned())).error,
+            now_answer(g.join(short, t)).error,
             Some(ResponseError::InvalidSessionTimeout)
         );
+        let mut big = join("", &["range"]);
+        big.protocols[0].1 = Bytes::from(vec![0u8; METADATA_BYTES_MAX]);
         assert_eq!(
-            now_answer(g.join(join("made-up", &["range"]), t, |c| c.to_owned())).error,
-            Some(ResponseError::UnknownMemberId)
+            now_answer(g.join(big, t)).error,
+            Some(ResponseError::InconsistentGroupProtocol)
         );
-        let (_a, _rx) = new_member(&mut g, "a", t);
+        let (_a, _rx) = new_member(&mut g, &["range"], t);
         assert_eq!(
-            now_answer(g.join(join("", &["sticky"]), t, |c| c.to_owned())).error,
+            now_answer(g.join(join("", &["sticky"]), t)).error,
             Some(ResponseError::InconsistentGroupProtocol),
             "no protocol in common with the members"
         );
+    }
+
+    /// A member id handed out is kept nowhere: it is good for its group only, and any
+    /// other id a client makes up is refused.
+    #[test]
+    fn member_ids_prove_themselves() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        for _ in 0..10_000 {
+            let _ = g.join(join("", &["range"]), t);
+        }
+        assert!(g.list().is_empty(), "ids handed out hold nothing");
+        let id = now_answer(g.join(join("", &["range"]), t)).member_id;
+        let mut other_group = join(&id, &["range"]);
+        other_group.group = "h".to_owned();
+        assert_eq!(
+            now_answer(g.join(other_group, t)).error,
+            Some(ResponseError::UnknownMemberId)
+        );
+        let mut forged = id.clone().into_bytes();
+        let last = forged.len() - 1;
+        forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
+        let forged = String::from_utf8(forged).unwrap();
+        for made_up in ["made-up", "", "c-00", forged.as_str()] {
+            if made_up.is_empty() {
+                continue;
+            }
+            assert_eq!(
+                now_answer(g.join(join(made_up, &["range"]), t)).error,
+                Some(ResponseError::UnknownMemberId),
+                "{made_up}"
+            );
+        }
+        let _rx = later(g.join(join(&id, &["range"]), t));
+        assert_eq!(g.describe("g").members.len(), 1);
+    }
+
+    /// The coordinator holds at most HELD_BYTES_MAX of metadata over all groups.
+    #[test]
+    fn held_metadata_is_bounded() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let meta = Bytes::from(vec![7u8; METADATA_BYTES_MAX - 8]);
+        let fits = HELD_BYTES_MAX / METADATA_BYTES_MAX;
+        let mut refused = 0;
+        for i in 0..fits + 4 {
+            let mut j = join("", &["range"]);
+            j.group = format!("g{}", i % 8);
+            j.member_id_required = false;
+            j.protocols[0].1 = meta.clone();
+            if let Answer::Now(r) = g.join(j, t) {
+                assert_eq!(r.error, Some(ResponseError::GroupMaxSizeReached));
+                refused += 1;
+            }
+        }
+        assert!(refused >= 4, "{refused}");
+        let held: usize = g.groups.values().map(|g| g.held).sum();
+        assert!(held <= HELD_BYTES_MAX);
     }
 
     /// The protocol chosen is one every member supports, by the members' first choices.
@@ -894,25 +1077,17 @@ mod tests {
     fn the_protocol_is_voted() {
         let t = Instant::now();
         let mut g = Groups::default();
-        let mut rxs = Vec::new();
-        for (name, protocols) in [
-            ("a", &["roundrobin", "range"][..]),
-            ("b", &["range", "roundrobin"][..]),
-            ("c", &["range"][..]),
-        ] {
-            let first = now_answer(g.join(join("", protocols), t, |c| format!("{c}-{name}")));
-            rxs.push((
-                first.member_id.clone(),
-                g.join(join(&first.member_id, protocols), t, |_| unreachable!()),
-            ));
-        }
-        // The first member's join completed generation 1 alone; the group then waits for it.
-        let (a, _) = &rxs[0];
-        let rx = later(g.join(join(a, &["roundrobin", "range"]), t, |_| unreachable!()));
-        let mut rx = rx;
-        let j = rx.try_recv().unwrap();
+        let mut rxs: Vec<_> = [
+            &["roundrobin", "range"][..],
+            &["range", "roundrobin"][..],
+            &["range"][..],
+        ]
+        .into_iter()
+        .map(|p| new_member(&mut g, p, t).1)
+        .collect();
+        g.tick(t + INITIAL_REBALANCE_DELAY);
+        let j = rxs[0].try_recv().unwrap();
         assert_eq!(j.protocol_name.as_deref(), Some("range"));
-        assert_eq!(j.members.len(), 3);
     }
 
     /// A new master epoch forgets every group.
@@ -921,7 +1096,7 @@ mod tests {
         let t = Instant::now();
         let mut g = Groups::default();
         g.coordinate_in(1);
-        let (_a, _rx) = new_member(&mut g, "a", t);
+        let (_a, _rx) = new_member(&mut g, &["range"], t);
         assert_eq!(g.list().len(), 1);
         g.coordinate_in(1);
         assert_eq!(g.list().len(), 1);

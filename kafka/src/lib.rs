@@ -35,6 +35,7 @@
 //! Consumer groups: the master is every group's coordinator ([`group`] holds membership
 //! in memory; committed offsets are cursors in the replicated log).
 
+mod admin;
 mod api;
 mod batch;
 mod conn;

@@ -16,6 +16,17 @@ object on its last stdout line; the Rust test asserts on it. Every wait is bound
       until the other two hold every partition. Result: assignments, values read per
       topic, describe and list results.
 
+  admin BOOTSTRAP
+      The admin client: CreateTopics (one partition; three; with a topic setting; again;
+      validate-only), DescribeConfigs, DescribeCluster, CreatePartitions, DeleteTopics
+      (a topic created, a missing one), and the topic list before and after. Result: each
+      call's outcome, "OK" or the Kafka error's name.
+
+  live-tail BOOTSTRAP SECONDS
+      A consumer reads topic tail-a from its end while a producer writes tail-b, tail-b,
+      tail-a every 10 ms, so each fetch of tail-a scans past tail-b's records. Result:
+      records read and errors the consumer was given.
+
   group-resume BOOTSTRAP GROUP N TOPIC...
       One member of GROUP reads N records of each topic from the group's committed
       offsets. Result: values read per topic, and any read past N within 3 s.
@@ -25,8 +36,8 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition, OFFSET_END
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 BOUND_S = 60
 
@@ -210,12 +221,87 @@ def group_resume(bootstrap, group, n, topics):
     return {"values": m.values, "errors": m.errors}
 
 
+def outcomes(futures):
+    out = {}
+    for key, f in futures.items():
+        try:
+            f.result(timeout=BOUND_S)
+            out[str(key)] = "OK"
+        except KafkaException as e:
+            out[str(key)] = e.args[0].name()
+    return out
+
+
+def admin(bootstrap):
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    res = {}
+    res["create"] = outcomes(a.create_topics([
+        NewTopic("made", 1),
+        NewTopic("wide", 3),
+        NewTopic("compacted", 1, config={"cleanup.policy": "compact"}),
+    ]))
+    res["create_again"] = outcomes(a.create_topics([NewTopic("made", 1)]))
+    res["validate_only"] = outcomes(a.create_topics([NewTopic("checked", 1)], validate_only=True))
+    res["listed"] = sorted(a.list_topics(timeout=BOUND_S).topics)
+    configs = a.describe_configs([ConfigResource("topic", "made")])
+    res["configs"] = {
+        name: entry.value
+        for f in configs.values()
+        for name, entry in f.result(timeout=BOUND_S).items()
+    }
+    cluster = a.describe_cluster().result(timeout=BOUND_S)
+    res["cluster"] = {"id": cluster.cluster_id, "nodes": len(cluster.nodes),
+                      "controller": cluster.controller.id if cluster.controller else None}
+    res["partitions"] = outcomes(a.create_partitions([NewPartitions("made", 2)]))
+    res["delete"] = outcomes(a.delete_topics(["made", "missing"]))
+    res["listed_after"] = sorted(a.list_topics(timeout=BOUND_S).topics)
+    return res
+
+
+def live_tail(bootstrap, seconds):
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    p.produce("tail-a", b"first")
+    p.flush(BOUND_S)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "tail", "enable.auto.commit": False})
+    c.assign([TopicPartition("tail-a", 0, OFFSET_END)])
+    stop = threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            for topic in ("tail-b", "tail-b", "tail-a"):
+                p.produce(topic, b"x")
+            p.poll(0)
+            time.sleep(0.01)
+        p.flush(BOUND_S)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    read, errors = 0, []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        m = c.poll(0.2)
+        if m is None:
+            continue
+        if m.error():
+            errors.append(str(m.error()))
+        else:
+            read += 1
+    stop.set()
+    t.join(BOUND_S)
+    c.close()
+    return {"read": read, "errors": errors[:5], "error_count": len(errors)}
+
+
 def main():
     cmd, bootstrap = sys.argv[1], sys.argv[2]
     if cmd == "idempotent":
         out = idempotent(bootstrap, sys.argv[3], int(sys.argv[4]))
     elif cmd == "group-three":
         out = group_three(bootstrap, sys.argv[3], int(sys.argv[4]), sys.argv[5:])
+    elif cmd == "admin":
+        out = admin(bootstrap)
+    elif cmd == "live-tail":
+        out = live_tail(bootstrap, float(sys.argv[3]))
     elif cmd == "group-resume":
         out = group_resume(bootstrap, sys.argv[3], int(sys.argv[4]), sys.argv[5:])
     else:
