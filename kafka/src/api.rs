@@ -7,7 +7,7 @@
 //! | Metadata (3) | 0–12 | `MetadataRequest { topics: true }`: brokers' Kafka addresses, each topic as partition 0 led by the master |
 //! | Produce (0) | 0–9 (3–9 served) | one `ProduceRequest` of format Kafka per partition, answered once stabilized |
 //! | Fetch (1) | 4–12 | one `FetchRequest { records: true }` per partition, long-polled |
-//! | ListOffsets (2) | 1–7 | fetch probes: earliest = the first offset held, latest = HWM + 1 |
+//! | ListOffsets (2) | 1–7 | fetch probes: earliest = the first offset held, latest = HWM + 1, by time = a binary search |
 //! | FindCoordinator (10) | 0–4 | groups: the master's Kafka address; transactions: `COORDINATOR_NOT_AVAILABLE` |
 //! | JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13) | 0–7, 0–5, 0–4, 0–4 | the master's group coordinator ([`crate::group`]) |
 //! | OffsetCommit (8), OffsetFetch (9) | 2–8, 1–7 | `CommitCursorRequest` / `CursorRequest`, cursor = group id |
@@ -880,9 +880,10 @@ async fn fetch_partition<B: Backend>(backend: &B, w: Wanted, wait_ms: u32) -> Pa
     }
 }
 
-/// ListOffsets: the earliest offset (-2: where the log starts) and the latest (-1: the
-/// high watermark) of partition 0, learned from fetch probes. Offsets by timestamp are not
-/// served yet (`INVALID_REQUEST`, docs/kafka.md).
+/// ListOffsets: the earliest offset (-2: where the log starts), the latest (-1: the high
+/// watermark), or the first record at or after a timestamp (≥ 0, [`offset_for_time`]) of
+/// partition 0, learned from fetch probes. Other negative timestamps (-3, the record with
+/// the largest timestamp, KIP-734; -4 and -5, tiered storage) are `INVALID_REQUEST`.
 async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let mut topics = Vec::new();
     for topic in req.topics {
@@ -902,6 +903,14 @@ async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListO
                     -1 => earliest_and_latest(backend, &topic.name.0)
                         .await
                         .map(|(_, l)| l),
+                    t if t >= 0 => match offset_for_time(backend, &topic.name.0, t).await {
+                        Ok(found) => {
+                            let (offset, ts) = found.unwrap_or((-1, -1));
+                            parts.push(part.with_offset(offset).with_timestamp(ts));
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    },
                     _ => Err(ResponseError::InvalidRequest),
                 }
             };
@@ -917,6 +926,68 @@ async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListO
         );
     }
     ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// The first record of `topic` whose timestamp is at least `target` (ms), as `(offset,
+/// timestamp)`; `None` if no record is that late.
+///
+/// A binary search over the topic's offsets, one fetch of one record per step (about
+/// 2·log₂ of the log's length): exact when the topic's timestamps do not go backwards
+/// (Kafka's time index makes the same assumption, keeping the largest timestamp so far);
+/// otherwise a record at or after the time, not always the first. A native message has
+/// no timestamp and counts as earlier than any time.
+async fn offset_for_time<B: Backend>(
+    backend: &B,
+    topic: &str,
+    target: i64,
+) -> Result<Option<(i64, i64)>, ResponseError> {
+    let (first, end) = earliest_and_latest(backend, topic).await?;
+    let (mut lo, mut hi) = (first.max(0).unsigned_abs(), end.max(0).unsigned_abs());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match first_record_at(backend, topic, mid).await? {
+            Some((_, ts)) if ts >= target => hi = mid,
+            Some((offset, _)) => lo = offset + 1,
+            None => hi = mid,
+        }
+    }
+    Ok(match first_record_at(backend, topic, lo).await? {
+        Some((offset, ts)) if ts >= target => Some((i64::try_from(offset).unwrap_or(-1), ts)),
+        _ => None,
+    })
+}
+
+/// The first record of `topic` at or after `from`: its offset and timestamp (-1 for a
+/// native message); `None` if there is none yet.
+async fn first_record_at<B: Backend>(
+    backend: &B,
+    topic: &str,
+    from: u64,
+) -> Result<Option<(u64, i64)>, ResponseError> {
+    let answer = backend
+        .call(
+            quire_proto::FetchRequest {
+                topic: topic.to_owned(),
+                from_offset: Offset(from),
+                max_messages: 1,
+                max_bytes: 1,
+                wait_ms: 0,
+                records: true,
+            }
+            .into(),
+        )
+        .await;
+    match answer {
+        Body::FetchResponse(r) => Ok(r.messages.first().map(|(offset, bytes)| {
+            let kafka = r.formats.first() == Some(&MessageFormat::Kafka);
+            let ts = kafka
+                .then(|| quire_proto::KafkaRecord::decode(bytes).ok())
+                .flatten()
+                .map_or(-1, |rec| rec.timestamp_ms);
+            (offset.0, ts)
+        })),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// `(first offset held, high watermark)` of the log `topic` is in.

@@ -22,6 +22,12 @@ object on its last stdout line; the Rust test asserts on it. Every wait is bound
       (a topic created, a missing one), and the topic list before and after. Result: each
       call's outcome, "OK" or the Kafka error's name.
 
+  times BOOTSTRAP
+      100 records to topic timed with timestamps 1,000 s apart, each followed by a record
+      to topic untimed; then offsets_for_times (ListOffsets by timestamp) for times before,
+      between, at and after them. Result: for each time asked, the offset found and the
+      offset expected (from the delivery reports).
+
   live-tail BOOTSTRAP SECONDS
       A consumer reads topic tail-a from its end while a producer writes tail-b, tail-b,
       tail-a every 10 ms, so each fetch of tail-a scans past tail-b's records. Result:
@@ -258,6 +264,36 @@ def admin(bootstrap):
     return res
 
 
+def times(bootstrap):
+    base = 1_700_000_000_000
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    offsets = []
+
+    def report(err, msg):
+        if err is None and msg.topic() == "timed":
+            offsets.append(msg.offset())
+
+    for i in range(100):
+        p.produce("timed", str(i).encode(), timestamp=base + i * 1_000_000, on_delivery=report)
+        p.produce("untimed", b"x", on_delivery=report)
+        p.flush(BOUND_S)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "times"})
+    asked = {
+        "before": (base - 5, offsets[0]),
+        "first": (base, offsets[0]),
+        "between": (base + 41 * 1_000_000 + 1, offsets[42]),
+        "at_last": (base + 99 * 1_000_000, offsets[99]),
+        "after": (base + 100 * 1_000_000, -1),
+    }
+    out = {}
+    for name, (t, want) in asked.items():
+        # One partition per request: Kafka refuses a partition named twice.
+        [tp] = c.offsets_for_times([TopicPartition("timed", 0, t)], timeout=BOUND_S)
+        out[name] = {"found": tp.offset, "expected": want}
+    c.close()
+    return out
+
+
 def live_tail(bootstrap, seconds):
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     p.produce("tail-a", b"first")
@@ -300,6 +336,8 @@ def main():
         out = group_three(bootstrap, sys.argv[3], int(sys.argv[4]), sys.argv[5:])
     elif cmd == "admin":
         out = admin(bootstrap)
+    elif cmd == "times":
+        out = times(bootstrap)
     elif cmd == "live-tail":
         out = live_tail(bootstrap, float(sys.argv[3]))
     elif cmd == "group-resume":

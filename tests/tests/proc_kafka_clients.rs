@@ -23,6 +23,9 @@
 //!   DescribeConfigs, DescribeCluster (the master as controller) and DeleteTopics work;
 //!   CreatePartitions is refused. `quire topic create|list|delete` does the same from the
 //!   CLI, with a typed error for an existing topic.
+//! - **Offsets by time.** `offsets_for_times` (ListOffsets by timestamp) finds the first
+//!   record at or after times before, at, between and after 100 records whose offsets
+//!   interleave with another topic's; -1 after the last.
 //! - **A live sparse topic.** A consumer at the end of a topic whose records are
 //!   interleaved with another topic's reads every record with no error (librdkafka
 //!   reported `MSG_SIZE_TOO_LARGE` on a third of its fetches before the skipped span was
@@ -374,7 +377,7 @@ fn a_three_member_group_balances_commits_and_resumes_on_a_new_master() {
 }
 
 #[test]
-fn admin_apis_the_topic_cli_and_a_live_sparse_topic() {
+fn admin_apis_the_topic_cli_offsets_by_time_and_a_live_sparse_topic() {
     let _guard = quire_tests::serial::proc_test();
     if !confluent_kafka_installed() {
         return;
@@ -436,6 +439,12 @@ fn admin_apis_the_topic_cli_and_a_live_sparse_topic() {
     assert_eq!(String::from_utf8_lossy(&listed.stdout), "cli-made\n");
     assert!(topic(&["delete", "cli-made"]).status.success());
     assert!(!topic(&["delete", "cli-made"]).status.success());
+
+    // ListOffsets by timestamp, on a topic whose records interleave with another's.
+    let r = Scenario::start(&["times", &both], dir.join("times.stderr")).result();
+    for (name, got) in r.as_object().unwrap() {
+        assert_eq!(got["found"], got["expected"], "{name}: {r}");
+    }
 
     let r = Scenario::start(&["live-tail", &both, "4"], dir.join("live-tail.stderr")).result();
     assert_eq!(r["error_count"], 0, "{r}");
