@@ -17,7 +17,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Answer, KafkaRequest};
@@ -49,7 +48,7 @@ struct InFlight {
 /// as it is read (so a connection's produces reach the log in the order sent), and the
 /// answers are written in the order of the requests, as Kafka requires.
 pub(crate) async fn serve<B: Backend>(
-    stream: TcpStream,
+    stream: quire_tls::Stream,
     peer: SocketAddr,
     backend: B,
     shared: &Arc<Listener>,
@@ -57,7 +56,7 @@ pub(crate) async fn serve<B: Backend>(
 ) {
     let settings = &shared.settings;
     let client_host = peer.ip().to_string();
-    let _ = stream.set_nodelay(true);
+    let _ = stream.tcp().set_nodelay(true);
     let (mut r, mut w) = stream.into_split();
     tracing::debug!(%peer, "Kafka client connected");
     let (tx, mut rx) = tokio::sync::mpsc::channel::<InFlight>(PIPELINE_MAX);
@@ -131,7 +130,7 @@ pub(crate) async fn serve<B: Backend>(
 
 /// Reads a `len`-byte request body, taking the read budget as bytes arrive.
 async fn read_body(
-    r: &mut tokio::net::tcp::OwnedReadHalf,
+    r: &mut quire_tls::ReadHalf,
     len: usize,
     settings: &KafkaSettings,
     budget: &Arc<Semaphore>,

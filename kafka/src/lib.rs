@@ -68,6 +68,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// `Unauthorized`, `ShuttingDown`, …).
     fn submit(&self, body: Body) -> impl Future<Output = Pending> + Send;
 
+    /// The same broker, its requests made on behalf of `peer`: the client a TLS handshake
+    /// established (a verified certificate's holder is its principal for the broker's
+    /// ACLs; anyone else is `ANONYMOUS`).
+    #[must_use]
+    fn for_peer(&self, peer: &quire_tls::PeerAuth) -> Self;
+
     /// [`Backend::submit`], then its answer.
     fn call(&self, body: Body) -> impl Future<Output = Body> + Send {
         async move { self.submit(body).await.await }
@@ -86,6 +92,9 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 4096;
 pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(600);
 /// Default of [`KafkaSettings::request_timeout`]: 30 s.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How long a Kafka client's TLS handshake may take.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the listener runs.
 #[derive(Clone, Debug)]
@@ -110,6 +119,9 @@ pub struct KafkaSettings {
     pub idle_timeout: Duration,
     /// A request must arrive whole this long after its size prefix.
     pub request_timeout: Duration,
+    /// TLS for the listener (the broker's `[tls]` certificate and client-certificate
+    /// setting, as its native listener); `None`: plaintext.
+    pub tls: Option<quire_tls::TlsAcceptor>,
 }
 
 impl KafkaSettings {
@@ -125,6 +137,7 @@ impl KafkaSettings {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -158,6 +171,20 @@ pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: Kafk
         let shared = shared.clone();
         let budget = budget.clone();
         tokio::spawn(async move {
+            let tls = shared.settings.tls.as_ref();
+            let stream = match tls {
+                None => quire_tls::Stream::Plain(stream),
+                Some(acceptor) => match acceptor.accept(stream, TLS_HANDSHAKE_TIMEOUT).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "Kafka listener: TLS handshake failed");
+                        return;
+                    }
+                },
+            };
+            let auth =
+                quire_tls::PeerAuth::of(&stream, tls.map(quire_tls::TlsAcceptor::client_auth));
+            let backend = backend.for_peer(&auth);
             conn::serve(stream, peer, backend, &shared, &budget).await;
             drop(permit);
         });

@@ -274,3 +274,147 @@ fn kcat_produces_and_consumes_through_every_codec_and_a_master_kill() {
     // And the broker serves on.
     assert_eq!(consume(&both, "codec-zstd").len(), 300);
 }
+
+/// The Kafka listener over TLS, with ACLs: a TLS cluster whose brokers enforce ACL entries
+/// (`--authorization acl`, the local CA's `client` certificate as super user).
+///
+/// What must hold: kcat with the super user's certificate produces and consumes over TLS;
+/// a plaintext client gets no answer; a client with no certificate (`ANONYMOUS`) and one
+/// with the certificate `client-2` are refused the produce (`TOPIC_AUTHORIZATION_FAILED`)
+/// and nothing of theirs is written; once the super user adds an entry for `client-2`,
+/// its produce goes through.
+#[test]
+fn kcat_over_tls_is_authorized_by_its_client_certificate() {
+    let _guard = quire_tests::serial::proc_test();
+    if !kcat_installed() {
+        return;
+    }
+    let mut cluster = Cluster::new_tls(3, 2, Timing::default());
+    cluster.add_broker_args(&["--authorization", "acl", "--super-users", "client"]);
+    let kafka = cluster.enable_kafka();
+    cluster.start_all();
+    cluster.wait_for_master();
+    let both = kafka.join(",");
+    let dir = cluster.root.path().to_owned();
+    let tls_dir = dir.join("tls");
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().unwrap().display().to_string();
+    let ssl = |holder: Option<&str>| -> Vec<String> {
+        let ca = quire_tls::certs::files_for(&tls_dir, "client");
+        let mut x = vec![
+            "-X".to_owned(),
+            "security.protocol=ssl".to_owned(),
+            "-X".to_owned(),
+            format!("ssl.ca.location={}", path(&ca.ca)),
+        ];
+        if let Some(h) = holder {
+            let f = quire_tls::certs::files_for(&tls_dir, h);
+            x.extend([
+                "-X".to_owned(),
+                format!("ssl.certificate.location={}", path(&f.cert)),
+                "-X".to_owned(),
+                format!("ssl.key.location={}", path(&f.key)),
+            ]);
+        }
+        x
+    };
+    let kcat_as = |holder: Option<&str>, args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend(ssl(holder));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        kcat(&refs)
+    };
+    let file = write_lines(&dir, "secure.txt", &lines("secure", 100));
+    let f = file.to_str().unwrap();
+
+    // The super user, over TLS.
+    let out = kcat_as(
+        Some("client"),
+        &["-b", &both, "-P", "-t", "secure", "-K:", "-l", f],
+    );
+    let err = ok(&out, "kcat -P as client");
+    assert!(!err.contains("Delivery failed"), "{err}");
+    let read = kcat_as(
+        Some("client"),
+        &[
+            "-b",
+            &both,
+            "-C",
+            "-t",
+            "secure",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%k:%s\n",
+        ],
+    );
+    assert_eq!(
+        ok(&read, "kcat -C as client").lines().collect::<Vec<_>>(),
+        lines("secure", 100)
+    );
+
+    // Plaintext: no answer (kcat gives up on metadata).
+    let plain = kcat(&["-b", &both, "-L", "-m", "3"]);
+    assert!(!plain.status.success(), "a plaintext client got metadata");
+
+    // ANONYMOUS and client-2 may not produce: refused, nothing written.
+    for who in [None, Some("client-2")] {
+        let out = kcat_as(who, &["-b", &both, "-P", "-t", "secure", "-l", f]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains("Delivery failed") && err.contains("authorization failed"),
+            "{who:?}: {err}"
+        );
+    }
+    let read = kcat_as(
+        Some("client"),
+        &[
+            "-b",
+            &both,
+            "-C",
+            "-t",
+            "secure",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+        ],
+    );
+    assert_eq!(
+        ok(&read, "kcat -C").lines().count(),
+        100,
+        "nothing refused was written"
+    );
+
+    // The super user lets client-2 produce to the topic.
+    let ca = quire_tls::certs::files_for(&tls_dir, "client");
+    let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
+    let acl = run_bounded(
+        Command::new(quire_bin()).args([
+            "acl",
+            "add",
+            "--principal",
+            "client-2",
+            "--operation",
+            "produce",
+            "--topic",
+            "secure",
+            "--brokers",
+            &brokers.join(","),
+            "--tls-ca",
+            &path(&ca.ca),
+            "--tls-cert",
+            &path(&ca.cert),
+            "--tls-key",
+            &path(&ca.key),
+        ]),
+        KCAT_BOUND,
+    );
+    ok(&acl, "quire acl add");
+    let out = kcat_as(
+        Some("client-2"),
+        &["-b", &both, "-P", "-t", "secure", "-l", f],
+    );
+    let err = ok(&out, "kcat -P as client-2");
+    assert!(!err.contains("Delivery failed"), "{err}");
+}

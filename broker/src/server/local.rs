@@ -4,9 +4,10 @@
 //! A request takes the path a client connection's request takes — the same broker-wide
 //! produce byte budget and fetch answer budget, the same ACL check, the same actor and
 //! engine — and its answer comes back as a [`Body`] instead of an encoded frame. Its
-//! principal is `ANONYMOUS` (the Kafka listener has no login yet): with
-//! `authorization = "acl"`, only entries for `ANONYMOUS` (or `*`-wide ones a super user
-//! added) let it do anything.
+//! principal is `ANONYMOUS` unless the caller names one ([`LocalClient::acting_as`]: the
+//! Kafka listener names the holder of a verified client certificate): with
+//! `authorization = "acl"`, an `ANONYMOUS` caller may do only what entries for
+//! `ANONYMOUS` (or `*`) allow.
 //!
 //! Bounds: at most [`LOCAL_REQUESTS_MAX`] requests of all callers wait for an answer at
 //! once (callers wait beyond it). A fetch holds its share of `fetch_responses_bytes_max`
@@ -31,6 +32,8 @@ pub const LOCAL_REQUESTS_MAX: usize = 4096;
 pub struct LocalClient {
     shared: ConnShared,
     requests: Arc<Semaphore>,
+    /// Who the requests are made for (the ACL check's principal).
+    principal: Principal,
 }
 
 impl LocalClient {
@@ -38,6 +41,16 @@ impl LocalClient {
         LocalClient {
             shared,
             requests: Arc::new(Semaphore::new(LOCAL_REQUESTS_MAX)),
+            principal: Principal::Anonymous,
+        }
+    }
+
+    /// The same client, its requests made for `principal` (sharing the bound).
+    #[must_use]
+    pub fn acting_as(&self, principal: Principal) -> LocalClient {
+        LocalClient {
+            principal,
+            ..self.clone()
         }
     }
 
@@ -59,7 +72,7 @@ impl LocalClient {
         if shared.auth.authorization {
             let tables = crate::security::current(&shared.security);
             if let Err(refusal) =
-                crate::security::authorize(&shared.auth, &tables, &Principal::Anonymous, &body)
+                crate::security::authorize(&shared.auth, &tables, &self.principal, &body)
             {
                 shared.metrics.reject_frame("unauthorized");
                 return answered(refusal.into());

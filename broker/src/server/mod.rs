@@ -210,8 +210,16 @@ impl Broker {
             if !brokers.iter().any(|(b, _)| *b == cfg.id.0) {
                 brokers.push((cfg.id.0, addr.to_string()));
             }
-            let settings = quire_kafka::KafkaSettings::new(cfg.id.0, brokers, cluster_id(&cfg));
-            tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS");
+            let mut settings = quire_kafka::KafkaSettings::new(cfg.id.0, brokers, cluster_id(&cfg));
+            settings.tls.clone_from(&tls);
+            match &tls {
+                None => {
+                    tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS ([tls] cert_file and key_file turn TLS on)")
+                }
+                Some(t) => {
+                    tracing::info!(listen = %addr, client_auth = t.client_auth().as_str(), "the Kafka listener speaks TLS, as the client listener: a verified client certificate's holder is the principal, anyone else ANONYMOUS")
+                }
+            }
             tasks.push(tokio::spawn(quire_kafka::serve(
                 l,
                 LocalClient::new(shared.clone()),
@@ -336,6 +344,10 @@ impl quire_kafka::Backend for LocalClient {
         body: quire_proto::Body,
     ) -> impl std::future::Future<Output = quire_kafka::Pending> + Send {
         LocalClient::submit(self, body)
+    }
+
+    fn for_peer(&self, peer: &quire_tls::PeerAuth) -> Self {
+        self.acting_as(crate::security::Principal::of(peer))
     }
 }
 

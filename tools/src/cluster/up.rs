@@ -26,9 +26,9 @@
 //! DIR/kafka-ports                the brokers' Kafka listener ports, likewise
 //! ```
 //!
-//! Every broker also serves Kafka clients (docs/kafka.md) on a port of its own, except with
-//! `--tls` (the Kafka listener has no TLS yet). `cluster.json` lists them as `kafka`: the
-//! bootstrap addresses.
+//! Every broker also serves Kafka clients (docs/kafka.md) on a port of its own (with
+//! `--tls`, TLS as every other link). `cluster.json` lists them as `kafka`: the bootstrap
+//! addresses.
 //!
 //! # Ports
 //! With `--base-port P`, stores listen on `P, P+1, …` and brokers on the ports after them.
@@ -371,20 +371,16 @@ impl LocalCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let kafka_addrs: Vec<String> = if spec.tls {
-            Vec::new()
-        } else {
-            kafka_ports_for(
-                &spec.dir,
-                spec.base_port.map(|b| {
-                    b.saturating_add(u16::try_from(spec.stores + spec.brokers).unwrap_or(u16::MAX))
-                }),
-                spec.brokers,
-            )?
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect()
-        };
+        let kafka_addrs: Vec<String> = kafka_ports_for(
+            &spec.dir,
+            spec.base_port.map(|b| {
+                b.saturating_add(u16::try_from(spec.stores + spec.brokers).unwrap_or(u16::MAX))
+            }),
+            spec.brokers,
+        )?
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
         let kafka_list: Vec<String> = kafka_addrs
             .iter()
             .enumerate()
@@ -1120,7 +1116,22 @@ pub fn run_up(args: &UpArgs, out: &mut impl Write) -> anyhow::Result<()> {
     )?;
     writeln!(out, "  quire cluster status{reach}")?;
     if let Some(k) = cluster.kafka.first() {
-        writeln!(out, "  kcat -b {k} -L")?;
+        match cluster.client_tls_files() {
+            None => writeln!(out, "  kcat -b {k} -L")?,
+            Some(files) => {
+                let mut line = format!("  kcat -b {k} -X security.protocol=ssl");
+                for (option, path) in [
+                    ("ssl.ca.location", &files.ca),
+                    ("ssl.certificate.location", &files.cert),
+                    ("ssl.key.location", &files.key),
+                ] {
+                    if let Some(p) = path {
+                        line.push_str(&format!(" -X {option}={}", p.display()));
+                    }
+                }
+                writeln!(out, "{line} -L")?;
+            }
+        }
     }
     crate::profile::offer_cluster_profile(
         args.profile.as_deref(),
