@@ -71,6 +71,19 @@ async fn topics<B: Backend>(backend: &B, settings: &KafkaSettings) -> (Vec<Strin
     }
 }
 
+/// Whether `name` is a topic name Kafka accepts (its `Topic.validate`): 1 to 249 ASCII
+/// letters, digits, `.`, `_` and `-`, and neither `.` nor `..`. Quire's own names are
+/// looser (any 255 bytes); topics a Kafka client creates keep to Kafka's, so that every
+/// Kafka client can use them.
+fn kafka_legal(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// CreateTopics: each topic created with one partition. A partition count other than 1
 /// (or -1, the broker's default) is `INVALID_PARTITIONS`; topic configs are
 /// `INVALID_CONFIG` (Quire has no per-topic settings: retention and sizes are the
@@ -89,8 +102,11 @@ pub(crate) async fn create_topics<B: Backend>(
     let mut results = Vec::with_capacity(req.topics.len());
     for t in req.topics {
         let name = t.name.0.to_string();
-        let r: Result<(), Refusal> = if quire_proto::validate_topic(&name).is_err() {
-            Err((ResponseError::InvalidTopicException, None))
+        let r: Result<(), Refusal> = if !kafka_legal(&name) {
+            Err((
+                ResponseError::InvalidTopicException,
+                Some("a Kafka topic name is 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-', and not '.' or '..'".to_owned()),
+            ))
         } else if !(t.num_partitions == -1 || t.num_partitions == 1) {
             Err((
                 ResponseError::InvalidPartitions,
@@ -272,4 +288,19 @@ pub(crate) async fn describe_configs<B: Backend>(
         })
         .collect();
     DescribeConfigsResponse::default().with_results(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_kafka() {
+        for good in ["orders", "a.b_c-D9", &"x".repeat(249)] {
+            assert!(kafka_legal(good), "{good}");
+        }
+        for bad in ["", ".", "..", "bad name", "x/y", "é", &"x".repeat(250)] {
+            assert!(!kafka_legal(bad), "{bad}");
+        }
+    }
 }

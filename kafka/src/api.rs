@@ -777,7 +777,7 @@ fn not_read(partition: i32) -> PartitionData {
     PartitionData::default()
         .with_partition_index(partition)
         .with_high_watermark(-1)
-        .with_records(None)
+        .with_records(Some(Bytes::new()))
 }
 
 /// The long poll: every partition asked again with `wait_ms`; returns those answered by
@@ -813,12 +813,16 @@ async fn fetch_waiting<B: Backend>(
     out
 }
 
+/// A partition answered with an error. Its records are empty, not null: the field is
+/// nullable in the schema, but librdkafka 2.16 refuses a null record set in a flexible
+/// Fetch answer ("invalid MessageSetSize -1", a protocol parse failure of the whole
+/// answer, the partition fetched again at once in a loop), and Kafka sends empty ones.
 fn failed(partition: i32, e: ResponseError) -> PartitionData {
     PartitionData::default()
         .with_partition_index(partition)
         .with_error_code(e.code())
         .with_high_watermark(-1)
-        .with_records(None)
+        .with_records(Some(Bytes::new()))
 }
 
 /// Kafka's high watermark (the next offset to be stabilized) for a Quire HWM (the last
@@ -857,6 +861,11 @@ async fn fetch_partition<B: Backend>(backend: &B, w: Wanted, wait_ms: u32) -> Pa
     match answer {
         Body::FetchResponse(r) => {
             let hw = high_watermark(r.hwm);
+            if offset > hw {
+                // Past the end: Kafka's answer, on which a consumer resets its position
+                // by `auto.offset.reset` instead of waiting there for ever.
+                return failed(partition, ResponseError::OffsetOutOfRange);
+            }
             match batch::batches_of(Offset(from), &r.messages, &r.formats, r.next_offset) {
                 Ok(records) => PartitionData::default()
                     .with_partition_index(partition)

@@ -47,6 +47,14 @@ pub const METADATA_BYTES_MAX: usize = 256 << 10;
 /// Bytes of protocol metadata and assignments the coordinator holds for all groups
 /// together, at most: a join beyond it is refused with `GROUP_MAX_SIZE_REACHED`.
 pub const HELD_BYTES_MAX: usize = 256 << 20;
+/// Members that one client address holds over all groups, at most
+/// (`GROUP_MAX_SIZE_REACHED` beyond): without a login on the listener, one host could
+/// otherwise start all [`GROUPS_MAX`] groups with idle members of 30-minute sessions and
+/// keep every other consumer out (found by a break-it trial).
+pub const MEMBERS_PER_HOST_MAX: usize = 1_024;
+/// Members over all groups, at most (`GROUP_MAX_SIZE_REACHED` beyond).
+pub const MEMBERS_TOTAL_MAX: usize = 65_536;
+
 /// How long a group that had no members waits for more to join before its first
 /// generation (Kafka's `group.initial.rebalance.delay.ms`, 3 s by default): consumers
 /// starting together, or rejoining a new master after a failover, form one generation
@@ -212,12 +220,33 @@ struct Group {
     rebalance_deadline: Option<Instant>,
     /// Bytes of metadata and assignments its members hold ([`Group::recount`]).
     held: usize,
+    /// In CompletingRebalance: when the members that have not sent SyncGroup are removed
+    /// (the generation's longest rebalance timeout after it formed, as Kafka does).
+    sync_deadline: Option<Instant>,
     /// While set and not passed, the join phase does not end early when every member has
     /// joined: the group had no members ([`INITIAL_REBALANCE_DELAY`]).
     initial_until: Option<Instant>,
 }
 
 impl Group {
+    /// Removes the members that did not send SyncGroup by the deadline (a rebalance
+    /// follows).
+    fn expire_unsynced(&mut self, now: Instant) {
+        if self.state != GroupState::CompletingRebalance
+            || self.sync_deadline.is_none_or(|d| now < d)
+        {
+            return;
+        }
+        let silent: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.sync.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.sync_deadline = None;
+        self.remove(&silent, now);
+    }
+
     /// Counts the bytes its members hold again (after any change to them).
     fn recount(&mut self) {
         self.held = self.members.values().map(Member::held_bytes).sum();
@@ -233,6 +262,7 @@ impl Group {
             members: BTreeMap::new(),
             rebalance_deadline: None,
             held: 0,
+            sync_deadline: None,
             initial_until: None,
         }
     }
@@ -299,6 +329,12 @@ impl Group {
         let leader = self.leader.clone().unwrap_or_default();
         self.protocol = self.choose_protocol(&leader);
         self.state = GroupState::CompletingRebalance;
+        self.sync_deadline = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout)
+            .max()
+            .map(|t| now + t);
         let protocol = self.protocol.clone().unwrap_or_default();
         let everyone: Vec<(String, Option<String>, Bytes)> = self
             .members
@@ -406,6 +442,12 @@ pub struct Groups {
     /// The key of the member-id tags: SipHash keyed with random keys drawn once per
     /// coordinator (std's `RandomState`), so that a tag cannot be made without asking.
     tags: std::collections::hash_map::RandomState,
+    /// Members per client address, counted again at each [`Groups::tick`] and counted up
+    /// at each join in between (so between ticks it may count members already gone: it
+    /// refuses early, never late).
+    hosts: std::collections::HashMap<String, usize>,
+    /// Members over all groups, counted likewise.
+    members: usize,
 }
 
 /// Hex digits of a member id's nonce and of its tag.
@@ -506,6 +548,15 @@ impl Groups {
         if current.is_none() && known.is_some_and(|g| g.members.len() >= MEMBERS_MAX) {
             return fail(ResponseError::GroupMaxSizeReached);
         }
+        let from_host = self.hosts.get(&req.client_host).copied().unwrap_or(0);
+        let hands_out_an_id = req.member_id.is_empty() && req.member_id_required;
+        if current.is_none()
+            && !hands_out_an_id
+            && (from_host >= MEMBERS_PER_HOST_MAX || self.members >= MEMBERS_TOTAL_MAX)
+        {
+            tracing::warn!(group = %req.group, host = %req.client_host, from_host, members = self.members, "group coordinator: member bound reached, join refused");
+            return fail(ResponseError::GroupMaxSizeReached);
+        }
         let held_before = current.map_or(0, Member::held_bytes);
         let held: usize = self.groups.values().map(|g| g.held).sum();
         if held.saturating_sub(held_before) + adds > HELD_BYTES_MAX {
@@ -544,6 +595,14 @@ impl Groups {
                 .unsigned_abs()
                 .into(),
         );
+        if !self
+            .groups
+            .get(&req.group)
+            .is_some_and(|g| g.members.contains_key(&member_id))
+        {
+            *self.hosts.entry(req.client_host.clone()).or_default() += 1;
+            self.members += 1;
+        }
         let group = self
             .groups
             .entry(req.group.clone())
@@ -587,6 +646,12 @@ impl Groups {
         assignments: Vec<(String, Bytes)>,
         now: Instant,
     ) -> Answer<Synced> {
+        let held_elsewhere: usize = self
+            .groups
+            .iter()
+            .filter(|(id, _)| id.as_str() != group)
+            .map(|(_, g)| g.held)
+            .sum();
         let Some(g) = self.groups.get_mut(group) else {
             return Answer::Now(Synced::error(ResponseError::UnknownMemberId));
         };
@@ -614,6 +679,32 @@ impl Groups {
                     m.sync = Some(tx);
                 }
                 if g.leader.as_deref() == Some(member_id) {
+                    let protocols: usize = g
+                        .members
+                        .values()
+                        .map(|m| {
+                            m.protocols
+                                .iter()
+                                .map(|(n, b)| n.len() + b.len())
+                                .sum::<usize>()
+                        })
+                        .sum();
+                    let assigned: usize = assignments
+                        .iter()
+                        .filter(|(id, _)| g.members.contains_key(id))
+                        .map(|(_, b)| b.len())
+                        .sum();
+                    if held_elsewhere + protocols + assigned > HELD_BYTES_MAX {
+                        // The assignments would take the coordinator past its bound: the
+                        // generation is given up, and its members join again.
+                        tracing::warn!(
+                            group,
+                            "group coordinator: assignments past the metadata bound, sync refused"
+                        );
+                        g.prepare_rebalance(now);
+                        g.recount();
+                        return Answer::Now(Synced::error(ResponseError::GroupMaxSizeReached));
+                    }
                     for (id, bytes) in assignments {
                         if bytes.len() <= METADATA_BYTES_MAX {
                             if let Some(m) = g.members.get_mut(&id) {
@@ -739,9 +830,16 @@ impl Groups {
                 .collect();
             g.remove(&expired, now);
             g.try_complete_join(now);
+            g.expire_unsynced(now);
             g.recount();
         }
         self.groups.retain(|_, g| !g.members.is_empty());
+        self.hosts.clear();
+        self.members = 0;
+        for m in self.groups.values().flat_map(|g| g.members.values()) {
+            *self.hosts.entry(m.client_host.clone()).or_default() += 1;
+            self.members += 1;
+        }
     }
 
     /// Groups with members: `(group id, protocol type, state)`, by id.
@@ -1070,6 +1168,86 @@ mod tests {
         assert!(refused >= 4, "{refused}");
         let held: usize = g.groups.values().map(|g| g.held).sum();
         assert!(held <= HELD_BYTES_MAX);
+    }
+
+    /// Assignments count against the coordinator's bound too: a sync past it is refused
+    /// and the group must join again.
+    #[test]
+    fn assignments_are_bounded_with_the_metadata() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let meta = Bytes::from(vec![7u8; METADATA_BYTES_MAX - 8]);
+        let (a, t) = one_member(&mut g, t);
+        // Fill the coordinator with other groups' metadata, nearly to the bound.
+        let fits = HELD_BYTES_MAX / METADATA_BYTES_MAX;
+        for i in 0..fits {
+            let mut j = join("", &["range"]);
+            j.group = format!("other{}", i % 8);
+            j.client_host = format!("10.0.0.{}", i % 200);
+            j.member_id_required = false;
+            j.protocols[0].1 = meta.clone();
+            let _ = g.join(j, t);
+        }
+        // a's group rebalances (b joins) and its leader assigns more than is left.
+        let (_b, _rx_b) = new_member(&mut g, &["range"], t);
+        let _rx_a = later(g.join(join(&a, &["range"]), t));
+        let big = Bytes::from(vec![1u8; METADATA_BYTES_MAX]);
+        let refused = now_answer(g.sync("g", 2, &a, vec![(a.clone(), big)], t));
+        assert_eq!(refused.error, Some(ResponseError::GroupMaxSizeReached));
+        assert_eq!(g.describe("g").state, GroupState::PreparingRebalance);
+    }
+
+    /// Members that never send SyncGroup are removed after the rebalance timeout.
+    #[test]
+    fn members_that_never_sync_are_removed() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let (a, mut rx) = new_member(&mut g, &["range"], t);
+        let t = t + INITIAL_REBALANCE_DELAY;
+        g.tick(t);
+        assert!(rx.try_recv().is_ok());
+        // It heartbeats, so its session lives; it never syncs.
+        for at in [8, 16] {
+            assert_eq!(g.heartbeat("g", 1, &a, t + SECOND * at), None);
+            g.tick(t + SECOND * at);
+        }
+        g.tick(t + Duration::from_secs(19));
+        assert_eq!(g.list().len(), 1);
+        g.tick(t + Duration::from_secs(20));
+        assert!(g.list().is_empty(), "removed at its 20 s rebalance timeout");
+    }
+
+    /// One client address holds at most MEMBERS_PER_HOST_MAX members over all groups.
+    #[test]
+    fn one_address_cannot_take_every_group() {
+        let t = Instant::now();
+        let mut g = Groups::default();
+        let mut refused = 0;
+        for i in 0..MEMBERS_PER_HOST_MAX + 10 {
+            let mut j = join("", &["range"]);
+            j.group = format!("squat-{i}");
+            j.member_id_required = false;
+            if let Answer::Now(r) = g.join(j, t) {
+                assert_eq!(r.error, Some(ResponseError::GroupMaxSizeReached));
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 10);
+        let mut other = join("", &["range"]);
+        other.client_host = "10.1.1.1".to_owned();
+        other.group = "victim".to_owned();
+        assert!(
+            matches!(g.join(other, t), Answer::Now(_)),
+            "MEMBER_ID_REQUIRED first"
+        );
+        let mut other = join("", &["range"]);
+        other.client_host = "10.1.1.1".to_owned();
+        other.group = "victim".to_owned();
+        other.member_id_required = false;
+        assert!(
+            matches!(g.join(other, t), Answer::Later(_)),
+            "another address joins"
+        );
     }
 
     /// The protocol chosen is one every member supports, by the members' first choices.

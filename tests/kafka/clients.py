@@ -25,8 +25,9 @@ object on its last stdout line; the Rust test asserts on it. Every wait is bound
   times BOOTSTRAP
       100 records to topic timed with timestamps 1,000 s apart, each followed by a record
       to topic untimed; then offsets_for_times (ListOffsets by timestamp) for times before,
-      between, at and after them. Result: for each time asked, the offset found and the
-      offset expected (from the delivery reports).
+      between, at and after them, and a consumer placed past the end (reset to the first
+      record). Result: for each, the offset found and the offset expected (from the
+      delivery reports).
 
   live-tail BOOTSTRAP SECONDS
       A consumer reads topic tail-a from its end while a producer writes tail-b, tail-b,
@@ -291,6 +292,19 @@ def times(bootstrap):
         [tp] = c.offsets_for_times([TopicPartition("timed", 0, t)], timeout=BOUND_S)
         out[name] = {"found": tp.offset, "expected": want}
     c.close()
+    # A position past the end: OFFSET_OUT_OF_RANGE, and the consumer resets to the
+    # beginning (auto.offset.reset) and reads the first record.
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "times-reset",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition("timed", 0, 10**9)])
+    first = None
+    deadline = time.monotonic() + BOUND_S
+    while first is None and time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None and not m.error():
+            first = m.offset()
+    c.close()
+    out["reset_past_the_end"] = {"found": first, "expected": offsets[0]}
     return out
 
 
