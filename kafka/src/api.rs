@@ -45,7 +45,7 @@ use kafka_protocol::messages::{
     InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, LeaveGroupRequest,
     ListGroupsRequest, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetFetchRequest, ProduceRequest, ProduceResponse, ProducerId,
-    SyncGroupRequest, TopicName,
+    SaslAuthenticateRequest, SaslHandshakeRequest, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
@@ -83,6 +83,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeCluster, 0, 1),
     (ApiKey::DescribeConfigs, 0, 4),
+    // Version 0 (raw SASL tokens after the handshake) closes the connection; librdkafka
+    // and the Java client use version 1 and SaslAuthenticate.
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// The versions of `key` the listener serves, `(lowest, highest)`; `None` if it does not
@@ -103,7 +107,7 @@ pub(crate) enum Answer {
     Body(BytesMut),
 }
 
-fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
+pub(crate) fn encoded(body: &impl Encodable, version: i16) -> anyhow::Result<Answer> {
     let mut buf = BytesMut::with_capacity(body.compute_size(version)?);
     body.encode(&mut buf, version)?;
     Ok(Answer::Body(buf))
@@ -211,6 +215,9 @@ async fn serve<B: Backend>(
             &admin::describe_configs(backend, settings, req).await,
             version,
         ),
+        KafkaRequest::SaslHandshake(_) | KafkaRequest::SaslAuthenticate(_) => {
+            anyhow::bail!("SASL requests are answered by the connection")
+        }
     }
 }
 
@@ -257,6 +264,10 @@ pub enum KafkaRequest {
     DescribeCluster,
     /// DescribeConfigs.
     DescribeConfigs(DescribeConfigsRequest),
+    /// SaslHandshake (answered by the connection, [`crate::sasl`]).
+    SaslHandshake(SaslHandshakeRequest),
+    /// SaslAuthenticate (likewise).
+    SaslAuthenticate(SaslAuthenticateRequest),
 }
 
 /// Decodes the body of a `key` request at `version` (its header already read).
@@ -319,6 +330,16 @@ pub(crate) fn decode_body(
         }
         ApiKey::DescribeConfigs => {
             KafkaRequest::DescribeConfigs(DescribeConfigsRequest::decode(&mut body, version)?)
+        }
+        ApiKey::SaslHandshake => {
+            anyhow::ensure!(
+                version >= 1,
+                "SaslHandshake v0 (raw SASL tokens) is not served"
+            );
+            KafkaRequest::SaslHandshake(SaslHandshakeRequest::decode(&mut body, version)?)
+        }
+        ApiKey::SaslAuthenticate => {
+            KafkaRequest::SaslAuthenticate(SaslAuthenticateRequest::decode(&mut body, version)?)
         }
         other => anyhow::bail!("{other:?} is not served"),
     };

@@ -20,6 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
 use crate::api::{self, Answer, KafkaRequest};
+use crate::sasl;
 use crate::{Backend, Client, KafkaSettings, Listener};
 
 /// Bytes of a request before its header's variable part: size is not counted; api key
@@ -58,6 +59,8 @@ pub(crate) async fn serve<B: Backend>(
     let client_host = peer.ip().to_string();
     let _ = stream.tcp().set_nodelay(true);
     let (mut r, mut w) = stream.into_split();
+    let mut backend = backend;
+    let mut sasl_state = sasl::Sasl::default();
     tracing::debug!(%peer, "Kafka client connected");
     let (tx, mut rx) = tokio::sync::mpsc::channel::<InFlight>(PIPELINE_MAX);
     let writer = tokio::spawn(async move {
@@ -104,11 +107,56 @@ pub(crate) async fn serve<B: Backend>(
             Ok(b) => b,
             Err(why) => break why,
         };
-        let (correlation_id, header_version, what, answer) =
-            match start(&backend, shared, &client_host, buf.freeze()).await {
+        let decoded = match decode_request(buf.freeze()) {
+            Ok(d) => d,
+            Err(why) => break why,
+        };
+        let mut close = None;
+        let (correlation_id, header_version, what, answer) = match decoded {
+            Decoded::Request {
+                version,
+                correlation_id,
+                api_key,
+                request,
+                ..
+            } if matches!(
+                *request,
+                KafkaRequest::SaslHandshake(_) | KafkaRequest::SaslAuthenticate(_)
+            ) =>
+            {
+                // Answered here, in order: a login changes who the connection's later
+                // requests are made for.
+                let (answer, user, failed) = match *request {
+                    KafkaRequest::SaslHandshake(req) => {
+                        let a = sasl::handshake(&mut sasl_state, &req);
+                        (api::encoded(&a.response, version), a.user, a.close)
+                    }
+                    KafkaRequest::SaslAuthenticate(req) => {
+                        let a = sasl::authenticate(&backend, &mut sasl_state, peer.ip(), &req);
+                        (api::encoded(&a.response, version), a.user, a.close)
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                if let Some(user) = user {
+                    tracing::debug!(%peer, %user, "Kafka client logged in");
+                    backend = backend.for_user(user);
+                }
+                if failed {
+                    close = Some(format!("{api_key:?} refused"));
+                }
+                let answer: api::Finishing = Box::pin(std::future::ready(answer));
+                (
+                    correlation_id,
+                    api_key.response_header_version(version),
+                    format!("{api_key:?} v{version}"),
+                    answer,
+                )
+            }
+            other => match start(&backend, shared, &client_host, other).await {
                 Ok(s) => s,
                 Err(why) => break why,
-            };
+            },
+        };
         let f = InFlight {
             correlation_id,
             header_version,
@@ -118,6 +166,9 @@ pub(crate) async fn serve<B: Backend>(
         };
         if tx.send(f).await.is_err() {
             break "the writer stopped".to_owned();
+        }
+        if let Some(why) = close {
+            break why;
         }
     };
     drop(tx);
@@ -239,9 +290,9 @@ async fn start<B: Backend>(
     backend: &B,
     shared: &Arc<Listener>,
     client_host: &str,
-    bytes: Bytes,
+    decoded: Decoded,
 ) -> Result<(i32, i16, String, api::Finishing), String> {
-    match decode_request(bytes)? {
+    match decoded {
         Decoded::UnsupportedApiVersions { correlation_id } => {
             let mut body = BytesMut::new();
             api::api_versions_unsupported()

@@ -41,6 +41,7 @@ mod batch;
 mod conn;
 mod coordinator;
 pub mod group;
+mod sasl;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,6 +74,21 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// ACLs; anyone else is `ANONYMOUS`).
     #[must_use]
     fn for_peer(&self, peer: &quire_tls::PeerAuth) -> Self;
+
+    /// The same broker, its requests made on behalf of `user`, who logged in with SASL
+    /// SCRAM-SHA-256 ([`crate::sasl`]).
+    #[must_use]
+    fn for_user(&self, user: String) -> Self;
+
+    /// The SCRAM-SHA-256 credential of `user` among the cluster's users (`quire user
+    /// add`), if there is one.
+    fn scram_credential(&self, user: &str) -> Option<quire_proto::ScramCredential>;
+
+    /// How long logins from `ip` stay refused after too many failures, if they are.
+    fn login_blocked(&self, ip: std::net::IpAddr) -> Option<Duration>;
+
+    /// Counts a failed login from `ip`.
+    fn login_failed(&self, ip: std::net::IpAddr);
 
     /// [`Backend::submit`], then its answer.
     fn call(&self, body: Body) -> impl Future<Output = Body> + Send {

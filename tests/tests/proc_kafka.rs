@@ -282,9 +282,11 @@ fn kcat_produces_and_consumes_through_every_codec_and_a_master_kill() {
 /// a plaintext client gets no answer; a client with no certificate (`ANONYMOUS`) and one
 /// with the certificate `client-2` are refused the produce (`TOPIC_AUTHORIZATION_FAILED`)
 /// and nothing of theirs is written; once the super user adds an entry for `client-2`,
-/// its produce goes through.
+/// its produce goes through. A user (`quire user add alice`) logs in with SASL
+/// SCRAM-SHA-256 over TLS without a certificate: the entry for alice lets her produce and
+/// not consume, and a wrong password is refused.
 #[test]
-fn kcat_over_tls_is_authorized_by_its_client_certificate() {
+fn kcat_over_tls_is_authorized_by_its_certificate_or_its_scram_login() {
     let _guard = quire_tests::serial::proc_test();
     if !kcat_installed() {
         return;
@@ -417,4 +419,111 @@ fn kcat_over_tls_is_authorized_by_its_client_certificate() {
     );
     let err = ok(&out, "kcat -P as client-2");
     assert!(!err.contains("Delivery failed"), "{err}");
+
+    // A user logs in with SASL SCRAM-SHA-256 over TLS, no certificate: the entries for
+    // that user apply (produce yes, consume no); a wrong password is refused.
+    let secret = dir.join("alice.password");
+    std::fs::write(&secret, "correct horse battery staple\n").unwrap();
+    let admin = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend([
+            "--brokers".to_owned(),
+            brokers.join(","),
+            "--tls-ca".to_owned(),
+            path(&ca.ca),
+            "--tls-cert".to_owned(),
+            path(&ca.cert),
+            "--tls-key".to_owned(),
+            path(&ca.key),
+        ]);
+        ok(
+            &run_bounded(Command::new(quire_bin()).args(&all), KCAT_BOUND),
+            "quire (admin)",
+        )
+    };
+    admin(&[
+        "user",
+        "add",
+        "alice",
+        "--new-password-file",
+        secret.to_str().unwrap(),
+    ]);
+    admin(&[
+        "acl",
+        "add",
+        "--principal",
+        "alice",
+        "--operation",
+        "produce",
+        "--topic",
+        "secure",
+    ]);
+    let sasl = |password: &str, args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        all.extend(ssl(None).into_iter().map(|x| {
+            if x == "security.protocol=ssl" {
+                "security.protocol=sasl_ssl".to_owned()
+            } else {
+                x
+            }
+        }));
+        all.extend([
+            "-X".to_owned(),
+            "sasl.mechanisms=SCRAM-SHA-256".to_owned(),
+            "-X".to_owned(),
+            "sasl.username=alice".to_owned(),
+            "-X".to_owned(),
+            format!("sasl.password={password}"),
+        ]);
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        kcat(&refs)
+    };
+    let good = "correct horse battery staple";
+    let out = sasl(good, &["-b", &both, "-P", "-t", "secure", "-l", f]);
+    let err = ok(&out, "kcat -P as alice");
+    assert!(!err.contains("Delivery failed"), "{err}");
+    let out = sasl(
+        good,
+        &[
+            "-b",
+            &both,
+            "-C",
+            "-t",
+            "secure",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.stdout.is_empty() && err.to_lowercase().contains("authoriz"),
+        "alice may not consume: {err}"
+    );
+    let out = sasl("wrong", &["-b", &both, "-L", "-m", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success() && err.contains("unknown user or wrong password"),
+        "a wrong password: {err}"
+    );
+    let read = kcat_as(
+        Some("client"),
+        &[
+            "-b",
+            &both,
+            "-C",
+            "-t",
+            "secure",
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+        ],
+    );
+    assert_eq!(
+        ok(&read, "kcat -C").lines().count(),
+        300,
+        "the super user's 100, client-2's 100, alice's 100"
+    );
 }

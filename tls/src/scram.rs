@@ -363,7 +363,12 @@ impl ScramServer {
                 "channel binding must be \"biws\" (n,,)",
             ));
         }
-        if attribute(without_proof, 'r') != Some(self.nonce.as_str()) {
+        // The nonce must end with the one sent: RFC 5802 asks for equality, but librdkafka
+        // (2.0 through 2.16 at least) puts its own nonce in front of the server's whole
+        // nonce (which already begins with it), and Kafka's broker accepts that by the
+        // same `endsWith` test. Freshness is the same: the server's part is there, and the
+        // proof covers the client-final message as sent.
+        if !attribute(without_proof, 'r').is_some_and(|r| r.ends_with(self.nonce.as_str())) {
             return Err(ScramError::Malformed("the nonce is not the one sent"));
         }
         let proof = BASE64

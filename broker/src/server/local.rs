@@ -45,6 +45,34 @@ impl LocalClient {
         }
     }
 
+    /// The SCRAM-SHA-256 credential of `user` in the applied security tables.
+    #[must_use]
+    pub fn scram_credential(&self, user: &str) -> Option<quire_proto::ScramCredential> {
+        crate::security::current(&self.shared.security)
+            .credential(user)
+            .cloned()
+    }
+
+    /// How long logins from `ip` stay refused (the broker-wide failed-login window shared
+    /// with the native listener).
+    #[must_use]
+    pub fn login_blocked(&self, ip: std::net::IpAddr) -> Option<std::time::Duration> {
+        self.shared
+            .login_failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .blocked(ip, Instant::now())
+    }
+
+    /// Counts a failed login from `ip`.
+    pub fn login_failed(&self, ip: std::net::IpAddr) {
+        self.shared
+            .login_failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .failed(ip, Instant::now());
+    }
+
     /// The same client, its requests made for `principal` (sharing the bound).
     #[must_use]
     pub fn acting_as(&self, principal: Principal) -> LocalClient {

@@ -349,6 +349,22 @@ impl quire_kafka::Backend for LocalClient {
     fn for_peer(&self, peer: &quire_tls::PeerAuth) -> Self {
         self.acting_as(crate::security::Principal::of(peer))
     }
+
+    fn for_user(&self, user: String) -> Self {
+        self.acting_as(crate::security::Principal::User(user))
+    }
+
+    fn scram_credential(&self, user: &str) -> Option<quire_proto::ScramCredential> {
+        LocalClient::scram_credential(self, user)
+    }
+
+    fn login_blocked(&self, ip: std::net::IpAddr) -> Option<std::time::Duration> {
+        LocalClient::login_blocked(self, ip)
+    }
+
+    fn login_failed(&self, ip: std::net::IpAddr) {
+        LocalClient::login_failed(self, ip);
+    }
 }
 
 /// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
