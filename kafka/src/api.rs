@@ -8,7 +8,7 @@
 //! | Produce (0) | 0–9 (3–9 served) | one `ProduceRequest` of format Kafka per partition, answered once stabilized |
 //! | Fetch (1) | 4–12 | one `FetchRequest { records: true }` per partition, long-polled |
 //! | ListOffsets (2) | 1–7 | fetch probes: earliest = the first offset held, latest = HWM + 1, by time = a binary search |
-//! | FindCoordinator (10) | 0–4 | groups: the master's Kafka address; transactions: `COORDINATOR_NOT_AVAILABLE` |
+//! | FindCoordinator (10) | 0–4 | groups: the master's Kafka address; transactions: `TRANSACTIONAL_ID_AUTHORIZATION_FAILED` |
 //! | JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13) | 0–7, 0–5, 0–4, 0–4 | the master's group coordinator ([`crate::group`]) |
 //! | OffsetCommit (8), OffsetFetch (9) | 2–8, 1–7 | `CommitCursorRequest` / `CursorRequest`, cursor = group id |
 //! | ListGroups (16), DescribeGroups (15) | 0–4, 0–5 | the master's groups |

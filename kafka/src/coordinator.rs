@@ -72,7 +72,7 @@ async fn coordinator_epoch<B: Backend>(
 }
 
 /// FindCoordinator: for a group (key type 0), the master's Kafka address; for a
-/// transactional id, `COORDINATOR_NOT_AVAILABLE` (no transactions).
+/// transactional id, `TRANSACTIONAL_ID_AUTHORIZATION_FAILED` (no transactions).
 pub(crate) async fn find_coordinator<B: Backend>(
     backend: &B,
     listener: &Listener,
@@ -93,8 +93,11 @@ pub(crate) async fn find_coordinator<B: Backend>(
     });
     let answer = |key_type: i8| -> Result<(u16, String, i32), (ResponseError, &'static str)> {
         if key_type != 0 {
+            // Not COORDINATOR_NOT_AVAILABLE, which clients retry until their own timeout
+            // (init_transactions() then fails with a bare _TIMED_OUT): an error they take
+            // as fatal, with this message (found by a new-user trial).
             return Err((
-                ResponseError::CoordinatorNotAvailable,
+                ResponseError::TransactionalIdAuthorizationFailed,
                 "transactions are not supported (docs/kafka.md)",
             ));
         }
