@@ -144,7 +144,14 @@ pub(crate) async fn serve<B: Backend>(
                 if failed {
                     close = Some(format!("{api_key:?} refused"));
                 }
-                let answer: api::Finishing = Box::pin(std::future::ready(answer));
+                let answer: api::Finishing = if failed {
+                    Box::pin(async move {
+                        tokio::time::sleep(sasl::FAILURE_DELAY).await;
+                        answer
+                    })
+                } else {
+                    Box::pin(std::future::ready(answer))
+                };
                 (
                     correlation_id,
                     api_key.response_header_version(version),

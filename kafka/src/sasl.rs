@@ -18,7 +18,12 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
+use quire_proto::SASL_MESSAGE_BYTES_MAX;
 use quire_tls::scram::{ScramServer, MECHANISM};
+
+/// How long a failed login's answer waits (the native listener's delay: each guess costs
+/// the guesser that long on its connection).
+pub(crate) const FAILURE_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
 
 use crate::Backend;
 
@@ -83,6 +88,28 @@ pub(crate) fn authenticate<B: Backend>(
         user: None,
         close: true,
     };
+    // Checked at every step, the proof's included: exchanges staged on many connections
+    // before the address was blocked get no more guesses (found by a break-it trial).
+    if let Some(left) = backend.login_blocked(ip) {
+        *state = Sasl::Done;
+        return fail(
+            ResponseError::SaslAuthenticationFailed,
+            format!(
+                "too many failed logins from this address: try again in {} s",
+                left.as_secs() + 1
+            ),
+        );
+    }
+    // A SCRAM message is a few hundred bytes; the server keeps the client-first message
+    // until the exchange ends, so a long one would be held (a trial parked 46 MB a
+    // connection with 15 MiB nonces).
+    if req.auth_bytes.len() > SASL_MESSAGE_BYTES_MAX {
+        backend.login_failed(ip);
+        return fail(
+            ResponseError::SaslAuthenticationFailed,
+            format!("a SASL message of more than {SASL_MESSAGE_BYTES_MAX} bytes"),
+        );
+    }
     let Ok(message) = std::str::from_utf8(&req.auth_bytes) else {
         backend.login_failed(ip);
         return fail(
@@ -92,15 +119,6 @@ pub(crate) fn authenticate<B: Backend>(
     };
     match std::mem::take(state) {
         Sasl::Handshaken => {
-            if let Some(left) = backend.login_blocked(ip) {
-                return fail(
-                    ResponseError::SaslAuthenticationFailed,
-                    format!(
-                        "too many failed logins from this address: try again in {} s",
-                        left.as_secs() + 1
-                    ),
-                );
-            }
             match ScramServer::client_first(message, |u| backend.scram_credential(u)) {
                 Ok((server, first)) => {
                     *state = Sasl::Challenged(Box::new(server));
