@@ -146,6 +146,29 @@ pub(crate) async fn find_coordinator<B: Backend>(
     }
 }
 
+/// The group id of a group request this broker coordinates, or why it cannot serve it
+/// (`NOT_COORDINATOR`, `COORDINATOR_NOT_AVAILABLE`, `INVALID_GROUP_ID`).
+async fn coordinated_group<B: Backend>(
+    backend: &B,
+    listener: &Listener,
+    g: &GroupId,
+) -> Result<String, ResponseError> {
+    coordinator_epoch(backend, listener).await?;
+    group_id(g)
+}
+
+/// The Kafka error for a cursor request's error answer: a broker that is no longer the
+/// master is no longer the coordinator.
+fn cursor_error(answer: &Body) -> ResponseError {
+    match answer {
+        Body::ErrorResponse(e) if e.code == quire_proto::ErrorCode::NotMaster => {
+            ResponseError::NotCoordinator
+        }
+        Body::ErrorResponse(e) => kafka_error(e.code),
+        _ => ResponseError::UnknownServerError,
+    }
+}
+
 /// The group id as a cursor name, or `INVALID_GROUP_ID`.
 fn group_id(g: &GroupId) -> Result<String, ResponseError> {
     let id = g.0.to_string();
@@ -174,11 +197,8 @@ pub(crate) async fn join_group<B: Backend>(
     version: i16,
 ) -> JoinGroupResponse {
     let member = req.member_id.to_string();
-    let joined = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => Joined {
+    let joined = match coordinated_group(backend, listener, &req.group_id).await {
+        Err(e) => Joined {
             error: Some(e),
             generation: -1,
             protocol_type: None,
@@ -187,7 +207,7 @@ pub(crate) async fn join_group<B: Backend>(
             member_id: member,
             members: Vec::new(),
         },
-        (Ok(_), Ok(group)) => {
+        Ok(group) => {
             let wait = Duration::from_millis(
                 req.rebalance_timeout_ms
                     .max(req.session_timeout_ms)
@@ -255,12 +275,9 @@ pub(crate) async fn sync_group<B: Backend>(
     listener: &Listener,
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
-    let synced = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => Answer::Now(error_synced(e)),
-        (Ok(_), Ok(group)) => listener.groups().sync(
+    let synced = match coordinated_group(backend, listener, &req.group_id).await {
+        Err(e) => Answer::Now(error_synced(e)),
+        Ok(group) => listener.groups().sync(
             &group,
             req.generation_id,
             &req.member_id,
@@ -297,12 +314,9 @@ pub(crate) async fn heartbeat<B: Backend>(
     listener: &Listener,
     req: &HeartbeatRequest,
 ) -> HeartbeatResponse {
-    let error = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => Some(e),
-        (Ok(_), Ok(group)) => {
+    let error = match coordinated_group(backend, listener, &req.group_id).await {
+        Err(e) => Some(e),
+        Ok(group) => {
             listener
                 .groups()
                 .heartbeat(&group, req.generation_id, &req.member_id, Instant::now())
@@ -326,14 +340,11 @@ pub(crate) async fn leave_group<B: Backend>(
     } else {
         vec![req.member_id.to_string()]
     };
-    let results = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => {
+    let results = match coordinated_group(backend, listener, &req.group_id).await {
+        Err(e) => {
             return LeaveGroupResponse::default().with_error_code(e.code());
         }
-        (Ok(_), Ok(group)) => listener.groups().leave(&group, &members, Instant::now()),
+        Ok(group) => listener.groups().leave(&group, &members, Instant::now()),
     };
     if version < 3 {
         return LeaveGroupResponse::default()
@@ -360,12 +371,9 @@ pub(crate) async fn offset_commit<B: Backend>(
     listener: &Listener,
     req: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
-    let refused = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => Err(e),
-        (Ok(_), Ok(group)) => match listener.groups().may_commit(
+    let refused = match coordinated_group(backend, listener, &req.group_id).await {
+        Err(e) => Err(e),
+        Ok(group) => match listener.groups().may_commit(
             &group,
             req.generation_id_or_member_epoch,
             &req.member_id,
@@ -429,11 +437,7 @@ async fn commit_one<B: Backend>(
         .await;
     match answer {
         Body::CommitCursorResponse(_) => None,
-        Body::ErrorResponse(e) if e.code == quire_proto::ErrorCode::NotMaster => {
-            Some(ResponseError::NotCoordinator)
-        }
-        Body::ErrorResponse(e) => Some(kafka_error(e.code)),
-        _ => Some(ResponseError::UnknownServerError),
+        other => Some(cursor_error(&other)),
     }
 }
 
@@ -446,13 +450,7 @@ pub(crate) async fn offset_fetch<B: Backend>(
     req: OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
-    let refused = match (
-        coordinator_epoch(backend, listener).await,
-        group_id(&req.group_id),
-    ) {
-        (Err(e), _) | (_, Err(e)) => Err(e),
-        (Ok(_), Ok(group)) => Ok(group),
-    };
+    let refused = coordinated_group(backend, listener, &req.group_id).await;
     let mut topics = Vec::new();
     for t in req.topics.unwrap_or_default() {
         let name = t.name.0.to_string();
@@ -509,11 +507,7 @@ async fn fetch_one<B: Backend>(
         Body::CursorResponse(r) => Ok(r
             .offset
             .map_or(-1, |o| i64::try_from(o.0).unwrap_or(i64::MAX))),
-        Body::ErrorResponse(e) if e.code == quire_proto::ErrorCode::NotMaster => {
-            Err(ResponseError::NotCoordinator)
-        }
-        Body::ErrorResponse(e) => Err(kafka_error(e.code)),
-        _ => Err(ResponseError::UnknownServerError),
+        other => Err(cursor_error(&other)),
     }
 }
 

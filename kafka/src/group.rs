@@ -739,22 +739,40 @@ impl Groups {
         member_id: &str,
         now: Instant,
     ) -> Option<ResponseError> {
-        let Some(g) = self.groups.get_mut(group) else {
-            return Some(ResponseError::UnknownMemberId);
+        let g = match self.member_of(group, generation, member_id, now) {
+            Ok(g) => g,
+            Err(e) => return Some(e),
         };
-        let Some(m) = g.members.get_mut(member_id) else {
-            return Some(ResponseError::UnknownMemberId);
-        };
-        m.last_seen = now;
-        if generation != g.generation {
-            return Some(ResponseError::IllegalGeneration);
-        }
         match g.state {
             GroupState::PreparingRebalance | GroupState::Empty => {
                 Some(ResponseError::RebalanceInProgress)
             }
             GroupState::CompletingRebalance | GroupState::Stable => None,
         }
+    }
+
+    /// The group `member_id` belongs to, the member seen at `now`, if `generation` is the
+    /// group's: `UNKNOWN_MEMBER_ID` or `ILLEGAL_GENERATION` otherwise.
+    fn member_of(
+        &mut self,
+        group: &str,
+        generation: i32,
+        member_id: &str,
+        now: Instant,
+    ) -> Result<&mut Group, ResponseError> {
+        let g = self
+            .groups
+            .get_mut(group)
+            .ok_or(ResponseError::UnknownMemberId)?;
+        let m = g
+            .members
+            .get_mut(member_id)
+            .ok_or(ResponseError::UnknownMemberId)?;
+        m.last_seen = now;
+        if generation != g.generation {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(g)
     }
 
     /// Whether `member_id` of `generation` may commit offsets for `group` now. A commit
@@ -774,16 +792,10 @@ impl Groups {
                 _ => None,
             };
         }
-        let Some(g) = g else {
-            return Some(ResponseError::UnknownMemberId);
+        let g = match self.member_of(group, generation, member_id, now) {
+            Ok(g) => g,
+            Err(e) => return Some(e),
         };
-        let Some(m) = g.members.get_mut(member_id) else {
-            return Some(ResponseError::UnknownMemberId);
-        };
-        m.last_seen = now;
-        if generation != g.generation {
-            return Some(ResponseError::IllegalGeneration);
-        }
         // As Kafka: the generation's members may commit while the group prepares a
         // rebalance (that is when their partitions are revoked, and commit), not while
         // it waits for the new generation's assignment.
