@@ -43,8 +43,9 @@ mod coordinator;
 pub mod group;
 mod sasl;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +132,10 @@ pub struct KafkaSettings {
     pub read_budget_bytes: usize,
     /// Connections served at once; more are closed as they arrive.
     pub connections_max: usize,
+    /// Connections from one IP address at once, at most (0: no bound); more from that
+    /// address are closed as they arrive, so that one host cannot take every place (the
+    /// broker's `connections_per_address_max`, as on its native listener).
+    pub connections_per_address_max: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
     /// A request must arrive whole this long after its size prefix.
@@ -151,6 +156,7 @@ impl KafkaSettings {
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
             read_budget_bytes: READ_BUDGET_BYTES_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
+            connections_per_address_max: 0,
             idle_timeout: IDLE_TIMEOUT_DEFAULT,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             tls: None,
@@ -168,6 +174,7 @@ pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: Kafk
     let _clock = AbortOnDrop(tokio::spawn(coordinator::run_clock(shared.clone())));
     let settings = &shared.settings;
     let budget = Arc::new(Semaphore::new(settings.read_budget_bytes));
+    let per_address: Arc<std::sync::Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     let connections = Arc::new(Semaphore::new(settings.connections_max));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -181,6 +188,14 @@ pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: Kafk
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
             tracing::warn!(%peer, max = settings.connections_max, "Kafka listener: too many connections, closing a new one");
+            continue;
+        };
+        let Some(from_address) = PerAddress::take(
+            &per_address,
+            peer.ip(),
+            settings.connections_per_address_max,
+        ) else {
+            tracing::warn!(%peer, max = settings.connections_per_address_max, "Kafka listener: too many connections from one address, closing a new one");
             continue;
         };
         let backend = backend.clone();
@@ -202,6 +217,7 @@ pub async fn serve<B: Backend>(listener: TcpListener, backend: B, settings: Kafk
                 quire_tls::PeerAuth::of(&stream, tls.map(quire_tls::TlsAcceptor::client_auth));
             let backend = backend.for_peer(&auth);
             conn::serve(stream, peer, backend, &shared, &budget).await;
+            drop(from_address);
             drop(permit);
         });
     }
@@ -232,6 +248,50 @@ pub(crate) struct Client {
     pub host: String,
 }
 
+/// One connection's place among its address's ([`KafkaSettings::connections_per_address_max`]),
+/// given back when dropped.
+struct PerAddress {
+    counts: Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl PerAddress {
+    /// A place for a connection from `ip`, or `None` if it holds `max` already (0: no bound).
+    fn take(
+        counts: &Arc<std::sync::Mutex<HashMap<IpAddr, usize>>>,
+        ip: IpAddr,
+        max: usize,
+    ) -> Option<PerAddress> {
+        let mut c = counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = c.entry(ip).or_default();
+        if max > 0 && *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PerAddress {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PerAddress {
+    fn drop(&mut self) {
+        let mut c = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Aborts a task when dropped (the coordinator's clock ends with the listener).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -257,6 +317,25 @@ pub fn split_host_port(addr: &str) -> Option<(String, i32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_address_holds_at_most_its_share_of_places() {
+        let counts = Arc::default();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let held: Vec<PerAddress> = (0..3)
+            .map(|_| PerAddress::take(&counts, a, 3).unwrap())
+            .collect();
+        assert!(PerAddress::take(&counts, a, 3).is_none());
+        let other = PerAddress::take(&counts, b, 3);
+        assert!(other.is_some(), "another address has its own places");
+        drop(held);
+        assert!(
+            PerAddress::take(&counts, a, 3).is_some(),
+            "given back when dropped"
+        );
+        assert!(PerAddress::take(&counts, a, 0).is_some(), "0: no bound");
+    }
 
     #[test]
     fn addresses_split_into_host_and_port() {

@@ -212,6 +212,7 @@ impl Broker {
             }
             let mut settings = quire_kafka::KafkaSettings::new(cfg.id.0, brokers, cluster_id(&cfg));
             settings.tls.clone_from(&tls);
+            settings.connections_per_address_max = cfg.connections_per_address_max;
             match &tls {
                 None => {
                     tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS ([tls] cert_file and key_file turn TLS on)")
