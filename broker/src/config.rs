@@ -172,7 +172,7 @@ pub fn schema() -> Schema {
         Setting::new(
             "kafka_listen",
             Kind::Text,
-            "Address to serve Kafka clients on, host:port (docs/kafka.md; plaintext, no login yet); unset: no Kafka listener",
+            "Address to serve Kafka clients on, host:port (docs/kafka.md; TLS with the [tls] certificate as the client listener, optional SASL SCRAM-SHA-256 logins); unset: no Kafka listener",
         ),
         Setting::new(
             "kafka_brokers",

@@ -215,7 +215,7 @@ impl Broker {
             settings.connections_per_address_max = cfg.connections_per_address_max;
             match &tls {
                 None => {
-                    tracing::warn!(listen = %addr, "the Kafka listener is plaintext and takes no login (docs/kafka.md): its clients act as ANONYMOUS ([tls] cert_file and key_file turn TLS on)")
+                    tracing::warn!(listen = %addr, "the Kafka listener is plaintext (docs/kafka.md): its clients act as ANONYMOUS unless they log in with SASL SCRAM, which plaintext does not protect ([tls] cert_file and key_file turn TLS on)")
                 }
                 Some(t) => {
                     tracing::info!(listen = %addr, client_auth = t.client_auth().as_str(), "the Kafka listener speaks TLS, as the client listener: a verified client certificate's holder is the principal, anyone else ANONYMOUS")
