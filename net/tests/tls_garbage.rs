@@ -4,9 +4,9 @@
 //! panic; the frame reader behind a good handshake refuses bad frames with the same typed
 //! errors as on plaintext; and a good client is served after all of it.
 //!
-//! Memory: each handshake holds at most what rustls buffers for one record (it refuses a
-//! record over 2^14 + 256 bytes of ciphertext) plus the reader's 16 KiB staging; no input
-//! here can make either grow.
+//! Memory: each handshake holds at most `HANDSHAKE_BYTES_MAX` (96 KiB) of the peer's bytes,
+//! and an established connection's reader at most `READ_BUFFER_BYTES` (four records); no
+//! input here can make either grow.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 

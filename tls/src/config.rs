@@ -6,14 +6,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use rustls::client::UnbufferedClientConnection;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{
+    ClientHello, ResolvesServerCert, UnbufferedServerConnection, WebPkiClientVerifier,
+};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
+use crate::handshake;
+use crate::record::{tls_error, Kernel};
+use crate::stream::TlsStream;
 use crate::{Role, Stream};
 
 /// What can go wrong building a TLS configuration; each names the file concerned.
@@ -278,9 +284,11 @@ impl TlsFiles {
                 WebPkiClientVerifier::builder_with_provider(read_roots(ca)?, provider()).build()?,
             ),
         };
-        let config = builder.with_cert_resolver(resolver.clone());
+        let mut config = builder.with_cert_resolver(resolver.clone());
+        // The record layer after the handshake is Quire's (crate::record).
+        config.enable_secret_extraction = true;
         Ok(Some(TlsAcceptor {
-            inner: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            config: Arc::new(config),
             resolver,
             auth,
         }))
@@ -293,7 +301,7 @@ impl TlsFiles {
     /// reverse; a key that does not match its certificate.
     pub fn connector(&self) -> Result<Option<TlsConnector>, TlsError> {
         Ok(self.client_parts()?.map(|(config, resolver)| TlsConnector {
-            inner: tokio_rustls::TlsConnector::from(config),
+            config,
             resolver,
             server_role: None,
         }))
@@ -316,7 +324,7 @@ impl TlsFiles {
         let builder = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(TLS13)?
             .with_root_certificates(read_roots(ca)?);
-        let (config, resolver) = match self.identity()? {
+        let (mut config, resolver) = match self.identity()? {
             None => (builder.with_no_client_auth(), None),
             Some((cert, key)) => {
                 let resolver = Arc::new(Reloading {
@@ -330,6 +338,8 @@ impl TlsFiles {
                 )
             }
         };
+        // The record layer after the handshake is Quire's (crate::record).
+        config.enable_secret_extraction = true;
         Ok(Some((Arc::new(config), resolver)))
     }
 }
@@ -397,7 +407,7 @@ impl rustls::client::ResolvesClientCert for Reloading {
 /// The server side of TLS for one listener.
 #[derive(Clone)]
 pub struct TlsAcceptor {
-    inner: tokio_rustls::TlsAcceptor,
+    config: Arc<ServerConfig>,
     resolver: Arc<Reloading>,
     auth: ClientAuth,
 }
@@ -423,9 +433,17 @@ impl TlsAcceptor {
     /// # Errors
     /// [`io::ErrorKind::TimedOut`] past `timeout`; the handshake's failure (a client that is
     /// not TLS, a client certificate missing or of another CA, ...), as rustls reports it.
-    pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> io::Result<Stream> {
-        match tokio::time::timeout(timeout, self.inner.accept(tcp)).await {
-            Ok(Ok(s)) => Ok(Stream::Tls(Box::new(tokio_rustls::TlsStream::Server(s)))),
+    pub async fn accept(&self, mut tcp: TcpStream, timeout: Duration) -> io::Result<Stream> {
+        let handshake = async {
+            let mut conn =
+                UnbufferedServerConnection::new(self.config.clone()).map_err(tls_error)?;
+            let leftover = handshake::drive(&mut conn, &mut tcp).await?;
+            let peer = leaf(conn.peer_certificates());
+            let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_error)?;
+            TlsStream::new(tcp, secrets, Kernel::Server(kernel), leftover, peer)
+        };
+        match tokio::time::timeout(timeout, handshake).await {
+            Ok(Ok(s)) => Ok(Stream::Tls(Box::new(s))),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -446,7 +464,7 @@ impl TlsAcceptor {
 /// The client side of TLS for outgoing connections.
 #[derive(Clone)]
 pub struct TlsConnector {
-    inner: tokio_rustls::TlsConnector,
+    config: Arc<ClientConfig>,
     /// The client certificate shown, if any (read again by [`TlsConnector::reload`]).
     resolver: Option<Arc<Reloading>>,
     /// The role the server's certificate must name ([`TlsConnector::expecting`]).
@@ -459,6 +477,11 @@ impl fmt::Debug for TlsConnector {
             .field("server_role", &self.server_role)
             .finish_non_exhaustive()
     }
+}
+
+/// The leaf of a peer's certificate chain, DER.
+fn leaf(chain: Option<&[CertificateDer<'static>]>) -> Option<Vec<u8>> {
+    chain.and_then(|c| c.first()).map(|c| c.as_ref().to_vec())
 }
 
 /// The host part of `host:port` (`[::1]:7101` → `::1`).
@@ -507,15 +530,25 @@ impl TlsConnector {
     /// role [`TlsConnector::expecting`] asked for; the
     /// handshake's failure as rustls reports it (a certificate of another CA, or one that
     /// does not name the host; a server that wants a client certificate we do not have).
-    pub async fn connect(&self, addr: &str, tcp: TcpStream) -> io::Result<Stream> {
+    pub async fn connect(&self, addr: &str, mut tcp: TcpStream) -> io::Result<Stream> {
         let name = ServerName::try_from(host_of(addr).to_owned()).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{addr}: not a host name for TLS: {e}"),
             )
         })?;
-        let s = self.inner.connect(name, tcp).await?;
-        let stream = Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(s)));
+        let mut conn =
+            UnbufferedClientConnection::new(self.config.clone(), name).map_err(tls_error)?;
+        let leftover = handshake::drive(&mut conn, &mut tcp).await?;
+        let peer = leaf(conn.peer_certificates());
+        let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_error)?;
+        let stream = Stream::Tls(Box::new(TlsStream::new(
+            tcp,
+            secrets,
+            Kernel::Client(kernel),
+            leftover,
+            peer,
+        )?));
         if let Some(want) = self.server_role {
             let named = stream
                 .peer_certificate()
