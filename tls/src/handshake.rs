@@ -93,8 +93,12 @@ pub(crate) async fn drive<C: Unbuffered>(
     let mut incoming: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut outgoing: Vec<u8> = Vec::new();
     let mut plaintext: Vec<u8> = Vec::new();
+    // rustls sees `incoming[..fed]`, whole records one at a time: it must not process a
+    // record that follows the handshake's last (a KeyUpdate, a close_notify), which would
+    // change its state after the keys are taken; the record layer reads those.
+    let mut fed = 0;
     loop {
-        let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming);
+        let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..fed]);
         let mut read_more = false;
         let mut failed = None;
         match state {
@@ -132,8 +136,9 @@ pub(crate) async fn drive<C: Unbuffered>(
             }
         }
         incoming.drain(..discard);
+        fed -= discard;
         if let Some(e) = failed {
-            send_alert(conn, tcp, &mut incoming).await;
+            send_alert(conn, tcp, &mut incoming[..fed]).await;
             return Err(tls_error(e));
         }
         if read_more {
@@ -142,6 +147,10 @@ pub(crate) async fn drive<C: Unbuffered>(
                     ciphertext: incoming,
                     plaintext,
                 });
+            }
+            if let Some(end) = record_end(&incoming, fed) {
+                fed = end;
+                continue;
             }
             let room = HANDSHAKE_BYTES_MAX.saturating_sub(incoming.len());
             if room == 0 {
@@ -159,6 +168,13 @@ pub(crate) async fn drive<C: Unbuffered>(
             }
         }
     }
+}
+
+/// Where the whole record starting at `from` ends, if `buf` holds all of it.
+fn record_end(buf: &[u8], from: usize) -> Option<usize> {
+    let header = buf.get(from..from + 5)?;
+    let end = from + 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+    (end <= buf.len()).then_some(end)
 }
 
 /// Encodes rustls's next handshake record onto the end of `out`.

@@ -210,7 +210,8 @@ impl Keys {
         let Some(typ_at) = plain.iter().rposition(|&b| b != 0) else {
             return Err(invalid("a TLS record with no content type (all padding)"));
         };
-        if typ_at > CONTENT_MAX {
+        // §5.4: the inner plaintext, padding included, is at most 2^14 + 1 bytes.
+        if plain.len() > CONTENT_MAX + 1 {
             return Err(invalid("a TLS record over 2^14 bytes (record_overflow)"));
         }
         Ok((plain[typ_at], typ_at))
@@ -239,6 +240,8 @@ impl Kernel {
 
     fn update(&mut self, transmit: bool) -> io::Result<Keys> {
         let limit = self.confidentiality_limit();
+        // Only a sender is bound by the confidentiality limit ([`crate::stream`]).
+        let limit = if transmit { limit } else { u64::MAX };
         let (seq, secrets) = match (self, transmit) {
             (Kernel::Client(k), true) => k.update_tx_secret(),
             (Kernel::Client(k), false) => k.update_rx_secret(),
@@ -309,6 +312,11 @@ pub(crate) struct PostHandshake {
 }
 
 impl PostHandshake {
+    /// Whether part of a message is held (the next record must continue it).
+    pub(crate) fn in_progress(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// Takes the content of one handshake record; acts on each whole message in it.
     ///
     /// # Errors

@@ -82,7 +82,9 @@ impl TlsStream {
         let limit = kernel.confidentiality_limit();
         Ok(TlsStream {
             tcp,
-            rx: Keys::new(secrets.rx.0, &secrets.rx.1, limit)?,
+            // The confidentiality limit binds the sender, who updates its key; a receiver
+            // has no reason to refuse (rustls does not either).
+            rx: Keys::new(secrets.rx.0, &secrets.rx.1, u64::MAX)?,
             tx: Keys::new(secrets.tx.0, &secrets.tx.1, limit)?,
             shared: Arc::new(Shared::new(kernel)),
             leftover,
@@ -260,6 +262,12 @@ impl TlsRead {
         let (typ, n) = self.rx.open(header, &mut self.buf[body..body + len])?;
         self.head = body + len;
         let content = body..body + n;
+        // Handshake messages are not interleaved with other records (RFC 8446 §5.1).
+        if typ != HANDSHAKE && self.post_handshake.in_progress() {
+            return Err(invalid(
+                "a TLS record in the middle of a post-handshake handshake message",
+            ));
+        }
         match typ {
             APPLICATION_DATA => self.plain = content,
             ALERT => match self.buf[content] {
