@@ -677,6 +677,50 @@ mod tests {
 
     /// A TLS connection over loopback: (client side, server side).
     async fn pair() -> (Stream, Stream, tempfile::TempDir) {
+        let (client, server, dir) = connect(false).await;
+        (client, server.await.expect("server task"), dir)
+    }
+
+    /// A TCP relay that passes the client's first write (its hello) at once, then holds
+    /// what the client sends for 300 ms and passes it in one write: the client's Finished
+    /// and whatever follows it reach the server in one read.
+    async fn coalescing_relay(to: String) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let (mut client, _) = listener.accept().await.expect("accept");
+            let server = TcpStream::connect(&to).await.expect("connect");
+            let (mut cr, mut cw) = client.split();
+            let (mut sr, mut sw) = server.into_split();
+            let down = tokio::io::copy(&mut sr, &mut cw);
+            let up = async {
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = cr.read(&mut buf).await.expect("hello");
+                sw.write_all(&buf[..n]).await.expect("relay");
+                let mut held = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_millis(300), async {
+                    loop {
+                        match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => held.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                })
+                .await;
+                sw.write_all(&held).await.expect("relay");
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                let _ = sw.shutdown().await;
+            };
+            let _ = tokio::join!(down, up);
+        });
+        addr
+    }
+
+    /// A client connected (through [`coalescing_relay`] with `coalesce`), and the server's
+    /// side, whose handshake may still be running.
+    async fn connect(
+        coalesce: bool,
+    ) -> (Stream, tokio::task::JoinHandle<Stream>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         write_local(
             dir.path(),
@@ -697,13 +741,17 @@ mod tests {
             let (tcp, _) = listener.accept().await.expect("accept");
             acceptor.accept(tcp, WAIT).await.expect("server handshake")
         });
-        let tcp = TcpStream::connect(&addr).await.expect("connect");
+        let dial = if coalesce {
+            coalescing_relay(addr.clone()).await
+        } else {
+            addr.clone()
+        };
+        let tcp = TcpStream::connect(&dial).await.expect("connect");
         let client = connector
             .connect(&addr, tcp)
             .await
             .expect("client handshake");
-        let server = served.await.expect("server task");
-        (client, server, dir)
+        (client, served, dir)
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -799,6 +847,42 @@ mod tests {
             "the client read {} bytes, not the server's",
             down_got.len()
         );
+    }
+
+    /// The client's Finished, a KeyUpdate asking the server to update, data and a
+    /// close_notify reach the server in one read: none of it is lost to the handshake, and
+    /// the server's answer (under its updated key) reads at the client.
+    #[tokio::test]
+    async fn records_in_the_same_read_as_the_clients_finished_are_kept() {
+        let (client, server, _dir) = connect(true).await;
+        let (mut cr, mut cw) = client.into_split();
+        let request = pattern(40_000, 3);
+        let answer = pattern(30_000, 4);
+        let (request2, answer2) = (request.clone(), answer.clone());
+        let server = tokio::spawn(async move {
+            let (mut sr, mut sw) = server.await.expect("server handshake").into_split();
+            let got = read_all_by_readiness(&mut sr).await.expect("server reads");
+            sw.write_all(&answer2).await.expect("server writes");
+            sw.shutdown().await.expect("server shuts down");
+            got
+        });
+        let WriteHalf::Tls(t) = &cw else {
+            panic!("TLS")
+        };
+        t.shared.request_key_update(true);
+        cw.write_all(&request2).await.expect("client writes");
+        cw.shutdown().await.expect("client shuts down");
+        let mut got = Vec::new();
+        tokio::time::timeout(WAIT, cr.read_to_end(&mut got))
+            .await
+            .expect("in time")
+            .expect("client reads");
+        let up = tokio::time::timeout(WAIT, server)
+            .await
+            .expect("in time")
+            .expect("server task");
+        assert!(up == request, "the server read {} bytes", up.len());
+        assert!(got == answer, "the client read {} bytes", got.len());
     }
 
     #[tokio::test]
