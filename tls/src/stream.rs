@@ -339,7 +339,11 @@ impl TlsRead {
         }
     }
 
-    /// Takes the result of a socket read of `n` bytes.
+    /// Takes the result of a socket read of `n` bytes. A TCP end between records without a
+    /// close_notify is taken as the end of the stream, not as a truncation attack: Quire's
+    /// frames carry their own lengths and every request its answer, so a cut between frames
+    /// reads as a lost connection either way (the frame readers report a cut inside a frame).
+    /// No alert is sent on a record error; the connection is dropped.
     fn received(&mut self, n: usize) {
         if n == 0 {
             if self.head < self.buf.len() {
