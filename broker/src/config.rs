@@ -22,6 +22,7 @@
 //! retention_bytes = "10GiB"       # keep at least the newest 10 GiB of payload; default: no limit
 //! retention_age = "168h"          # keep events stabilized less than 7 days ago; default: no limit
 //! checkpoint_part_bytes = "8MiB"  # a larger checkpoint is written as several events
+//! recent_bytes_max = "64MiB"      # newest stabilized events kept in memory (fetches, catch-up)
 //! topics_max = 65536              # a produce to one more new topic gets LimitReached
 //! cursors_max = 1048576           # a commit of one more new cursor gets LimitReached
 //! read_buffer_bytes_max = "64MiB" # incoming frames buffered, all connections together
@@ -57,7 +58,11 @@ use quire_tls::ClientAuth;
 use serde::Deserialize;
 
 use crate::core::{quorum, SLOTS_MAX};
+use crate::engine::recent::RECENT_BYTES_MAX_DEFAULT;
 use crate::engine::{CHECKPOINT_PART_BYTES_DEFAULT, CHECKPOINT_PART_BYTES_MAX};
+
+/// Largest `recent_bytes_max`, in bytes (1 TiB).
+pub const RECENT_BYTES_LIMIT: u64 = 1 << 40;
 use crate::retention::RetentionPolicy;
 use crate::state::{CURSORS_MAX, TOPICS_MAX};
 
@@ -216,6 +221,12 @@ pub fn schema() -> Schema {
         )
         .default_value(Value::Size(CHECKPOINT_PART_BYTES_DEFAULT as u64)),
         Setting::new(
+            "recent_bytes_max",
+            Kind::Size,
+            "Bytes of the newest stabilized events the master keeps in memory (event headers counted), to serve fetches and to catch up stores that lag; older ones are read from a store (0..=1TiB)",
+        )
+        .default_value(Value::Size(RECENT_BYTES_MAX_DEFAULT)),
+        Setting::new(
             "topics_max",
             Kind::Count,
             "Most topics the cluster holds; a produce that would create one more is refused with LimitReached (1..=65536)",
@@ -347,6 +358,11 @@ pub struct BrokerConfig {
     /// Most topics the state holds; a produce that would create one more is refused
     /// (`LimitReached`). At most (and by default) `state::TOPICS_MAX`.
     pub topics_max: usize,
+    /// Bytes of the newest stabilized events the master keeps in memory to serve fetches
+    /// and to catch up lagging stores (`recent_bytes_max`; the fetch window and
+    /// [`crate::core::ReplicationLimits::retained_bytes_max`]); older ones are read from a
+    /// store.
+    pub recent_bytes_max: u64,
     /// Most durable cursors the state holds, likewise. At most (and by default)
     /// `state::CURSORS_MAX`.
     pub cursors_max: usize,
@@ -588,6 +604,13 @@ impl BrokerConfig {
                 ),
             ));
         }
+        let recent_bytes_max = r.usize("recent_bytes_max")?.unwrap_or_default() as u64;
+        if recent_bytes_max > RECENT_BYTES_LIMIT {
+            return Err(r.invalid(
+                "recent_bytes_max",
+                format!("must be at most {RECENT_BYTES_LIMIT} bytes (1TiB)"),
+            ));
+        }
         let topics_max = r.usize("topics_max")?.unwrap_or_default();
         if !(1..=TOPICS_MAX).contains(&topics_max) {
             return Err(r.invalid("topics_max", format!("must be in 1..={TOPICS_MAX}")));
@@ -634,6 +657,7 @@ impl BrokerConfig {
             retention,
             checkpoint_part_bytes,
             topics_max,
+            recent_bytes_max,
             cursors_max,
             read,
             message_bytes_max,

@@ -89,6 +89,10 @@ pub struct Metrics {
     pub fetch_requests: Counter,
     /// Fetches served from a store (older than the broker keeps in memory).
     pub fetches_from_store: Counter,
+    /// Repairs of damaged store records the master ran, by outcome (`repaired`: the store's
+    /// copy is good again; `not_applied`: the store refused it, e.g. in its active segment;
+    /// `failed`: no answer or an error).
+    pub store_repairs: Family<Label, Counter>,
     /// Open connections (clients and brokers).
     pub connections_open: Gauge,
     /// Connections accepted.
@@ -143,6 +147,7 @@ impl Metrics {
             quorum_wait: Histogram::new(LATENCY_BUCKETS_S),
             fetch_requests: Counter::default(),
             fetches_from_store: Counter::default(),
+            store_repairs: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
             rejected_frames: Family::default(),
@@ -204,6 +209,11 @@ impl Metrics {
             "fetches_from_store",
             "Fetches served by reading a store",
             m.fetches_from_store.clone(),
+        );
+        r.register(
+            "store_repairs",
+            "Repairs of damaged store records run by this master, by outcome",
+            m.store_repairs.clone(),
         );
         r.register(
             "connections_open",
@@ -287,6 +297,13 @@ impl Metrics {
     #[must_use]
     pub fn readiness(&self) -> Readiness {
         self.ready.borrow().clone()
+    }
+
+    /// Counts a repair of a damaged store record, by outcome.
+    pub fn repair(&self, outcome: &'static str) {
+        self.store_repairs
+            .get_or_create(&[("outcome", outcome)])
+            .inc();
     }
 
     /// Counts a refused frame.

@@ -247,6 +247,19 @@ impl ClientError {
         }
     }
 
+    /// `Some(offset)` when a store answered that its copy of the record at `offset` is
+    /// corrupt ([`ErrorCode::Corrupt`]): read that offset from another store.
+    #[must_use]
+    pub fn corrupt_offset(&self) -> Option<Offset> {
+        match self {
+            ClientError::Remote(e) => match e.detail {
+                ErrorDetail::Corrupt { offset } if e.code == ErrorCode::Corrupt => Some(offset),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// A broker's or store's error answer to a read from `requested`, typed: a `Trimmed`
     /// answer becomes [`ClientError::Trimmed`], anything else [`ClientError::Remote`].
     #[must_use]

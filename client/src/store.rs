@@ -19,8 +19,8 @@ use std::fmt;
 use quire_proto::{
     AppendRejected, AppendRequest, Body, EncodedBody, Epoch, ErrorCode, ErrorDetail, FenceGranted,
     FenceRefused, FenceRequest, Frame, FrameType, Heartbeat, HeartbeatAck, Incarnation, Offset,
-    PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse, StoreId,
-    TailRequest, TailResponse,
+    PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
+    RepairRequest, RepairResponse, StoreId, TailRequest, TailResponse,
 };
 use tokio::net::ToSocketAddrs;
 
@@ -270,6 +270,21 @@ impl StoreClient {
         match frame.body {
             Body::RangeDigestResponse(r) => Ok(r),
             other => Err(remote_or_unexpected(FrameType::RangeDigestRequest, other)),
+        }
+    }
+
+    /// Sends the store `good`, a good copy (read from another store) of a record the store
+    /// answered `Corrupt` for; the store rewrites its damaged copy with it if it holds the
+    /// same entry (docs/protocol.md, "Damaged records").
+    ///
+    /// # Errors
+    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`] (`Corrupt`:
+    /// the rewrite did not read back; `LogFailed`; `Unauthorized` without the broker role).
+    pub async fn repair(&self, good: quire_proto::Event) -> Result<RepairResponse, ClientError> {
+        let frame = self.request(RepairRequest { event: good }.into()).await?;
+        match frame.body {
+            Body::RepairResponse(r) => Ok(r),
+            other => Err(remote_or_unexpected(FrameType::RepairRequest, other)),
         }
     }
 

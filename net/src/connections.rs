@@ -114,6 +114,7 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::FenceRequest
         | FrameType::ReadRequest
         | FrameType::TailRequest
+        | FrameType::RepairRequest
         | FrameType::Heartbeat
         | FrameType::TakeOverNowRequest => true,
         FrameType::ErrorResponse
@@ -123,6 +124,7 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::FenceRefused
         | FrameType::ReadResponse
         | FrameType::TailResponse
+        | FrameType::RepairResponse
         | FrameType::HeartbeatAck
         | FrameType::TakeOverNowResponse
         | FrameType::ProduceRequest
@@ -151,8 +153,8 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
     }
 }
 
-/// `true` for the requests only a broker of the cluster may send: fences, appends, reads and
-/// range digests to a store, heartbeats (with a slave's appends) and take-over requests to a broker — the
+/// `true` for the requests only a broker of the cluster may send: fences, appends, reads,
+/// repairs and range digests to a store, heartbeats (with a slave's appends) and take-over requests to a broker — the
 /// cluster frames ([`is_peer_frame`], which sorts every frame type) but for tails, which
 /// operators' tools send too (with range digests: positions and checksums, never events).
 /// Reads return the events themselves — every topic's messages and the users' credentials

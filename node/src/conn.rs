@@ -428,6 +428,32 @@ impl Reader {
                 });
                 return;
             }
+            Body::RepairRequest(r) => {
+                metrics.request("repair");
+                // The response is small (a fixed size): the request's permits cover it.
+                let reply = self.reply(LogId::ZERO, request_id, in_flight);
+                let wal = self.ctx.wal.clone();
+                let node_metrics = self.ctx.metrics.clone();
+                tokio::spawn(async move {
+                    let peer = reply.peer();
+                    let body =
+                        match tokio::task::spawn_blocking(move || serve_repair(&wal, &r.event))
+                            .await
+                        {
+                            Ok(body) => body,
+                            Err(e) => {
+                                tracing::error!(%peer, error = %e, "repair task failed");
+                                ErrorResponse::new(ErrorCode::Internal, "the repair failed").into()
+                            }
+                        };
+                    node_metrics.repair(match &body {
+                        Body::RepairResponse(r) => repair_outcome_label(r.outcome),
+                        _ => "error",
+                    });
+                    reply.send(body);
+                });
+                return;
+            }
             Body::RangeDigestRequest(r) => {
                 metrics.request("range_digest");
                 // The response is small (a fixed size): the request's permits cover it.
@@ -492,6 +518,51 @@ fn read_response_bytes_max(req: &ReadRequest, limits: &Limits) -> usize {
         .min(FRAME_BYTES_MAX)
 }
 
+/// Serves a [`quire_proto::RepairRequest`]: rewrites the WAL's damaged copy of `good`'s
+/// entry with it ([`Wal::repair_record`]; blocking: call on the blocking pool) and answers
+/// what was done, with the lowest record still known damaged. A rewrite that does not read
+/// back is answered `Corrupt`, a failed log `LogFailed`, an I/O error `Internal`.
+pub fn serve_repair<S: quire_wal::Storage>(wal: &Wal<S>, good: &quire_proto::Event) -> Body {
+    match wal.repair_record(good) {
+        Ok(outcome) => {
+            let next_corrupt = wal.corrupt_records().first().copied();
+            if outcome == quire_proto::RepairOutcome::Repaired && next_corrupt.is_none() {
+                tracing::info!(offset = %good.offset, "no damaged record is known any more: this store grants fences again");
+            }
+            quire_proto::RepairResponse {
+                offset: good.offset,
+                outcome,
+                next_corrupt,
+            }
+            .into()
+        }
+        Err(WalError::Corruption {
+            offset, problem, ..
+        }) => {
+            tracing::error!(%offset, %problem, "a repaired record does not read back: the disk is bad there");
+            ErrorResponse::corrupt(offset, problem).into()
+        }
+        Err(e @ WalError::Failed { .. }) => {
+            ErrorResponse::new(ErrorCode::LogFailed, e.to_string()).into()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, offset = %good.offset, "repair failed");
+            ErrorResponse::new(ErrorCode::Internal, format!("repair failed: {e}")).into()
+        }
+    }
+}
+
+/// The `outcome` label of `quire_repairs_total` for `outcome`.
+fn repair_outcome_label(outcome: quire_proto::RepairOutcome) -> &'static str {
+    match outcome {
+        quire_proto::RepairOutcome::Repaired => "repaired",
+        quire_proto::RepairOutcome::AlreadyGood => "already_good",
+        quire_proto::RepairOutcome::OtherEntry => "other_entry",
+        quire_proto::RepairOutcome::NotHeld => "not_held",
+        quire_proto::RepairOutcome::ActiveSegment => "active_segment",
+    }
+}
+
 /// Serves a read from the WAL's durable records (blocking: call on the blocking pool).
 /// A range that retention deleted is answered with no events and `first_offset` above
 /// `from` (docs/protocol.md, "Read").
@@ -509,6 +580,15 @@ pub fn serve_read<S: quire_wal::Storage>(wal: &Wal<S>, req: &ReadRequest, limits
                 // A trim may have run since `first_offset` was taken.
                 first_offset = first_offset.max(first);
                 Vec::new()
+            }
+            Err(WalError::Corruption {
+                offset,
+                problem,
+                segment,
+                position,
+            }) => {
+                tracing::error!(%offset, segment = %segment.display(), position = position.0, %problem, "a read found a damaged record: answered Corrupt; this store grants no fence until it is repaired");
+                return ErrorResponse::corrupt(offset, problem).into();
             }
             Err(e) => {
                 tracing::error!(error = %e, from = %req.from, "read failed");

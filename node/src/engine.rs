@@ -51,6 +51,13 @@ pub trait StoreLog: LogView {
     fn last_durable(&self) -> Option<LogPosition>;
     /// Whether the log has failed (fail-stop): it takes no more appends.
     fn is_failed(&self) -> bool;
+    /// The lowest offset whose durable record a read found damaged on this disk, if any
+    /// (`Wal::corrupt_records`). While there is one the store grants no fence: a grant
+    /// claims the whole log through its last entry, and this store no longer holds that
+    /// record.
+    fn corrupt_record(&self) -> Option<Offset> {
+        None
+    }
 }
 
 impl<S: quire_wal::Storage> StoreLog for quire_wal::Wal<S> {
@@ -59,6 +66,9 @@ impl<S: quire_wal::Storage> StoreLog for quire_wal::Wal<S> {
     }
     fn is_failed(&self) -> bool {
         quire_wal::Wal::is_failed(self)
+    }
+    fn corrupt_record(&self) -> Option<Offset> {
+        quire_wal::Wal::corrupt_records(self).first().copied()
     }
 }
 
@@ -371,6 +381,19 @@ impl<T> Engine<T> {
     /// A fence request.
     pub fn fence(&mut self, token: T, req: FenceRequest, log: &impl StoreLog) {
         self.assert_ready();
+        if let Some(offset) = log.corrupt_record() {
+            // Not a vote: like a store that cannot be reached, it neither grants nor
+            // raises its promise (docs/protocol.md, "Damaged records").
+            tracing::warn!(epoch = %req.epoch, %offset, "fence refused: a record of this store's log is damaged");
+            self.answer(
+                token,
+                ErrorResponse::corrupt(
+                    offset,
+                    "found by a read; this store grants no fence until it is repaired",
+                ),
+            );
+            return;
+        }
         match self.replica.decide_fence(&req) {
             FenceDecision::NotVoter => {
                 let body = self.not_voter();
@@ -764,6 +787,7 @@ mod tests {
         epochs: Vec<u64>,
         durable: usize,
         failed: bool,
+        corrupt: Option<Offset>,
     }
 
     impl LogView for MemLog {
@@ -786,6 +810,9 @@ mod tests {
         }
         fn is_failed(&self) -> bool {
             self.failed
+        }
+        fn corrupt_record(&self) -> Option<Offset> {
+            self.corrupt
         }
     }
 
@@ -873,6 +900,37 @@ mod tests {
             answers(&cs)[..],
             [(3, Body::FenceRefused(FenceRefused { promised: Epoch(5) }))]
         ));
+    }
+
+    /// A store whose reads found a damaged record does not vote: a fence, even above its
+    /// promise, is answered `Corrupt` naming the record, and the promise stays; once the
+    /// record is no longer known damaged, fences are granted again.
+    #[test]
+    fn a_store_with_a_damaged_record_grants_no_fence() {
+        let mut e = engine(3);
+        let mut log = MemLog {
+            epochs: vec![1, 1, 1],
+            durable: 3,
+            corrupt: Some(Offset(1)),
+            ..MemLog::default()
+        };
+        e.fence(1, fence(5), &log);
+        let cs = e.take_commands();
+        match answers(&cs)[..] {
+            [(1, Body::ErrorResponse(r))] => {
+                assert_eq!(r.code, ErrorCode::Corrupt);
+                assert_eq!(
+                    r.detail,
+                    quire_proto::ErrorDetail::Corrupt { offset: Offset(1) }
+                );
+            }
+            ref other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert!(!e.is_blocked());
+        assert_eq!(e.replica().promised(), Epoch(3));
+        log.corrupt = None;
+        e.fence(2, fence(5), &log);
+        assert_eq!(e.take_commands(), vec![Command::PersistPromise(Epoch(5))]);
     }
 
     #[test]

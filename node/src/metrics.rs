@@ -82,10 +82,13 @@ pub struct Metrics {
     pub appends_rejected: Family<Label, Counter>,
     /// Frames the node could not serve (label `reason`).
     pub rejected_frames: Family<Label, Counter>,
-    /// Fences by outcome (`granted`, `refused`, `not_voter`).
+    /// Fences by outcome (`granted`, `refused`, `not_voter`, `corrupt`).
     pub fences: Family<Label, Counter>,
     /// Requests received, by frame type.
     pub requests: Family<Label, Counter>,
+    /// Repair requests answered, by outcome (`repaired`, `already_good`, `other_entry`,
+    /// `not_held`, `active_segment`, `error`).
+    pub repairs: Family<Label, Counter>,
     /// Appends that became durable together (one WAL completion wake-up of the store).
     pub group_commit_appends: Histogram,
     /// The promised epoch.
@@ -120,6 +123,7 @@ impl Metrics {
             rejected_frames: Family::default(),
             fences: Family::default(),
             requests: Family::default(),
+            repairs: Family::default(),
             group_commit_appends: Histogram::new([
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
             ]),
@@ -198,6 +202,11 @@ impl Metrics {
             m.requests.clone(),
         );
         r.register(
+            "repairs",
+            "Repair requests (a good copy of a damaged record) answered, by outcome",
+            m.repairs.clone(),
+        );
+        r.register(
             "group_commit_appends",
             "Append requests made durable together (one WAL completion)",
             m.group_commit_appends.clone(),
@@ -270,6 +279,11 @@ impl Metrics {
         self.appends_rejected
             .get_or_create(&[("reason", reason)])
             .inc();
+    }
+
+    /// Counts a repair request answered with `outcome`.
+    pub fn repair(&self, outcome: &'static str) {
+        self.repairs.get_or_create(&[("outcome", outcome)]).inc();
     }
 
     /// Counts a request of `kind`.
@@ -425,6 +439,13 @@ impl Collector for WalCollector {
             "log_first_offset",
             "Lowest offset the log holds.",
             first,
+        )?;
+        let corrupt = i64::try_from(self.wal.corrupt_records().len()).unwrap_or(i64::MAX);
+        gauge(
+            &mut enc,
+            "log_corrupt_records",
+            "Durable records a read found damaged on this disk (the store grants no fence while any is known).",
+            corrupt,
         )?;
 
         // The fsync latency histogram, in seconds. WalStats buckets are per bucket (not

@@ -277,6 +277,9 @@ impl Store {
             (Asked::Fence, Body::ErrorResponse(e)) if e.code == ErrorCode::NotVoter => {
                 m.fence("not_voter");
             }
+            (Asked::Fence, Body::ErrorResponse(e)) if e.code == ErrorCode::Corrupt => {
+                m.fence("corrupt");
+            }
             _ => {}
         }
         reply.send(body);

@@ -314,6 +314,11 @@ pub enum ErrorCode {
     /// Store: the log failed (a write or fsync error) and takes no more appends
     /// (fail-stop); what it acknowledged before stays valid.
     LogFailed = 101,
+    /// Store: a record the read asked for fails its checks on this store's disk (a bit
+    /// flip, a misdirected or lost write); detail `ErrorDetail::Corrupt` names its offset.
+    /// The records before it were good; other stores that hold the range hold good copies
+    /// — read it from one of them. Never means "absent".
+    Corrupt = 102,
     /// Broker: this broker is not the master; detail `ErrorDetail::NotMaster` names the
     /// master if known.
     NotMaster = 200,
@@ -353,7 +358,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 28] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -369,6 +374,7 @@ impl ErrorCode {
         ErrorCode::AuthenticationFailed,
         ErrorCode::NotVoter,
         ErrorCode::LogFailed,
+        ErrorCode::Corrupt,
         ErrorCode::NotMaster,
         ErrorCode::UnknownTopic,
         ErrorCode::InvalidName,
@@ -410,7 +416,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 28] = [
+        let expected: [(ErrorCode, u16); 29] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -426,6 +432,7 @@ mod tests {
             (ErrorCode::AuthenticationFailed, 13),
             (ErrorCode::NotVoter, 100),
             (ErrorCode::LogFailed, 101),
+            (ErrorCode::Corrupt, 102),
             (ErrorCode::NotMaster, 200),
             (ErrorCode::UnknownTopic, 201),
             (ErrorCode::InvalidName, 202),
@@ -445,7 +452,7 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 14, 99, 102, 199, 213, 299, u16::MAX] {
+        for n in [0u16, 14, 99, 103, 199, 213, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

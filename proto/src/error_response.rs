@@ -41,6 +41,12 @@ pub enum ErrorDetail {
         /// The lowest offset still held; reads can start here.
         first_offset: Offset,
     },
+    /// With [`ErrorCode::Corrupt`]: the record that failed its checks on the answering
+    /// store.
+    Corrupt {
+        /// Its offset: the records before it were returned good, if any were asked for.
+        offset: Offset,
+    },
 }
 
 /// Any peer → requester: the request failed.
@@ -141,6 +147,22 @@ impl ErrorResponse {
         }
     }
 
+    /// A store's answer to a read whose first record fails its checks on its disk: the
+    /// record at `offset` is damaged here and must be read from another store.
+    #[must_use]
+    pub fn corrupt(offset: Offset, problem: impl std::fmt::Display) -> ErrorResponse {
+        ErrorResponse {
+            detail: ErrorDetail::Corrupt { offset },
+            ..ErrorResponse::new(
+                ErrorCode::Corrupt,
+                format!(
+                    "the record at offset {} is corrupt on this store ({problem}); read it from another store",
+                    offset.0
+                ),
+            )
+        }
+    }
+
     /// The answer to a frame that failed to decode with `error`.
     #[must_use]
     pub fn from_wire_error(error: &WireError) -> ErrorResponse {
@@ -169,6 +191,10 @@ impl ErrorResponse {
                 w.u8(3);
                 w.u64(first_offset.0);
             }
+            ErrorDetail::Corrupt { offset } => {
+                w.u8(4);
+                w.u64(offset.0);
+            }
         }
         Ok(())
     }
@@ -190,6 +216,9 @@ impl ErrorResponse {
             },
             3 => ErrorDetail::Trimmed {
                 first_offset: Offset(r.u64(field)?),
+            },
+            4 => ErrorDetail::Corrupt {
+                offset: Offset(r.u64(field)?),
             },
             byte => return Err(WireError::InvalidTag { field, byte }),
         };

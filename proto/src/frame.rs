@@ -45,7 +45,8 @@ use crate::limits::FRAME_BYTES_MAX;
 use crate::replication::{
     AppendRejected, AppendRequest, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
-    TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
+    RepairRequest, RepairResponse, TailRequest, TailResponse, TakeOverNowRequest,
+    TakeOverNowResponse,
 };
 use crate::security::{
     AclAdminRequest, AdminResponse, AuthenticateRequest, AuthenticateResponse,
@@ -229,6 +230,10 @@ bodies! {
     RangeDigestRequest = 0x010B, request;
     /// [`RangeDigestResponse`]: store → tool.
     RangeDigestResponse = 0x010C, response;
+    /// [`RepairRequest`]: master → store (a good copy of a damaged record).
+    RepairRequest = 0x010D, request;
+    /// [`RepairResponse`]: store → master.
+    RepairResponse = 0x010E, response;
     /// [`Heartbeat`]: master → slave.
     Heartbeat = 0x0201, request;
     /// [`HeartbeatAck`]: slave → master.

@@ -73,8 +73,8 @@ pub use record::KafkaRecord;
 pub use replication::{
     AppendRejected, AppendRequest, Event, FenceGranted, FenceRefused, FenceRequest, Heartbeat,
     HeartbeatAck, PersistedAck, RangeDigestRequest, RangeDigestResponse, ReadRequest, ReadResponse,
-    RejectReason, TailCut, TailRequest, TailResponse, TakeOverNowRequest, TakeOverNowResponse,
-    EVENT_OVERHEAD_BYTES,
+    RejectReason, RepairOutcome, RepairRequest, RepairResponse, TailCut, TailRequest, TailResponse,
+    TakeOverNowRequest, TakeOverNowResponse, EVENT_OVERHEAD_BYTES,
 };
 pub use security::{
     AclAction, AclAdminEvent, AclAdminRequest, AclEntry, AclOperation, AdminResponse,

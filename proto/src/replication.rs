@@ -11,6 +11,7 @@
 //! | [`ReadRequest`] | [`ReadResponse`] |
 //! | [`TailRequest`] | [`TailResponse`] |
 //! | [`RangeDigestRequest`] | [`RangeDigestResponse`] (read-only, for audits) |
+//! | [`RepairRequest`] | [`RepairResponse`], `ErrorResponse` `Corrupt` (the rewrite did not read back) |
 //! | [`Heartbeat`] | [`HeartbeatAck`] |
 //! | [`TakeOverNowRequest`] | [`TakeOverNowResponse`] (graceful handoff, master → slave) |
 //!
@@ -443,6 +444,85 @@ pub struct TailResponse {
     pub first_offset: Offset,
 }
 
+/// Master → store: a good copy, read from another store, of a record this store answered
+/// `Corrupt` for (docs/protocol.md, "Damaged records"). The store rewrites its damaged
+/// copy in place with it — only if its own index holds an entry at `event.offset` of
+/// `event.epoch` and the same size (an epoch and an offset name one entry in the whole
+/// cluster) — makes it durable, reads it back, and answers [`RepairResponse`].
+///
+/// ```text
+/// off   size   field
+/// 0     8      offset                u64: the record's offset
+/// 8     8      epoch                 u64: its entry epoch
+/// 16    1      kind                  u8: its event kind
+/// 17    4+n    payload               u32 length, then the bytes (≤ EVENT_PAYLOAD_BYTES_MAX)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairRequest {
+    /// The good copy.
+    pub event: Event,
+}
+
+/// What a store did with a [`RepairRequest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RepairOutcome {
+    /// The damaged copy was rewritten, made durable and read back good.
+    Repaired = 1,
+    /// The store's copy reads back good already (repaired before, or never damaged):
+    /// nothing was written.
+    AlreadyGood = 2,
+    /// The store's entry at that offset is another entry (another epoch, or a record of
+    /// another size): nothing written.
+    OtherEntry = 3,
+    /// The store holds no entry at that offset (trimmed, or past its end): nothing written.
+    NotHeld = 4,
+    /// The record lies in the segment appends go to, which the store does not rewrite
+    /// while it is written: nothing written; retry after the segment rolls.
+    ActiveSegment = 5,
+}
+
+impl RepairOutcome {
+    /// Every outcome, in numeric order.
+    pub const ALL: [RepairOutcome; 5] = [
+        RepairOutcome::Repaired,
+        RepairOutcome::AlreadyGood,
+        RepairOutcome::OtherEntry,
+        RepairOutcome::NotHeld,
+        RepairOutcome::ActiveSegment,
+    ];
+
+    /// Whether the store's copy is good now.
+    #[must_use]
+    pub fn is_good(self) -> bool {
+        matches!(self, RepairOutcome::Repaired | RepairOutcome::AlreadyGood)
+    }
+
+    fn from_u8(byte: u8) -> Option<RepairOutcome> {
+        RepairOutcome::ALL.into_iter().find(|o| *o as u8 == byte)
+    }
+}
+
+/// Store → master: the answer to a [`RepairRequest`].
+///
+/// ```text
+/// off   size   field
+/// 0     8      offset                u64: the record's offset (the request's)
+/// 8     1      outcome               u8: RepairOutcome (1 Repaired, 2 AlreadyGood,
+///                                    3 OtherEntry, 4 NotHeld, 5 ActiveSegment)
+/// 9     1|9    next_corrupt          Option<u64>: the lowest record still known damaged
+///                                    on this store, if any (the master repairs it next)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairResponse {
+    /// The record's offset.
+    pub offset: Offset,
+    /// What the store did.
+    pub outcome: RepairOutcome,
+    /// The lowest record still known damaged on the store, if any.
+    pub next_corrupt: Option<Offset>,
+}
+
 /// Tool → store: the digest of the entries the store holds at offsets `from..=to`
 /// (`quire cluster audit`). Read-only: it changes no state of the store (no promise, no
 /// append, no HWM), and it is served from the WAL's durable records like a read.
@@ -802,6 +882,53 @@ impl TailResponse {
             incarnation: Incarnation(r.u64("tail incarnation")?),
             voter: r.bool("tail voter")?,
             first_offset: r.offset("tail first_offset")?,
+        })
+    }
+}
+
+impl RepairRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.event.offset.0);
+        w.u64(self.event.epoch.0);
+        w.u8(self.event.kind.as_u8());
+        w.payload_chunks("repair payload", &self.event.payload)
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let offset = r.offset("repair offset")?;
+        let epoch = r.epoch("repair epoch")?;
+        let byte = r.u8("repair kind")?;
+        let kind = EventKind::from_u8(byte).ok_or(WireError::UnknownEventKind { byte })?;
+        let payload = r.payload("repair payload")?.into();
+        Ok(RepairRequest {
+            event: Event {
+                epoch,
+                offset,
+                kind,
+                payload,
+            },
+        })
+    }
+}
+
+impl RepairResponse {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u64(self.offset.0);
+        w.u8(self.outcome as u8);
+        w.opt_offset(self.next_corrupt);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let offset = r.offset("repair offset")?;
+        let field = "repair outcome";
+        let byte = r.u8(field)?;
+        let outcome = RepairOutcome::from_u8(byte).ok_or(WireError::InvalidTag { field, byte })?;
+        let next_corrupt = r.opt_offset("repair next_corrupt")?;
+        Ok(RepairResponse {
+            offset,
+            outcome,
+            next_corrupt,
         })
     }
 }

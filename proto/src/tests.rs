@@ -194,6 +194,22 @@ pub(crate) fn samples() -> Vec<Body> {
             last_entry: None,
         }
         .into(),
+        RepairRequest {
+            event: event(3, 102, EventKind::Message, b"the good copy"),
+        }
+        .into(),
+        RepairResponse {
+            offset: Offset(102),
+            outcome: RepairOutcome::Repaired,
+            next_corrupt: Some(Offset(400)),
+        }
+        .into(),
+        RepairResponse {
+            offset: Offset(7),
+            outcome: RepairOutcome::ActiveSegment,
+            next_corrupt: None,
+        }
+        .into(),
         TailRequest.into(),
         TailResponse {
             last: Some(pos(3, 102)),

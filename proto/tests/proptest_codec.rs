@@ -73,6 +73,8 @@ fn error_detail() -> impl Strategy<Value = ErrorDetail> {
         }),
         (epoch(), proptest::option::of(broker_info()))
             .prop_map(|(epoch, master)| ErrorDetail::NotMaster { epoch, master }),
+        offset().prop_map(|first_offset| ErrorDetail::Trimmed { first_offset }),
+        offset().prop_map(|offset| ErrorDetail::Corrupt { offset }),
     ]
 }
 
@@ -171,6 +173,28 @@ fn body() -> impl Strategy<Value = Body> {
                 })
             })
             .prop_map(Body::from),
+        (epoch(), offset(), kind(), payload()).prop_map(|(epoch, offset, kind, payload)| {
+            RepairRequest {
+                event: Event {
+                    epoch,
+                    offset,
+                    kind,
+                    payload: payload.into(),
+                },
+            }
+            .into()
+        }),
+        (
+            offset(),
+            prop::sample::select(RepairOutcome::ALL.to_vec()),
+            opt_off()
+        )
+            .prop_map(|(offset, outcome, next_corrupt)| RepairResponse {
+                offset,
+                outcome,
+                next_corrupt,
+            }
+            .into()),
         Just(TailRequest.into()),
         (
             opt_pos(),

@@ -849,6 +849,18 @@ impl SimBroker {
                 outcome: outcome.map(|d| d.epoch).map_err(|f| format!("{f:?}")),
             }),
             Command::FetchAnswer { token, reply } => self.answer_fetch(token, reply, out),
+            Command::RepairRecord { slot, offset, .. } => {
+                // The simulated stores never answer a read `Corrupt` (their disks damage
+                // records only at rest, found by recovery), so no repair is ever asked
+                // for; one that were would be refused here, and retried by the engine.
+                out.seen.push(Seen::Note(format!(
+                    "B{} would repair store slot {slot} at {offset} (not simulated)",
+                    self.index + 1
+                )));
+                if let Some(e) = self.engine.as_mut() {
+                    e.repair_done(slot, offset, Err("not simulated".to_owned()), local);
+                }
+            }
             Command::FetchFromStore { token, read } => {
                 // As the actor: read the store the engine picked, if connected.
                 if !self.slot_is_up(read.source) {

@@ -14,9 +14,10 @@
 
 use std::process::{Command, Stdio};
 
+use quire_proto::Offset;
 use quire_tests::disk::{
-    check_no_acked_loss, flip_bit, records, segments, wait_hwm_above, wait_output, wait_until,
-    wal_verify, Rng,
+    check_no_acked_loss, fetch_through, flip_bit, log_count, master_hwm, max_acked, records,
+    segments, wait_hwm_above, wait_output, wait_until, wal_verify, Rng,
 };
 use quire_tests::{node_bin, Cluster, LoadDriver, Timing, WAIT};
 
@@ -124,6 +125,167 @@ fn a_bit_flip_in_a_sealed_segment_is_reported_as_corruption_and_never_served() {
     wait_hwm_above(&c, Some(hwm + 200), WAIT);
     let outcomes = load.stop();
     let checked = check_no_acked_loss(&c, &[(1, outcomes)]);
+    eprintln!("checked {checked} acknowledged messages: none lost");
+    assert!(checked > 0);
+}
+
+/// Fault: bits flip in two records of a store *while it runs* (store 0 of three, the one
+/// a master reads first): one in a sealed segment, one in the segment appends go to
+/// (random records, seeded); meanwhile store 2 is frozen (SIGSTOP) and misses both. The
+/// brokers keep no stabilized event in memory (`--recent-bytes-max 0`), so every fetch and
+/// every catch-up reads a store.
+///
+/// What must survive:
+/// - store 2, thawed, catches up through the damaged range (read from store 1) and holds
+///   the same log as store 1;
+/// - a consumer reading the topic from offset 0 gets every acknowledged message once, at its
+///   offset, never the bad bytes and never a gap;
+/// - the master repairs store 0's sealed record from store 1's copy; the record in the
+///   active segment waits, and store 0 grants no fence meanwhile: the master is killed with
+///   SIGKILL and the slave's takeover completes with stores 1 and 2;
+/// - once store 0's segment rolls, the new master repairs that record too; `quire wal
+///   verify` is then clean on store 0, which restarts, and the final check (history,
+///   consumers, all three stores' logs) is clean.
+#[test]
+fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others() {
+    let _t = quire_tests::proc_test();
+    let mut rng = Rng::from_env_or_clock("proc_bit_flip_running");
+    let mut c = Cluster::new(3, 2, Timing::default());
+    let (victim, lagging) = (0, 2);
+    c.set_store_config(&format!("[wal]\nsegment_bytes_max = {SEGMENT_BYTES}\n"));
+    c.add_broker_args(&["--recent-bytes-max", "0"]);
+    c.start_all();
+    c.settle();
+    let frozen_at = master_hwm(&c).unwrap_or(0);
+    let lagging_pid = c.stores[lagging].pid().expect("store 2 runs");
+    quire_tests::process::stop(lagging_pid);
+
+    // Load until store 0 has sealed segments and a record well inside its active one.
+    let dir = c.stores[victim].dir.clone();
+    let mut rounds = Vec::new();
+    let mut producer = 1;
+    let (sealed, active) = loop {
+        let load = LoadDriver::start(&c, producer, 3);
+        wait_until("store 0 fills three segments", WAIT * 2, || {
+            (segments(&dir).len() >= 4).then_some(())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        rounds.push((producer, load.stop()));
+        producer += 3;
+        let all = records(&dir);
+        let last = all.last().expect("store 0 holds records").clone();
+        let (sealed, active): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .filter(|r| r.offset > frozen_at)
+            .partition(|r| r.segment < last.segment);
+        // Two pages clear of where appends go on.
+        let active: Vec<_> = active
+            .into_iter()
+            .filter(|r| r.position + r.bytes + 8192 <= last.position)
+            .collect();
+        if !sealed.is_empty() && !active.is_empty() {
+            break (sealed, active);
+        }
+        assert!(
+            rounds.len() < 5,
+            "no record to damage after {} rounds",
+            rounds.len()
+        );
+    };
+    let last = rounds
+        .iter()
+        .filter_map(|(_, o)| max_acked(o))
+        .max()
+        .expect("messages were acknowledged");
+    let mut flip = |records: &[quire_tests::disk::RecordAt]| {
+        let r = &records[rng.below(records.len() as u64) as usize];
+        let at = r.position + rng.below(r.bytes);
+        let bit = rng.below(8) as u8;
+        let (before, after) = flip_bit(&dir.join("wal").join(&r.segment), at, bit).expect("flip");
+        eprintln!(
+            "flipped bit {bit} of byte {at} ({before:#04x} -> {after:#04x}) in {} of the \
+             running store 0 (record at offset {}, position {}, {} bytes)",
+            r.segment, r.offset, r.position, r.bytes
+        );
+        r.offset
+    };
+    let sealed_offset = flip(&sealed);
+    let active_offset = flip(&active);
+
+    // Store 2 thaws and catches up through both damaged records, from store 1.
+    quire_tests::process::signal(lagging_pid, libc::SIGCONT);
+    c.wait_store_holds(lagging, Offset(last));
+    let good = c.read_store_log(1).expect("store 1's log");
+    let caught_up = c.read_store_log(lagging).expect("store 2's log");
+    let n = good.len().min(caught_up.len());
+    assert!(n as u64 > last, "both hold the acknowledged log");
+    assert!(
+        good[..n] == caught_up[..n],
+        "store 2 caught up with store 1's log, the damaged records included"
+    );
+
+    // A consumer from offset 0: every message.
+    let fetched = fetch_through(&c, "t", last);
+    let offsets: Vec<u64> = fetched.iter().map(|(o, _)| o.0).collect();
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "offsets ascend, none twice"
+    );
+    let store0_log = c.stores[victim].proc.as_ref().expect("runs").log.clone();
+    let repaired = |n: usize| {
+        wait_until(&format!("store 0 repaired {n} record(s)"), WAIT, || {
+            (log_count(&store0_log, "repaired a damaged record") >= n).then_some(())
+        });
+    };
+    assert!(
+        log_count(&store0_log, "a read found a damaged record") > 0,
+        "store 0 reported the damage"
+    );
+    repaired(1);
+    eprintln!("store 0 repaired offset {sealed_offset}; offset {active_offset} waits for a roll");
+
+    // Store 0 still knows a damaged record: it grants no fence, and the slave takes over
+    // with stores 1 and 2.
+    let master = c.wait_for_master();
+    c.broker(master).kill9();
+    let new_master = c.wait_for_master();
+    assert_ne!(new_master, master);
+    wait_until("store 0 refuses a fence", WAIT, || {
+        (log_count(
+            &store0_log,
+            "fence refused: a record of this store's log is damaged",
+        ) > 0)
+            .then_some(())
+    });
+
+    // More load rolls store 0's segment; the new master repairs the second record.
+    let before_roll = segments(&dir).len();
+    let load = LoadDriver::start(&c, producer, 3);
+    wait_until("store 0 rolls its segment", WAIT * 2, || {
+        (segments(&dir).len() > before_roll).then_some(())
+    });
+    rounds.push((producer, load.stop()));
+    repaired(2);
+
+    let upto = |v: &[(Offset, bytes::Bytes)]| -> Vec<(Offset, bytes::Bytes)> {
+        v.iter().filter(|(o, _)| o.0 <= last).cloned().collect()
+    };
+    let again = fetch_through(&c, "t", last);
+    assert!(
+        upto(&again) == upto(&fetched),
+        "the new master serves the same messages"
+    );
+
+    // Store 0's log is whole again: verify is clean and it starts.
+    c.stores[victim].kill9();
+    let v = wal_verify(&dir);
+    assert_eq!(
+        v.exit_code, 0,
+        "store 0 verifies clean after the repairs: {} {}",
+        v.report, v.stderr
+    );
+    c.stores[victim].start();
+    let checked = check_no_acked_loss(&c, &rounds);
     eprintln!("checked {checked} acknowledged messages: none lost");
     assert!(checked > 0);
 }

@@ -60,7 +60,10 @@ pub use scan::{
 pub use segment::SpareFill;
 pub use stats::{StageSums, WalStats, FSYNC_US_BUCKETS};
 pub use storage::{CrashDisk, OsStorage, Storage, StorageFile};
-pub use wal::{IoBackend, TrimReport, Wal, WalConfig, SEGMENT_BYTES_LIMIT, SEGMENT_BYTES_MIN};
+pub use wal::{
+    IoBackend, TrimReport, Wal, WalConfig, CORRUPT_RECORDS_MAX, SEGMENT_BYTES_LIMIT,
+    SEGMENT_BYTES_MIN,
+};
 
 /// Planted bugs for the crash tests (issue 12 item 6): each switch turns one rule of the
 /// shipped code off, so that a test can show its checker finds the bug. All off by

@@ -6,7 +6,7 @@
 //! read and handed out as slices of one shared buffer (no per-record copy). Every record
 //! read is checked again (checksum, offset, epoch) against the index.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -28,7 +28,9 @@ struct Wanted {
 }
 
 /// Reads durable records from `from` on: at most `max_events` records and, past the first
-/// record, at most `max_bytes` payload bytes in total.
+/// record, at most `max_bytes` payload bytes in total. A record that fails its checks
+/// ends the read: the good records before it are returned, and a read that starts at it
+/// fails with [`WalError::Corruption`] naming its offset.
 ///
 /// A read that a retention trim overtakes — its records' file deleted, or handed over for
 /// reuse and given a new header, while the read ran — fails with [`WalError::Trimmed`],
@@ -145,35 +147,54 @@ fn read_checked<F: StorageFile>(
             let at = usize::try_from(u64::from(w.loc.position) - start)
                 .expect("invariant: inside the run");
             let rec_len = w.loc.bytes as usize;
-            let bytes = &buf[at..at + rec_len];
-            let mismatch = || WalError::Corruption {
-                segment: path.clone(),
-                position: Position(u64::from(w.loc.position)),
-                offset: w.offset,
-                problem: CorruptionKind::ReadMismatch,
-            };
-            let h = format::decode_header(bytes).map_err(|_| mismatch())?;
-            if h.record_bytes() != rec_len as u64
-                || h.offset != w.offset
-                || h.epoch != w.epoch
-                || !format::checksum_ok(*tag, bytes)
-            {
-                return Err(mismatch());
+            match check_record(&buf, at, rec_len, w, *tag, path) {
+                Ok(event) => out.push(event),
+                // The records before a bad one are good and are returned; the next read,
+                // starting at the bad one, gets the error (a reader can then take that
+                // offset from another replica instead of losing the whole range).
+                Err(_) if !out.is_empty() => return Ok(out),
+                Err(e) => return Err(e),
             }
-            let kind = EventKind::from_u8(h.kind).ok_or_else(|| WalError::Corruption {
-                segment: path.clone(),
-                position: Position(u64::from(w.loc.position)),
-                offset: w.offset,
-                problem: CorruptionKind::UnknownEventKind { byte: h.kind },
-            })?;
-            out.push(Event {
-                epoch: h.epoch,
-                offset: h.offset,
-                kind,
-                payload: buf.slice(at + HEADER_BYTES..at + rec_len).into(),
-            });
         }
         i = j;
     }
     Ok(out)
+}
+
+/// The event of the record at `buf[at..at + rec_len]`, checked against what the index says
+/// of it (`w`) and the segment's `tag`.
+///
+/// # Errors
+/// [`WalError::Corruption`] naming the record's offset and position in `path`.
+fn check_record(
+    buf: &Bytes,
+    at: usize,
+    rec_len: usize,
+    w: &Wanted,
+    tag: SegmentTag,
+    path: &Path,
+) -> Result<Event, WalError> {
+    let bytes = &buf[at..at + rec_len];
+    let corruption = |problem| WalError::Corruption {
+        segment: path.to_path_buf(),
+        position: Position(u64::from(w.loc.position)),
+        offset: w.offset,
+        problem,
+    };
+    let h = format::decode_header(bytes).map_err(|_| corruption(CorruptionKind::ReadMismatch))?;
+    if h.record_bytes() != rec_len as u64
+        || h.offset != w.offset
+        || h.epoch != w.epoch
+        || !format::checksum_ok(tag, bytes)
+    {
+        return Err(corruption(CorruptionKind::ReadMismatch));
+    }
+    let kind = EventKind::from_u8(h.kind)
+        .ok_or_else(|| corruption(CorruptionKind::UnknownEventKind { byte: h.kind }))?;
+    Ok(Event {
+        epoch: h.epoch,
+        offset: h.offset,
+        kind,
+        payload: buf.slice(at + HEADER_BYTES..at + rec_len).into(),
+    })
 }

@@ -4,14 +4,14 @@
 //! stops (after writing what is queued) when the last handle is dropped or
 //! [`Wal::close`] is called.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use quire_proto::{Epoch, Event, LogPosition, Offset};
+use quire_proto::{Epoch, Event, LogPosition, Offset, RepairOutcome};
 
 use crate::append::{AckSlot, Append};
 use crate::commit::{CommitState, Committer, Request, Shared};
@@ -120,8 +120,14 @@ struct WalInner<S: Storage> {
     shared: Arc<Shared<S>>,
     recycler: Recycler<S>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Offsets of durable records a read found damaged since open (at most
+    /// [`CORRUPT_RECORDS_MAX`]); see [`Wal::corrupt_records`].
+    corrupt: Mutex<BTreeSet<Offset>>,
     _lock: DirLock<S>,
 }
+
+/// Damaged records a [`Wal`] remembers at most; a read finding more keeps the lowest.
+pub const CORRUPT_RECORDS_MAX: usize = 1024;
 
 impl<S: Storage> Drop for WalInner<S> {
     fn drop(&mut self) {
@@ -295,6 +301,7 @@ impl<S: Storage> Wal<S> {
                 shared,
                 recycler,
                 thread: Mutex::new(Some(thread)),
+                corrupt: Mutex::new(BTreeSet::new()),
                 _lock: lock,
             }),
         };
@@ -444,7 +451,9 @@ impl<S: Storage> Wal<S> {
     ///
     /// # Errors
     /// [`WalError::OffsetOutOfRange`] if `from` is below the log's start or beyond its
-    /// durable end + 1; [`WalError::Corruption`] if a record read back does not match;
+    /// durable end + 1; [`WalError::Corruption`] if the record at `from` does not match
+    /// what was written (a bad record later in the range ends the read early instead: the
+    /// records before it are returned, so a caller learns the bad offset by reading on);
     /// I/O errors.
     pub fn read(
         &self,
@@ -452,7 +461,124 @@ impl<S: Storage> Wal<S> {
         max_events: usize,
         max_bytes: u64,
     ) -> Result<Vec<Event>, WalError> {
-        crate::reader::read(&self.shared().index, from, max_events, max_bytes)
+        let result = crate::reader::read(&self.shared().index, from, max_events, max_bytes);
+        if let Err(WalError::Corruption { offset, .. }) = &result {
+            let mut corrupt = self.lock_corrupt();
+            corrupt.insert(*offset);
+            while corrupt.len() > CORRUPT_RECORDS_MAX {
+                corrupt.pop_last();
+            }
+        }
+        result
+    }
+
+    /// Offsets of durable records that a [`Wal::read`] found damaged (a checksum, offset or
+    /// epoch that does not match what was written) since the log was opened, ascending,
+    /// leaving out those retention has trimmed since. Such a record is lost *on this disk*:
+    /// the store must not claim it (vote with it) until it is repaired from a replica. At
+    /// most [`CORRUPT_RECORDS_MAX`] are remembered; reads do not stop at them (each read
+    /// that starts at one fails again).
+    #[must_use]
+    pub fn corrupt_records(&self) -> Vec<Offset> {
+        let first = self.first_offset();
+        let mut corrupt = self.lock_corrupt();
+        corrupt.retain(|o| *o >= first);
+        corrupt.iter().copied().collect()
+    }
+
+    /// Rewrites this log's damaged copy of an entry with `good`, a copy read from another
+    /// replica (docs/protocol.md, "Damaged records"), durably, and reads it back.
+    ///
+    /// Only the same entry is written: the index must hold an entry at `good.offset` of
+    /// `good.epoch`, and `good` must encode to the record's size (an epoch and an offset
+    /// name one entry in a Quire cluster: one master per epoch, which never writes an
+    /// offset twice). The record is written in place with the segment's tag, through the
+    /// page cache, then `fdatasync`ed; the bytes around it are left as they are.
+    ///
+    /// Not rewritten: a record of the segment appends go to ([`RepairOutcome::ActiveSegment`]:
+    /// its blocks are still being written with O_DIRECT), nor one that already reads back
+    /// good ([`RepairOutcome::AlreadyGood`]). The index's read lock is held throughout, so
+    /// a retention trim cannot delete the segment or hand its file over for reuse meanwhile
+    /// (appends' index updates wait for one write and one `fdatasync` at most). A repaired
+    /// or good record leaves [`Wal::corrupt_records`]. Blocking: call it off any async
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`WalError::Failed`] if the log has failed; I/O errors reading, writing or syncing
+    /// the segment; [`WalError::Corruption`] if the rewritten record does not read back
+    /// (the disk is bad there: the offset stays damaged).
+    pub fn repair_record(&self, good: &Event) -> Result<RepairOutcome, WalError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let shared = self.shared();
+        let index = shared.read_index();
+        let Some(loc) = index.locate(good.offset) else {
+            return Ok(RepairOutcome::NotHeld);
+        };
+        let epoch = index
+            .epochs()
+            .epoch_at(good.offset)
+            .expect("invariant: every located offset has an epoch");
+        if epoch != good.epoch
+            || good.payload.len() > PAYLOAD_BYTES_MAX
+            || record_bytes(good.payload.len()) != loc.bytes as usize
+        {
+            return Ok(RepairOutcome::OtherEntry);
+        }
+        let seg = index
+            .segment(loc.segment)
+            .expect("invariant: an indexed entry's segment is held");
+        let position = u64::from(loc.position);
+        let reads_good = |seg: &crate::index::IndexedSegment<S::File>| -> Result<bool, WalError> {
+            let mut current = vec![0u8; loc.bytes as usize];
+            seg.file
+                .read_exact_at(&mut current, position)
+                .map_err(|e| WalError::io("read", &seg.path, e))?;
+            Ok(format::decode_header(&current).is_ok_and(|h| {
+                h.record_bytes() == u64::from(loc.bytes)
+                    && h.offset == good.offset
+                    && h.epoch == good.epoch
+                    && quire_proto::EventKind::from_u8(h.kind).is_some()
+            }) && format::checksum_ok(seg.tag, &current))
+        };
+        if reads_good(seg)? {
+            self.lock_corrupt().remove(&good.offset);
+            return Ok(RepairOutcome::AlreadyGood);
+        }
+        let active = index.segments().last().map(|(id, _)| id);
+        if active == Some(loc.segment) {
+            return Ok(RepairOutcome::ActiveSegment);
+        }
+        let mut record = vec![0u8; loc.bytes as usize];
+        let crc = format::event_crc_in(seg.tag, good);
+        format::encode_event_with_crc(&mut record, seg.tag, good, crc);
+        let file = shared
+            .storage
+            .open(&seg.path, crate::storage::OpenMode::Write)
+            .map_err(|e| WalError::io("open for repair", &seg.path, e))?;
+        file.write_all_at(&record, position)
+            .map_err(|e| WalError::io("repair write", &seg.path, e))?;
+        file.sync_data()
+            .map_err(|e| WalError::io("repair fdatasync", &seg.path, e))?;
+        if !reads_good(seg)? {
+            return Err(WalError::Corruption {
+                segment: seg.path.clone(),
+                position: crate::Position(position),
+                offset: good.offset,
+                problem: crate::CorruptionKind::ReadMismatch,
+            });
+        }
+        self.lock_corrupt().remove(&good.offset);
+        tracing::info!(offset = %good.offset, segment = %seg.path.display(), position, "repaired a damaged record from a replica's copy");
+        Ok(RepairOutcome::Repaired)
+    }
+
+    fn lock_corrupt(&self) -> std::sync::MutexGuard<'_, BTreeSet<Offset>> {
+        self.inner
+            .corrupt
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Retention: deletes, oldest first, every whole segment whose entries all lie below

@@ -290,6 +290,24 @@ pub enum MasterInput {
         /// The slot.
         slot: SlotId,
     },
+    /// Store `slot` answered a read with `Corrupt`: its copy of the record at `offset` is
+    /// damaged. Until the connection drops it is no read source for a range holding
+    /// `offset` (a lagging slot's catch-up, a fetch below the window), and another store
+    /// that holds the range serves it. Ignored for a slave slot or an unknown slot.
+    ReadCorrupt {
+        /// The store's slot.
+        slot: SlotId,
+        /// The damaged record's offset.
+        offset: Offset,
+    },
+    /// Store `slot`'s copy of the record at `offset` was repaired (or found good): it may
+    /// serve that range again.
+    Repaired {
+        /// The store's slot.
+        slot: SlotId,
+        /// The record's offset.
+        offset: Offset,
+    },
     /// The heartbeat timer fired (every `heartbeat_ms`): idle slots get an empty append
     /// carrying the HWM, and appends unanswered for
     /// [`ReplicationLimits::append_timeout_ticks`] ticks are resent.
@@ -411,6 +429,8 @@ pub struct MasterStats {
     pub append_timeouts: u64,
     /// Sends postponed because no store could serve a trimmed range.
     pub no_read_source: u64,
+    /// `Corrupt` answers to reads recorded ([`MasterInput::ReadCorrupt`]).
+    pub reads_corrupt: u64,
     /// Rejections with [`RejectReason::Overloaded`] (the slot backs off one tick).
     pub overloaded: u64,
 }
@@ -438,6 +458,21 @@ struct SlotState {
     reset_id: AppendId,
     /// Nothing is sent before this heartbeat tick (backoff after `Overloaded`).
     resume_tick: u64,
+    /// Offsets whose record this store answered `Corrupt` for (a damaged copy on its
+    /// disk), ascending, at most [`CORRUPT_OFFSETS_MAX`]: it is no read source for a range
+    /// holding one. Forgotten when the connection drops.
+    corrupt: Vec<Offset>,
+}
+
+/// Damaged records remembered per store slot ([`MasterInput::ReadCorrupt`]).
+pub const CORRUPT_OFFSETS_MAX: usize = 64;
+
+impl SlotState {
+    /// Whether a record in `first..=last` is known damaged on this slot's store.
+    fn corrupt_in(&self, first: Offset, last: Offset) -> bool {
+        let i = self.corrupt.partition_point(|&o| o < first);
+        self.corrupt.get(i).is_some_and(|&o| o <= last)
+    }
 }
 
 /// The master's replication state machine. See the module docs for the rules.
@@ -542,6 +577,7 @@ impl MasterCore {
                 inflight: VecDeque::new(),
                 reset_id: AppendId(0),
                 resume_tick: 0,
+                corrupt: Vec::new(),
             })
             .collect();
         let slot_count = config.cluster.slots.len();
@@ -727,6 +763,26 @@ impl MasterCore {
                 let from = self.resend_point(i);
                 self.reset_slot(i, from);
                 self.slots[i].link = SlotLink::Down;
+                self.slots[i].corrupt.clear();
+            }
+            MasterInput::ReadCorrupt { slot, offset } => {
+                let Some(i) = self.slot_index(slot) else {
+                    return;
+                };
+                if !self.cluster.slots[i].is_store() {
+                    return;
+                }
+                let corrupt = &mut self.slots[i].corrupt;
+                if let Err(at) = corrupt.binary_search(&offset) {
+                    corrupt.insert(at, offset);
+                    corrupt.truncate(CORRUPT_OFFSETS_MAX);
+                }
+                self.stats.reads_corrupt += 1;
+            }
+            MasterInput::Repaired { slot, offset } => {
+                if let Some(s) = self.slot_index(slot).map(|i| &mut self.slots[i]) {
+                    s.corrupt.retain(|&o| o != offset);
+                }
             }
             MasterInput::HeartbeatTick => self.on_heartbeat(out),
             MasterInput::SlaveToCheckpoint { slot, checkpoint } => {
@@ -842,6 +898,29 @@ impl MasterCore {
     #[must_use]
     pub fn cluster(&self) -> &ClusterConfig {
         &self.cluster
+    }
+
+    /// Whether store `slot` answered `Corrupt` for a record in `first..=last` since its
+    /// connection came up ([`MasterInput::ReadCorrupt`]): it must not serve that range.
+    #[must_use]
+    pub fn slot_corrupt_in(&self, slot: SlotId, first: Offset, last: Offset) -> bool {
+        self.slots
+            .get(slot.index())
+            .is_some_and(|s| s.corrupt_in(first, last))
+    }
+
+    /// The damaged records known of store `slot` ([`MasterInput::ReadCorrupt`]), ascending.
+    #[must_use]
+    pub fn slot_corrupt(&self, slot: SlotId) -> &[Offset] {
+        self.slots.get(slot.index()).map_or(&[], |s| &s.corrupt)
+    }
+
+    /// A store to read a good copy of `slot`'s damaged record at `offset` from: connected,
+    /// acked this master's log through it as a voter, nothing known damaged there; the one
+    /// holding the most, the lowest slot on ties. `None` if there is none now.
+    #[must_use]
+    pub fn repair_source(&self, slot: SlotId, offset: Offset) -> Option<SlotId> {
+        self.read_source(slot.index(), offset, offset)
     }
 
     /// The progress of `slot`, `None` for an unknown slot.
@@ -1204,7 +1283,7 @@ impl MasterCore {
             } else {
                 let count = (self.log.mem_start().0 - first.0).min(events_max);
                 let last = Offset(first.0 + count - 1);
-                let Some(source) = self.read_source(i, last) else {
+                let Some(source) = self.read_source(i, first, last) else {
                     self.stats.no_read_source += 1;
                     return;
                 };
@@ -1233,8 +1312,9 @@ impl MasterCore {
     }
 
     /// A connected store slot other than `target` that acked this master's log through
-    /// `last` as a voter: the one holding the most, the lowest slot on ties.
-    fn read_source(&self, target: usize, last: Offset) -> Option<SlotId> {
+    /// `last` as a voter and has no record of `first..=last` known damaged: the one holding
+    /// the most, the lowest slot on ties.
+    fn read_source(&self, target: usize, first: Offset, last: Offset) -> Option<SlotId> {
         self.slots
             .iter()
             .zip(&self.cluster.slots)
@@ -1244,6 +1324,7 @@ impl MasterCore {
                     && kind.is_store()
                     && s.link == SlotLink::Up
                     && s.voted_through >= Some(last)
+                    && !s.corrupt_in(first, last)
             })
             .max_by(|(ja, (a, _)), (jb, (b, _))| {
                 a.voted_through.cmp(&b.voted_through).then(jb.cmp(ja))

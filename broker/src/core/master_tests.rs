@@ -828,6 +828,72 @@ fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
     assert_eq!(h.m.log().mem_len(), 0);
 }
 
+/// A store that answered `Corrupt` for a record is no catch-up source for a range holding
+/// it: another store that holds the range is read instead; with none left the send waits
+/// (counted), and a store's damaged records are forgotten when its connection drops.
+#[test]
+fn a_store_with_a_damaged_record_is_no_read_source_for_its_range() {
+    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+    let limits = ReplicationLimits {
+        append_events_max: 2,
+        retained_bytes_max: 2 * per,
+        ..ReplicationLimits::default()
+    };
+    let mut h = H::with(stores(3), limits, Log::new(), None);
+    let probes = h.appends();
+    h.handle(MasterInput::SlotDisconnected { slot: SlotId(2) });
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    for _ in 0..8 {
+        h.propose();
+        for a in h.appends() {
+            h.ack_append(&a);
+        }
+    }
+    assert!(h.m.log().mem_start() > Offset(1));
+    // Slot 0 is damaged past the first read's range: still the source.
+    h.handle(MasterInput::ReadCorrupt {
+        slot: SlotId(0),
+        offset: Offset(5),
+    });
+    assert!(!h.m.slot_corrupt_in(SlotId(0), Offset(0), Offset(1)));
+    assert!(h.m.slot_corrupt_in(SlotId(0), Offset(4), Offset(5)));
+    // ... and inside it: slot 1 serves.
+    h.handle(MasterInput::ReadCorrupt {
+        slot: SlotId(0),
+        offset: Offset(1),
+    });
+    h.handle(MasterInput::SlotConnected { slot: SlotId(2) });
+    let a = for_slot(&h.appends(), 2).remove(0);
+    assert_eq!((a.first, a.count), (Offset(0), 2));
+    assert_eq!(a.events, AppendEvents::FromStore { source: SlotId(1) });
+    assert_eq!(h.m.stats().reads_corrupt, 2);
+    // Both copies damaged: nothing is sent; the attempt is counted.
+    h.handle(MasterInput::ReadCorrupt {
+        slot: SlotId(1),
+        offset: Offset(0),
+    });
+    h.handle(MasterInput::SlotDisconnected { slot: SlotId(2) });
+    h.handle(MasterInput::SlotConnected { slot: SlotId(2) });
+    assert!(for_slot(&h.appends(), 2).is_empty());
+    assert!(h.m.stats().no_read_source > 0);
+    // A slave slot's or unknown slot's report changes nothing; a drop forgets.
+    h.handle(MasterInput::ReadCorrupt {
+        slot: SlotId(9),
+        offset: Offset(0),
+    });
+    h.handle(MasterInput::SlotDisconnected { slot: SlotId(0) });
+    assert!(!h.m.slot_corrupt_in(SlotId(0), Offset(0), Offset(9)));
+    h.handle(MasterInput::SlotConnected { slot: SlotId(0) });
+    h.handle(MasterInput::HeartbeatTick);
+    let a = for_slot(&h.appends(), 2);
+    assert!(
+        a.iter()
+            .any(|a| a.events == AppendEvents::FromStore { source: SlotId(0) }),
+        "slot 0 serves again once its damaged records are forgotten: {a:?}"
+    );
+}
+
 #[test]
 fn config_and_handover_are_validated() {
     let mut out = Vec::new();

@@ -46,6 +46,7 @@ use quire_net::Readiness;
 
 mod fetch;
 mod handoff;
+mod repair;
 mod retention;
 
 pub use fetch::{
@@ -176,6 +177,17 @@ pub enum Command {
         token: RequestToken,
         /// The answer.
         reply: FetchReply,
+    },
+    /// Repair store `slot`'s damaged copy of the record at `offset`: read the record from
+    /// store `source`, send it to `slot` in a `RepairRequest`, and report the answer with
+    /// [`Engine::repair_done`] (docs/protocol.md, "Damaged records").
+    RepairRecord {
+        /// The store whose copy is damaged.
+        slot: SlotId,
+        /// The record's offset.
+        offset: Offset,
+        /// The store to read a good copy from.
+        source: SlotId,
     },
     /// Answer the fetch `token` by reading a store (the messages are older than the
     /// window).
@@ -406,6 +418,8 @@ pub struct Engine {
     recent: RecentEvents,
     /// Fetches waiting for messages.
     parked: Vec<fetch::Parked>,
+    /// Damaged store records: being repaired, and reported while not master.
+    repairs: repair::Repairs,
     /// The latest `now_ms` an input carried.
     now_ms: u64,
     /// Steps a planted mutation changed (test-only; 0 with every rule on).
@@ -459,6 +473,7 @@ impl Engine {
             retention: retention::Retention::new(cfg_retention),
             recent: RecentEvents::new(cfg_recent),
             parked: Vec::new(),
+            repairs: repair::Repairs::default(),
             now_ms,
             mutated_steps: 0,
             out: Vec::new(),
@@ -707,6 +722,7 @@ impl Engine {
                 m.core.handle(MasterInput::HeartbeatTick, &mut out);
                 self.dispatch_master(out);
                 self.expire_writes();
+                self.sweep_repairs();
             }
             Role::Switching => {}
         }
@@ -1721,6 +1737,7 @@ impl Engine {
                     voted_at_ms: vec![None; self.store_count],
                 }));
                 self.dispatch_master(out);
+                self.replay_corrupt_reports();
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot lead the adopted log");

@@ -1131,3 +1131,84 @@ fn readiness_follows_the_role() {
         matches!(h.engine.readiness(h.now), Readiness::NotReady(m) if m.contains("handing off"))
     );
 }
+
+fn repairs(out: &[Command]) -> Vec<(SlotId, Offset, SlotId)> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::RepairRecord {
+                slot,
+                offset,
+                source,
+            } => Some((*slot, *offset, *source)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A damaged record reported by a store: reported while taking over, it waits for the
+/// master; as master, the engine passes the store over for that range and asks for one
+/// repair from a store that holds it, retried at ticks until the store's copy is good,
+/// then chains to the next damaged record the store names.
+#[test]
+fn a_damaged_store_record_is_repaired_from_another_store() {
+    let mut h = H::new(true);
+    // Reported during the takeover (a fence answered Corrupt): remembered, nothing sent.
+    let epoch = h.start_fencing();
+    h.engine.read_corrupt(store(0), Offset(0), h.now);
+    assert!(repairs(&h.take()).is_empty());
+    let out = h.grant_all(epoch);
+    // Once master, the report is replayed, and store 0 is no source for offset 0.
+    let core = h.engine.master_core().expect("master");
+    assert!(core.slot_corrupt_in(store(0), Offset(0), Offset(0)));
+    // No store acked offset 0 in this epoch yet: no good copy to repair from.
+    assert!(repairs(&out).is_empty());
+    h.ack(&out);
+    assert!(h.engine.is_serving());
+    // A message at offset 1, acked by every store.
+    let out = h.produce(1, 0);
+    h.ack(&out);
+    let out = h.tick_until(|c| matches!(c, Command::RepairRecord { .. }));
+    let asked = repairs(&out);
+    assert_eq!(asked.len(), 1, "{out:?}");
+    let (slot, offset, source) = asked[0];
+    assert_eq!((slot, offset), (store(0), Offset(0)));
+    assert_ne!(source, store(0));
+    // One repair out at a time: a tick asks for no second one.
+    h.now += HEARTBEAT_MS;
+    h.engine.tick(h.now);
+    assert!(repairs(&h.take()).is_empty());
+    // Refused (the record is in the active segment): retried at a later tick.
+    h.engine.repair_done(
+        slot,
+        offset,
+        Ok(quire_proto::RepairResponse {
+            offset,
+            outcome: quire_proto::RepairOutcome::ActiveSegment,
+            next_corrupt: Some(offset),
+        }),
+        h.now,
+    );
+    let out = h.tick_until(|c| matches!(c, Command::RepairRecord { .. }));
+    assert_eq!(repairs(&out).len(), 1);
+    // Repaired: store 0 may serve the range again; the next damaged record it names is
+    // repaired next.
+    h.engine.repair_done(
+        slot,
+        offset,
+        Ok(quire_proto::RepairResponse {
+            offset,
+            outcome: quire_proto::RepairOutcome::Repaired,
+            next_corrupt: Some(Offset(1)),
+        }),
+        h.now,
+    );
+    let core = h.engine.master_core().expect("master");
+    assert!(!core.slot_corrupt_in(store(0), Offset(0), Offset(0)));
+    assert!(core.slot_corrupt_in(store(0), Offset(1), Offset(1)));
+    let out = h.take();
+    assert_eq!(
+        repairs(&out).iter().map(|r| (r.0, r.1)).collect::<Vec<_>>(),
+        vec![(store(0), Offset(1))],
+        "{out:?}"
+    );
+}

@@ -64,7 +64,7 @@ pub use crate::engine::broker::SLAVE_READY_LAG_EVENTS_MAX;
 
 /// A fetch the engine holds by its token: what answers it.
 #[derive(Debug)]
-struct Waiter {
+pub(crate) struct Waiter {
     request_id: RequestId,
     reply: Responder,
     permits: Permits,
@@ -173,7 +173,10 @@ impl Actor {
             ^ std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
-        let limits = ReplicationLimits::default();
+        let limits = ReplicationLimits {
+            retained_bytes_max: cfg.recent_bytes_max,
+            ..ReplicationLimits::default()
+        };
         let engine_cfg = EngineConfig {
             me: cfg.id,
             brokers: cfg.brokers.iter().map(|(b, _)| *b).collect(),
@@ -195,7 +198,7 @@ impl Actor {
             follower_retained_bytes_max: crate::core::follower::FOLLOWER_RETAINED_BYTES_MAX_DEFAULT,
             seed,
             retention: cfg.retention,
-            recent_bytes_max: crate::engine::recent::RECENT_BYTES_MAX_DEFAULT,
+            recent_bytes_max: cfg.recent_bytes_max,
             checkpoint_part_bytes: cfg.checkpoint_part_bytes,
             mutations: Mutations::default(),
         };
@@ -548,6 +551,11 @@ impl Actor {
                         None
                     }
                     Err(e) => {
+                        if let Some(offset) = e.corrupt_offset() {
+                            // The store knows a damaged record and does not vote: repaired
+                            // once this broker is master.
+                            self.engine.read_corrupt(slot, offset, now);
+                        }
                         tracing::debug!(%slot, error = %e, "fence failed");
                         None
                     }
@@ -576,19 +584,42 @@ impl Actor {
             Internal::ReadTrimmed { cmd, first_offset } => {
                 self.engine.read_trimmed(&cmd, first_offset, now);
             }
-            Internal::ReadForAppend { mut cmd, outcome } => match outcome {
-                Ok(events) => {
-                    if self.engine.master_epoch() == Some(cmd.epoch) {
-                        // The read may have stopped at its byte bound: the append, and the
-                        // `through` its ack will be counted at, cover what was read.
-                        cmd.count = events.len() as u64;
-                        self.send_append(&cmd, Cow::Owned(events), &mut Vec::new());
-                    }
+            Internal::RepairDone {
+                slot,
+                offset,
+                outcome,
+            } => {
+                self.metrics.repair(match &outcome {
+                    Ok(r) if r.outcome.is_good() => "repaired",
+                    Ok(_) => "not_applied",
+                    Err(_) => "failed",
+                });
+                self.engine.repair_done(slot, offset, outcome, now);
+            }
+            Internal::StoreCorrupt { slot, offset } => {
+                self.engine.read_corrupt(slot, offset, now);
+            }
+            Internal::StoreFetchCorrupt {
+                token,
+                slot,
+                offset,
+                req,
+                waiter,
+            } => {
+                self.engine.read_corrupt(slot, offset, now);
+                self.held_fetches.insert(token, waiter);
+                self.engine.fetch(token, req, now, now);
+            }
+            Internal::ReadForAppend {
+                mut cmd,
+                outcome,
+                corrupt,
+            } => {
+                if let Some((slot, offset)) = corrupt {
+                    self.engine.read_corrupt(slot, offset, now);
                 }
-                Err(e) => {
-                    tracing::debug!(slot = %cmd.slot, error = %e, "read for a lagging slot failed; the append times out and is resent");
-                }
-            },
+                self.on_read_for_append(&mut cmd, outcome);
+            }
             Internal::TailAnswer {
                 slot,
                 generation,
@@ -835,6 +866,11 @@ impl Actor {
             }
             Command::FetchAnswer { token, reply } => self.answer_fetch(token, reply),
             Command::FetchFromStore { token, read } => self.fetch_from_store(token, read),
+            Command::RepairRecord {
+                slot,
+                offset,
+                source,
+            } => self.repair_record(slot, offset, source),
             Command::Write(w) => self.execute_write(w),
             Command::TakingOver { .. } | Command::Abandoned { .. } => {}
             Command::BecameMaster { .. } => {}
@@ -1005,6 +1041,29 @@ impl Actor {
         }
     }
 
+    /// Sends the append `cmd` with the events read for it, if this broker is still master
+    /// of its epoch; a failed read lets the append time out and be resent.
+    fn on_read_for_append(
+        &mut self,
+        cmd: &mut AppendCommand,
+        outcome: Result<Vec<quire_proto::Event>, String>,
+    ) {
+        match outcome {
+            Ok(events) => {
+                if self.engine.master_epoch() == Some(cmd.epoch) {
+                    // The read may have stopped at its byte bound (or at a damaged record):
+                    // the append, and the `through` its ack will be counted at, cover what
+                    // was read.
+                    cmd.count = events.len() as u64;
+                    self.send_append(cmd, Cow::Owned(events), &mut Vec::new());
+                }
+            }
+            Err(e) => {
+                tracing::debug!(slot = %cmd.slot, error = %e, "read for a lagging slot failed; the append times out and is resent");
+            }
+        }
+    }
+
     fn read_for_append(&mut self, cmd: AppendCommand, source: SlotId) {
         let Some(client) = self.slots[source.index()].client() else {
             return;
@@ -1015,6 +1074,7 @@ impl Actor {
             let mut events: Vec<quire_proto::Event> = Vec::new();
             let mut bytes = 0u32;
             let mut next = cmd.first;
+            let mut corrupt = None;
             let outcome = loop {
                 // Stop at the count, or once the bytes bound is reached: the append then
                 // carries fewer events than the core planned, the store acks what it got,
@@ -1039,14 +1099,70 @@ impl Actor {
                         let _ = tx.send(Internal::ReadTrimmed { cmd, first_offset }).await;
                         return;
                     }
-                    Err(e) => break Err(e.to_string()),
+                    Err(e) => {
+                        // A damaged record: what was read before it goes out, and the
+                        // master reads the rest from another store.
+                        if let Some(offset) = e.corrupt_offset() {
+                            corrupt = Some((source, offset));
+                            if !events.is_empty() {
+                                break Ok(events);
+                            }
+                        }
+                        break Err(e.to_string());
+                    }
                 }
             };
             let outcome = outcome.map(|mut evs| {
                 evs.truncate(usize::try_from(cmd.count).unwrap_or(usize::MAX));
                 evs
             });
-            let _ = tx.send(Internal::ReadForAppend { cmd, outcome }).await;
+            let _ = tx
+                .send(Internal::ReadForAppend {
+                    cmd,
+                    outcome,
+                    corrupt,
+                })
+                .await;
+        });
+    }
+
+    /// Repairs store `slot`'s damaged record at `offset` with a copy read from `source`
+    /// ([`Command::RepairRecord`]); the outcome goes back to the engine.
+    fn repair_record(&mut self, slot: SlotId, offset: Offset, source: SlotId) {
+        let target = self.slots[slot.index()].client();
+        let from = self.slots[source.index()].client();
+        let tx = self.internal_tx.clone();
+        tokio::spawn(async move {
+            let mut source_corrupt = None;
+            let outcome = match (target, from) {
+                (Some(target), Some(from)) => match from.read(offset, 1, READ_BYTES_MAX).await {
+                    Ok(r) => match r.events.into_iter().next().filter(|e| e.offset == offset) {
+                        Some(good) => target.repair(good).await.map_err(|e| e.to_string()),
+                        None => Err(format!("the source does not hold offset {offset}")),
+                    },
+                    Err(e) => {
+                        // The source's copy may be damaged too: noted, another is tried.
+                        source_corrupt = e.corrupt_offset();
+                        Err(format!("reading the good copy from {source}: {e}"))
+                    }
+                },
+                _ => Err("a store is not connected".to_owned()),
+            };
+            if let Some(o) = source_corrupt {
+                let _ = tx
+                    .send(Internal::StoreCorrupt {
+                        slot: source,
+                        offset: o,
+                    })
+                    .await;
+            }
+            let _ = tx
+                .send(Internal::RepairDone {
+                    slot,
+                    offset,
+                    outcome,
+                })
+                .await;
         });
     }
 
@@ -1102,9 +1218,25 @@ impl Actor {
             return;
         };
         self.metrics.fetches_from_store.inc();
+        let tx = self.internal_tx.clone();
         tokio::spawn(async move {
             let (first, span) = read.read_span();
-            let body: Body = match client.read(first, span, READ_BYTES_MAX).await {
+            let outcome = client.read(first, span, READ_BYTES_MAX).await;
+            if let Some(offset) = outcome.as_ref().err().and_then(ClientError::corrupt_offset) {
+                // This store's copy is damaged: planned again, the fetch goes to another
+                // store (the engine now passes this one over for that range).
+                let _ = tx
+                    .send(Internal::StoreFetchCorrupt {
+                        token,
+                        slot: read.source,
+                        offset,
+                        req: read.req,
+                        waiter,
+                    })
+                    .await;
+                return;
+            }
+            let body: Body = match outcome {
                 Ok(r) => match read.answer(r.first_offset, &r.events) {
                     FetchReply::Messages(m) => m.into(),
                     FetchReply::Trimmed { from, first } => {

@@ -79,10 +79,29 @@ pub(crate) enum Internal {
         cmd: AppendCommand,
         first_offset: quire_proto::Offset,
     },
-    /// Events read from a store for an append whose events the master trimmed.
+    /// Events read from a store for an append whose events the master trimmed; `corrupt`:
+    /// the source answered `Corrupt` for that offset (the read stopped there).
     ReadForAppend {
         cmd: AppendCommand,
         outcome: Result<Vec<quire_proto::Event>, String>,
+        corrupt: Option<(SlotId, Offset)>,
+    },
+    /// A store answered a read `Corrupt` for its record at `offset`.
+    StoreCorrupt { slot: SlotId, offset: Offset },
+    /// The outcome of a [`crate::engine::Command::RepairRecord`].
+    RepairDone {
+        slot: SlotId,
+        offset: Offset,
+        outcome: Result<quire_proto::RepairResponse, String>,
+    },
+    /// A consumer fetch's store read found the record at `offset` damaged on `slot`'s
+    /// store: the fetch is planned again, from another store.
+    StoreFetchCorrupt {
+        token: crate::engine::RequestToken,
+        slot: SlotId,
+        offset: Offset,
+        req: quire_proto::FetchRequest,
+        waiter: super::actor::Waiter,
     },
     /// A store's tail, for a bootstrap probe.
     TailAnswer {

@@ -359,12 +359,24 @@ impl Engine {
         let Some(first) = scan_through.or_else(|| offsets.first().copied()) else {
             return;
         };
+        // The span the store read covers (StoreFetch::read_span): a store with a record
+        // of it known damaged is passed over.
+        let span_first = offsets.first().copied().unwrap_or(req.from_offset);
+        let span_last = scan_through
+            .or_else(|| offsets.last().copied())
+            .unwrap_or(span_first)
+            .min(Offset(
+                span_first
+                    .0
+                    .saturating_add(u64::from(STORE_FETCH_EVENTS_MAX) - 1),
+            ));
         let source = self.master_core().and_then(|core| {
             (0..self.store_count).map(super::slot_of).find(|&s| {
                 self.slot_up(s)
                     && core.slot_status(s).is_some_and(|st| {
                         st.link == SlotLink::Up && st.voted_through >= Some(first)
                     })
+                    && !core.slot_corrupt_in(s, span_first, span_last)
             })
         });
         let Some(source) = source else {

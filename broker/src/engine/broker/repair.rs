@@ -1,0 +1,141 @@
+//! Damaged store records in the broker engine: reading around them and repairing them from
+//! another store (docs/protocol.md, "Damaged records").
+//!
+//! ```text
+//!   read_corrupt(slot, offset)     a store answered a read (or a fence) `Corrupt`
+//!     master ─────────────────────> MasterInput::ReadCorrupt: no read source for that range;
+//!                                   Command::RepairRecord{slot, offset, source}
+//!     not master ─────────────────> remembered; replayed when this broker becomes master
+//!   repair_done(slot, offset, r)   the store's RepairResponse (or the failure)
+//!     good (repaired, already) ───> MasterInput::Repaired; the store's next damaged record,
+//!                                   if it named one, is repaired next
+//!     anything else ──────────────> retried at a later heartbeat tick
+//!   heartbeat tick (master) ──────> every damaged record known and not being repaired
+//!                                   gets a RepairRecord, if a good source is connected
+//! ```
+//!
+//! The engine never rewrites anything itself: the store checks that the copy is the same
+//! entry (same epoch at that offset, same size) before it writes, so a wrong source can
+//! waste a repair but never damage a store.
+
+use quire_proto::{Offset, RepairResponse};
+
+use super::{Command, Engine, Role};
+use crate::core::{MasterInput, SlotId};
+
+/// Damaged records reported while this broker was not master, remembered at most.
+pub const CORRUPT_REPORTS_MAX: usize = 64;
+
+/// The engine's repair bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct Repairs {
+    /// `(slot, offset)` with a [`Command::RepairRecord`] out.
+    in_flight: Vec<(SlotId, Offset)>,
+    /// `(slot, offset)` reported `Corrupt` while this broker was not master (a fence
+    /// refused during a takeover); fed to the master core once it is.
+    reported: Vec<(SlotId, Offset)>,
+}
+
+impl Engine {
+    /// Store `slot` answered a read or a fence with `Corrupt` for its record at `offset`:
+    /// while this broker is master, that range is read from other stores
+    /// ([`MasterInput::ReadCorrupt`]) and the record is repaired from one of them
+    /// ([`Command::RepairRecord`]); otherwise it is remembered until this broker is master.
+    pub fn read_corrupt(&mut self, slot: SlotId, offset: Offset, now_ms: u64) {
+        self.at(now_ms);
+        tracing::warn!(%slot, %offset, "a store's copy of a record is damaged: reading that range from the other stores");
+        match &mut self.role {
+            Role::Master(m) => {
+                let mut out = Vec::new();
+                m.core
+                    .handle(MasterInput::ReadCorrupt { slot, offset }, &mut out);
+                self.dispatch_master(out);
+                self.start_repair(slot, offset);
+            }
+            _ => {
+                let r = &mut self.repairs.reported;
+                if !r.contains(&(slot, offset)) && r.len() < CORRUPT_REPORTS_MAX {
+                    r.push((slot, offset));
+                }
+            }
+        }
+    }
+
+    /// The answer to the [`Command::RepairRecord`] for `(slot, offset)`: the store's
+    /// response, or why none came.
+    pub fn repair_done(
+        &mut self,
+        slot: SlotId,
+        offset: Offset,
+        result: Result<RepairResponse, String>,
+        now_ms: u64,
+    ) {
+        self.at(now_ms);
+        self.repairs.in_flight.retain(|r| *r != (slot, offset));
+        let Role::Master(m) = &mut self.role else {
+            return;
+        };
+        match result {
+            Ok(r) if r.outcome.is_good() => {
+                tracing::info!(%slot, %offset, outcome = ?r.outcome, "a store's damaged record is good again");
+                let mut out = Vec::new();
+                m.core
+                    .handle(MasterInput::Repaired { slot, offset }, &mut out);
+                self.dispatch_master(out);
+                if let Some(next) = r.next_corrupt.filter(|&n| n != offset) {
+                    self.read_corrupt(slot, next, now_ms);
+                }
+            }
+            Ok(r) => {
+                tracing::info!(%slot, %offset, outcome = ?r.outcome, "a repair was not applied; retried later");
+            }
+            Err(e) => {
+                tracing::warn!(%slot, %offset, error = %e, "a repair failed; retried later");
+            }
+        }
+    }
+
+    /// Starts a repair of every damaged record the master core knows of that has none out
+    /// (each heartbeat tick: a repair refused or failed is tried again).
+    pub(super) fn sweep_repairs(&mut self) {
+        let Some(core) = self.master_core() else {
+            return;
+        };
+        let known: Vec<(SlotId, Offset)> = (0..self.store_count)
+            .map(super::slot_of)
+            .flat_map(|s| core.slot_corrupt(s).iter().map(move |&o| (s, o)))
+            .collect();
+        for (slot, offset) in known {
+            self.start_repair(slot, offset);
+        }
+    }
+
+    /// Feeds the damaged records reported before this broker became master to its core.
+    pub(super) fn replay_corrupt_reports(&mut self) {
+        let now = self.now_ms;
+        for (slot, offset) in std::mem::take(&mut self.repairs.reported) {
+            self.read_corrupt(slot, offset, now);
+        }
+    }
+
+    /// Sends one [`Command::RepairRecord`] for `(slot, offset)` unless one is out or no
+    /// store can give a good copy now.
+    fn start_repair(&mut self, slot: SlotId, offset: Offset) {
+        if self.repairs.in_flight.contains(&(slot, offset)) {
+            return;
+        }
+        let Some(source) = self
+            .master_core()
+            .and_then(|c| c.repair_source(slot, offset))
+        else {
+            tracing::debug!(%slot, %offset, "no store can give a good copy of a damaged record now");
+            return;
+        };
+        self.repairs.in_flight.push((slot, offset));
+        self.out.push(Command::RepairRecord {
+            slot,
+            offset,
+            source,
+        });
+    }
+}
