@@ -90,7 +90,7 @@ pub struct Metrics {
     /// Fetches served from a store (older than the broker keeps in memory).
     pub fetches_from_store: Counter,
     /// Repairs of damaged store records the master ran, by outcome (`repaired`: the store's
-    /// copy is good again; `not_applied`: the store refused it, e.g. in its active segment;
+    /// copy is good again; `not_applied`: the store refused it (not its entry; retried);
     /// `failed`: no answer or an error).
     pub store_repairs: Family<Label, Counter>,
     /// Open connections (clients and brokers).

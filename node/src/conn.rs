@@ -559,7 +559,6 @@ fn repair_outcome_label(outcome: quire_proto::RepairOutcome) -> &'static str {
         quire_proto::RepairOutcome::AlreadyGood => "already_good",
         quire_proto::RepairOutcome::OtherEntry => "other_entry",
         quire_proto::RepairOutcome::NotHeld => "not_held",
-        quire_proto::RepairOutcome::ActiveSegment => "active_segment",
     }
 }
 
@@ -642,6 +641,12 @@ fn serve_range_digest(wal: &Wal, req: &RangeDigestRequest, limits: &Limits) -> B
                 continue;
             }
             Err(WalError::OffsetOutOfRange { .. }) => break,
+            Err(WalError::Corruption {
+                offset, problem, ..
+            }) => {
+                tracing::error!(%offset, %problem, "a range digest found a damaged record");
+                return ErrorResponse::corrupt(offset, problem).into();
+            }
             Err(e) => {
                 tracing::error!(error = %e, from = %req.from, to = %req.to, "range digest failed");
                 return ErrorResponse::new(

@@ -87,7 +87,7 @@ pub struct Metrics {
     /// Requests received, by frame type.
     pub requests: Family<Label, Counter>,
     /// Repair requests answered, by outcome (`repaired`, `already_good`, `other_entry`,
-    /// `not_held`, `active_segment`, `error`).
+    /// `not_held`, `error`).
     pub repairs: Family<Label, Counter>,
     /// Appends that became durable together (one WAL completion wake-up of the store).
     pub group_commit_appends: Histogram,

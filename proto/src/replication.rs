@@ -469,27 +469,23 @@ pub struct RepairRequest {
 pub enum RepairOutcome {
     /// The damaged copy was rewritten, made durable and read back good.
     Repaired = 1,
-    /// The store's copy reads back good already (repaired before, or never damaged):
-    /// nothing was written.
+    /// The store's copy reads back good already and is byte for byte the one offered
+    /// (repaired before, or never damaged): nothing was written.
     AlreadyGood = 2,
-    /// The store's entry at that offset is another entry (another epoch, or a record of
-    /// another size): nothing written.
+    /// The copy offered is not the store's entry: another epoch or size, or it differs
+    /// from what the store's damaged (or good) record still shows of it: nothing written.
     OtherEntry = 3,
     /// The store holds no entry at that offset (trimmed, or past its end): nothing written.
     NotHeld = 4,
-    /// The record lies in the segment appends go to, which the store does not rewrite
-    /// while it is written: nothing written; retry after the segment rolls.
-    ActiveSegment = 5,
 }
 
 impl RepairOutcome {
     /// Every outcome, in numeric order.
-    pub const ALL: [RepairOutcome; 5] = [
+    pub const ALL: [RepairOutcome; 4] = [
         RepairOutcome::Repaired,
         RepairOutcome::AlreadyGood,
         RepairOutcome::OtherEntry,
         RepairOutcome::NotHeld,
-        RepairOutcome::ActiveSegment,
     ];
 
     /// Whether the store's copy is good now.
@@ -509,7 +505,7 @@ impl RepairOutcome {
 /// off   size   field
 /// 0     8      offset                u64: the record's offset (the request's)
 /// 8     1      outcome               u8: RepairOutcome (1 Repaired, 2 AlreadyGood,
-///                                    3 OtherEntry, 4 NotHeld, 5 ActiveSegment)
+///                                    3 OtherEntry, 4 NotHeld)
 /// 9     1|9    next_corrupt          Option<u64>: the lowest record still known damaged
 ///                                    on this store, if any (the master repairs it next)
 /// ```

@@ -206,7 +206,7 @@ pub(crate) fn samples() -> Vec<Body> {
         .into(),
         RepairResponse {
             offset: Offset(7),
-            outcome: RepairOutcome::ActiveSegment,
+            outcome: RepairOutcome::NotHeld,
             next_corrupt: None,
         }
         .into(),

@@ -129,25 +129,26 @@ fn a_bit_flip_in_a_sealed_segment_is_reported_as_corruption_and_never_served() {
     assert!(checked > 0);
 }
 
-/// Fault: bits flip in two records of a store *while it runs* (store 0 of three, the one
-/// a master reads first): one in a sealed segment, one in the segment appends go to
-/// (random records, seeded); meanwhile store 2 is frozen (SIGSTOP) and misses both. The
-/// brokers keep no stabilized event in memory (`--recent-bytes-max 0`), so every fetch and
-/// every catch-up reads a store.
+/// Fault, in two rounds, bits flipped in records of stores *while they run*. The brokers
+/// keep no stabilized event in memory (`--recent-bytes-max 0`), so every fetch and every
+/// catch-up reads a store. Records and bits are random (seeded).
 ///
-/// What must survive:
-/// - store 2, thawed, catches up through the damaged range (read from store 1) and holds
-///   the same log as store 1;
-/// - a consumer reading the topic from offset 0 gets every acknowledged message once, at its
-///   offset, never the bad bytes and never a gap;
-/// - the master repairs store 0's sealed record from store 1's copy; the record in the
-///   active segment waits, and store 0 grants no fence meanwhile: the master is killed with
-///   SIGKILL and the slave's takeover completes with stores 1 and 2;
-/// - once store 0's segment rolls, the new master repairs that record too; `quire wal
-///   verify` is then clean on store 0, which restarts, and the final check (history,
-///   consumers, all three stores' logs) is clean.
+/// Round 1: two records of store 0 (the store a master reads first), one in a sealed
+/// segment and one in the segment appends go to, while store 2 is frozen (SIGSTOP) and
+/// misses both. What must survive: store 2, thawed, catches up through both (read from
+/// store 1) and holds store 1's log; a consumer reading the topic from offset 0 gets every
+/// acknowledged message once, at its offset, never the bad bytes and never a gap; the
+/// master repairs both of store 0's records from store 1's copies.
+///
+/// Round 2: one sealed record of store 0 and another of store 1 are damaged while the
+/// master is frozen (so it cannot repair them); reads that are not the master's find the
+/// damage (both stores answer `Corrupt`, and from then on grant no fence); the master is
+/// killed with SIGKILL. What must survive: the slave's takeover is refused by stores 0 and
+/// 1, repairs them from store 2, and completes; the consumer reads the same messages; `quire
+/// wal verify` is clean on stores 0 and 1; the final check (history, consumers, all three
+/// logs) is clean.
 #[test]
-fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others() {
+fn bits_flipped_in_running_stores_are_read_around_and_repaired_from_the_others() {
     let _t = quire_tests::proc_test();
     let mut rng = Rng::from_env_or_clock("proc_bit_flip_running");
     let mut c = Cluster::new(3, 2, Timing::default());
@@ -161,18 +162,18 @@ fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others(
     quire_tests::process::stop(lagging_pid);
 
     // Load until store 0 has sealed segments and a record well inside its active one.
-    let dir = c.stores[victim].dir.clone();
+    let dir0 = c.stores[victim].dir.clone();
     let mut rounds = Vec::new();
     let mut producer = 1;
     let (sealed, active) = loop {
         let load = LoadDriver::start(&c, producer, 3);
         wait_until("store 0 fills three segments", WAIT * 2, || {
-            (segments(&dir).len() >= 4).then_some(())
+            (segments(&dir0).len() >= 4).then_some(())
         });
         std::thread::sleep(std::time::Duration::from_millis(200));
         rounds.push((producer, load.stop()));
         producer += 3;
-        let all = records(&dir);
+        let all = records(&dir0);
         let last = all.last().expect("store 0 holds records").clone();
         let (sealed, active): (Vec<_>, Vec<_>) = all
             .into_iter()
@@ -197,20 +198,24 @@ fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others(
         .filter_map(|(_, o)| max_acked(o))
         .max()
         .expect("messages were acknowledged");
-    let mut flip = |records: &[quire_tests::disk::RecordAt]| {
+    let mut flip = |dir: &std::path::Path, records: &[quire_tests::disk::RecordAt]| {
         let r = &records[rng.below(records.len() as u64) as usize];
         let at = r.position + rng.below(r.bytes);
         let bit = rng.below(8) as u8;
         let (before, after) = flip_bit(&dir.join("wal").join(&r.segment), at, bit).expect("flip");
         eprintln!(
             "flipped bit {bit} of byte {at} ({before:#04x} -> {after:#04x}) in {} of the \
-             running store 0 (record at offset {}, position {}, {} bytes)",
-            r.segment, r.offset, r.position, r.bytes
+             running store {} (record at offset {}, position {}, {} bytes)",
+            r.segment,
+            dir.display(),
+            r.offset,
+            r.position,
+            r.bytes
         );
         r.offset
     };
-    let sealed_offset = flip(&sealed);
-    let active_offset = flip(&active);
+    flip(&dir0, &sealed);
+    flip(&dir0, &active);
 
     // Store 2 thaws and catches up through both damaged records, from store 1.
     quire_tests::process::signal(lagging_pid, libc::SIGCONT);
@@ -231,41 +236,74 @@ fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others(
         offsets.windows(2).all(|w| w[0] < w[1]),
         "offsets ascend, none twice"
     );
-    let store0_log = c.stores[victim].proc.as_ref().expect("runs").log.clone();
-    let repaired = |n: usize| {
-        wait_until(&format!("store 0 repaired {n} record(s)"), WAIT, || {
-            (log_count(&store0_log, "repaired a damaged record") >= n).then_some(())
-        });
+    let log_of = |c: &Cluster, i: usize| c.stores[i].proc.as_ref().expect("runs").log.clone();
+    let (log0, log1) = (log_of(&c, 0), log_of(&c, 1));
+    let repaired = |log: &std::path::Path, n: usize| {
+        wait_until(
+            &format!("{} repaired {n} record(s)", log.display()),
+            WAIT,
+            || (log_count(log, "repaired a damaged record") >= n).then_some(()),
+        );
     };
     assert!(
-        log_count(&store0_log, "a read found a damaged record") > 0,
+        log_count(&log0, "a read found a damaged record") > 0,
         "store 0 reported the damage"
     );
-    repaired(1);
-    eprintln!("store 0 repaired offset {sealed_offset}; offset {active_offset} waits for a roll");
+    repaired(&log0, 2);
 
-    // Store 0 still knows a damaged record: it grants no fence, and the slave takes over
-    // with stores 1 and 2.
+    // Round 2: the master is frozen; stores 0 and 1 find damage through reads of their
+    // own (an operator's tool, a slave's read), answer Corrupt, and stop voting.
     let master = c.wait_for_master();
+    let master_pid = c.broker_node(master).pid().expect("the master runs");
+    let dir1 = c.stores[1].dir.clone();
+    let sealed_of = |dir: &std::path::Path| {
+        let all = records(dir);
+        let last = all.last().expect("holds records").segment.clone();
+        all.into_iter()
+            .filter(|r| r.segment < last && r.offset <= last_offset(&sealed))
+            .collect::<Vec<_>>()
+    };
+    fn last_offset(records: &[quire_tests::disk::RecordAt]) -> u64 {
+        records.iter().map(|r| r.offset).max().unwrap_or(0)
+    }
+    let (sealed0, sealed1) = (sealed_of(&dir0), sealed_of(&dir1));
+    quire_tests::process::stop(master_pid);
+    let damaged = [flip(&dir0, &sealed0), flip(&dir1, &sealed1)];
+    for (store, offset) in [0, 1].into_iter().zip(damaged) {
+        let mut client = quire_tests::Client::connect(&c.stores[store].addr).expect("connect");
+        match client.request(quire_proto::ReadRequest {
+            from: Offset(offset),
+            max_events: 1,
+            max_bytes: 1 << 20,
+        }) {
+            Ok(quire_proto::Body::ErrorResponse(e)) => {
+                assert_eq!(e.code, quire_proto::ErrorCode::Corrupt, "{e:?}");
+                assert_eq!(
+                    e.detail,
+                    quire_proto::ErrorDetail::Corrupt {
+                        offset: Offset(offset)
+                    }
+                );
+            }
+            other => panic!("store {store} answered a read of its damaged record with {other:?}"),
+        }
+    }
+    quire_tests::process::signal(master_pid, libc::SIGKILL);
     c.broker(master).kill9();
     let new_master = c.wait_for_master();
     assert_ne!(new_master, master);
-    wait_until("store 0 refuses a fence", WAIT, || {
-        (log_count(
-            &store0_log,
-            "fence refused: a record of this store's log is damaged",
-        ) > 0)
-            .then_some(())
-    });
-
-    // More load rolls store 0's segment; the new master repairs the second record.
-    let before_roll = segments(&dir).len();
-    let load = LoadDriver::start(&c, producer, 3);
-    wait_until("store 0 rolls its segment", WAIT * 2, || {
-        (segments(&dir).len() > before_roll).then_some(())
-    });
-    rounds.push((producer, load.stop()));
-    repaired(2);
+    for log in [&log0, &log1] {
+        assert!(
+            log_count(
+                log,
+                "fence refused: a record of this store's log is damaged"
+            ) > 0,
+            "{} refused a fence while damaged",
+            log.display()
+        );
+    }
+    repaired(&log0, 3);
+    repaired(&log1, 1);
 
     let upto = |v: &[(Offset, bytes::Bytes)]| -> Vec<(Offset, bytes::Bytes)> {
         v.iter().filter(|(o, _)| o.0 <= last).cloned().collect()
@@ -276,15 +314,17 @@ fn bits_flipped_in_a_running_store_are_read_around_and_repaired_from_the_others(
         "the new master serves the same messages"
     );
 
-    // Store 0's log is whole again: verify is clean and it starts.
-    c.stores[victim].kill9();
-    let v = wal_verify(&dir);
-    assert_eq!(
-        v.exit_code, 0,
-        "store 0 verifies clean after the repairs: {} {}",
-        v.report, v.stderr
-    );
-    c.stores[victim].start();
+    // Stores 0 and 1 are whole again: verify is clean and they start.
+    for (store, dir) in [(0, &dir0), (1, &dir1)] {
+        c.stores[store].kill9();
+        let v = wal_verify(dir);
+        assert_eq!(
+            v.exit_code, 0,
+            "store {store} verifies clean after the repairs: {} {}",
+            v.report, v.stderr
+        );
+        c.stores[store].start();
+    }
     let checked = check_no_acked_loss(&c, &rounds);
     eprintln!("checked {checked} acknowledged messages: none lost");
     assert!(checked > 0);

@@ -492,16 +492,20 @@ impl<S: Storage> Wal<S> {
     /// Only the same entry is written: the index must hold an entry at `good.offset` of
     /// `good.epoch`, and `good` must encode to the record's size (an epoch and an offset
     /// name one entry in a Quire cluster: one master per epoch, which never writes an
-    /// offset twice). The record is written in place with the segment's tag, through the
-    /// page cache, then `fdatasync`ed; the bytes around it are left as they are.
+    /// offset twice). Where the damaged record's header still reads as this entry's, the
+    /// copy must also have its kind, and either its stored checksum or its payload: a copy
+    /// that differs more than the damage could explain is refused
+    /// ([`RepairOutcome::OtherEntry`]), as is one that differs from a copy that reads back
+    /// good ([`RepairOutcome::AlreadyGood`] only for the same bytes).
     ///
-    /// Not rewritten: a record of the segment appends go to ([`RepairOutcome::ActiveSegment`]:
-    /// its blocks are still being written with O_DIRECT), nor one that already reads back
-    /// good ([`RepairOutcome::AlreadyGood`]). The index's read lock is held throughout, so
-    /// a retention trim cannot delete the segment or hand its file over for reuse meanwhile
-    /// (appends' index updates wait for one write and one `fdatasync` at most). A repaired
-    /// or good record leaves [`Wal::corrupt_records`]. Blocking: call it off any async
-    /// runtime.
+    /// The record is written in place with O_DIRECT: the aligned blocks that hold it are
+    /// read, the record's bytes replaced, the blocks written back and `fdatasync`ed. The
+    /// commit thread never writes those blocks again (every batch starts on a fresh aligned
+    /// block), so this works in any segment, the one appends go to included. The index's
+    /// read lock is held throughout, so a retention trim cannot delete the segment or hand
+    /// its file over for reuse meanwhile (appends' index updates wait for one write and one
+    /// `fdatasync` at most). A repaired or good record leaves [`Wal::corrupt_records`].
+    /// Blocking: call it off any async runtime.
     ///
     /// # Errors
     /// [`WalError::Failed`] if the log has failed; I/O errors reading, writing or syncing
@@ -520,9 +524,10 @@ impl<S: Storage> Wal<S> {
             .epochs()
             .epoch_at(good.offset)
             .expect("invariant: every located offset has an epoch");
+        let len = loc.bytes as usize;
         if epoch != good.epoch
             || good.payload.len() > PAYLOAD_BYTES_MAX
-            || record_bytes(good.payload.len()) != loc.bytes as usize
+            || record_bytes(good.payload.len()) != len
         {
             return Ok(RepairOutcome::OtherEntry);
         }
@@ -530,38 +535,66 @@ impl<S: Storage> Wal<S> {
             .segment(loc.segment)
             .expect("invariant: an indexed entry's segment is held");
         let position = u64::from(loc.position);
-        let reads_good = |seg: &crate::index::IndexedSegment<S::File>| -> Result<bool, WalError> {
-            let mut current = vec![0u8; loc.bytes as usize];
+        let mut record = vec![0u8; len];
+        let crc = format::event_crc_in(seg.tag, good);
+        format::encode_event_with_crc(&mut record, seg.tag, good, crc);
+        let read_current = || -> Result<Vec<u8>, WalError> {
+            let mut current = vec![0u8; len];
             seg.file
                 .read_exact_at(&mut current, position)
                 .map_err(|e| WalError::io("read", &seg.path, e))?;
-            Ok(format::decode_header(&current).is_ok_and(|h| {
-                h.record_bytes() == u64::from(loc.bytes)
+            Ok(current)
+        };
+        let reads_good = |current: &[u8]| {
+            format::decode_header(current).is_ok_and(|h| {
+                h.record_bytes() == len as u64
                     && h.offset == good.offset
                     && h.epoch == good.epoch
                     && quire_proto::EventKind::from_u8(h.kind).is_some()
-            }) && format::checksum_ok(seg.tag, &current))
+            }) && format::checksum_ok(seg.tag, current)
         };
-        if reads_good(seg)? {
+        let current = read_current()?;
+        if reads_good(&current) {
+            if current != record {
+                return Ok(RepairOutcome::OtherEntry);
+            }
             self.lock_corrupt().remove(&good.offset);
             return Ok(RepairOutcome::AlreadyGood);
         }
-        let active = index.segments().last().map(|(id, _)| id);
-        if active == Some(loc.segment) {
-            return Ok(RepairOutcome::ActiveSegment);
+        if let Ok(h) = format::decode_header(&current) {
+            let same_header =
+                h.offset == good.offset && h.epoch == good.epoch && h.record_bytes() == len as u64;
+            let explained = h.kind == good.kind.as_u8()
+                && (h.crc == crc || current[HEADER_BYTES..] == record[HEADER_BYTES..]);
+            if same_header && !explained {
+                return Ok(RepairOutcome::OtherEntry);
+            }
         }
-        let mut record = vec![0u8; loc.bytes as usize];
-        let crc = format::event_crc_in(seg.tag, good);
-        format::encode_event_with_crc(&mut record, seg.tag, good, crc);
+        // The aligned blocks holding the record, with the record's bytes replaced.
+        let align = shared.align;
+        let first = align_down(position, align);
+        let last = align_up(position + len as u64, align);
+        let span = usize::try_from(last - first).expect("invariant: a record's blocks fit memory");
+        let align_usize = usize::try_from(align).expect("invariant: the alignment fits memory");
+        let mut blocks = crate::disk::AlignedBuf::zeroed(span, align_usize);
+        {
+            let spare = &mut blocks.spare_mut()[..span];
+            seg.file
+                .read_exact_at(spare, first)
+                .map_err(|e| WalError::io("read for repair", &seg.path, e))?;
+            let at = usize::try_from(position - first).expect("invariant: inside the blocks");
+            spare[at..at + len].copy_from_slice(&record);
+        }
+        blocks.advance(span);
         let file = shared
             .storage
-            .open(&seg.path, crate::storage::OpenMode::Write)
+            .open(&seg.path, crate::storage::OpenMode::WriteDirect)
             .map_err(|e| WalError::io("open for repair", &seg.path, e))?;
-        file.write_all_at(&record, position)
+        file.write_all_at(blocks.as_slice(), first)
             .map_err(|e| WalError::io("repair write", &seg.path, e))?;
         file.sync_data()
             .map_err(|e| WalError::io("repair fdatasync", &seg.path, e))?;
-        if !reads_good(seg)? {
+        if read_current()? != record {
             return Err(WalError::Corruption {
                 segment: seg.path.clone(),
                 position: crate::Position(position),

@@ -532,9 +532,10 @@ fn flip_record_at_run_time(dir: &std::path::Path, offset: u64) {
     file.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
 }
 
-/// A damaged record of a sealed segment is rewritten in place from a good copy: only the
-/// same entry (same epoch, same size) is written; a record of the segment appends go to is
-/// not; afterwards it reads back, leaves the damaged list, and the log reopens clean.
+/// A damaged record is rewritten in place from a good copy, in a sealed segment and in the
+/// one appends go to: only the same entry (same epoch and size, and agreeing with what the
+/// damaged record still shows) is written; afterwards it reads back, leaves the damaged
+/// list, appends go on, and the log reopens clean.
 #[test]
 fn a_damaged_record_is_repaired_in_place_from_a_good_copy() {
     use quire_proto::RepairOutcome;
@@ -591,21 +592,47 @@ fn a_damaged_record_is_repaired_in_place_from_a_good_copy() {
         RepairOutcome::AlreadyGood
     );
 
-    // The segment appends go to is not rewritten.
+    // A copy that differs from what the damaged record still shows is refused: here the
+    // flip hit the payload, so the stored checksum is the good copy's, and a copy of the
+    // same size and epoch with another payload or kind is not this entry.
+    flip_record_at_run_time(dir.path(), 12);
+    assert!(wal.read(Offset(12), 1, 1 << 20).is_err());
+    let forged = Event {
+        payload: bytes::Bytes::from(vec![0x5a; 1000]).into(),
+        ..record(12, 1, 1000)
+    };
+    assert_eq!(
+        wal.repair_record(&forged).unwrap(),
+        RepairOutcome::OtherEntry
+    );
+    let other_kind = Event {
+        kind: EventKind::CursorCommit,
+        ..record(12, 1, 1000)
+    };
+    assert_eq!(
+        wal.repair_record(&other_kind).unwrap(),
+        RepairOutcome::OtherEntry
+    );
+    assert_eq!(
+        wal.repair_record(&record(12, 1, 1000)).unwrap(),
+        RepairOutcome::Repaired
+    );
+    // ... and a good record is not "repaired" with other bytes.
+    assert_eq!(
+        wal.repair_record(&forged).unwrap(),
+        RepairOutcome::OtherEntry
+    );
+
+    // The segment appends go to is repaired in place too (its blocks are never written
+    // again), and appends after it go on.
     flip_record_at_run_time(dir.path(), 297);
     assert!(wal.read(Offset(297), 1, 1 << 20).is_err());
     assert_eq!(
         wal.repair_record(&record(297, 1, 1000)).unwrap(),
-        RepairOutcome::ActiveSegment
-    );
-    assert_eq!(wal.corrupt_records(), vec![Offset(297)]);
-
-    // Appends go on; once 297's segment is sealed, it is repaired too.
-    append_range(&wal, 300, 400, 1, 1000);
-    assert_eq!(
-        wal.repair_record(&record(297, 1, 1000)).unwrap(),
         RepairOutcome::Repaired
     );
+    assert!(wal.corrupt_records().is_empty());
+    append_range(&wal, 300, 400, 1, 1000);
     wal.close().unwrap();
     drop(wal);
     let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();

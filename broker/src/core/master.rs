@@ -775,7 +775,12 @@ impl MasterCore {
                 let corrupt = &mut self.slots[i].corrupt;
                 if let Err(at) = corrupt.binary_search(&offset) {
                     corrupt.insert(at, offset);
-                    corrupt.truncate(CORRUPT_OFFSETS_MAX);
+                    if corrupt.len() > CORRUPT_OFFSETS_MAX {
+                        // Forget the highest other one: the offset just reported must stay
+                        // known, or a fetch would be planned on this store again and again.
+                        let highest = corrupt.len() - 1;
+                        corrupt.remove(if at == highest { highest - 1 } else { highest });
+                    }
                 }
                 self.stats.reads_corrupt += 1;
             }

@@ -729,6 +729,10 @@ impl Engine {
         self.retention_tick();
         self.advance_handoff();
         self.expire_fetches();
+        if !matches!(self.role, Role::Master(_)) {
+            // The master sweeps after its heartbeat tick, above.
+            self.sweep_repairs();
+        }
     }
 
     /// The driver's link to `slot` came up or went down.

@@ -1145,17 +1145,29 @@ fn repairs(out: &[Command]) -> Vec<(SlotId, Offset, SlotId)> {
         .collect()
 }
 
-/// A damaged record reported by a store: reported while taking over, it waits for the
-/// master; as master, the engine passes the store over for that range and asks for one
-/// repair from a store that holds it, retried at ticks until the store's copy is good,
-/// then chains to the next damaged record the store names.
+/// A damaged record reported by a store: reported while taking over, it is repaired from
+/// any other store and remembered for the master; as master, the engine passes the store
+/// over for that range and asks for one repair from a store that acked it, retried at
+/// ticks until the store's copy is good, then chains to the next damaged record the store
+/// names.
 #[test]
 fn a_damaged_store_record_is_repaired_from_another_store() {
     let mut h = H::new(true);
-    // Reported during the takeover (a fence answered Corrupt): remembered, nothing sent.
+    // Reported during the takeover (a fence answered Corrupt): remembered, and repaired
+    // at once from another connected store (a broker taking over may need that store's
+    // grant). Here the source does not hold it yet.
     let epoch = h.start_fencing();
     h.engine.read_corrupt(store(0), Offset(0), h.now);
-    assert!(repairs(&h.take()).is_empty());
+    let asked = repairs(&h.take());
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!((asked[0].0, asked[0].1), (store(0), Offset(0)));
+    assert_ne!(asked[0].2, store(0));
+    h.engine.repair_done(
+        store(0),
+        Offset(0),
+        Err("the source does not hold offset 0".into()),
+        h.now,
+    );
     let out = h.grant_all(epoch);
     // Once master, the report is replayed, and store 0 is no source for offset 0.
     let core = h.engine.master_core().expect("master");
@@ -1177,13 +1189,13 @@ fn a_damaged_store_record_is_repaired_from_another_store() {
     h.now += HEARTBEAT_MS;
     h.engine.tick(h.now);
     assert!(repairs(&h.take()).is_empty());
-    // Refused (the record is in the active segment): retried at a later tick.
+    // Not applied (the store says it no longer holds the offset): retried at a later tick.
     h.engine.repair_done(
         slot,
         offset,
         Ok(quire_proto::RepairResponse {
             offset,
-            outcome: quire_proto::RepairOutcome::ActiveSegment,
+            outcome: quire_proto::RepairOutcome::NotHeld,
             next_corrupt: Some(offset),
         }),
         h.now,

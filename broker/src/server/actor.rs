@@ -13,7 +13,7 @@
 //! the role through the engine's accessors.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,6 +80,9 @@ impl Waiter {
 
 /// The actor. See the module docs.
 pub(crate) struct Actor {
+    /// Fetches planned again after a store answered `Corrupt`: how many times, and the
+    /// last damaged offset (a fetch no store can serve is then answered `Corrupt`).
+    fetch_replans: HashMap<RequestToken, (usize, Offset)>,
     cfg: Arc<BrokerConfig>,
     me: BrokerId,
     store_count: usize,
@@ -203,6 +206,7 @@ impl Actor {
             mutations: Mutations::default(),
         };
         Actor {
+            fetch_replans: HashMap::new(),
             me: cfg.id,
             store_count,
             cluster_file,
@@ -605,8 +609,22 @@ impl Actor {
                 offset,
                 req,
                 waiter,
+                replans,
             } => {
                 self.engine.read_corrupt(slot, offset, now);
+                if replans > self.store_count {
+                    // Bounded: every store was tried (a fetch cannot loop on damage).
+                    tracing::error!(%offset, topic = %req.topic, "a record is damaged on every store the master could read it from");
+                    waiter.answer(
+                        ErrorResponse::corrupt(
+                            offset,
+                            "damaged on every store that could serve it",
+                        )
+                        .into(),
+                    );
+                    return;
+                }
+                self.fetch_replans.insert(token, (replans, offset));
                 self.held_fetches.insert(token, waiter);
                 self.engine.fetch(token, req, now, now);
             }
@@ -1193,6 +1211,7 @@ impl Actor {
         let Some(waiter) = self.held_fetches.remove(&token) else {
             return;
         };
+        let replanned = self.fetch_replans.remove(&token);
         let body: Body = match reply {
             FetchReply::Messages(m) => m.into(),
             FetchReply::Trimmed { from, first } => ErrorResponse::trimmed(from, first).into(),
@@ -1200,9 +1219,15 @@ impl Actor {
                 let (epoch, master) = self.master_hint();
                 ErrorResponse::not_master(epoch, master).into()
             }
-            FetchReply::Unavailable => {
-                ErrorResponse::new(ErrorCode::Internal, STORE_UNAVAILABLE).into()
-            }
+            FetchReply::Unavailable => match replanned {
+                // Planned again after `Corrupt` answers, and no store is left to read.
+                Some((_, offset)) => {
+                    tracing::error!(%offset, "a record is damaged on every store the master could read it from");
+                    ErrorResponse::corrupt(offset, "damaged on every store that could serve it")
+                        .into()
+                }
+                None => ErrorResponse::new(ErrorCode::Internal, STORE_UNAVAILABLE).into(),
+            },
         };
         waiter.answer(body);
     }
@@ -1217,6 +1242,7 @@ impl Actor {
         let Some(waiter) = self.held_fetches.remove(&token) else {
             return;
         };
+        let replans = self.fetch_replans.remove(&token).map_or(0, |(n, _)| n);
         self.metrics.fetches_from_store.inc();
         let tx = self.internal_tx.clone();
         tokio::spawn(async move {
@@ -1232,6 +1258,7 @@ impl Actor {
                         offset,
                         req: read.req,
                         waiter,
+                        replans: replans + 1,
                     })
                     .await;
                 return;

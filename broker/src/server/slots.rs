@@ -102,6 +102,8 @@ pub(crate) enum Internal {
         offset: Offset,
         req: quire_proto::FetchRequest,
         waiter: super::actor::Waiter,
+        /// Times this fetch was planned again after a `Corrupt` answer, this one included.
+        replans: usize,
     },
     /// A store's tail, for a bootstrap probe.
     TailAnswer {

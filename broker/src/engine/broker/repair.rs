@@ -4,15 +4,23 @@
 //! ```text
 //!   read_corrupt(slot, offset)     a store answered a read (or a fence) `Corrupt`
 //!     master ─────────────────────> MasterInput::ReadCorrupt: no read source for that range;
-//!                                   Command::RepairRecord{slot, offset, source}
-//!     not master ─────────────────> remembered; replayed when this broker becomes master
+//!                                   Command::RepairRecord{slot, offset, source}: a store
+//!                                   that acked the offset in this epoch
+//!     not master ─────────────────> remembered (replayed when this broker becomes master);
+//!                                   Command::RepairRecord from another connected store,
+//!                                   a different one at each attempt
 //!   repair_done(slot, offset, r)   the store's RepairResponse (or the failure)
-//!     good (repaired, already) ───> MasterInput::Repaired; the store's next damaged record,
-//!                                   if it named one, is repaired next
-//!     anything else ──────────────> retried at a later heartbeat tick
-//!   heartbeat tick (master) ──────> every damaged record known and not being repaired
-//!                                   gets a RepairRecord, if a good source is connected
+//!     good (repaired, already) ───> forgotten (MasterInput::Repaired); the store's next
+//!                                   damaged record, if it named one, is repaired next
+//!     anything else ──────────────> retried at a later tick
+//!   tick ─────────────────────────> every damaged record known and not being repaired
+//!                                   gets a RepairRecord, if a source is connected
 //! ```
+//!
+//! Any broker repairs, not only the master: a store that knows a damaged record grants no
+//! fence, so with two such stores of three no takeover could succeed, and no master would
+//! come to repair them. A broker taking over learns of them from their fence refusals and
+//! repairs them itself; its next attempt then has their grants.
 //!
 //! The engine never rewrites anything itself: the store checks that the copy is the same
 //! entry (same epoch at that offset, same size) before it writes, so a wrong source can
@@ -32,8 +40,11 @@ pub(super) struct Repairs {
     /// `(slot, offset)` with a [`Command::RepairRecord`] out.
     in_flight: Vec<(SlotId, Offset)>,
     /// `(slot, offset)` reported `Corrupt` while this broker was not master (a fence
-    /// refused during a takeover); fed to the master core once it is.
+    /// refused during a takeover); repaired from any store, and fed to the master core
+    /// once this broker is master.
     reported: Vec<(SlotId, Offset)>,
+    /// Turns the source a non-master picks (a different store at each attempt).
+    rotation: usize,
 }
 
 impl Engine {
@@ -57,6 +68,7 @@ impl Engine {
                 if !r.contains(&(slot, offset)) && r.len() < CORRUPT_REPORTS_MAX {
                     r.push((slot, offset));
                 }
+                self.start_repair(slot, offset);
             }
         }
     }
@@ -72,7 +84,25 @@ impl Engine {
     ) {
         self.at(now_ms);
         self.repairs.in_flight.retain(|r| *r != (slot, offset));
+        let good = result.as_ref().is_ok_and(|r| r.outcome.is_good());
+        if good {
+            self.repairs.reported.retain(|r| *r != (slot, offset));
+        }
         let Role::Master(m) = &mut self.role else {
+            match result {
+                Ok(r) if good => {
+                    tracing::info!(%slot, %offset, outcome = ?r.outcome, "a store's damaged record is good again");
+                    if let Some(next) = r.next_corrupt.filter(|&n| n != offset) {
+                        self.read_corrupt(slot, next, now_ms);
+                    }
+                }
+                Ok(r) => {
+                    tracing::debug!(%slot, %offset, outcome = ?r.outcome, "a repair was not applied; retried from another store")
+                }
+                Err(e) => {
+                    tracing::warn!(%slot, %offset, error = %e, "a repair failed; retried later")
+                }
+            }
             return;
         };
         match result {
@@ -87,7 +117,7 @@ impl Engine {
                 }
             }
             Ok(r) => {
-                tracing::info!(%slot, %offset, outcome = ?r.outcome, "a repair was not applied; retried later");
+                tracing::debug!(%slot, %offset, outcome = ?r.outcome, "a repair was not applied; retried later");
             }
             Err(e) => {
                 tracing::warn!(%slot, %offset, error = %e, "a repair failed; retried later");
@@ -95,16 +125,17 @@ impl Engine {
         }
     }
 
-    /// Starts a repair of every damaged record the master core knows of that has none out
-    /// (each heartbeat tick: a repair refused or failed is tried again).
+    /// Starts a repair of every damaged record known (to the master core, or reported
+    /// while not master) that has none out (each tick: a repair refused or failed is
+    /// tried again).
     pub(super) fn sweep_repairs(&mut self) {
-        let Some(core) = self.master_core() else {
-            return;
+        let known: Vec<(SlotId, Offset)> = match self.master_core() {
+            Some(core) => (0..self.store_count)
+                .map(super::slot_of)
+                .flat_map(|s| core.slot_corrupt(s).iter().map(move |&o| (s, o)))
+                .collect(),
+            None => self.repairs.reported.clone(),
         };
-        let known: Vec<(SlotId, Offset)> = (0..self.store_count)
-            .map(super::slot_of)
-            .flat_map(|s| core.slot_corrupt(s).iter().map(move |&o| (s, o)))
-            .collect();
         for (slot, offset) in known {
             self.start_repair(slot, offset);
         }
@@ -124,10 +155,20 @@ impl Engine {
         if self.repairs.in_flight.contains(&(slot, offset)) {
             return;
         }
-        let Some(source) = self
-            .master_core()
-            .and_then(|c| c.repair_source(slot, offset))
-        else {
+        let source = match self.master_core() {
+            Some(core) => core.repair_source(slot, offset),
+            None => {
+                // Any other connected store: the store being repaired writes the copy only
+                // if it is the same entry (model/quire_mc_damage.py: repair from any
+                // same-epoch copy keeps every acknowledged entry).
+                self.repairs.rotation = self.repairs.rotation.wrapping_add(1);
+                let n = self.store_count;
+                (0..n)
+                    .map(|k| super::slot_of((self.repairs.rotation + k) % n))
+                    .find(|&s| s != slot && self.slot_up(s))
+            }
+        };
+        let Some(source) = source else {
             tracing::debug!(%slot, %offset, "no store can give a good copy of a damaged record now");
             return;
         };
