@@ -164,6 +164,7 @@ async fn the_vectored_fan_out_path_sends_the_same_bytes() {
                 store_id: StoreId(5),
                 incarnation: Incarnation(6),
                 voter: true,
+                corrupt: None,
             };
             write_frame(&mut s, Frame::new(f.request_id, ack)).await;
         }

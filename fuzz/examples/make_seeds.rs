@@ -57,6 +57,7 @@ fn main() -> std::io::Result<()> {
             store_id: StoreId(1),
             incarnation: Incarnation(1),
             voter: true,
+            corrupt: None,
         }
         .into(),
         AppendRejected {

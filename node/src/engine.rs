@@ -68,7 +68,7 @@ impl<S: quire_wal::Storage> StoreLog for quire_wal::Wal<S> {
         quire_wal::Wal::is_failed(self)
     }
     fn corrupt_record(&self) -> Option<Offset> {
-        quire_wal::Wal::corrupt_records(self).first().copied()
+        quire_wal::Wal::first_corrupt_record(self)
     }
 }
 
@@ -686,6 +686,7 @@ impl<T> Engine<T> {
                         store_id: self.replica.store_id(),
                         incarnation: self.replica.incarnation(),
                         voter: self.replica.role().is_voter(),
+                        corrupt: log.corrupt_record(),
                     };
                     self.answer(token, body);
                 } else {

@@ -207,6 +207,8 @@ fn first_after(prev: Option<LogPosition>) -> Option<u64> {
 /// ..    8      store_id              u64
 /// ..    8      incarnation           u64
 /// ..    1      voter                 bool: false on a new incarnation, never counted
+/// ..    1|9    corrupt               Option<Offset>: the lowest record the store knows
+///                                    damaged (docs/protocol.md, "Damaged records")
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PersistedAck {
@@ -221,6 +223,9 @@ pub struct PersistedAck {
     /// `false` for a store on a new incarnation: a learner, which brokers never count
     /// toward Qa.
     pub voter: bool,
+    /// The lowest offset whose record the store knows damaged, if any: the master repairs
+    /// it. `None` from a slave broker.
+    pub corrupt: Option<Offset>,
 }
 
 /// Why a store or a slave broker refused an append (DESIGN.md "Replication protocol"). One
@@ -694,6 +699,7 @@ impl PersistedAck {
         w.u64(self.store_id.0);
         w.u64(self.incarnation.0);
         w.bool(self.voter);
+        w.opt_offset(self.corrupt);
         Ok(())
     }
 
@@ -704,6 +710,7 @@ impl PersistedAck {
             store_id: StoreId(r.u64("persisted store_id")?),
             incarnation: Incarnation(r.u64("persisted incarnation")?),
             voter: r.bool("persisted voter")?,
+            corrupt: r.opt_offset("persisted corrupt")?,
         })
     }
 }

@@ -72,6 +72,7 @@ pub(crate) fn samples() -> Vec<Body> {
             store_id: StoreId(2),
             incarnation: Incarnation(5),
             voter: true,
+            corrupt: None,
         }
         .into(),
         PersistedAck {
@@ -80,6 +81,7 @@ pub(crate) fn samples() -> Vec<Body> {
             store_id: StoreId(2),
             incarnation: Incarnation(6),
             voter: false,
+            corrupt: Some(Offset(17)),
         }
         .into(),
         AppendRejected {

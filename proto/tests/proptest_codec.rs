@@ -109,15 +109,17 @@ fn body() -> impl Strategy<Value = Body> {
             opt_off(),
             any::<u64>(),
             any::<u64>(),
-            any::<bool>()
+            any::<bool>(),
+            opt_off()
         )
-            .prop_map(|(e, t, s, i, v)| {
+            .prop_map(|(e, t, s, i, v, c)| {
                 PersistedAck {
                     epoch: e,
                     through_offset: t,
                     store_id: StoreId(s),
                     incarnation: Incarnation(i),
                     voter: v,
+                    corrupt: c,
                 }
                 .into()
             }),

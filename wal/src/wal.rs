@@ -123,6 +123,9 @@ struct WalInner<S: Storage> {
     /// Offsets of durable records a read found damaged since open (at most
     /// [`CORRUPT_RECORDS_MAX`]); see [`Wal::corrupt_records`].
     corrupt: Mutex<BTreeSet<Offset>>,
+    /// The lowest offset in `corrupt` (`u64::MAX`: none), read without the lock on every
+    /// ack ([`Wal::first_corrupt_record`]).
+    corrupt_first: AtomicU64,
     _lock: DirLock<S>,
 }
 
@@ -302,6 +305,7 @@ impl<S: Storage> Wal<S> {
                 recycler,
                 thread: Mutex::new(Some(thread)),
                 corrupt: Mutex::new(BTreeSet::new()),
+                corrupt_first: AtomicU64::new(u64::MAX),
                 _lock: lock,
             }),
         };
@@ -468,6 +472,7 @@ impl<S: Storage> Wal<S> {
             while corrupt.len() > CORRUPT_RECORDS_MAX {
                 corrupt.pop_last();
             }
+            self.note_corrupt_first(&corrupt);
         }
         result
     }
@@ -483,7 +488,31 @@ impl<S: Storage> Wal<S> {
         let first = self.first_offset();
         let mut corrupt = self.lock_corrupt();
         corrupt.retain(|o| *o >= first);
+        self.note_corrupt_first(&corrupt);
         corrupt.iter().copied().collect()
+    }
+
+    /// The lowest of [`Wal::corrupt_records`], cheaply (one atomic load while there is none:
+    /// stores report it in every ack).
+    #[must_use]
+    pub fn first_corrupt_record(&self) -> Option<Offset> {
+        match self.inner.corrupt_first.load(Ordering::Acquire) {
+            u64::MAX => None,
+            o if Offset(o) >= self.first_offset() => Some(Offset(o)),
+            _ => self.corrupt_records().first().copied(),
+        }
+    }
+
+    fn note_corrupt_first(&self, corrupt: &BTreeSet<Offset>) {
+        let first = corrupt.first().map_or(u64::MAX, |o| o.0);
+        self.inner.corrupt_first.store(first, Ordering::Release);
+    }
+
+    /// Forgets `offset` as damaged.
+    fn forget_corrupt(&self, offset: Offset) {
+        let mut corrupt = self.lock_corrupt();
+        corrupt.remove(&offset);
+        self.note_corrupt_first(&corrupt);
     }
 
     /// Rewrites this log's damaged copy of an entry with `good`, a copy read from another
@@ -558,7 +587,7 @@ impl<S: Storage> Wal<S> {
             if current != record {
                 return Ok(RepairOutcome::OtherEntry);
             }
-            self.lock_corrupt().remove(&good.offset);
+            self.forget_corrupt(good.offset);
             return Ok(RepairOutcome::AlreadyGood);
         }
         if let Ok(h) = format::decode_header(&current) {
@@ -602,7 +631,7 @@ impl<S: Storage> Wal<S> {
                 problem: crate::CorruptionKind::ReadMismatch,
             });
         }
-        self.lock_corrupt().remove(&good.offset);
+        self.forget_corrupt(good.offset);
         tracing::info!(offset = %good.offset, segment = %seg.path.display(), position, "repaired a damaged record from a replica's copy");
         Ok(RepairOutcome::Repaired)
     }

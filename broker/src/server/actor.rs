@@ -492,6 +492,17 @@ impl Actor {
                 meta,
                 outcome,
             } => {
+                if let Ok(Frame {
+                    body:
+                        Body::PersistedAck(quire_proto::PersistedAck {
+                            corrupt: Some(offset),
+                            ..
+                        }),
+                    ..
+                }) = &outcome
+                {
+                    self.engine.ack_names_corrupt(slot, *offset, now);
+                }
                 let answer = match outcome {
                     Ok(Frame { body, .. }) => match body {
                         Body::PersistedAck(a) => Some(SlotAnswer::Persisted {

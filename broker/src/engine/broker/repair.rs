@@ -73,6 +73,21 @@ impl Engine {
         }
     }
 
+    /// Store `slot`'s ack named `offset` as the lowest record it knows damaged (every ack
+    /// of such a store does): news only the first time, then as
+    /// [`Engine::read_corrupt`]. So damage that another reader found (an audit, a slave)
+    /// reaches the master.
+    pub fn ack_names_corrupt(&mut self, slot: SlotId, offset: Offset, now_ms: u64) {
+        let known = self.repairs.in_flight.contains(&(slot, offset))
+            || match self.master_core() {
+                Some(core) => core.slot_corrupt(slot).contains(&offset),
+                None => self.repairs.reported.contains(&(slot, offset)),
+            };
+        if !known {
+            self.read_corrupt(slot, offset, now_ms);
+        }
+    }
+
     /// The answer to the [`Command::RepairRecord`] for `(slot, offset)`: the store's
     /// response, or why none came.
     pub fn repair_done(
