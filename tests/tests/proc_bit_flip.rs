@@ -142,8 +142,8 @@ fn a_bit_flip_in_a_sealed_segment_is_reported_as_corruption_and_never_served() {
 ///
 /// Round 2: one sealed record of store 0 and another of store 1 are damaged while the
 /// master is frozen (so it cannot repair them); reads that are not the master's find the
-/// damage (both stores answer `Corrupt`, and from then on grant no fence); the master is
-/// killed with SIGKILL. What must survive: the slave's takeover is refused by stores 0 and
+/// damage (both stores answer `Corrupt`, and from then on grant no fence; `quire cluster
+/// audit` is not healthy and names both); the master is killed with SIGKILL. What must survive: the slave's takeover is refused by stores 0 and
 /// 1, repairs them from store 2, and completes.
 ///
 /// Round 3: a record of store 1 is damaged and found by a read that is not the master's,
@@ -291,6 +291,27 @@ fn bits_flipped_in_running_stores_are_read_around_and_repaired_from_the_others()
             }
             other => panic!("store {store} answered a read of its damaged record with {other:?}"),
         }
+    }
+    // An audit of the stores says so: not healthy, the two stores named.
+    let stores_arg: Vec<String> = c.stores.iter().map(|s| s.addr.clone()).collect();
+    let child = Command::new(quire_tests::process::quire_bin())
+        .args(["cluster", "audit", "--format", "json", "--stores"])
+        .arg(stores_arg.join(","))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start quire cluster audit");
+    let out = wait_output(child, "quire cluster audit");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the audit prints JSON");
+    assert_ne!(report["verdict"], "healthy", "{report}");
+    for store in [0, 1] {
+        let error = report["stores"][store]["error"].as_str().unwrap_or("");
+        assert!(
+            error.contains("Corrupt"),
+            "store {store}'s damage is a fault of its own: {report}"
+        );
     }
     quire_tests::process::signal(master_pid, libc::SIGKILL);
     c.broker(master).kill9();

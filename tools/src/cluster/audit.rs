@@ -287,19 +287,29 @@ impl Log {
 /// The first offset in `from..=to` (held by both) where `a` and `b` hold different entries,
 /// found by comparing digests of chunks of at most `RANGE_DIGEST_OFFSETS_MAX` offsets and
 /// then halving the first chunk that differs. `None`: they agree on the whole range.
-async fn first_divergence(a: &Log, b: &Log, from: u64, to: u64) -> Result<Option<u64>, String> {
+///
+/// # Errors
+/// `(0, why)` if reading `a` failed, `(1, why)` if reading `b` failed.
+async fn first_divergence(
+    a: &Log,
+    b: &Log,
+    from: u64,
+    to: u64,
+) -> Result<Option<u64>, (usize, String)> {
     if from > to {
         return Ok(None);
     }
+    let da = |lo, hi| async move { a.digest(lo, hi).await.map_err(|e| (0, e)) };
+    let db = |lo, hi| async move { b.digest(lo, hi).await.map_err(|e| (1, e)) };
     let mut chunk = from;
     loop {
         let chunk_end = to.min(chunk.saturating_add(RANGE_DIGEST_OFFSETS_MAX - 1));
-        if a.digest(chunk, chunk_end).await? != b.digest(chunk, chunk_end).await? {
+        if da(chunk, chunk_end).await? != db(chunk, chunk_end).await? {
             // Invariant: they agree on [from, lo) and differ somewhere in [lo, hi].
             let (mut lo, mut hi) = (chunk, chunk_end);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if a.digest(lo, mid).await? == b.digest(lo, mid).await? {
+                if da(lo, mid).await? == db(lo, mid).await? {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -963,10 +973,16 @@ async fn gather_and_audit(
             match first_divergence(a, b, sa.max(sb), ea.min(eb)).await {
                 Ok(Some(d)) => pair_divergence.push((i, j, d)),
                 Ok(None) => {}
-                Err(e) => notes.push(format!(
-                    "comparing stores {} and {}: {e}",
-                    probes[i].audit.index, probes[j].audit.index
-                )),
+                // A store whose read failed (a damaged record answers `Corrupt`: it does not
+                // vote until repaired) is a fault of that store, not a note: it is no
+                // longer counted as holding the range.
+                Err((side, e)) => {
+                    let who = if side == 0 { i } else { j };
+                    let other = probes[if side == 0 { j } else { i }].audit.index;
+                    probes[who].audit.error.get_or_insert_with(|| {
+                        format!("reading it to compare with store {other}: {e}")
+                    });
+                }
             }
         }
     }
