@@ -783,12 +783,16 @@ fn a_failed_store_is_left_alone_until_it_reconnects() {
     assert_eq!(for_slot(&h.appends(), 2).len(), 1);
 }
 
-#[test]
-fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
-    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+/// Bytes one one-byte event is accounted in memory.
+const ONE_BYTE_EVENT: u64 = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
+
+/// Three stores, two events per append, memory for two one-byte events; slot 2 is down
+/// while eight events are proposed and stabilized by slots 0 and 1 (offsets 0..=8 with the
+/// epoch start), so memory has dropped what slot 2 will lack.
+fn lagging_slot_behind_memory() -> H {
     let limits = ReplicationLimits {
         append_events_max: 2,
-        retained_bytes_max: 2 * per,
+        retained_bytes_max: 2 * ONE_BYTE_EVENT,
         ..ReplicationLimits::default()
     };
     let mut h = H::with(stores(3), limits, Log::new(), None);
@@ -802,6 +806,13 @@ fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
             h.ack_append(&a);
         }
     }
+    h
+}
+
+#[test]
+fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
+    let per = ONE_BYTE_EVENT;
+    let mut h = lagging_slot_behind_memory();
     assert_eq!(h.m.hwm(), Some(Offset(8)));
     // slot 2 holds nothing: only the retention bound limits memory.
     assert!(
@@ -833,23 +844,7 @@ fn memory_is_trimmed_and_a_lagging_slot_is_served_from_a_store() {
 /// (counted), and a store's damaged records are forgotten when its connection drops.
 #[test]
 fn a_store_with_a_damaged_record_is_no_read_source_for_its_range() {
-    let per = crate::core::event::EVENT_OVERHEAD_BYTES + 1;
-    let limits = ReplicationLimits {
-        append_events_max: 2,
-        retained_bytes_max: 2 * per,
-        ..ReplicationLimits::default()
-    };
-    let mut h = H::with(stores(3), limits, Log::new(), None);
-    let probes = h.appends();
-    h.handle(MasterInput::SlotDisconnected { slot: SlotId(2) });
-    h.ack_append(&probes[0]);
-    h.ack_append(&probes[1]);
-    for _ in 0..8 {
-        h.propose();
-        for a in h.appends() {
-            h.ack_append(&a);
-        }
-    }
+    let mut h = lagging_slot_behind_memory();
     assert!(h.m.log().mem_start() > Offset(1));
     // Slot 0 is damaged past the first read's range: still the source.
     h.handle(MasterInput::ReadCorrupt {
