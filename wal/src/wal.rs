@@ -522,8 +522,10 @@ impl<S: Storage> Wal<S> {
     /// `good.epoch`, and `good` must encode to the record's size (an epoch and an offset
     /// name one entry in a Quire cluster: one master per epoch, which never writes an
     /// offset twice). Where the damaged record's header still reads as this entry's, the
-    /// copy must also have its kind, and either its stored checksum or its payload: a copy
-    /// that differs more than the damage could explain is refused
+    /// copy must also have either its stored checksum (the damage is in bytes the checksum
+    /// covers: the kind, the tag, the payload) or all its bytes after the checksum (the
+    /// damage is in the checksum): a copy that differs more than the damage could explain
+    /// is refused
     /// ([`RepairOutcome::OtherEntry`]), as is one that differs from a copy that reads back
     /// good ([`RepairOutcome::AlreadyGood`] only for the same bytes).
     ///
@@ -593,8 +595,9 @@ impl<S: Storage> Wal<S> {
         if let Ok(h) = format::decode_header(&current) {
             let same_header =
                 h.offset == good.offset && h.epoch == good.epoch && h.record_bytes() == len as u64;
-            let explained = h.kind == good.kind.as_u8()
-                && (h.crc == crc || current[HEADER_BYTES..] == record[HEADER_BYTES..]);
+            // One damage leaves the stored checksum (it covers every other byte, the
+            // kind included) or every byte after it as the copy has them.
+            let explained = h.crc == crc || current[4..] == record[4..];
             if same_header && !explained {
                 return Ok(RepairOutcome::OtherEntry);
             }

@@ -508,9 +508,16 @@ fn log_of_segments(dir: &std::path::Path) -> (quire_wal::WalConfig, std::path::P
     (config, scan.segments.last().unwrap().path.clone())
 }
 
-/// Flips one bit of the durable record at `offset` through the file system while the log
-/// is open; returns nothing (the reader sees it through the page cache).
+/// Flips one bit of the durable record at `offset` (bit 0 of its sixth payload byte)
+/// through the file system while the log is open (the reader sees it through the page
+/// cache).
 fn flip_record_at_run_time(dir: &std::path::Path, offset: u64) {
+    flip_record_bit(dir, offset, quire_wal::format::HEADER_BYTES as u64 + 5, 0);
+}
+
+/// Flips bit `bit` of byte `at` (counted from the record's start) of the durable record at
+/// `offset`, through the file system while the log is open.
+fn flip_record_bit(dir: &std::path::Path, offset: u64, at: u64, bit: u8) {
     use std::os::unix::fs::FileExt;
 
     let mut target = None;
@@ -526,10 +533,39 @@ fn flip_record_at_run_time(dir: &std::path::Path, offset: u64) {
         .write(true)
         .open(segment)
         .unwrap();
-    let at = position + quire_wal::format::HEADER_BYTES as u64 + 5;
+    let at = position + at;
     let mut byte = [0u8; 1];
     file.read_exact_at(&mut byte, at).unwrap();
-    file.write_all_at(&[byte[0] ^ 0x01], at).unwrap();
+    file.write_all_at(&[byte[0] ^ (1 << bit)], at).unwrap();
+}
+
+/// Whichever bit of a record one flip hits (its checksum, any header field, its payload),
+/// the damaged record is refused to readers and the good copy repairs it.
+#[test]
+fn a_flip_of_any_bit_of_a_record_is_repaired_by_the_good_copy() {
+    use quire_proto::RepairOutcome;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    append_range(&wal, 0, 20, 1, 40);
+    let good = record(7, 1, 40);
+    let bytes = quire_wal::format::HEADER_BYTES as u64 + 40;
+    for at in 0..bytes {
+        for bit in [0, 5, 7] {
+            flip_record_bit(dir.path(), 7, at, bit);
+            assert!(
+                wal.read(Offset(7), 1, 1 << 20).is_err(),
+                "bit {bit} of byte {at}: the damaged record is not served"
+            );
+            assert_eq!(
+                wal.repair_record(&good).unwrap(),
+                RepairOutcome::Repaired,
+                "bit {bit} of byte {at}"
+            );
+            assert_eq!(wal.read(Offset(7), 1, 1 << 20).unwrap(), vec![good.clone()]);
+        }
+    }
+    assert!(wal.corrupt_records().is_empty());
 }
 
 /// A damaged record is rewritten in place from a good copy, in a sealed segment and in the
