@@ -445,6 +445,10 @@ impl NodeConfig {
             },
             stagger_rolls: self.wal.stagger_rolls,
             spare_fill: self.wal.spare_fill,
+            // A damaged record that valid ones follow opens as damaged: the store answers
+            // reads of it `Corrupt`, grants no fence, and brokers repair it from the
+            // other stores (docs/protocol.md, "Damaged records").
+            damaged_records: quire_wal::DamagedRecords::Place,
         }
     }
 }

@@ -55,7 +55,8 @@ pub use index::EpochRuns;
 pub use promised::PromisedEpoch;
 pub use recovery::{inspect, repair_torn_tail, BeforeCut, RecoveryReport, RepairReport};
 pub use scan::{
-    BadRecord, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport, TornTail,
+    BadRecord, DamagedRecords, RecordStatus, ScanEnd, ScanReport, ScannedRecord, SegmentReport,
+    TornTail,
 };
 pub use segment::SpareFill;
 pub use stats::{StageSums, WalStats, FSYNC_US_BUCKETS};

@@ -36,6 +36,9 @@ pub struct RecoveryReport {
     pub markers: u64,
     /// The torn tail that was cut, if any.
     pub torn_tail: Option<TornTail>,
+    /// Damaged entries placed in the log ([`crate::DamagedRecords::Place`]), ascending; at
+    /// most [`crate::CORRUPT_RECORDS_MAX`] listed (reads find any others).
+    pub damaged: Vec<Offset>,
     /// How long the scan and the cut took.
     pub duration: Duration,
 }
@@ -92,6 +95,7 @@ pub(crate) fn recover<S: Storage>(
     align: u64,
     before_cut: BeforeCut<'_>,
     mutations: Mutations,
+    damaged_rule: crate::DamagedRecords,
 ) -> Result<Recovered<S::File>, WalError> {
     let started = Instant::now();
     let segments = segment::list_segments_in(storage, dir)?;
@@ -107,10 +111,15 @@ pub(crate) fn recover<S: Storage>(
             has_marker: false,
         });
     }
-    let report = scan::scan_segments_in(
+    let report = scan::scan_segments_placing(
         storage,
         &segments,
         &mut |r| match r.status {
+            RecordStatus::Damaged { offset, epoch } => {
+                let seg =
+                    u32::try_from(r.segment_index).expect("invariant: fewer than 2^32 segments");
+                index.push(offset, epoch, seg, r.position, r.bytes);
+            }
             RecordStatus::Entry => {
                 let h = r
                     .header
@@ -128,6 +137,7 @@ pub(crate) fn recover<S: Storage>(
             RecordStatus::Bad(_) => {}
         },
         mutations,
+        damaged_rule,
     )?;
     for (i, r) in report.segments.iter().enumerate() {
         let id = u32::try_from(i).expect("invariant: fewer than 2^32 segments");
@@ -200,6 +210,13 @@ pub(crate) fn recover<S: Storage>(
             entries: index.next().0 - index.start().0,
             markers: report.markers,
             torn_tail: torn,
+            damaged: report
+                .damaged
+                .iter()
+                .copied()
+                .filter(|&o| o >= index.start() && o < index.next())
+                .take(crate::CORRUPT_RECORDS_MAX)
+                .collect(),
             duration: started.elapsed(),
         },
         index,

@@ -64,6 +64,44 @@ pub enum RecordStatus {
     /// The record that ends the log: see [`ScanReport::end`] for whether it is a torn tail
     /// or corruption.
     Bad(BadRecord),
+    /// A damaged entry the scan placed in the log anyway ([`DamagedRecords::Place`]): its
+    /// bytes fail their checks, but the records around it prove which entry it is. Its
+    /// offset is the one the log expected there, its epoch the one its neighbours allow.
+    Damaged {
+        /// The offset the log expected at this record.
+        offset: Offset,
+        /// The entry's epoch: its neighbours' when they agree, else the damaged header's
+        /// (which lies between them).
+        epoch: Epoch,
+    },
+}
+
+/// What the scan does with a damaged record (one of this segment's life that fails its
+/// checks) that valid records follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DamagedRecords {
+    /// Stop the log there and report [`CorruptionKind::BadRecordBeforeValid`]: the tools'
+    /// view, and what [`crate::Wal::open`] does unless told otherwise.
+    #[default]
+    Refuse,
+    /// Place it in the log as [`RecordStatus::Damaged`] when the records around it prove
+    /// which entry it is, and go on; listed in [`ScanReport::damaged`]. Rules (one damaged
+    /// record at a time; anything else is refused as above):
+    ///
+    /// - it is not a segment's required first marker, and with its magic, version and tag
+    ///   field put back (they are the segment's constants) its header parses and is not a
+    ///   truncation marker's;
+    /// - the next valid record follows right after the extent its length field gives, or
+    ///   after zeros to the next granule and then only bytes that are not ours (a batch's
+    ///   padding) — or, at the segment's end, starts the next segment — and is an entry at
+    ///   the next offset;
+    /// - its epoch is the one both neighbours have, or else the header's when it lies
+    ///   between the previous entry's and the next one's.
+    ///
+    /// A damaged length field, a second damaged record or a zeroed record therefore still
+    /// refuse. A store places damaged records and repairs them from its peers
+    /// (docs/protocol.md, "Damaged records").
+    Place,
 }
 
 /// Why a record does not count.
@@ -252,6 +290,10 @@ pub struct ScanReport {
     pub max_epoch: Epoch,
     /// The epochs of the log's entries.
     pub epochs: EpochRuns,
+    /// The offsets of [`RecordStatus::Damaged`] entries still in the log (a later
+    /// truncation marker drops those it replaces), ascending. Always empty with
+    /// [`DamagedRecords::Refuse`].
+    pub damaged: Vec<Offset>,
     /// How the log ends.
     pub end: ScanEnd,
 }
@@ -392,6 +434,24 @@ impl<F: StorageFile> SegmentReader<F> {
         Ok(Ok(h))
     }
 
+    /// The first valid record at a granule from `from` (a granule boundary) on, skipping
+    /// granules that are not ours (padding, preallocated space, an earlier life): `None`
+    /// if the segment ends first, `Some(None)` if bytes of ours that are not a valid record
+    /// come first. `expected` is the offset a record there would have.
+    fn next_valid(&mut self, from: u64, expected: Offset) -> io::Result<Option<Option<Header>>> {
+        let mut g = from;
+        while g < self.len {
+            if let Ok(h) = self.probe(g)? {
+                return Ok(Some(Some(h)));
+            }
+            if self.ours(g, expected)? {
+                return Ok(Some(None));
+            }
+            g += PAD_GRANULE_BYTES;
+        }
+        Ok(None)
+    }
+
     /// Whether a valid record starts at `pos`.
     fn valid_record_at(&mut self, pos: u64) -> io::Result<bool> {
         Ok(self.probe(pos)?.is_ok())
@@ -493,12 +553,27 @@ pub fn scan_segments_in<S: Storage>(
     visit: &mut dyn FnMut(&ScannedRecord<'_>),
     mutations: Mutations,
 ) -> Result<ScanReport, WalError> {
+    scan_segments_placing(storage, segments, visit, mutations, DamagedRecords::Refuse)
+}
+
+/// [`scan_segments_in`], with damaged records treated as `damaged` says.
+///
+/// # Errors
+/// As [`scan_dir`].
+pub fn scan_segments_placing<S: Storage>(
+    storage: &S,
+    segments: &[SegmentPath],
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+    mutations: Mutations,
+    damaged_rule: DamagedRecords,
+) -> Result<ScanReport, WalError> {
     let start = segments.first().map_or(Offset::ZERO, |s| s.base);
     let mut epochs = EpochRuns::new(start);
     let mut max_epoch = Epoch::ZERO;
     let mut markers = 0u64;
     let mut reports = Vec::with_capacity(segments.len());
     let mut end = ScanEnd::Clean;
+    let mut damaged = Vec::new();
 
     'segments: for (si, seg) in segments.iter().enumerate() {
         let mut reader = SegmentReader::open(storage, &seg.path)?;
@@ -591,6 +666,46 @@ pub fn scan_segments_in<S: Storage>(
                         pos = gap_end;
                         continue;
                     }
+                    let placeable = damaged_rule == DamagedRecords::Place
+                        && !(must_start_with_marker && accepted_here == 0);
+                    let expected = epochs.next();
+                    let prev_epoch = epochs.last().map_or(Epoch::ZERO, |p| p.epoch);
+                    let placed = if placeable {
+                        place_damaged(
+                            storage,
+                            &seg.path,
+                            &mut reader,
+                            segments.get(si + 1),
+                            pos,
+                            expected,
+                            prev_epoch,
+                        )?
+                    } else {
+                        None
+                    };
+                    if let Some(d) = placed {
+                        epochs.push(expected, d.epoch);
+                        report.entries += 1;
+                        accepted_here += 1;
+                        max_epoch = max_epoch.max(d.epoch);
+                        damaged.push(expected);
+                        visit(&ScannedRecord {
+                            segment_index: si,
+                            segment: &seg.path,
+                            position: Position(pos),
+                            header: d.header,
+                            bytes: d.bytes,
+                            checksum_ok: false,
+                            status: RecordStatus::Damaged {
+                                offset: expected,
+                                epoch: d.epoch,
+                            },
+                            payload: &[],
+                        });
+                        pos += d.bytes;
+                        report.end = Position(pos);
+                        continue;
+                    }
                     bad = Some((pos, problem, len_hint));
                     break;
                 }
@@ -621,6 +736,7 @@ pub fn scan_segments_in<S: Storage>(
             let status = if header.is_truncate_marker() {
                 let dropped = expected.0 - header.offset.0;
                 epochs.truncate(header.offset);
+                damaged.retain(|&o| o < header.offset);
                 markers += 1;
                 report.markers += 1;
                 RecordStatus::Marker { dropped }
@@ -745,8 +861,102 @@ pub fn scan_segments_in<S: Storage>(
         markers,
         max_epoch,
         epochs,
+        damaged,
         end,
     })
+}
+
+/// A damaged record placed in the log ([`DamagedRecords::Place`]).
+struct Placed {
+    /// The entry's epoch.
+    epoch: Epoch,
+    /// The record's size (header and payload), from its length field.
+    bytes: u64,
+    /// The header as it reads on disk, if it parses.
+    header: Option<Header>,
+}
+
+/// Whether the record of ours at `pos`, which fails its checks, can be placed in the log
+/// as the entry at `expected` (the rules of [`DamagedRecords::Place`]). `next_segment` is
+/// the segment after the reader's; `prev_epoch` the epoch of the entry before (zero at the
+/// log's start).
+fn place_damaged<S: Storage>(
+    storage: &S,
+    path: &Path,
+    reader: &mut SegmentReader<S::File>,
+    next_segment: Option<&SegmentPath>,
+    pos: u64,
+    expected: Offset,
+    prev_epoch: Epoch,
+) -> Result<Option<Placed>, WalError> {
+    let io_err = |e: io::Error| WalError::io("read", path, e);
+    if pos + HEADER_BYTES as u64 > reader.len {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER_BYTES];
+    head.copy_from_slice(reader.bytes(pos, HEADER_BYTES).map_err(io_err)?);
+    let on_disk = format::decode_header(&head).ok();
+    // Magic, version and tag field are the segment's constants: put back, the rest of
+    // the header says what the damage left of this record.
+    head[4..6].copy_from_slice(&format::MAGIC.to_le_bytes());
+    head[6] = reader.tag.version();
+    head[12..16].copy_from_slice(&reader.tag.field().to_le_bytes());
+    let Ok(h) = format::decode_header(&head) else {
+        return Ok(None);
+    };
+    let total = h.record_bytes();
+    if h.is_truncate_marker() || pos + total > reader.len {
+        return Ok(None);
+    }
+    let next_offset = Offset(expected.0 + 1);
+    let end = pos + total;
+    // The next record: right after this one (same batch), or past the batch's zero
+    // padding and any bytes not ours, or at the start of the next segment.
+    let mut next = None;
+    if end < reader.len {
+        if let Ok(n) = reader.probe(end).map_err(io_err)? {
+            next = Some(n);
+        } else {
+            let g = align_up(end, PAD_GRANULE_BYTES).min(reader.len);
+            if !reader.all_zero(end, g).map_err(io_err)? {
+                return Ok(None);
+            }
+            match reader.next_valid(g, next_offset).map_err(io_err)? {
+                Some(Some(n)) => next = Some(n),
+                Some(None) => return Ok(None),
+                None => {}
+            }
+        }
+    }
+    if next.is_none() {
+        let Some(seg) = next_segment.filter(|s| s.base == next_offset) else {
+            return Ok(None);
+        };
+        let mut r = SegmentReader::open(storage, &seg.path)?;
+        if r.header_problem.is_some() {
+            return Ok(None);
+        }
+        let start = r.data_start;
+        next = r
+            .next_valid(start, next_offset)
+            .map_err(|e| WalError::io("read", &seg.path, e))?
+            .flatten();
+    }
+    let Some(n) = next.filter(|n| !n.is_truncate_marker() && n.offset == next_offset) else {
+        return Ok(None);
+    };
+    let epoch = if n.epoch == prev_epoch {
+        prev_epoch
+    } else if (prev_epoch..=n.epoch).contains(&h.epoch) {
+        h.epoch
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Placed {
+        epoch,
+        bytes: total,
+        header: on_disk,
+    }))
 }
 
 /// Whether any of `segments` holds a valid record (one whose checksum holds, at any

@@ -21,6 +21,7 @@ use crate::format::{
     self, align_down, align_up, record_bytes, SegmentTag, HEADER_BYTES, PAYLOAD_BYTES_MAX,
 };
 use crate::recovery::{self, RecoveryReport};
+use crate::scan::DamagedRecords;
 use crate::segment::{DirLock, Preallocator, Recycler, SpareFill};
 use crate::stats::{Counters, WalStats};
 use crate::storage::{OsStorage, Storage, StorageFile};
@@ -72,6 +73,12 @@ pub struct WalConfig {
     pub stagger_rolls: bool,
     /// How a fresh spare segment is prepared. Default [`SpareFill::Zeros`].
     pub spare_fill: SpareFill,
+    /// What opening does with a damaged record that valid records follow. Default
+    /// [`DamagedRecords::Refuse`] (the open fails with a located
+    /// [`WalError::Corruption`]); quire-node uses [`DamagedRecords::Place`]: the log opens
+    /// with the record in [`Wal::corrupt_records`], to be repaired with
+    /// [`Wal::repair_record`].
+    pub damaged_records: DamagedRecords,
 }
 
 impl WalConfig {
@@ -96,6 +103,7 @@ impl Default for WalConfig {
             io: IoBackend::Auto,
             stagger_rolls: false,
             spare_fill: SpareFill::Zeros,
+            damaged_records: DamagedRecords::Refuse,
         }
     }
 }
@@ -258,8 +266,19 @@ impl<S: Storage> Wal<S> {
             align,
             before_cut,
             mutations,
+            config.damaged_records,
         )?;
         let report = rec.report.clone();
+        for &offset in report.damaged.iter().take(16) {
+            tracing::error!(%offset, "the log holds a damaged record: reads of it are refused until it is repaired from a replica");
+        }
+        let corrupt: BTreeSet<Offset> = report
+            .damaged
+            .iter()
+            .take(CORRUPT_RECORDS_MAX)
+            .copied()
+            .collect();
+        let corrupt_first = corrupt.first().map_or(u64::MAX, |o| o.0);
         let prealloc = Preallocator::start_in(
             storage.clone(),
             &config.dir,
@@ -304,8 +323,8 @@ impl<S: Storage> Wal<S> {
                 shared,
                 recycler,
                 thread: Mutex::new(Some(thread)),
-                corrupt: Mutex::new(BTreeSet::new()),
-                corrupt_first: AtomicU64::new(u64::MAX),
+                corrupt: Mutex::new(corrupt),
+                corrupt_first: AtomicU64::new(corrupt_first),
                 _lock: lock,
             }),
         };

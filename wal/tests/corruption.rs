@@ -12,7 +12,8 @@ use common::*;
 use proptest::prelude::*;
 use quire_proto::{Epoch, Offset};
 use quire_wal::{
-    inspect, CorruptionKind, IoBackend, Position, RecordStatus, ScanEnd, Wal, WalError,
+    inspect, CorruptionKind, DamagedRecords, IoBackend, Position, RecordStatus, ScanEnd, Wal,
+    WalError,
 };
 
 struct Entry {
@@ -102,5 +103,131 @@ proptest! {
         // Repair refuses to cut corruption.
         prop_assert!(quire_wal::repair_torn_tail(dir.path()).unwrap_err().is_corruption());
         prop_assert_eq!(files(dir.path()), before);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// With `DamagedRecords::Place` (quire-node's setting), the same flips open the log with
+    /// the flipped record listed as damaged: every other entry reads as written, the damaged
+    /// one is refused with a located `Corruption`, the good copy repairs it, and the log
+    /// reopens clean; appends go on. Only a flip in the length field (the record's extent)
+    /// or, at the log's first entry, in the epoch field may still refuse the open, located
+    /// as above (or, in the log's last batch, read as a torn tail and be cut).
+    #[test]
+    fn a_flipped_bit_opens_as_a_damaged_record_when_the_log_places_them(
+        groups in proptest::collection::vec(proptest::collection::vec(0usize..300, 1..4), 36..48),
+        pick: prop::sample::Index,
+        bit: prop::sample::Index,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let placing = quire_wal::WalConfig {
+            damaged_records: DamagedRecords::Place,
+            ..config(dir.path(), IoBackend::Sync)
+        };
+        let (wal, _) = Wal::open(placing.clone()).unwrap();
+        let mut lens = Vec::new();
+        for g in &groups {
+            let first = lens.len() as u64;
+            lens.extend(g.iter().copied());
+            let recs = g
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| record(first + i as u64, 1, len))
+                .collect();
+            wal.append(Epoch(1), recs).wait().unwrap();
+        }
+        drop(wal);
+        let written = |o: u64| record(o, 1, lens[o as usize]);
+
+        let mut entries = Vec::new();
+        inspect(dir.path(), |r| {
+            if r.status == RecordStatus::Entry {
+                entries.push(Entry {
+                    segment: r.segment_index,
+                    path: r.segment.to_path_buf(),
+                    position: r.position.0,
+                    bytes: r.bytes,
+                    offset: r.header.unwrap().offset,
+                });
+            }
+        }).unwrap();
+        // Any entry but the last (whose damage is a torn tail): the segment appends go to
+        // included.
+        let sealed: Vec<&Entry> = entries[..entries.len() - 1].iter().collect();
+        prop_assume!(!sealed.is_empty());
+        let victim = sealed[pick.index(sealed.len())];
+        let bit = bit.index(victim.bytes as usize * 8) as u64;
+        let byte = bit / 8;
+        let mut bytes = fs::read(&victim.path).unwrap();
+        let at = (victim.position + byte) as usize;
+        bytes[at] ^= 1 << (bit % 8);
+        fs::write(&victim.path, &bytes).unwrap();
+        let before = files(dir.path());
+        let length_field = (8..12).contains(&byte);
+        let first_epoch = victim.offset == Offset(0) && (16..24).contains(&byte);
+
+        match Wal::open(placing.clone()) {
+            Ok((wal, opened)) if opened.torn_tail.is_some() => {
+                // A damage the neighbours cannot place, in the log's last batch: no valid
+                // record at a 512-byte boundary after it, so it reads as a torn write of
+                // that batch and the batch is cut, as before.
+                prop_assert!(length_field || first_epoch, "byte {}", byte);
+                prop_assert_eq!(wal.next_offset(), victim.offset);
+                prop_assert!(opened.damaged.is_empty());
+            }
+            Ok((wal, opened)) => {
+                prop_assert_eq!(&opened.damaged, &vec![victim.offset]);
+                prop_assert_eq!(wal.corrupt_records(), vec![victim.offset]);
+                let n = lens.len() as u64;
+                prop_assert_eq!(wal.next_offset(), Offset(n));
+                for o in (0..n).filter(|&o| o != victim.offset.0) {
+                    prop_assert_eq!(wal.read(Offset(o), 1, 1 << 20).unwrap(), vec![written(o)]);
+                }
+                let refused = matches!(
+                    wal.read(victim.offset, 1, 1 << 20),
+                    Err(WalError::Corruption { offset, .. }) if offset == victim.offset
+                );
+                prop_assert!(refused, "the damaged record is never served");
+                if victim.offset.0 > 0 {
+                    let got = wal.read(Offset(0), usize::MAX, 1 << 30).unwrap();
+                    prop_assert!(!got.is_empty() && got.iter().all(|e| e.offset < victim.offset), "a read stops before it");
+                }
+                if length_field || first_epoch {
+                    return Ok(());
+                }
+                prop_assert_eq!(
+                    wal.repair_record(&written(victim.offset.0)).unwrap(),
+                    quire_proto::RepairOutcome::Repaired
+                );
+                prop_assert!(wal.corrupt_records().is_empty());
+                wal.close().unwrap();
+                drop(wal);
+                let (wal, reopened) = Wal::open(placing).unwrap();
+                prop_assert!(reopened.damaged.is_empty());
+                // Appends go on after a repair in the segment appends go to.
+                wal.append(Epoch(1), vec![record(n, 1, 10)]).wait().unwrap();
+                let all = read_all(&wal);
+                prop_assert_eq!(all.len() as u64, n + 1);
+                for e in &all[..all.len() - 1] {
+                    prop_assert_eq!(e.clone(), written(e.offset.0));
+                }
+                prop_assert_eq!(all.last().unwrap().clone(), record(n, 1, 10));
+            }
+            Err(e) => {
+                prop_assert!(
+                    length_field || first_epoch,
+                    "only a damaged length or first epoch may refuse: byte {}: {}", byte, e
+                );
+                let located = matches!(
+                    &e,
+                    WalError::Corruption { position, offset, .. }
+                        if *position == Position(victim.position) && *offset == victim.offset
+                );
+                prop_assert!(located, "{}", e);
+                prop_assert_eq!(&files(dir.path()), &before, "a failed open must not change the files");
+            }
+        }
     }
 }

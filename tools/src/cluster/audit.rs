@@ -418,7 +418,9 @@ fn scan_dir(dir: &Path) -> Result<Scanned, String> {
                 let keep = entries.partition_point(|e| e.offset < h.offset);
                 entries.truncate(keep);
             }
-            RecordStatus::Bad(_) => {}
+            // The scan refuses damaged records (`DamagedRecords::Refuse`): the log ends
+            // there and the report says so.
+            RecordStatus::Bad(_) | RecordStatus::Damaged { .. } => {}
         }
     })
     .map_err(|e| format!("cannot scan {}: {e}", wal.display()))?;

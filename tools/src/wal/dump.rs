@@ -175,6 +175,12 @@ impl DumpRecord {
             RecordStatus::Entry => ("entry", None, None),
             RecordStatus::Marker { dropped } => ("marker", Some(dropped), None),
             RecordStatus::Bad(why) => ("bad", None, Some(why.to_string())),
+            // The tools scan with `DamagedRecords::Refuse`: never met here.
+            RecordStatus::Damaged { .. } => (
+                "damaged",
+                None,
+                Some("fails its checks between valid neighbours".to_owned()),
+            ),
         };
         let (event, event_error) = match (r.status, r.header) {
             (RecordStatus::Entry, Some(h)) => match event::decode(h.kind, r.payload, payload) {
