@@ -45,6 +45,9 @@ pub(super) struct Repairs {
     reported: Vec<(SlotId, Offset)>,
     /// Turns the source a non-master picks (a different store at each attempt).
     rotation: usize,
+    /// `(slot, offset)` for which no store could give a good copy at the last attempt
+    /// (said once, as a warning, until a source appears).
+    unsourced: Vec<(SlotId, Offset)>,
 }
 
 impl Engine {
@@ -184,9 +187,22 @@ impl Engine {
             }
         };
         let Some(source) = source else {
-            tracing::debug!(%slot, %offset, "no store can give a good copy of a damaged record now");
+            let unsourced = &mut self.repairs.unsourced;
+            if !unsourced.contains(&(slot, offset)) && unsourced.len() < CORRUPT_REPORTS_MAX {
+                unsourced.push((slot, offset));
+                tracing::warn!(%slot, %offset, "no other store can give a good copy of a damaged record now: that store keeps it damaged and grants no fence until one can");
+            }
             return;
         };
+        if let Some(i) = self
+            .repairs
+            .unsourced
+            .iter()
+            .position(|r| *r == (slot, offset))
+        {
+            self.repairs.unsourced.swap_remove(i);
+            tracing::info!(%slot, %offset, %source, "a store can give a good copy of the damaged record again");
+        }
         self.repairs.in_flight.push((slot, offset));
         self.out.push(Command::RepairRecord {
             slot,
