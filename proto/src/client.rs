@@ -107,6 +107,9 @@ pub struct StoreInfo {
     /// Whether the answering broker has a live connection to the store now (`false`: down,
     /// unreachable, or not dialled by this broker).
     pub connected: bool,
+    /// The lowest record of the store known damaged and not yet repaired (the master's
+    /// view: from the store's `Corrupt` answers and acks; `None` from a slave).
+    pub corrupt: Option<Offset>,
 }
 
 /// Producer → master: append `messages` to `topic`.
@@ -376,7 +379,7 @@ pub struct HandoffResponse {
 /// Smallest `BrokerInfo` on the wire: id + empty address.
 const BROKER_INFO_BYTES_MIN: usize = 2 + 2;
 /// Smallest `StoreInfo` on the wire.
-const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1 + 1;
+const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1 + 1 + 1;
 
 impl BrokerInfo {
     pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
@@ -424,6 +427,7 @@ impl StoreInfo {
         w.bool(self.voter);
         w.opt_offset(self.persisted);
         w.bool(self.connected);
+        w.opt_offset(self.corrupt);
         Ok(())
     }
 
@@ -435,6 +439,7 @@ impl StoreInfo {
             voter: r.bool("store voter")?,
             persisted: r.opt_offset("store persisted")?,
             connected: r.bool("store connected")?,
+            corrupt: r.opt_offset("store corrupt")?,
         })
     }
 }

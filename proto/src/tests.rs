@@ -368,6 +368,7 @@ pub(crate) fn samples() -> Vec<Body> {
                     voter: true,
                     persisted: Some(Offset(502)),
                     connected: true,
+                    corrupt: Some(Offset(17)),
                 },
                 StoreInfo {
                     store_id: StoreId(2),
@@ -376,6 +377,7 @@ pub(crate) fn samples() -> Vec<Body> {
                     voter: false,
                     persisted: None,
                     connected: false,
+                    corrupt: None,
                 },
             ],
             applied: Some(Offset(500)),

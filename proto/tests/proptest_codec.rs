@@ -310,7 +310,8 @@ fn body() -> impl Strategy<Value = Body> {
                     text(ADDR_BYTES_MAX),
                     any::<bool>(),
                     opt_off(),
-                    any::<bool>()
+                    any::<bool>(),
+                    opt_off()
                 ),
                 0..4
             ),
@@ -319,14 +320,17 @@ fn body() -> impl Strategy<Value = Body> {
             .prop_map(|(epoch, hwm, master, brokers, stores, applied)| {
                 let stores = stores
                     .into_iter()
-                    .map(|(s, i, addr, voter, persisted, connected)| StoreInfo {
-                        store_id: StoreId(s),
-                        incarnation: Incarnation(i),
-                        addr,
-                        voter,
-                        persisted,
-                        connected,
-                    })
+                    .map(
+                        |(s, i, addr, voter, persisted, connected, corrupt)| StoreInfo {
+                            store_id: StoreId(s),
+                            incarnation: Incarnation(i),
+                            addr,
+                            voter,
+                            persisted,
+                            connected,
+                            corrupt,
+                        },
+                    )
                     .collect();
                 MetadataResponse {
                     topics: Vec::new(),

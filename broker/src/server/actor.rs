@@ -401,15 +401,16 @@ impl Actor {
             .map(|i| {
                 let slot = Self::slot_of(i);
                 let identity = self.engine.cluster().expected_identity(slot);
-                let (voter, persisted, answered) = match master_core {
+                let (voter, persisted, answered, corrupt) = match master_core {
                     Some(core) => {
                         let status = core.slot_status(slot);
                         let answered = self.engine.store_answer(slot);
                         let voter = identity.is_some()
                             && answered.is_none_or(|(id, v)| v && Some(id) == identity);
-                        (voter, status.and_then(|s| s.matched), answered)
+                        let corrupt = core.slot_corrupt(slot).iter().min().copied();
+                        (voter, status.and_then(|s| s.matched), answered, corrupt)
                     }
-                    None => (identity.is_some(), None, None),
+                    None => (identity.is_some(), None, None, None),
                 };
                 let shown = identity.or(answered.map(|(id, _)| id)).unwrap_or_default();
                 StoreInfo {
@@ -419,6 +420,7 @@ impl Actor {
                     voter,
                     persisted,
                     connected: self.engine.slot_up(slot),
+                    corrupt,
                 }
             })
             .collect();

@@ -120,6 +120,13 @@ pub struct StoreStatus {
     pub lag: Option<u64>,
     /// Whether the master has a live connection to it; `None` when the view is a slave's.
     pub connected: Option<bool>,
+    /// The lowest of its records the master knows damaged and not yet repaired (it grants
+    /// no fence meanwhile); `None` when none is, or the view is a slave's.
+    pub damaged: Option<u64>,
+    /// What it is doing, in the master's view: `"down"` (no connection), `"repairing"` (a
+    /// damaged record is being repaired from another store), `"catching up"` (it lacks
+    /// offsets at or below the HWM), `"in sync"`; `"unknown"` in a slave's view.
+    pub state: &'static str,
 }
 
 /// One broker's answer (or why there is none).
@@ -329,6 +336,13 @@ fn store_status(index: usize, s: &StoreInfo, hwm: Option<u64>, from_master: bool
         (true, true) => ("voter", Some(true)),
         (true, false) => ("learner", Some(false)),
     };
+    let state = match (from_master, s.connected, s.corrupt, lag) {
+        (false, ..) => "unknown",
+        (true, false, ..) => "down",
+        (true, true, Some(_), _) => "repairing",
+        (true, true, None, Some(l)) if l > 0 => "catching up",
+        (true, true, None, _) => "in sync",
+    };
     StoreStatus {
         index,
         addr: s.addr.clone(),
@@ -339,6 +353,8 @@ fn store_status(index: usize, s: &StoreInfo, hwm: Option<u64>, from_master: bool
         persisted,
         lag,
         connected: from_master.then_some(s.connected),
+        damaged: s.corrupt.map(|o| o.0),
+        state,
     }
 }
 
@@ -370,8 +386,8 @@ impl Report for ClusterStatus {
             .max(4);
         writeln!(
             out,
-            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}",
-            "store", "addr", "store_id", "role", "persisted", "lag", "link"
+            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}  {:<11}  {:>8}",
+            "store", "addr", "store_id", "role", "persisted", "lag", "link", "state", "damaged"
         )?;
         for s in &self.stores {
             let link = match s.connected {
@@ -381,14 +397,16 @@ impl Report for ClusterStatus {
             };
             writeln!(
                 out,
-                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}",
+                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}  {:<11}  {:>8}",
                 s.index,
                 s.addr,
                 s.store_id,
                 s.role,
                 opt(s.persisted),
                 opt(s.lag),
-                link
+                link,
+                s.state,
+                opt(s.damaged)
             )?;
         }
         writeln!(out)?;
@@ -451,6 +469,7 @@ mod tests {
             voter,
             persisted: persisted.map(Offset),
             connected: persisted.is_some(),
+            corrupt: None,
         }
     }
 
@@ -466,6 +485,10 @@ mod tests {
                 store(1, true, Some(41)),
                 store(2, true, Some(30)),
                 store(3, false, None),
+                StoreInfo {
+                    corrupt: Some(Offset(7)),
+                    ..store(4, true, Some(41))
+                },
             ],
             applied: Some(Offset(41)),
         };
@@ -476,6 +499,7 @@ mod tests {
                 store(1, true, None),
                 store(2, true, None),
                 store(3, false, None),
+                store(4, true, None),
             ],
             applied: Some(Offset(39)),
             ..master_view.clone()
@@ -496,7 +520,10 @@ mod tests {
         assert_eq!(s.epoch, Some(0x1_0001));
         assert_eq!(s.hwm, Some(41));
         let lags: Vec<Option<u64>> = s.stores.iter().map(|x| x.lag).collect();
-        assert_eq!(lags, vec![Some(0), Some(11), Some(42)]);
+        assert_eq!(lags, vec![Some(0), Some(11), Some(42), Some(0)]);
+        let states: Vec<&str> = s.stores.iter().map(|x| x.state).collect();
+        assert_eq!(states, vec!["in sync", "catching up", "down", "repairing"]);
+        assert_eq!(s.stores[3].damaged, Some(7));
         assert_eq!(s.stores[2].role, "learner");
         let roles: Vec<&str> = s.brokers.iter().map(|b| b.role).collect();
         assert_eq!(roles, vec!["unreachable", "master", "slave"]);
@@ -507,7 +534,7 @@ mod tests {
             "a slave's own applied offset"
         );
         let links: Vec<Option<bool>> = s.stores.iter().map(|x| x.connected).collect();
-        assert_eq!(links, vec![Some(true), Some(true), Some(false)]);
+        assert_eq!(links, vec![Some(true), Some(true), Some(false), Some(true)]);
         let mut text = Vec::new();
         s.write_text(&mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
@@ -534,6 +561,7 @@ mod tests {
             voter: false,
             persisted: None,
             connected: false,
+            corrupt: None,
         });
         let s = assemble(&[("b2:2".to_owned(), Ok(stale))]);
         assert_eq!(s.stores[1].role, "unknown");
