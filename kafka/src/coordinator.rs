@@ -28,7 +28,7 @@ use kafka_protocol::messages::{
     FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
     JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    SyncGroupRequest, SyncGroupResponse,
+    SyncGroupRequest, SyncGroupResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
@@ -442,8 +442,10 @@ async fn commit_one<B: Backend>(
 }
 
 /// OffsetFetch (versions 1–7: one group): each partition's committed offset, -1 for none.
-/// Asked for all topics (a null list), it answers none: the broker state does not list a
-/// group's cursors yet.
+/// Asked for all topics (a null list: the admin client's `list_consumer_group_offsets`
+/// without partitions), it answers every topic the group has committed an offset in: each
+/// topic the broker state holds is asked for the group's cursor, and those with none are
+/// left out.
 pub(crate) async fn offset_fetch<B: Backend>(
     backend: &B,
     listener: &Listener,
@@ -451,11 +453,19 @@ pub(crate) async fn offset_fetch<B: Backend>(
     version: i16,
 ) -> OffsetFetchResponse {
     let refused = coordinated_group(backend, listener, &req.group_id).await;
+    let asked: Vec<(TopicName, Vec<i32>)> = match (req.topics, &refused) {
+        (Some(topics), _) => topics
+            .into_iter()
+            .map(|t| (t.name, t.partition_indexes))
+            .collect(),
+        (None, Err(_)) => Vec::new(),
+        (None, Ok(group)) => committed_topics(backend, group).await,
+    };
     let mut topics = Vec::new();
-    for t in req.topics.unwrap_or_default() {
-        let name = t.name.0.to_string();
-        let mut partitions = Vec::with_capacity(t.partition_indexes.len());
-        for p in t.partition_indexes {
+    for (topic_name, partition_indexes) in asked {
+        let name = topic_name.0.to_string();
+        let mut partitions = Vec::with_capacity(partition_indexes.len());
+        for p in partition_indexes {
             let r = match &refused {
                 Err(e) => Err(*e),
                 Ok(group) => fetch_one(backend, group, &name, p).await,
@@ -471,7 +481,7 @@ pub(crate) async fn offset_fetch<B: Backend>(
         }
         topics.push(
             OffsetFetchResponseTopic::default()
-                .with_name(t.name)
+                .with_name(topic_name)
                 .with_partitions(partitions),
         );
     }
@@ -480,6 +490,25 @@ pub(crate) async fn offset_fetch<B: Backend>(
         Err(e) if version >= 2 => resp.with_error_code(e.code()),
         _ => resp,
     }
+}
+
+/// The topics in which `group` has a committed offset (its partition 0), in the broker
+/// state's topic order.
+async fn committed_topics<B: Backend>(backend: &B, group: &str) -> Vec<(TopicName, Vec<i32>)> {
+    let names = match backend
+        .call(quire_proto::MetadataRequest { topics: true }.into())
+        .await
+    {
+        Body::MetadataResponse(m) => m.topics,
+        _ => Vec::new(),
+    };
+    let mut committed = Vec::new();
+    for name in names {
+        if matches!(fetch_one(backend, group, &name, PARTITION).await, Ok(o) if o >= 0) {
+            committed.push((TopicName(StrBytes::from_string(name)), vec![PARTITION]));
+        }
+    }
+    committed
 }
 
 async fn fetch_one<B: Backend>(

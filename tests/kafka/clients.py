@@ -43,7 +43,14 @@ import sys
 import threading
 import time
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition, OFFSET_END
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 BOUND_S = 60
@@ -187,6 +194,13 @@ def group_three(bootstrap, group, n, topics):
     admin = AdminClient({"bootstrap.servers": bootstrap})
     described = admin.describe_consumer_groups([group])[group].result(timeout=BOUND_S)
     listed = admin.list_consumer_groups().result(timeout=BOUND_S)
+    # No partitions named: OffsetFetch for every topic the group committed in.
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[
+        group
+    ].result(timeout=BOUND_S)
+    committed = sorted(
+        [tp.topic, tp.partition, tp.offset] for tp in offsets.topic_partitions
+    )
     describe = {
         "state": str(described.state),
         "members": len(described.members),
@@ -213,6 +227,7 @@ def group_three(bootstrap, group, n, topics):
         "values": values,
         "describe": describe,
         "listed": sorted(g.group_id for g in listed.valid),
+        "committed": committed,
         "errors": sum((m.errors for m in members), []),
     }
 

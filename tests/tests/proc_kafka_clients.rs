@@ -347,6 +347,26 @@ fn a_three_member_group_balances_commits_and_resumes_on_a_new_master() {
         "{r}"
     );
     assert!(strings(&r["listed"]).contains(&"g3".to_owned()), "{r}");
+    // The admin client's offsets of the group, no partitions named: every topic it
+    // committed in, at partition 0, past the records it read.
+    let committed: Vec<(String, i64, i64)> = r["committed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c[0].as_str().unwrap().to_owned(),
+                c[1].as_i64().unwrap(),
+                c[2].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        committed.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+        topics,
+        "{r}"
+    );
+    assert!(committed.iter().all(|c| c.1 == 0 && c.2 > 0), "{r}");
     let after: usize = r["after_leave"]
         .as_array()
         .unwrap()
