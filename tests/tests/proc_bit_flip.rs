@@ -130,6 +130,19 @@ fn flip_placeable(rng: &mut Rng, dir: &std::path::Path, r: &quire_tests::disk::R
     );
 }
 
+/// Stops store `s` (SIGKILL), asserts that `quire wal verify` finds its log in `dir`
+/// clean, and starts it again.
+fn verify_clean_and_restart(c: &mut Cluster, s: usize, dir: &std::path::Path) {
+    c.stores[s].kill9();
+    let v = wal_verify(dir);
+    assert_eq!(
+        v.exit_code, 0,
+        "store {s} verifies clean after its repairs: {} {}",
+        v.report, v.stderr
+    );
+    c.stores[s].start();
+}
+
 /// The records of the stopped store in `dir` in segments before the one holding its last
 /// record.
 fn sealed_records(dir: &std::path::Path) -> Vec<quire_tests::disk::RecordAt> {
@@ -231,14 +244,7 @@ fn bits_flipped_on_two_of_five_stores_are_repaired_at_start_and_both_vote_again(
             .max()
             .expect("messages were acknowledged");
         c.wait_store_holds(s, Offset(last));
-        c.stores[s].kill9();
-        let v = wal_verify(dir);
-        assert_eq!(
-            v.exit_code, 0,
-            "store {s} verifies clean after its repairs: {} {}",
-            v.report, v.stderr
-        );
-        c.stores[s].start();
+        verify_clean_and_restart(&mut c, s, dir);
     }
     c.stores[0].start();
     c.stores[1].start();
@@ -477,14 +483,7 @@ fn bits_flipped_in_running_stores_are_read_around_and_repaired_from_the_others()
 
     // Stores 0 and 1 are whole again: verify is clean and they start.
     for (store, dir) in [(0, &dir0), (1, &dir1)] {
-        c.stores[store].kill9();
-        let v = wal_verify(dir);
-        assert_eq!(
-            v.exit_code, 0,
-            "store {store} verifies clean after the repairs: {} {}",
-            v.report, v.stderr
-        );
-        c.stores[store].start();
+        verify_clean_and_restart(&mut c, store, dir);
     }
     let checked = check_no_acked_loss(&c, &rounds);
     eprintln!("checked {checked} acknowledged messages: none lost");

@@ -38,6 +38,24 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// The log's entries in `dir` as the offline scan sees them, and how many segments it has.
+fn entries_of(dir: &Path) -> (Vec<Entry>, usize) {
+    let mut entries = Vec::new();
+    let report = inspect(dir, |r| {
+        if r.status == RecordStatus::Entry {
+            entries.push(Entry {
+                segment: r.segment_index,
+                path: r.segment.to_path_buf(),
+                position: r.position.0,
+                bytes: r.bytes,
+                offset: r.header.unwrap().offset,
+            });
+        }
+    })
+    .unwrap();
+    (entries, report.segments.len())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -56,19 +74,8 @@ proptest! {
         }
         drop(wal);
 
-        let mut entries = Vec::new();
-        let report = inspect(dir.path(), |r| {
-            if r.status == RecordStatus::Entry {
-                entries.push(Entry {
-                    segment: r.segment_index,
-                    path: r.segment.to_path_buf(),
-                    position: r.position.0,
-                    bytes: r.bytes,
-                    offset: r.header.unwrap().offset,
-                });
-            }
-        }).unwrap();
-        let sealed: Vec<&Entry> = entries.iter().filter(|e| e.segment + 1 < report.segments.len()).collect();
+        let (entries, segments) = entries_of(dir.path());
+        let sealed: Vec<&Entry> = entries.iter().filter(|e| e.segment + 1 < segments).collect();
         prop_assume!(!sealed.is_empty());
         let victim = sealed[pick.index(sealed.len())];
         let bit = bit.index(victim.bytes as usize * 8) as u64;
@@ -141,18 +148,7 @@ proptest! {
         drop(wal);
         let written = |o: u64| record(o, 1, lens[o as usize]);
 
-        let mut entries = Vec::new();
-        inspect(dir.path(), |r| {
-            if r.status == RecordStatus::Entry {
-                entries.push(Entry {
-                    segment: r.segment_index,
-                    path: r.segment.to_path_buf(),
-                    position: r.position.0,
-                    bytes: r.bytes,
-                    offset: r.header.unwrap().offset,
-                });
-            }
-        }).unwrap();
+        let (entries, _) = entries_of(dir.path());
         // Any entry but the last (whose damage is a torn tail): the segment appends go to
         // included.
         let sealed: Vec<&Entry> = entries[..entries.len() - 1].iter().collect();
