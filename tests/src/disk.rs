@@ -19,7 +19,7 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -28,7 +28,7 @@ use quire_proto::{Body, FetchRequest, Offset, TailRequest, TailResponse};
 use crate::client::Client;
 use crate::cluster::{Cluster, StoreNode};
 use crate::load::ProducerOutcome;
-use crate::process::quire_bin;
+use crate::process::quire_command;
 use crate::WAIT;
 
 /// A tmpfs of a fixed size mounted on a directory; unmounted (lazily, so an open file does
@@ -321,7 +321,7 @@ pub fn wal_verify(store_dir: &Path) -> Verify {
 }
 
 fn run_quire(args: &[&str], dir: &Path) -> std::process::Output {
-    let child = Command::new(quire_bin())
+    let child = quire_command()
         .args(args)
         .arg(dir)
         .stdin(Stdio::null())

@@ -125,6 +125,33 @@ pub fn quire_bin() -> PathBuf {
     BIN.get_or_init(|| binary("quire-tools", "quire")).clone()
 }
 
+/// A command running the `quire` CLI, cut off from the user's client configuration: its
+/// configuration directory (`QUIRE_CONFIG_DIR`) is one of this test process that nothing
+/// writes, and the variables that name a cluster or a profile are removed. So a profile a
+/// developer made with `quire cluster up`, or a cluster of theirs on the default ports, is
+/// never what a test talks to: a test names its cluster's addresses.
+#[must_use]
+pub fn quire_command() -> Command {
+    let mut cmd = Command::new(quire_bin());
+    cmd.env(
+        "QUIRE_CONFIG_DIR",
+        std::env::temp_dir().join(format!("quire-tests-no-config-{}", std::process::id())),
+    );
+    for var in [
+        "QUIRE_BROKERS",
+        "QUIRE_PROFILE",
+        "QUIRE_TLS_CA",
+        "QUIRE_TLS_CERT",
+        "QUIRE_TLS_KEY",
+        "QUIRE_USER",
+        "QUIRE_PASSWORD",
+        "QUIRE_PASSWORD_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
 /// Runs `cmd` to completion with stdin closed and stdout and stderr captured, killing it
 /// (and panicking with its stderr) if it runs longer than `bound`.
 ///
@@ -468,7 +495,7 @@ pub fn wait_cli_master(
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let out = run_bounded(
-            Command::new(quire_bin())
+            quire_command()
                 .args([
                     "cluster",
                     "status",

@@ -24,10 +24,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-use quire_tests::process::{quire_bin, run_bounded};
+use quire_tests::process::{quire_command, run_bounded};
 use quire_tests::{Cluster, Timing};
 use quire_tls::certs::files_for;
 
@@ -42,7 +42,7 @@ impl Client {
     /// `quire ARGS` as this client; its output.
     fn run(&self, args: &[&str]) -> Output {
         run_bounded(
-            Command::new(quire_bin())
+            quire_command()
                 .args(args)
                 .args(&self.args)
                 .env_remove("QUIRE_PASSWORD")
@@ -86,7 +86,7 @@ fn wait_master(admin: &Client, brokers: &str, not: Option<u64>) -> u64 {
 fn a_broker_enforces_acl_entries_only_with_client_certificates_checked() {
     let dir = tempfile::tempdir().unwrap();
     let out = run_bounded(
-        Command::new(quire_bin()).args([
+        quire_command().args([
             "broker",
             "run",
             "--id",

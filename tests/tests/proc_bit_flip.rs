@@ -13,7 +13,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use quire_proto::Offset;
 use quire_tests::disk::{
@@ -418,7 +418,7 @@ fn bits_flipped_in_running_stores_are_read_around_and_repaired_from_the_others()
     }
     // An audit of the stores says so: not healthy, the two stores named.
     let stores_arg: Vec<String> = c.stores.iter().map(|s| s.addr.clone()).collect();
-    let child = Command::new(quire_tests::process::quire_bin())
+    let child = quire_tests::process::quire_command()
         .args(["cluster", "audit", "--format", "json", "--stores"])
         .arg(stores_arg.join(","))
         .stdin(Stdio::null())

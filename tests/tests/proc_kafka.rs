@@ -28,7 +28,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use quire_tests::process::{quire_bin, run_bounded};
+use quire_tests::process::{quire_command, run_bounded};
 use quire_tests::{Cluster, Timing};
 
 const KCAT_BOUND: Duration = Duration::from_secs(60);
@@ -157,7 +157,7 @@ fn kcat_produces_and_consumes_through_every_codec_and_a_master_kill() {
     );
     // A native consumer reads the values.
     let native = run_bounded(
-        Command::new(quire_bin()).args([
+        quire_command().args([
             "consume",
             "--brokers",
             &cluster
@@ -392,7 +392,7 @@ fn kcat_over_tls_is_authorized_by_its_certificate_or_its_scram_login() {
     let ca = quire_tls::certs::files_for(&tls_dir, "client");
     let brokers: Vec<String> = cluster.brokers.iter().map(|b| b.addr.clone()).collect();
     let acl = run_bounded(
-        Command::new(quire_bin()).args([
+        quire_command().args([
             "acl",
             "add",
             "--principal",
@@ -437,7 +437,7 @@ fn kcat_over_tls_is_authorized_by_its_certificate_or_its_scram_login() {
             path(&ca.key),
         ]);
         ok(
-            &run_bounded(Command::new(quire_bin()).args(&all), KCAT_BOUND),
+            &run_bounded(quire_command().args(&all), KCAT_BOUND),
             "quire (admin)",
         )
     };

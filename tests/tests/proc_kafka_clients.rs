@@ -46,7 +46,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use quire_tests::process::{self, quire_bin, run_bounded};
+use quire_tests::process::{self, quire_command, run_bounded};
 use quire_tests::{Cluster, Timing};
 use serde_json::Value;
 
@@ -433,7 +433,7 @@ fn admin_apis_the_topic_cli_offsets_by_time_and_a_live_sparse_topic() {
     let brokers = brokers.join(",");
     let topic = |args: &[&str]| {
         run_bounded(
-            Command::new(quire_bin())
+            quire_command()
                 .arg("topic")
                 .args(args)
                 .args(["--brokers", &brokers]),

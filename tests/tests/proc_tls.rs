@@ -17,12 +17,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
-use std::process::Command;
 use std::time::Duration;
 
 use quire_client::{ConnConfig, StoreClient};
 use quire_proto::{BrokerId, Epoch};
-use quire_tests::process::{quire_bin, run_bounded};
+use quire_tests::process::{quire_command, run_bounded};
 use quire_tests::{Cluster, Timing};
 use quire_tls::certs::{files_for, write_local};
 use quire_tls::{Role, TlsFiles};
@@ -42,7 +41,7 @@ fn flags(files: &TlsFiles) -> Vec<String> {
 
 /// Runs `quire ARGS` with the client's TLS flags; its output.
 fn quire(args: &[&str], tls: &[String]) -> std::process::Output {
-    run_bounded(Command::new(quire_bin()).args(args).args(tls), CLI_BOUND)
+    run_bounded(quire_command().args(args).args(tls), CLI_BOUND)
 }
 
 fn stdout(out: &std::process::Output) -> String {
