@@ -125,14 +125,21 @@ pub fn quire_bin() -> PathBuf {
     BIN.get_or_init(|| binary("quire-tools", "quire")).clone()
 }
 
-/// A command running the `quire` CLI, cut off from the user's client configuration: its
-/// configuration directory (`QUIRE_CONFIG_DIR`) is one of this test process that nothing
-/// writes, and the variables that name a cluster or a profile are removed. So a profile a
-/// developer made with `quire cluster up`, or a cluster of theirs on the default ports, is
-/// never what a test talks to: a test names its cluster's addresses.
+/// A command running the `quire` CLI, cut off from the user's client configuration
+/// ([`no_client_config`]).
 #[must_use]
 pub fn quire_command() -> Command {
     let mut cmd = Command::new(quire_bin());
+    no_client_config(&mut cmd);
+    cmd
+}
+
+/// Cuts `cmd` (a `quire` CLI run) off from the user's client configuration: its
+/// configuration directory (`QUIRE_CONFIG_DIR`) is one of this test process that nothing
+/// writes, and the variables that name a cluster, a profile or credentials are removed.
+/// So a profile a developer made with `quire cluster up`, or a cluster of theirs on the
+/// default ports, is never what a test talks to: a test names its cluster's addresses.
+pub fn no_client_config(cmd: &mut Command) -> &mut Command {
     cmd.env(
         "QUIRE_CONFIG_DIR",
         std::env::temp_dir().join(format!("quire-tests-no-config-{}", std::process::id())),

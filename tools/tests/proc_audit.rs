@@ -38,6 +38,7 @@ struct Audit {
 
 fn audit(args: &[&str]) -> Audit {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire"));
+    quire_tests::process::no_client_config(&mut cmd);
     cmd.args(["cluster", "audit", "--format", "json", "--timeout", "2s"])
         .args(args)
         .env("RUST_LOG", "warn");
@@ -220,7 +221,7 @@ fn the_audit_tells_healthy_down_corrupt_and_lagging_stores_apart() {
     assert_eq!(off.report["voters"], 3);
     // The text form names the same corruption (printed for the test's log).
     let text = run_bounded(
-        Command::new(env!("CARGO_BIN_EXE_quire"))
+        quire_tests::process::no_client_config(&mut Command::new(env!("CARGO_BIN_EXE_quire")))
             .args([
                 "cluster",
                 "audit",
