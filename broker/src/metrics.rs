@@ -93,6 +93,9 @@ pub struct Metrics {
     /// copy is good again; `not_applied`: the store refused it (not its entry; retried);
     /// `failed`: no answer or an error).
     pub store_repairs: Family<Label, Counter>,
+    /// Payload bytes of the good copies read from stores for repairs: one record per
+    /// repair, so this grows by the damaged records' sizes, never by whole ranges.
+    pub store_repair_read_bytes: Counter,
     /// Open connections (clients and brokers).
     pub connections_open: Gauge,
     /// Connections accepted.
@@ -148,6 +151,7 @@ impl Metrics {
             fetch_requests: Counter::default(),
             fetches_from_store: Counter::default(),
             store_repairs: Family::default(),
+            store_repair_read_bytes: Counter::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
             rejected_frames: Family::default(),
@@ -214,6 +218,11 @@ impl Metrics {
             "store_repairs",
             "Repairs of damaged store records run by this master, by outcome",
             m.store_repairs.clone(),
+        );
+        r.register(
+            "store_repair_read_bytes",
+            "Payload bytes of good copies read from stores for repairs",
+            m.store_repair_read_bytes.clone(),
         );
         r.register(
             "connections_open",

@@ -20,9 +20,12 @@ use quire_tests::disk::{
     check_no_acked_loss, fetch_through, flip_bit, log_count, master_hwm, max_acked, records,
     segments, wait_hwm_above, wait_output, wait_until, wal_verify, Rng,
 };
+use quire_tests::node::metric_value;
 use quire_tests::{Cluster, LoadDriver, Timing, WAIT};
 
 const SEGMENT_BYTES: u64 = 64 << 10;
+/// A WAL record's header, in bytes (docs/format.md).
+const RECORD_HEADER_BYTES: u64 = 32;
 
 #[test]
 fn a_bit_flip_in_a_sealed_segment_is_located_then_repaired_from_the_others_at_start() {
@@ -175,6 +178,7 @@ fn bits_flipped_on_two_of_five_stores_are_repaired_at_start_and_both_vote_again(
     let dirs = damaged.map(|s| c.stores[s].dir.clone());
     let mut rounds = Vec::new();
     let mut producer = 1;
+    let mut damaged_payload = 0;
     for (round, same) in [(1, false), (2, true)] {
         let load = LoadDriver::start(&c, producer, 2);
         let wanted = 4 * round;
@@ -204,6 +208,7 @@ fn bits_flipped_on_two_of_five_stores_are_repaired_at_start_and_both_vote_again(
         };
         flip_placeable(&mut rng, &dirs[0], &ra);
         flip_placeable(&mut rng, &dirs[1], &rb);
+        damaged_payload += ra.bytes + rb.bytes - 2 * RECORD_HEADER_BYTES;
         for s in damaged {
             c.stores[s].start();
         }
@@ -224,11 +229,36 @@ fn bits_flipped_on_two_of_five_stores_are_repaired_at_start_and_both_vote_again(
         producer += 2;
     }
 
+    // The repairs read the damaged records' copies and nothing more (the master ran them).
+    let master = c.wait_for_master();
+    let scrape = c.broker_node(master).scrape();
+    let read = metric_value(&scrape, "quire_store_repair_read_bytes_total") as u64;
+    let runs: f64 = ["repaired", "not_applied", "failed"]
+        .iter()
+        .map(|o| {
+            metric_value(
+                &scrape,
+                &format!("quire_store_repairs_total{{outcome=\"{o}\"}}"),
+            )
+        })
+        .sum();
+    eprintln!(
+        "the master's repairs read {read} payload bytes in {runs} runs, for 4 damaged records \
+         of {damaged_payload} payload bytes"
+    );
+    assert!(
+        read >= damaged_payload,
+        "every damaged record was read once at least"
+    );
+    assert!(
+        read <= damaged_payload * runs as u64,
+        "each run read one record, never a range"
+    );
+
     // Both vote again: without stores 0 and 1, a takeover needs 3 grants of 5, so stores 3
     // and 4 must both grant.
     c.stores[0].kill9();
     c.stores[1].kill9();
-    let master = c.wait_for_master();
     c.broker(master).kill9();
     let new_master = c.wait_for_master();
     assert_ne!(new_master, master, "the slave took over");

@@ -1163,12 +1163,19 @@ impl Actor {
         let target = self.slots[slot.index()].client();
         let from = self.slots[source.index()].client();
         let tx = self.internal_tx.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             let mut source_corrupt = None;
             let outcome = match (target, from) {
+                // One record: the repair reads the damaged record's copy and nothing else.
                 (Some(target), Some(from)) => match from.read(offset, 1, READ_BYTES_MAX).await {
                     Ok(r) => match r.events.into_iter().next().filter(|e| e.offset == offset) {
-                        Some(good) => target.repair(good).await.map_err(|e| e.to_string()),
+                        Some(good) => {
+                            metrics
+                                .store_repair_read_bytes
+                                .inc_by(good.payload.len() as u64);
+                            target.repair(good).await.map_err(|e| e.to_string())
+                        }
                         None => Err(format!("the source does not hold offset {offset}")),
                     },
                     Err(e) => {
