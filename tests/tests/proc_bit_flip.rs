@@ -77,6 +77,11 @@ fn a_bit_flip_in_a_sealed_segment_is_located_then_repaired_from_the_others_at_st
         "at the flipped record: {end}"
     );
     assert_eq!(end["offset"].as_u64(), Some(r.offset), "{end}");
+    assert_eq!(
+        v.report["repaired_at_start"],
+        serde_json::json!([r.offset]),
+        "verify says the store will start and repair it"
+    );
 
     // The store starts with the record marked damaged and has it repaired.
     c.stores[victim].start();

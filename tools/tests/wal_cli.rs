@@ -535,6 +535,13 @@ fn a_flipped_bit_in_a_sealed_segment_is_corruption_and_never_repaired() {
     assert_eq!(json["end"]["segment"], path_str(&first_segment));
     assert_eq!(json["end"]["position"], position);
     assert_eq!(json["end"]["offset"], 10);
+    // A store starting on it places the record and repairs it from its peers; the text
+    // says so.
+    assert_eq!(json["repaired_at_start"], serde_json::json!([10]), "{json}");
+    assert!(
+        stdout.contains("quire-node starts with offset(s) 10 marked damaged"),
+        "{stdout}"
+    );
 
     // The dump shows the bad record with a failed checksum.
     let (dumped, end) = dump_jsonl(dir, &[]);
@@ -563,6 +570,30 @@ fn a_flipped_bit_in_a_sealed_segment_is_corruption_and_never_repaired() {
         );
         assert_eq!(snapshot(dir), before, "repair changed a corrupt log");
     }
+
+    // A second flip, in the length field of the next record: two damaged records in a
+    // row, which no store places: it would refuse to start.
+    let next = &records[11];
+    let position = next["position"].as_u64().expect("position");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(first_segment.with_file_name(next["segment"].as_str().expect("segment")))
+        .expect("open");
+    file.read_exact_at(&mut byte, position + 9).expect("read");
+    byte[0] ^= 0x01;
+    file.write_all_at(&byte, position + 9).expect("write");
+    drop(file);
+    let out = quire(&["wal", "verify", path_str(dir), "--format", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let json: Value = serde_json::from_str(&text(&out.stdout)).expect("json");
+    assert_eq!(json["repaired_at_start"], Value::Null, "{json}");
+    let out = quire(&["wal", "verify", path_str(dir)]);
+    assert!(
+        text(&out.stdout).contains("quire-node refuses to start on this log"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]

@@ -518,6 +518,21 @@ pub fn scan_dir(
     scan_dir_in(&OsStorage, dir, visit)
 }
 
+/// [`scan_dir`], with damaged records treated as `damaged` says: with
+/// [`DamagedRecords::Place`], the log quire-node would open (`quire wal verify` says
+/// whether a store starts on a damaged log).
+///
+/// # Errors
+/// As [`scan_dir`].
+pub fn scan_dir_placing(
+    dir: &Path,
+    visit: &mut dyn FnMut(&ScannedRecord<'_>),
+    damaged: DamagedRecords,
+) -> Result<ScanReport, WalError> {
+    let segments = crate::segment::list_segments_in(&OsStorage, dir)?;
+    scan_segments_placing(&OsStorage, &segments, visit, Mutations::default(), damaged)
+}
+
 /// [`scan_dir`] on `storage`.
 ///
 /// # Errors

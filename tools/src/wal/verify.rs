@@ -22,6 +22,7 @@
 //! | `promised_epoch` | from the `promised_epoch` file (0 if absent), `null` if damaged |
 //! | `promised_epoch_error` | why the file is damaged, else `null` |
 //! | `end` | how the log ends (see [`super::EndSummary`]) |
+//! | `repaired_at_start` | on corruption: the damaged records a quire-node starting on this log places and has repaired from the other stores (docs/operations.md, "Corruption found at start"), when every corruption found is of that kind; `null` when the store would refuse to start, or there is none |
 //! | `live_holder` | `{pid, name}` of a running process holding the WAL's lock, or `null` |
 
 use std::io::{self, Write};
@@ -78,6 +79,10 @@ pub struct VerifyReport {
     pub promised_epoch_error: Option<String>,
     /// How the log ends.
     pub end: EndSummary,
+    /// On corruption: the offsets of the damaged records a store starting on this log
+    /// places and repairs from its peers, when that is all the corruption there is; `None`
+    /// when it would refuse to start (or the log is not corrupt).
+    pub repaired_at_start: Option<Vec<u64>>,
     /// A running process holding the WAL's lock.
     pub live_holder: Option<LiveHolder>,
 }
@@ -115,6 +120,23 @@ impl Report for VerifyReport {
                 },
             )
             .row("end", self.end.describe());
+        if self.result == "corruption" && self.promised_epoch_error.is_none() {
+            table.row(
+                "at start",
+                match &self.repaired_at_start {
+                    Some(offsets) => format!(
+                        "quire-node starts with offset(s) {} marked damaged and repairs them \
+                         from the other stores",
+                        offsets
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    None => "quire-node refuses to start on this log".to_owned(),
+                },
+            );
+        }
         if let Some(h) = &self.live_holder {
             table.row("note", format!("open by a running process, {h}"));
         }
@@ -180,6 +202,19 @@ pub fn verify(config: &VerifyConfig) -> anyhow::Result<VerifyReport> {
         }
     };
     let end = EndSummary::of(&report.end);
+    // What a store starting on it would do: place the damaged records, or refuse.
+    let repaired_at_start = if matches!(report.end, quire_wal::ScanEnd::Corruption(_)) {
+        let placing = quire_wal::scan::scan_dir_placing(
+            &wal_dir,
+            &mut |_| {},
+            quire_wal::DamagedRecords::Place,
+        )
+        .with_context(|| format!("cannot read the WAL in {}", wal_dir.display()))?;
+        (!matches!(placing.end, quire_wal::ScanEnd::Corruption(_)))
+            .then(|| placing.damaged.iter().map(|o| o.0).collect())
+    } else {
+        None
+    };
     let (result, exit_code) = if promised_epoch_error.is_some() {
         ("corruption", EXIT_CORRUPTION)
     } else {
@@ -201,6 +236,7 @@ pub fn verify(config: &VerifyConfig) -> anyhow::Result<VerifyReport> {
         promised_epoch,
         promised_epoch_error,
         end,
+        repaired_at_start,
         live_holder: holder,
     })
 }
