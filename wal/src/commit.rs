@@ -123,6 +123,8 @@ pub(crate) struct Shared<S: Storage> {
     pub stagger_rolls: bool,
     pub backend: &'static str,
     pub state: Mutex<CommitState>,
+    /// Records known damaged ([`crate::Wal::corrupt_records`]).
+    pub damaged: crate::wal::Damaged,
     /// Durable entries only. Lock order: `state` before `index`.
     pub index: RwLock<Index<S::File>>,
     pub counters: Counters,
@@ -460,7 +462,10 @@ impl<S: Storage> Committer<S> {
             for b in &done {
                 for op in &b.ops {
                     match *op {
-                        IndexOp::Truncate(x) => index.truncate(x),
+                        IndexOp::Truncate(x) => {
+                            index.truncate(x);
+                            self.shared.damaged.forget_from(x);
+                        }
                         IndexOp::Push {
                             offset,
                             epoch,

@@ -128,13 +128,47 @@ struct WalInner<S: Storage> {
     shared: Arc<Shared<S>>,
     recycler: Recycler<S>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Offsets of durable records a read found damaged since open (at most
-    /// [`CORRUPT_RECORDS_MAX`]); see [`Wal::corrupt_records`].
-    corrupt: Mutex<BTreeSet<Offset>>,
-    /// The lowest offset in `corrupt` (`u64::MAX`: none), read without the lock on every
-    /// ack ([`Wal::first_corrupt_record`]).
-    corrupt_first: AtomicU64,
     _lock: DirLock<S>,
+}
+
+/// The offsets of durable records known damaged (found by a read, or placed at open), at
+/// most [`CORRUPT_RECORDS_MAX`]; see [`Wal::corrupt_records`]. Shared with the commit
+/// thread, which forgets those a truncation replaces.
+#[derive(Debug)]
+pub(crate) struct Damaged {
+    set: Mutex<BTreeSet<Offset>>,
+    /// The lowest offset in `set` (`u64::MAX`: none), read without the lock on every ack
+    /// ([`Wal::first_corrupt_record`]).
+    first: AtomicU64,
+}
+
+impl Damaged {
+    pub(crate) fn new(set: BTreeSet<Offset>) -> Damaged {
+        let first = AtomicU64::new(set.first().map_or(u64::MAX, |o| o.0));
+        Damaged {
+            set: Mutex::new(set),
+            first,
+        }
+    }
+
+    /// Runs `change` on the set, keeps it bounded and `first` true.
+    fn update<T>(&self, change: impl FnOnce(&mut BTreeSet<Offset>) -> T) -> T {
+        let mut set = self.set.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = change(&mut set);
+        while set.len() > CORRUPT_RECORDS_MAX {
+            set.pop_last();
+        }
+        let first = set.first().map_or(u64::MAX, |o| o.0);
+        self.first.store(first, Ordering::Release);
+        out
+    }
+
+    /// A truncation at `x` replaced every entry from `x` on: none of them is damaged.
+    pub(crate) fn forget_from(&self, x: Offset) {
+        self.update(|set| {
+            set.split_off(&x);
+        });
+    }
 }
 
 /// Damaged records a [`Wal`] remembers at most; a read finding more keeps the lowest.
@@ -272,13 +306,14 @@ impl<S: Storage> Wal<S> {
         for &offset in report.damaged.iter().take(16) {
             tracing::error!(%offset, "the log holds a damaged record: reads of it are refused until it is repaired from a replica");
         }
-        let corrupt: BTreeSet<Offset> = report
-            .damaged
-            .iter()
-            .take(CORRUPT_RECORDS_MAX)
-            .copied()
-            .collect();
-        let corrupt_first = corrupt.first().map_or(u64::MAX, |o| o.0);
+        let damaged = Damaged::new(
+            report
+                .damaged
+                .iter()
+                .take(CORRUPT_RECORDS_MAX)
+                .copied()
+                .collect(),
+        );
         let prealloc = Preallocator::start_in(
             storage.clone(),
             &config.dir,
@@ -311,6 +346,7 @@ impl<S: Storage> Wal<S> {
             waker: disk.waker(),
             wake_at_queue_len: AtomicUsize::new(usize::MAX),
             current_tag: AtomicU64::new(0),
+            damaged,
         });
         let recycler = prealloc.recycler();
         let committer = Committer::new(shared.clone(), disk, prealloc, rec.tail)?;
@@ -323,8 +359,6 @@ impl<S: Storage> Wal<S> {
                 shared,
                 recycler,
                 thread: Mutex::new(Some(thread)),
-                corrupt: Mutex::new(corrupt),
-                corrupt_first: AtomicU64::new(corrupt_first),
                 _lock: lock,
             }),
         };
@@ -486,52 +520,42 @@ impl<S: Storage> Wal<S> {
     ) -> Result<Vec<Event>, WalError> {
         let result = crate::reader::read(&self.shared().index, from, max_events, max_bytes);
         if let Err(WalError::Corruption { offset, .. }) = &result {
-            let mut corrupt = self.lock_corrupt();
-            corrupt.insert(*offset);
-            while corrupt.len() > CORRUPT_RECORDS_MAX {
-                corrupt.pop_last();
-            }
-            self.note_corrupt_first(&corrupt);
+            self.shared().damaged.update(|set| set.insert(*offset));
         }
         result
     }
 
     /// Offsets of durable records that a [`Wal::read`] found damaged (a checksum, offset or
     /// epoch that does not match what was written) since the log was opened, ascending,
-    /// leaving out those retention has trimmed since. Such a record is lost *on this disk*:
+    /// or placed at open ([`crate::DamagedRecords::Place`]), ascending, leaving out those
+    /// retention has trimmed or a truncation replaced since. Such a record is lost *on
+    /// this disk*:
     /// the store must not claim it (vote with it) until it is repaired from a replica. At
     /// most [`CORRUPT_RECORDS_MAX`] are remembered; reads do not stop at them (each read
     /// that starts at one fails again).
     #[must_use]
     pub fn corrupt_records(&self) -> Vec<Offset> {
         let first = self.first_offset();
-        let mut corrupt = self.lock_corrupt();
-        corrupt.retain(|o| *o >= first);
-        self.note_corrupt_first(&corrupt);
-        corrupt.iter().copied().collect()
+        self.shared().damaged.update(|set| {
+            set.retain(|o| *o >= first);
+            set.iter().copied().collect()
+        })
     }
 
     /// The lowest of [`Wal::corrupt_records`], cheaply (one atomic load while there is none:
     /// stores report it in every ack).
     #[must_use]
     pub fn first_corrupt_record(&self) -> Option<Offset> {
-        match self.inner.corrupt_first.load(Ordering::Acquire) {
+        match self.shared().damaged.first.load(Ordering::Acquire) {
             u64::MAX => None,
             o if Offset(o) >= self.first_offset() => Some(Offset(o)),
             _ => self.corrupt_records().first().copied(),
         }
     }
 
-    fn note_corrupt_first(&self, corrupt: &BTreeSet<Offset>) {
-        let first = corrupt.first().map_or(u64::MAX, |o| o.0);
-        self.inner.corrupt_first.store(first, Ordering::Release);
-    }
-
     /// Forgets `offset` as damaged.
     fn forget_corrupt(&self, offset: Offset) {
-        let mut corrupt = self.lock_corrupt();
-        corrupt.remove(&offset);
-        self.note_corrupt_first(&corrupt);
+        self.shared().damaged.update(|set| set.remove(&offset));
     }
 
     /// Rewrites this log's damaged copy of an entry with `good`, a copy read from another
@@ -656,13 +680,6 @@ impl<S: Storage> Wal<S> {
         self.forget_corrupt(good.offset);
         tracing::info!(offset = %good.offset, segment = %seg.path.display(), position, "repaired a damaged record from a replica's copy");
         Ok(RepairOutcome::Repaired)
-    }
-
-    fn lock_corrupt(&self) -> std::sync::MutexGuard<'_, BTreeSet<Offset>> {
-        self.inner
-            .corrupt
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Retention: deletes, oldest first, every whole segment whose entries all lie below

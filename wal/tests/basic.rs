@@ -539,6 +539,30 @@ fn flip_record_bit(dir: &std::path::Path, offset: u64, at: u64, bit: u8) {
     file.write_all_at(&[byte[0] ^ (1 << bit)], at).unwrap();
 }
 
+/// A truncation replaces the entries from its offset on: a damaged one among them is no
+/// longer damaged (the store would otherwise refuse fences for an entry it no longer has).
+#[test]
+fn a_truncation_forgets_the_damaged_records_it_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    append_range(&wal, 0, 20, 1, 40);
+    for o in [15, 5] {
+        flip_record_at_run_time(dir.path(), o);
+        assert!(wal.read(Offset(o), 1, 1 << 20).is_err());
+    }
+    assert_eq!(wal.corrupt_records(), vec![Offset(5), Offset(15)]);
+    assert_eq!(wal.first_corrupt_record(), Some(Offset(5)));
+    // A master of epoch 2 replaces the suffix from 10.
+    wal.append(Epoch(2), vec![record(10, 2, 40)])
+        .wait()
+        .unwrap();
+    assert_eq!(wal.corrupt_records(), vec![Offset(5)]);
+    assert_eq!(wal.first_corrupt_record(), Some(Offset(5)));
+    wal.append(Epoch(3), vec![record(3, 3, 40)]).wait().unwrap();
+    assert!(wal.corrupt_records().is_empty());
+    assert_eq!(wal.first_corrupt_record(), None);
+}
+
 /// Whichever bit of a record one flip hits (its checksum, any header field, its payload),
 /// the damaged record is refused to readers and the good copy repairs it.
 #[test]
