@@ -88,18 +88,22 @@ pub enum DamagedRecords {
     /// which entry it is, and go on; listed in [`ScanReport::damaged`]. Rules (one damaged
     /// record at a time; anything else is refused as above):
     ///
-    /// - it is not a segment's required first marker, and with its magic, version and tag
-    ///   field put back (they are the segment's constants) its header parses and is not a
-    ///   truncation marker's;
-    /// - the next valid record follows right after the extent its length field gives, or
-    ///   after zeros to the next granule and then only bytes that are not ours (a batch's
-    ///   padding) — or, at the segment's end, starts the next segment — and is an entry at
-    ///   the next offset;
-    /// - its epoch is the one both neighbours have, or else the header's when it lies
-    ///   between the previous entry's and the next one's.
+    /// - it is not a segment's required first marker, and with its magic, version, tag
+    ///   field and offset put back (the segment's constants, the offset expected there) its
+    ///   header parses and is not a truncation marker's;
+    /// - if it still fails its checksum, a length or epoch field one bit away from the
+    ///   stored one with which the record checks out is the true one (one flipped bit in
+    ///   either field is undone exactly);
+    /// - the next valid record follows right after the record's extent, or after zeros to
+    ///   the next granule and then only bytes that are not ours (a batch's padding) — or,
+    ///   at the segment's end, starts the next segment — and is an entry at the next
+    ///   offset;
+    /// - its epoch is the checked one (which must lie between the previous entry's and
+    ///   the next one's), else the one both neighbours have, else the header's when it lies
+    ///   between theirs.
     ///
-    /// A damaged length field, a second damaged record or a zeroed record therefore still
-    /// refuse. A store places damaged records and repairs them from its peers
+    /// A second damaged record in a row, a zeroed record, or damage the checksum cannot
+    /// undo in a length field therefore still refuse. A store places damaged records and repairs them from its peers
     /// (docs/protocol.md, "Damaged records").
     Place,
 }
@@ -881,6 +885,27 @@ pub fn scan_segments_placing<S: Storage>(
     })
 }
 
+/// Whether the record at `pos` checks out with `head` in place of its header (the
+/// length in `head` gives its extent).
+fn checks_with<F: StorageFile>(
+    reader: &mut SegmentReader<F>,
+    pos: u64,
+    head: &[u8; HEADER_BYTES],
+) -> io::Result<bool> {
+    let Ok(h) = format::decode_header(head) else {
+        return Ok(false);
+    };
+    let total = h.record_bytes();
+    if pos + total > reader.len {
+        return Ok(false);
+    }
+    let n = usize::try_from(total).expect("invariant: record length fits usize");
+    let tag = reader.tag;
+    let mut record = reader.bytes(pos, n)?.to_vec();
+    record[..HEADER_BYTES].copy_from_slice(head);
+    Ok(format::checksum_ok(tag, &record))
+}
+
 /// A damaged record placed in the log ([`DamagedRecords::Place`]).
 struct Placed {
     /// The entry's epoch.
@@ -911,11 +936,30 @@ fn place_damaged<S: Storage>(
     let mut head = [0u8; HEADER_BYTES];
     head.copy_from_slice(reader.bytes(pos, HEADER_BYTES).map_err(io_err)?);
     let on_disk = format::decode_header(&head).ok();
-    // Magic, version and tag field are the segment's constants: put back, the rest of
-    // the header says what the damage left of this record.
+    // Magic, version, tag field and offset are known (the segment's constants, the offset
+    // expected here): put back, the rest of the header says what the damage left.
     head[4..6].copy_from_slice(&format::MAGIC.to_le_bytes());
     head[6] = reader.tag.version();
     head[12..16].copy_from_slice(&reader.tag.field().to_le_bytes());
+    head[24..32].copy_from_slice(&expected.0.to_le_bytes());
+    // A damaged length or epoch field is one bit away from the true value, and with it
+    // put back the record checks out again: then its extent and epoch are certain (a
+    // checksum match, not a guess from the neighbours).
+    let mut checked = checks_with(reader, pos, &head).map_err(io_err)?;
+    for (field, bits) in [(8..12, 32), (16..24, 64)] {
+        if checked {
+            break;
+        }
+        for k in 0..bits {
+            let mut candidate = head;
+            candidate[field.start + k / 8] ^= 1 << (k % 8);
+            if checks_with(reader, pos, &candidate).map_err(io_err)? {
+                head = candidate;
+                checked = true;
+                break;
+            }
+        }
+    }
     let Ok(h) = format::decode_header(&head) else {
         return Ok(None);
     };
@@ -960,9 +1004,17 @@ fn place_damaged<S: Storage>(
     let Some(n) = next.filter(|n| !n.is_truncate_marker() && n.offset == next_offset) else {
         return Ok(None);
     };
-    let epoch = if n.epoch == prev_epoch {
+    let between = (prev_epoch..=n.epoch).contains(&h.epoch);
+    let epoch = if checked {
+        if !between {
+            return Ok(None);
+        }
+        h.epoch
+    } else if n.epoch == prev_epoch {
         prev_epoch
-    } else if (prev_epoch..=n.epoch).contains(&h.epoch) {
+    } else if between {
+        // Damaged in more than one field: the header's epoch, unchecked (a wrong one
+        // leaves the record unrepairable, never overwritten with another entry).
         h.epoch
     } else {
         return Ok(None);

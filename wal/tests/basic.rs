@@ -563,6 +563,48 @@ fn a_truncation_forgets_the_damaged_records_it_replaces() {
     assert_eq!(wal.first_corrupt_record(), None);
 }
 
+/// At an epoch boundary the neighbours' epochs differ: a damaged epoch field is still
+/// put back exactly (the checksum tells which one-bit change is the record's), so the
+/// damaged entry opens with its own epoch and is repaired; as is a damaged length field
+/// of a batch's last record (zeros follow it, so its extent alone proves nothing).
+#[test]
+fn a_damaged_epoch_or_length_field_at_a_boundary_opens_with_the_true_value() {
+    use quire_proto::RepairOutcome;
+
+    let dir = tempfile::tempdir().unwrap();
+    let placing = quire_wal::WalConfig {
+        damaged_records: quire_wal::DamagedRecords::Place,
+        ..config(dir.path(), IoBackend::Sync)
+    };
+    let (wal, _) = Wal::open(placing.clone()).unwrap();
+    append_range(&wal, 0, 10, 65538, 185);
+    append_range(&wal, 10, 20, 131073, 185);
+    wal.close().unwrap();
+    drop(wal);
+    // (offset, byte, bit): the last entry of epoch 65538 and the first of 131073 (epoch
+    // field, low byte), and a batch's last record (length field: 185 -> 187).
+    for (offset, at, bit) in [(9, 16, 0), (10, 16, 0), (10, 16, 1), (5, 8, 1)] {
+        flip_record_bit(dir.path(), offset, at, bit);
+        let (wal, report) = Wal::open(placing.clone()).unwrap();
+        assert_eq!(
+            report.damaged,
+            vec![Offset(offset)],
+            "offset {offset} byte {at}"
+        );
+        let epoch = if offset < 10 { 65538 } else { 131073 };
+        assert_eq!(wal.entry_epoch(Offset(offset)), Some(Epoch(epoch)));
+        assert_eq!(
+            wal.repair_record(&record(offset, epoch, 185)).unwrap(),
+            RepairOutcome::Repaired,
+            "offset {offset} byte {at} bit {bit}"
+        );
+        wal.close().unwrap();
+    }
+    let (wal, report) = Wal::open(placing).unwrap();
+    assert!(report.damaged.is_empty());
+    assert_eq!(read_all(&wal).len(), 20);
+}
+
 /// Whichever bit of a record one flip hits (its checksum, any header field, its payload),
 /// the damaged record is refused to readers and the good copy repairs it.
 #[test]
