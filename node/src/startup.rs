@@ -43,7 +43,9 @@ pub enum StartError {
     #[error(transparent)]
     Identity(#[from] IdentityError),
     /// The promised-epoch file is damaged or unreadable.
-    #[error("loading the promised epoch in {}: {source}", dir.display())]
+    // The source is not in the message: printed with its chain (`{:#}`, as quire-node's
+    // main does), it would read twice.
+    #[error("loading the promised epoch in {}", dir.display())]
     Promised {
         /// The WAL directory.
         dir: PathBuf,
@@ -56,7 +58,7 @@ pub enum StartError {
     TailCut(#[from] TailCutError),
     /// The WAL cannot be opened: corruption found by recovery ([`WalError::Corruption`]:
     /// nothing was changed), a lock held, I/O errors.
-    #[error("opening the WAL in {}: {source}", dir.display())]
+    #[error("opening the WAL in {}", dir.display())]
     Wal {
         /// The WAL directory.
         dir: PathBuf,
