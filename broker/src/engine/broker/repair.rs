@@ -48,6 +48,9 @@ pub(super) struct Repairs {
     /// `(slot, offset)` for which no store could give a good copy at the last attempt
     /// (said once, as a warning, until a source appears).
     unsourced: Vec<(SlotId, Offset)>,
+    /// `(slot, offset)` whose store refused a copy (not its entry, or no longer held):
+    /// said once, as a warning, since a refusal that repeats leaves the store a non-voter.
+    refused: Vec<(SlotId, Offset)>,
 }
 
 impl Engine {
@@ -105,6 +108,13 @@ impl Engine {
         let good = result.as_ref().is_ok_and(|r| r.outcome.is_good());
         if good {
             self.repairs.reported.retain(|r| *r != (slot, offset));
+            self.repairs.refused.retain(|r| *r != (slot, offset));
+        } else if let Ok(r) = &result {
+            let refused = &mut self.repairs.refused;
+            if !refused.contains(&(slot, offset)) && refused.len() < CORRUPT_REPORTS_MAX {
+                refused.push((slot, offset));
+                tracing::warn!(%slot, %offset, outcome = ?r.outcome, "a store refused the copy offered to repair its damaged record (not its entry, or no longer held); retried, and the store grants no fence meanwhile");
+            }
         }
         let Role::Master(m) = &mut self.role else {
             match result {
