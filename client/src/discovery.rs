@@ -477,6 +477,7 @@ mod tests {
             brokers: vec![info(1), info(2), info(3)],
             stores: Vec::new(),
             applied: None,
+            kafka: None,
         }
     }
 

@@ -233,6 +233,7 @@ fn handle(id: u16, body: Body, st: &Shared) -> Option<(Body, Option<Duration>)> 
                 brokers: g.brokers.clone(),
                 stores: Vec::new(),
                 applied: None,
+                kafka: None,
             }
             .into()
         }

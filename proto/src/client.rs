@@ -313,6 +313,8 @@ pub struct MetadataRequest {
 /// ..    4      broker count          u32, ≤ MEMBERS_MAX, then BrokerInfo each
 /// ..    4      store count           u32, ≤ MEMBERS_MAX, then StoreInfo each
 /// ..    1|9    applied               Option<Offset>: highest offset applied to this broker's state
+/// ..    1|3+n  kafka                 Option<string ≤ ADDR_BYTES_MAX>: tag u8, then this
+///                                    broker's advertised Kafka address ("host:port")
 /// then, only if the request asked for topics and there are any:
 /// ..    4      topic count           u32, ≤ SNAPSHOT_TOPICS_MAX, then a string each
 /// ```
@@ -332,6 +334,10 @@ pub struct MetadataResponse {
     /// state (topics, cursors, producer table); `None` before the first. On a slave it
     /// trails the master's HWM by the replication lag.
     pub applied: Option<Offset>,
+    /// This broker's Kafka listener as Kafka clients' metadata advertises it (`host:port`,
+    /// its `kafka_brokers` entry, else the bound `kafka_listen` address); `None` when it
+    /// has no Kafka listener. What `quire cluster status` prints as bootstrap servers.
+    pub kafka: Option<String>,
     /// The topics this broker's state holds, by name, when the request asked for them
     /// ([`MetadataRequest::topics`]); empty otherwise.
     pub topics: Vec<String>,
@@ -686,6 +692,13 @@ impl MetadataResponse {
             s.write(w)?;
         }
         w.opt_offset(self.applied);
+        match &self.kafka {
+            None => w.u8(0),
+            Some(addr) => {
+                w.u8(1);
+                w.string("metadata kafka", addr, ADDR_BYTES_MAX)?;
+            }
+        }
         if !self.topics.is_empty() {
             w.count("metadata topics", self.topics.len(), SNAPSHOT_TOPICS_MAX)?;
             for t in &self.topics {
@@ -710,6 +723,16 @@ impl MetadataResponse {
             stores.push(StoreInfo::read(r)?);
         }
         let applied = r.opt_offset("metadata applied")?;
+        let kafka = match r.u8("metadata kafka")? {
+            0 => None,
+            1 => Some(r.string("metadata kafka", ADDR_BYTES_MAX)?),
+            byte => {
+                return Err(WireError::InvalidTag {
+                    field: "metadata kafka",
+                    byte,
+                })
+            }
+        };
         let mut topics = Vec::new();
         if r.remaining() > 0 {
             let count = r.count("metadata topics", SNAPSHOT_TOPICS_MAX, 3)?;
@@ -726,6 +749,7 @@ impl MetadataResponse {
             brokers,
             stores,
             applied,
+            kafka,
         })
     }
 }

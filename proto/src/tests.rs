@@ -381,6 +381,7 @@ pub(crate) fn samples() -> Vec<Body> {
                 },
             ],
             applied: Some(Offset(500)),
+            kafka: None,
         }
         .into(),
         ErrorResponse::trimmed(Offset(3), Offset(0x1_0000)).into(),
@@ -420,6 +421,7 @@ pub(crate) fn samples() -> Vec<Body> {
             brokers: vec![],
             stores: vec![],
             applied: None,
+            kafka: Some("k1:9092".into()),
             topics: vec!["a".into(), "b.c".into()],
         }
         .into(),

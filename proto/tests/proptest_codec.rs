@@ -316,8 +316,9 @@ fn body() -> impl Strategy<Value = Body> {
                 0..4
             ),
             opt_off(),
+            proptest::option::of(text(ADDR_BYTES_MAX)),
         )
-            .prop_map(|(epoch, hwm, master, brokers, stores, applied)| {
+            .prop_map(|(epoch, hwm, master, brokers, stores, applied, kafka)| {
                 let stores = stores
                     .into_iter()
                     .map(
@@ -340,6 +341,7 @@ fn body() -> impl Strategy<Value = Body> {
                     brokers,
                     stores,
                     applied,
+                    kafka,
                 }
                 .into()
             }),

@@ -28,7 +28,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use quire_tests::process::{quire_command, run_bounded};
+use quire_tests::process::{quire_command, run_bounded, wait_cli_master};
 use quire_tests::{Cluster, Timing};
 
 const KCAT_BOUND: Duration = Duration::from_secs(60);
@@ -129,6 +129,20 @@ fn kcat_produces_and_consumes_through_every_codec_and_a_master_kill() {
     let master = cluster.wait_for_master();
     let both = kafka.join(",");
     let dir = cluster.root.path().to_owned();
+
+    // `cluster status` prints the Kafka bootstrap servers, as every broker advertises itself.
+    let natives = cluster
+        .brokers
+        .iter()
+        .map(|b| b.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let status = wait_cli_master(&[], &natives, None);
+    assert_eq!(
+        status["kafka_bootstrap"].as_str(),
+        Some(both.as_str()),
+        "{status}"
+    );
 
     // Metadata before any topic: both brokers.
     let listing = ok(&kcat(&["-b", &kafka[0], "-L"]), "kcat -L");

@@ -107,6 +107,8 @@ pub(crate) struct Actor {
     security: crate::security::SecurityView,
     /// The tables last set in `security`.
     published_security: Arc<crate::security::SecurityTables>,
+    /// See [`ActorInit::kafka_advertised`].
+    kafka_advertised: Option<String>,
 }
 
 /// A write request the engine holds by its token: what answers it.
@@ -139,6 +141,9 @@ pub(crate) struct ActorInit {
     pub(crate) message_event_bytes_max: Arc<AtomicUsize>,
     /// The users and ACL entries the connections check against (set from the state).
     pub(crate) security: crate::security::SecurityView,
+    /// This broker's advertised Kafka address, `None` without a Kafka listener
+    /// ([`quire_proto::MetadataResponse::kafka`]).
+    pub(crate) kafka_advertised: Option<String>,
 }
 
 /// `d` in whole milliseconds, saturating.
@@ -157,6 +162,7 @@ impl Actor {
             metrics,
             message_event_bytes_max,
             security,
+            kafka_advertised,
         } = init;
         let store_count = cfg.stores.len();
         let identities = cluster_file.identities_by_slot();
@@ -223,6 +229,7 @@ impl Actor {
             proposed_at: BTreeMap::new(),
             published_security: crate::security::current(&security),
             security,
+            kafka_advertised,
             cfg,
         }
     }
@@ -440,6 +447,7 @@ impl Actor {
                 .collect(),
             stores,
             applied: self.engine.state().applied(),
+            kafka: self.kafka_advertised.clone(),
         }
     }
 

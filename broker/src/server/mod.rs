@@ -167,6 +167,19 @@ impl Broker {
             identities_known = cluster_file.identities.len(),
             "broker starting as a slave"
         );
+        let kafka_addr = match &kafka_listener {
+            Some(l) => Some(l.local_addr().context("reading the Kafka address")?),
+            None => None,
+        };
+        // What Kafka clients' metadata names this broker by: its `kafka_brokers` entry,
+        // else the bound address.
+        let kafka_advertised = kafka_addr.map(|addr| {
+            config
+                .kafka_brokers
+                .iter()
+                .find(|(b, _)| *b == config.id)
+                .map_or_else(|| addr.to_string(), |(_, a)| a.clone())
+        });
         let cfg = Arc::new(config);
         let message_event_bytes_max = Arc::new(AtomicUsize::new(0));
         let security: crate::security::SecurityView = Arc::default();
@@ -179,6 +192,7 @@ impl Broker {
             internal_tx,
             metrics: metrics.clone(),
             message_event_bytes_max: message_event_bytes_max.clone(),
+            kafka_advertised,
         });
         let actor = tokio::spawn(actor.run(request_rx, internal_rx));
         let shared = conn::ConnShared {
@@ -198,10 +212,8 @@ impl Broker {
             auth: Arc::new(cfg.auth.clone()),
             login_failures: Arc::default(),
         };
-        let mut kafka_addr = None;
         if let Some(l) = kafka_listener {
-            let addr = l.local_addr().context("reading the Kafka address")?;
-            kafka_addr = Some(addr);
+            let addr = kafka_addr.expect("invariant: read when the listener was bound");
             let mut brokers: Vec<(u16, String)> = cfg
                 .kafka_brokers
                 .iter()

@@ -146,6 +146,8 @@ pub struct BrokerStatus {
     pub applied: Option<u64>,
     /// The master it names, if any.
     pub master_id: Option<u16>,
+    /// Its Kafka listener as Kafka clients are told it (`host:port`), if it has one.
+    pub kafka: Option<String>,
     /// Why it did not answer.
     pub error: Option<String>,
 }
@@ -163,6 +165,9 @@ pub struct ClusterStatus {
     pub stores: Vec<StoreStatus>,
     /// Every broker asked.
     pub brokers: Vec<BrokerStatus>,
+    /// The answering brokers' Kafka addresses, comma separated in broker order: a Kafka
+    /// client's `bootstrap.servers`; `null` when none has a Kafka listener.
+    pub kafka_bootstrap: Option<String>,
     /// Whose answer `epoch`, `hwm` and `stores` come from.
     pub view_of: Option<BrokerRef>,
 }
@@ -297,6 +302,7 @@ pub fn assemble(answers: &[Answer]) -> ClusterStatus {
                     hwm: m.hwm.map(|o| o.0),
                     applied: m.applied.map(|o| o.0),
                     master_id: m.master.as_ref().map(|b| b.id.0),
+                    kafka: m.kafka.clone(),
                     error: None,
                 }
             }
@@ -308,12 +314,16 @@ pub fn assemble(answers: &[Answer]) -> ClusterStatus {
                 hwm: None,
                 applied: None,
                 master_id: None,
+                kafka: None,
                 error: Some(e.clone()),
             },
         })
         .collect();
     brokers.sort_by(|a, b| (a.id, &a.addr).cmp(&(b.id, &b.addr)));
+    let kafka: Vec<&str> = brokers.iter().filter_map(|b| b.kafka.as_deref()).collect();
+    let kafka_bootstrap = (!kafka.is_empty()).then(|| kafka.join(","));
     ClusterStatus {
+        kafka_bootstrap,
         master: master_ref,
         epoch: view.map(|(_, m)| m.epoch.0),
         hwm,
@@ -370,6 +380,9 @@ impl Report for ClusterStatus {
         }
         writeln!(out, "epoch   {}", opt(self.epoch))?;
         writeln!(out, "hwm     {}", opt(self.hwm))?;
+        if let Some(k) = &self.kafka_bootstrap {
+            writeln!(out, "kafka   {k}  (bootstrap.servers)")?;
+        }
         if let Some(v) = &self.view_of {
             if self.master.is_none() {
                 writeln!(out, "(view of broker {} at {})", v.id, v.addr)?;
@@ -491,6 +504,7 @@ mod tests {
                 },
             ],
             applied: Some(Offset(41)),
+            kafka: Some("k1:9092".into()),
         };
         let slave_view = MetadataResponse {
             topics: Vec::new(),
@@ -502,6 +516,7 @@ mod tests {
                 store(4, true, None),
             ],
             applied: Some(Offset(39)),
+            kafka: Some("k2:9092".into()),
             ..master_view.clone()
         };
         let answers = vec![
@@ -540,6 +555,11 @@ mod tests {
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("master  broker 1 at b1:1"), "{text}");
         assert!(text.contains("connect refused"), "{text}");
+        assert_eq!(s.kafka_bootstrap.as_deref(), Some("k1:9092,k2:9092"));
+        assert!(
+            text.contains("kafka   k1:9092,k2:9092  (bootstrap.servers)"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -552,6 +572,7 @@ mod tests {
             brokers: brokers(),
             stores: vec![store(1, true, None)],
             applied: None,
+            kafka: None,
         };
         let mut stale = stale;
         stale.stores.push(StoreInfo {
