@@ -58,7 +58,9 @@ use crate::{
 };
 
 /// The APIs the listener serves, `(key, lowest version, highest version)`: what
-/// ApiVersions announces. Any other request closes the connection.
+/// ApiVersions announces. Any other request is answered `UNSUPPORTED_VERSION`
+/// ([`crate::unsupported`]) or, when the codec cannot frame an answer, closes the
+/// connection.
 pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 0, 9),
     (ApiKey::Fetch, 4, 12),

@@ -1,14 +1,17 @@
 //! One Kafka client connection: size-prefixed requests in, size-prefixed answers out, one
 //! request at a time (Kafka's rule, so answers keep the requests' order).
 //!
+//! A request for an API ApiVersions does not announce, or at a version outside the
+//! announced range, is answered with `UNSUPPORTED_VERSION` ([`crate::unsupported`]), and
+//! ApiVersions itself at an unknown version at version 0 with the supported ranges
+//! (KIP-511), so a newer client can fall back.
+//!
 //! Bad input closes the connection (Kafka does the same, as a client cannot resynchronize
 //! a stream it framed wrongly): a size prefix below 8 bytes or above
-//! `request_bytes_max`, an unknown API key, a header or request that does not decode, or a
-//! version outside what ApiVersions announced — except ApiVersions itself, which at an
-//! unknown version is answered at version 0 with `UNSUPPORTED_VERSION` and the supported
-//! ranges (KIP-511), so a newer client can fall back. Each closing is logged at debug with
-//! the peer and the reason; nothing a client sends reaches the broker before its request
-//! decodes whole.
+//! `request_bytes_max`, an API key or version the codec does not know (so no response
+//! can be framed for it), or a header or request that does not decode. Each closing is
+//! logged at debug with the peer and the reason; nothing a client sends reaches the broker
+//! before its request decodes whole.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -245,14 +248,26 @@ pub enum Decoded {
         /// The request's correlation id.
         correlation_id: i32,
     },
+    /// A request for an API not served, or at a version outside the served range, but
+    /// one the codec reads: answered with `UNSUPPORTED_VERSION` ([`crate::unsupported`]).
+    Unsupported {
+        /// The request's correlation id.
+        correlation_id: i32,
+        /// The API key.
+        api_key: ApiKey,
+        /// The request's API version.
+        version: i16,
+        /// The response body, encoded at `version`.
+        answer: BytesMut,
+    },
 }
 
 /// Decodes one request (its bytes after the size prefix): header and body, without
 /// serving it. Pure; what the fuzz target and the property tests drive.
 ///
 /// # Errors
-/// Why the connection must be closed: fewer than 8 bytes, an unknown API key, an API not
-/// served, a version outside the announced range, or a header or body that does not
+/// Why the connection must be closed: fewer than 8 bytes, an API key or version the codec
+/// does not know, an API only brokers send each other, or a header or body that does not
 /// decode.
 pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
     if bytes.len() < FIXED_HEADER_BYTES {
@@ -264,21 +279,34 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
     let Ok(api_key) = ApiKey::try_from(key) else {
         return Err(format!("unknown API key {key}"));
     };
-    let Some(range) = api::supported_versions(api_key) else {
-        return Err(format!("{api_key:?} is not supported (docs/kafka.md)"));
-    };
-    if version < range.0 || version > range.1 {
-        if api_key == ApiKey::ApiVersions {
-            return Ok(Decoded::UnsupportedApiVersions { correlation_id });
-        }
+    let served =
+        api::supported_versions(api_key).is_some_and(|(lo, hi)| (lo..=hi).contains(&version));
+    if !served && api_key == ApiKey::ApiVersions {
+        return Ok(Decoded::UnsupportedApiVersions { correlation_id });
+    }
+    let codec = api_key.valid_versions();
+    if version < codec.min || version > codec.max {
         return Err(format!(
-            "{api_key:?} v{version} is outside the supported {}..={}",
-            range.0, range.1
+            "{api_key:?} v{version} is outside what the codec reads ({}..={})",
+            codec.min, codec.max
         ));
     }
     let header_version = api_key.request_header_version(version);
     let header = RequestHeader::decode(&mut bytes, header_version)
         .map_err(|e| format!("{api_key:?} v{version}: bad request header: {e}"))?;
+    if !served {
+        if !crate::unsupported::answerable(api_key) {
+            return Err(format!("{api_key:?} is not served on a client listener"));
+        }
+        let answer = crate::unsupported::answer(api_key, version, bytes)
+            .map_err(|e| format!("{api_key:?} v{version} (not served): {e:#}"))?;
+        return Ok(Decoded::Unsupported {
+            correlation_id,
+            api_key,
+            version,
+            answer,
+        });
+    }
     let request = api::decode_body(api_key, version, bytes)
         .map_err(|e| format!("{api_key:?} v{version}: {e:#}"))?;
     Ok(Decoded::Request {
@@ -307,6 +335,21 @@ async fn start<B: Backend>(
                 .map_err(|e| format!("cannot encode ApiVersions: {e}"))?;
             let answer: api::Finishing = Box::pin(std::future::ready(Ok(Answer::Body(body))));
             Ok((correlation_id, 0, "ApiVersions".to_owned(), answer))
+        }
+        Decoded::Unsupported {
+            correlation_id,
+            api_key,
+            version,
+            answer,
+        } => {
+            tracing::debug!(?api_key, version, "answered UNSUPPORTED_VERSION");
+            let answer: api::Finishing = Box::pin(std::future::ready(Ok(Answer::Body(answer))));
+            Ok((
+                correlation_id,
+                api_key.response_header_version(version),
+                format!("{api_key:?} v{version} (not served)"),
+                answer,
+            ))
         }
         Decoded::Request {
             version,

@@ -42,6 +42,7 @@ mod conn;
 mod coordinator;
 pub mod group;
 mod sasl;
+pub mod unsupported;
 
 use std::collections::HashMap;
 use std::future::Future;

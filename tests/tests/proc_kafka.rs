@@ -285,6 +285,35 @@ fn kcat_produces_and_consumes_through_every_codec_and_a_master_kill() {
         35,
         "UNSUPPORTED_VERSION"
     );
+    // On the same connection, EndTxn v1 (key 26, not announced: no transactions) is
+    // answered UNSUPPORTED_VERSION, and the connection stays open for the next request.
+    let mut body = Vec::new();
+    body.extend_from_slice(&26i16.to_be_bytes());
+    body.extend_from_slice(&1i16.to_be_bytes());
+    body.extend_from_slice(&43i32.to_be_bytes());
+    body.extend_from_slice(&(-1i16).to_be_bytes()); // null client id
+    body.extend_from_slice(&2i16.to_be_bytes());
+    body.extend_from_slice(b"tx"); // transactional id
+    body.extend_from_slice(&7i64.to_be_bytes()); // producer id
+    body.extend_from_slice(&0i16.to_be_bytes()); // producer epoch
+    body.push(1); // committed
+    let mut req = (i32::try_from(body.len()).unwrap()).to_be_bytes().to_vec();
+    req.extend_from_slice(&body);
+    s.write_all(&req).unwrap();
+    // Skip the rest of the ApiVersions answer, then read EndTxn's: size, correlation id,
+    // throttle_time_ms, error_code.
+    let rest = usize::try_from(i32::from_be_bytes(head[..4].try_into().unwrap())).unwrap() + 4;
+    let mut skip = vec![0u8; rest - head.len()];
+    s.read_exact(&mut skip).unwrap();
+    let mut end_txn = [0u8; 14];
+    s.read_exact(&mut end_txn).unwrap();
+    assert_eq!(i32::from_be_bytes(end_txn[..4].try_into().unwrap()), 10);
+    assert_eq!(i32::from_be_bytes(end_txn[4..8].try_into().unwrap()), 43);
+    assert_eq!(
+        i16::from_be_bytes(end_txn[12..14].try_into().unwrap()),
+        35,
+        "EndTxn: UNSUPPORTED_VERSION"
+    );
     // And the broker serves on.
     assert_eq!(consume(&both, "codec-zstd").len(), 300);
 }
