@@ -913,9 +913,10 @@ async fn fetch_partition<B: Backend>(backend: &B, w: Wanted, wait_ms: u32) -> Pa
 }
 
 /// ListOffsets: the earliest offset (-2: where the log starts), the latest (-1: the high
-/// watermark), or the first record at or after a timestamp (≥ 0, [`offset_for_time`]) of
-/// partition 0, learned from fetch probes. Other negative timestamps (-3, the record with
-/// the largest timestamp, KIP-734; -4 and -5, tiered storage) are `INVALID_REQUEST`.
+/// watermark), the record with the largest timestamp (-3, KIP-734: [`max_timestamp`]), or
+/// the first record at or after a timestamp (≥ 0, [`offset_for_time`]) of partition 0,
+/// learned from fetch probes. Other negative timestamps (-4 and -5, tiered storage) are
+/// `INVALID_REQUEST`.
 async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListOffsetsResponse {
     let mut topics = Vec::new();
     for topic in req.topics {
@@ -935,6 +936,14 @@ async fn list_offsets<B: Backend>(backend: &B, req: ListOffsetsRequest) -> ListO
                     -1 => earliest_and_latest(backend, &topic.name.0)
                         .await
                         .map(|(_, l)| l),
+                    -3 => match max_timestamp(backend, &topic.name.0).await {
+                        Ok(found) => {
+                            let (offset, ts) = found.unwrap_or((-1, -1));
+                            parts.push(part.with_offset(offset).with_timestamp(ts));
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    },
                     t if t >= 0 => match offset_for_time(backend, &topic.name.0, t).await {
                         Ok(found) => {
                             let (offset, ts) = found.unwrap_or((-1, -1));
@@ -987,6 +996,43 @@ async fn offset_for_time<B: Backend>(
         Some((offset, ts)) if ts >= target => Some((i64::try_from(offset).unwrap_or(-1), ts)),
         _ => None,
     })
+}
+
+/// The record of `topic` with the largest timestamp, as `(offset, timestamp)` (ListOffsets
+/// -3, KIP-734); `None` if the topic has no record.
+///
+/// Two binary searches, one fetch of one record per step: the topic's last record, then
+/// ([`offset_for_time`]) the first record with that record's timestamp — Kafka answers the
+/// first offset to reach the largest timestamp. Exact when the topic's timestamps do not go
+/// backwards, as for [`offset_for_time`]. When the last message is a native one (no
+/// timestamp), its offset with timestamp -1.
+async fn max_timestamp<B: Backend>(
+    backend: &B,
+    topic: &str,
+) -> Result<Option<(i64, i64)>, ResponseError> {
+    let (first, end) = earliest_and_latest(backend, topic).await?;
+    let first = first.max(0).unsigned_abs();
+    // The smallest offset with no record of the topic at or after it.
+    let (mut lo, mut hi) = (first, end.max(0).unsigned_abs());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match first_record_at(backend, topic, mid).await? {
+            Some((offset, _)) => lo = offset + 1,
+            None => hi = mid,
+        }
+    }
+    if lo == first {
+        return Ok(None);
+    }
+    let Some((last, ts)) = first_record_at(backend, topic, lo - 1).await? else {
+        return Ok(None);
+    };
+    if ts < 0 {
+        return Ok(Some((i64::try_from(last).unwrap_or(-1), -1)));
+    }
+    Ok(offset_for_time(backend, topic, ts)
+        .await?
+        .or(Some((i64::try_from(last).unwrap_or(-1), ts))))
 }
 
 /// The first record of `topic` at or after `from`: its offset and timestamp (-1 for a

@@ -25,8 +25,9 @@ object on its last stdout line; the Rust test asserts on it. Every wait is bound
   times BOOTSTRAP
       100 records to topic timed with timestamps 1,000 s apart, each followed by a record
       to topic untimed; then offsets_for_times (ListOffsets by timestamp) for times before,
-      between, at and after them, and a consumer placed past the end (reset to the first
-      record). Result: for each, the offset found and the offset expected (from the
+      between, at and after them, the record with the largest timestamp (the admin
+      client's list_offsets, ListOffsets -3), and a consumer placed past the end (reset to
+      the first record). Result: for each, the offset found and the offset expected (from the
       delivery reports).
 
   live-tail BOOTSTRAP SECONDS
@@ -51,7 +52,13 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+)
 
 BOUND_S = 60
 
@@ -307,6 +314,14 @@ def times(bootstrap):
         [tp] = c.offsets_for_times([TopicPartition("timed", 0, t)], timeout=BOUND_S)
         out[name] = {"found": tp.offset, "expected": want}
     c.close()
+    # The record with the largest timestamp (ListOffsets -3, KIP-734), through the admin
+    # client: the last timed record, though an untimed one follows it in the log.
+    a = AdminClient({"bootstrap.servers": bootstrap})
+    futures = a.list_offsets({TopicPartition("timed", 0): OffsetSpec.max_timestamp()},
+                             request_timeout=BOUND_S)
+    [info] = [f.result(timeout=BOUND_S) for f in futures.values()]
+    out["max_timestamp"] = {"found": info.offset, "expected": offsets[99]}
+    out["max_timestamp_ms"] = {"found": info.timestamp, "expected": base + 99 * 1_000_000}
     # A position past the end: OFFSET_OUT_OF_RANGE, and the consumer resets to the
     # beginning (auto.offset.reset) and reads the first record.
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "times-reset",
