@@ -2,20 +2,26 @@
 # The Kafka listener against the native client, same cluster, same run (issue 14).
 #
 #   benches/kafka-vs-native.sh [--duration 10s] [--warmup 2s] [--rounds 2] [--size 1024]
-#                              [--kafka-queue 1024] [--dir PARENT]
+#                              [--kafka-queue 1024] [--client c|python] [--dir PARENT]
 #
 # Starts one local cluster (quire cluster up --detach: 3 stores + 2 brokers on 127.0.0.1,
 # each broker with a Kafka listener), then alternates, --rounds times: the native client
-# (quire bench cluster: 4 producers, batches of 64, 4 in flight) and librdkafka
-# (confluent-kafka from PyPI, benches/kafka/produce.py: one producer, acks=all,
-# linger.ms=5, at most --kafka-queue messages queued or in flight: by default 1,024, the
-# native run's window), each producing SIZE-byte messages for --duration after --warmup, to a
+# (quire bench cluster: 4 producers, batches of 64, 4 in flight) and librdkafka (one
+# producer, acks=all, linger.ms=5, at most --kafka-queue messages queued or in flight: by
+# default 1,024, the native run's window), each producing SIZE-byte messages for --duration
+# after --warmup, to a
 # topic of its own. Prints every run, the medians and the ratio kafka / native of
 # throughput, p50 and p99 (acked messages; latency from send to stabilized ack or
 # delivery report). The last stdout line is one JSON object.
 #
+# The librdkafka client is, with --client c (the default), benches/kafka/produce.c built
+# here with cc against the system's librdkafka (Debian: apt-get install librdkafka-dev);
+# with --client python, benches/kafka/produce.py on confluent-kafka (pip install
+# confluent-kafka), whose interpreter costs a few microseconds a message on a core the
+# cluster shares: on 2 cores it, not the listener, bounds the Kafka run.
+#
 # Environment: QUIRE=path (a built quire; default target/release/quire, built if missing);
-# python3 with confluent-kafka (`pip install confluent-kafka`). Everything runs on
+# PYTHON=path (default python3). Everything runs on
 # 127.0.0.1; every wait is bounded; an exit or Ctrl-C stops the cluster and removes it.
 set -euo pipefail
 
@@ -26,7 +32,8 @@ usage() { sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "kafka-vs-native: error: $*" >&2; exit 1; }
 note() { echo "== $*" >&2; }
 
-DURATION=10 WARMUP=2 ROUNDS=2 SIZE=1024 QUEUE=1024 PARENT=""
+DURATION=10 WARMUP=2 ROUNDS=2 SIZE=1024 QUEUE=1024 PARENT="" CLIENT=c
+PYTHON=${PYTHON:-python3}
 secs() { local v=${1%s}; [[ "$v" =~ ^[0-9]+$ ]] || die "durations are whole seconds (10s), not $1"; echo "$v"; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -35,12 +42,17 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=${2:?}; shift 2 ;;
     --size) SIZE=${2:?}; shift 2 ;;
     --kafka-queue) QUEUE=${2:?}; shift 2 ;;
+    --client) CLIENT=${2:?}; shift 2 ;;
     --dir) PARENT=${2:?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
-python3 -c 'import confluent_kafka' 2>/dev/null || die "python3 needs confluent-kafka (pip install confluent-kafka)"
+case $CLIENT in
+  c) [ -f /usr/include/librdkafka/rdkafka.h ] || die "--client c needs librdkafka's headers (Debian: apt-get install librdkafka-dev), or use --client python" ;;
+  python) "$PYTHON" -c 'import confluent_kafka' 2>/dev/null || die "$PYTHON needs confluent-kafka (pip install confluent-kafka)" ;;
+  *) die "--client is c or python, not $CLIENT" ;;
+esac
 PARENT=${PARENT:-$REPO/target}
 mkdir -p "$PARENT"
 QUIRE=${QUIRE:-$REPO/target/release/quire}
@@ -56,6 +68,12 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+if [ "$CLIENT" = c ]; then
+  cc -O2 -o "$WORK/produce" "$HERE/kafka/produce.c" -lrdkafka || die "cannot build benches/kafka/produce.c"
+  KAFKA_LOAD=("$WORK/produce")
+else
+  KAFKA_LOAD=("$PYTHON" "$HERE/kafka/produce.py")
+fi
 
 "$QUIRE" cluster up --detach --dir "$CLUSTER" --ready-timeout 30s >/dev/null
 read -r BROKERS KAFKA < <(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(",".join(c["brokers"]), ",".join(c["kafka"]))' "$CLUSTER/cluster.json")
@@ -68,8 +86,8 @@ for round in $(seq 1 "$ROUNDS"); do
     --producers 4 --event-size "$SIZE" --batch 64 --in-flight 4 --duration "${DURATION}s" \
     --warmup "${WARMUP}s" --format json \
     | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"mode":"native","ops_per_s":r["ops_per_s"],"p50_us":r["p50_us"],"p99_us":r["p99_us"]}))' >> "$RESULTS"
-  note "round $round: kafka (librdkafka)"
-  timeout $((DURATION + WARMUP + 60)) python3 "$HERE/kafka/produce.py" "$KAFKA" "kafka-$round" "$SIZE" "$DURATION" "$WARMUP" "$QUEUE" \
+  note "round $round: kafka (librdkafka, $CLIENT)"
+  timeout $((DURATION + WARMUP + 60)) "${KAFKA_LOAD[@]}" "$KAFKA" "kafka-$round" "$SIZE" "$DURATION" "$WARMUP" "$QUEUE" \
     | tail -n 1 | python3 -c 'import json,sys; r=json.load(sys.stdin); r["mode"]="kafka"; print(json.dumps(r))' >> "$RESULTS"
 done
 
