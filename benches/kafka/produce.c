@@ -9,7 +9,10 @@
  * report), and prints one JSON object: ops_per_s, p50_us, p99_us, delivered, failed,
  * unflushed. Every wait is bounded: the flush at the end waits at most 30 s.
  *
- * Usage: produce BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE]
+ * Usage: produce BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE [BATCH]]
+ *
+ * QUEUE: queue.buffering.max.messages (default 1024); BATCH: batch.num.messages (default
+ * 10000, librdkafka's).
  * Build: cc -O2 -o produce produce.c -lrdkafka   (Debian: apt-get install librdkafka-dev)
  */
 #include <inttypes.h>
@@ -40,7 +43,8 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
     uint64_t now = now_ns();
     uint64_t sent = (uint64_t)(uintptr_t)m->_private;
     if (m->err) {
-        failed++;
+        if (failed++ == 0)
+            fprintf(stderr, "produce: first failed delivery: %s\n", rd_kafka_err2str(m->err));
         return;
     }
     if (sent < measure_from || now > measure_to)
@@ -78,13 +82,14 @@ static void set(rd_kafka_conf_t *conf, const char *key, const char *value) {
 
 int main(int argc, char **argv) {
     if (argc < 6) {
-        fprintf(stderr, "usage: produce BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE]\n");
+        fprintf(stderr, "usage: produce BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE [BATCH]]\n");
         return 2;
     }
     const char *topic = argv[2];
     size_t size = strtoul(argv[3], NULL, 10);
     double duration = atof(argv[4]), warmup = atof(argv[5]);
     const char *queue = argc > 6 ? argv[6] : "1024";
+    const char *batch = argc > 7 ? argv[7] : "10000";
     char *payload = malloc(size ? size : 1);
     if (!payload)
         return 1;
@@ -96,6 +101,7 @@ int main(int argc, char **argv) {
     set(conf, "linger.ms", "5");
     /* As produce.py: at most QUEUE messages queued or in flight (the native run's window). */
     set(conf, "queue.buffering.max.messages", queue);
+    set(conf, "batch.num.messages", batch);
     set(conf, "message.timeout.ms", "30000");
     rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
     char err[512];

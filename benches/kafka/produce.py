@@ -5,10 +5,11 @@ seconds not counted), records each message's delivery latency (produce() call to
 report), and prints one JSON object: ops_per_s, p50_us, p99_us, delivered, failed.
 Every wait is bounded: flush() at the end waits at most 30 s.
 
-Usage: python3 produce.py BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE]
+Usage: python3 produce.py BOOTSTRAP TOPIC SIZE DURATION_S WARMUP_S [QUEUE [BATCH]]
 
 QUEUE: librdkafka's queue.buffering.max.messages, the messages queued or in flight at most
-(default 1024, the native run's window: 4 producers x 4 batches x 64).
+(default 1024, the native run's window: 4 producers x 4 batches x 64). BATCH: librdkafka's
+batch.num.messages (default 10000, librdkafka's).
 """
 import json
 import sys
@@ -19,6 +20,7 @@ from confluent_kafka import Producer
 bootstrap, topic = sys.argv[1], sys.argv[2]
 size, duration, warmup = int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 queue = int(sys.argv[6]) if len(sys.argv) > 6 else 1024
+batch = int(sys.argv[7]) if len(sys.argv) > 7 else 10000
 payload = b"x" * size
 latencies = []
 counted = {"ok": 0, "failed": 0}
@@ -45,6 +47,7 @@ p = Producer({
     # By default at most 1,024 messages queued or in flight, as the native run's window:
     # latency is then the broker's, not time spent in a deep client queue.
     "queue.buffering.max.messages": queue,
+    "batch.num.messages": batch,
     "message.timeout.ms": 30000,
 })
 while True:
