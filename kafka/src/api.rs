@@ -738,6 +738,7 @@ async fn fetch<B: Backend>(backend: &B, req: FetchRequest) -> FetchResponse {
             parts[i] = p;
         }
     }
+    within_max_bytes(&mut parts, max_bytes);
     let mut responses: Vec<FetchableTopicResponse> = Vec::new();
     for ((topic, _, _, _), part) in wanted.into_iter().zip(parts) {
         match responses.last_mut() {
@@ -793,6 +794,27 @@ async fn fetch_pass<B: Backend>(
         .zip(wanted)
         .map(|(p, w)| p.unwrap_or_else(|| not_read(w.1)))
         .collect()
+}
+
+/// Holds an answer to the fetch's `max_bytes` as Kafka does: partitions keep their records
+/// in the order asked while the total stays within `max_bytes`, and the first partition
+/// with records keeps them whatever their size (so a record larger than `max_bytes` is
+/// still delivered). A partition read at once with others (up to
+/// [`FETCH_CONCURRENCY_MAX`]) whose records would go over is answered as not read; the
+/// client asks for it again from the same offset.
+fn within_max_bytes(parts: &mut [PartitionData], max_bytes: usize) {
+    let mut total = 0usize;
+    for p in parts.iter_mut() {
+        let len = p.records.as_ref().map_or(0, Bytes::len);
+        if len == 0 {
+            continue;
+        }
+        if total > 0 && total + len > max_bytes {
+            *p = not_read(p.partition_index);
+        } else {
+            total += len;
+        }
+    }
 }
 
 /// A partition this answer did not read (its byte bound was reached first).
@@ -1103,5 +1125,47 @@ async fn earliest_and_latest<B: Backend>(
             high_watermark(r.hwm),
         )),
         other => Err(unexpected(&other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(index: i32, len: usize) -> PartitionData {
+        PartitionData::default()
+            .with_partition_index(index)
+            .with_high_watermark(100)
+            .with_records(Some(Bytes::from(vec![0u8; len])))
+    }
+
+    #[test]
+    fn a_fetch_answer_holds_max_bytes_but_always_the_first_records() {
+        let sizes = |parts: &[PartitionData]| -> Vec<usize> {
+            parts
+                .iter()
+                .map(|p| p.records.as_ref().map_or(0, Bytes::len))
+                .collect()
+        };
+        // In the order asked: 600 fits, 500 would go over, the error stays, 300 fits.
+        let mut parts = vec![
+            part(0, 0),
+            part(1, 600),
+            part(2, 500),
+            failed(3, ResponseError::UnknownTopicOrPartition),
+            part(4, 300),
+        ];
+        within_max_bytes(&mut parts, 1000);
+        assert_eq!(sizes(&parts), [0, 600, 0, 0, 300]);
+        assert_eq!(parts[2].high_watermark, -1, "answered as not read");
+        assert_eq!(parts[2].partition_index, 2);
+        assert_eq!(
+            parts[3].error_code,
+            ResponseError::UnknownTopicOrPartition.code()
+        );
+        // The first partition with records keeps them, however large.
+        let mut parts = vec![part(0, 5000), part(1, 10)];
+        within_max_bytes(&mut parts, 1000);
+        assert_eq!(sizes(&parts), [5000, 0]);
     }
 }
