@@ -528,6 +528,74 @@ fn a_kafka_producer_may_not_skip_sequences() {
     assert_eq!(code(&h.answers()[0].1), None);
 }
 
+/// A produce proposed after a delete of its topic creates the topic again when both are
+/// applied: it counts as a new topic, and the delete as done, so at `topics_max` (here the
+/// state's own bound would be the same) no other new topic slips in to be acknowledged and
+/// not indexed.
+#[test]
+fn a_produce_after_a_delete_of_its_topic_counts_as_a_new_topic() {
+    use quire_proto::TopicAction::Delete;
+    let mut h = H::new();
+    h.writes = Writes::new(WriteLimits {
+        topics_max: 2,
+        ..limits()
+    });
+    let to = |topic: &str| {
+        WriteRequest::Produce(ProduceRequest {
+            format: quire_proto::MessageFormat::Raw,
+            topic: topic.to_owned(),
+            ..produce(0, 0, 1)
+        })
+    };
+    h.request(1, to("a"), 0);
+    h.request(2, to("b"), 0);
+    h.flush(true);
+    assert_eq!(h.answers().len(), 2);
+    assert_eq!(h.state.topic_count(), 2);
+    // Delete a, then a produce to a (a again once both apply). The delete stabilizes
+    // first: the state holds one topic, but the produce in flight will make it two, so a
+    // produce to new topic c is refused.
+    h.request(
+        3,
+        WriteRequest::TopicAdmin(quire_proto::TopicAdminRequest {
+            action: Delete,
+            topic: "a".to_owned(),
+            partitions: 0,
+        }),
+        0,
+    );
+    h.flush(false);
+    let delete_appends = h.held.len();
+    h.request(4, to("a"), 0);
+    h.flush(false);
+    let first: Vec<_> = h.held.drain(..delete_appends).collect();
+    h.deliver(first, true);
+    assert_eq!(h.answers(), [(3, Reply::TopicChanged)]);
+    assert_eq!(h.state.topic_count(), 1);
+    h.request(5, to("c"), 0);
+    let refused = h.answers();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(code(&refused[0].1), Some(ErrorCode::LimitReached));
+    h.release();
+    h.flush(true);
+    let answers = h.answers();
+    assert!(
+        matches!(answers[..], [(4, Reply::Produced { .. })]),
+        "{answers:?}"
+    );
+    assert_eq!(h.state.topic_count(), 2);
+    assert_eq!(
+        h.state.stats().topics_refused,
+        0,
+        "every acknowledged message indexed"
+    );
+    assert_eq!(h.state.topic("a").map(|t| t.len()), Some(1));
+    // Once applied, the count is exact again: b and a exist, c is still one too many.
+    h.request(6, to("c"), 0);
+    h.flush(true);
+    assert_eq!(code(&h.answers()[0].1), Some(ErrorCode::LimitReached));
+}
+
 /// Topics are created and deleted through the log; each refusal is typed.
 #[test]
 fn topics_are_created_and_deleted_with_typed_refusals() {

@@ -190,6 +190,8 @@ struct Pending {
     batch: Option<(u64, u64)>,
     /// The topic or cursor it adds to the state, if new when proposed.
     adds: Option<NewName>,
+    /// The topic a delete removes from the state.
+    removes: Option<String>,
     waiters: Vec<Waiting>,
 }
 
@@ -234,6 +236,11 @@ pub struct Writes {
     new_users: usize,
     /// Of those, ACL entries.
     new_acls: usize,
+    /// Topics with a delete in flight, and how many: a produce proposed after the delete
+    /// creates the topic again once both are applied, so it counts as adding a topic
+    /// (else, at `topics_max` = the state's bound, a produce to another new topic could be
+    /// acknowledged and not indexed).
+    deleting: BTreeMap<String, usize>,
 }
 
 /// What to do with a produce request.
@@ -260,6 +267,7 @@ impl Writes {
             new_cursors: 0,
             new_users: 0,
             new_acls: 0,
+            deleting: BTreeMap::new(),
         }
     }
 
@@ -343,6 +351,14 @@ impl Writes {
             if let Some(name) = &p.adds {
                 // Applied before this call: the state counts it now.
                 self.forget_new(name);
+            }
+            if let Some(topic) = &p.removes {
+                if let Some(n) = self.deleting.get_mut(topic) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.deleting.remove(topic);
+                    }
+                }
             }
             out.push(WriteCommand::Stabilized {
                 last,
@@ -518,11 +534,11 @@ impl Writes {
                     }
                     Plan::Write => {}
                 }
-                let adds = (state.topic(&p.topic).is_none())
-                    .then(|| NewName::Topic(p.topic.clone()))
-                    .filter(|n| !self.new_names.contains(n));
-                if adds.is_some() && state.topic_count() + self.new_topics >= self.limits.topics_max
-                {
+                let adds = (state.topic(&p.topic).is_none()
+                    || self.deleting.contains_key(&p.topic))
+                .then(|| NewName::Topic(p.topic.clone()))
+                .filter(|n| !self.new_names.contains(n));
+                if adds.is_some() && self.topics_after(state) >= self.limits.topics_max {
                     reply(
                         out,
                         Reply::Error(ErrorResponse::new(
@@ -733,6 +749,13 @@ impl Writes {
             *self.count_of(name) += 1;
             self.new_names.insert(name.clone());
         }
+        let removes = match &b.request {
+            WriteRequest::TopicAdmin(t) if t.action == TopicAction::Delete => {
+                *self.deleting.entry(t.topic.clone()).or_default() += 1;
+                Some(t.topic.clone())
+            }
+            _ => None,
+        };
         out.push(WriteCommand::Proposed { last });
         self.pending.insert(
             last,
@@ -742,6 +765,7 @@ impl Writes {
                 count,
                 batch,
                 adds,
+                removes,
                 waiters: vec![Waiting {
                     token,
                     kind,
@@ -750,6 +774,14 @@ impl Writes {
             },
         );
         None
+    }
+
+    /// The topics the state will hold once every write in flight is applied, at most: the
+    /// state's, less those a delete in flight removes, plus those the writes in flight add
+    /// (a produce after a delete of its topic adds it again). A write proposed now is applied
+    /// after every one in flight, or not at all, so the deletes may be counted as done.
+    fn topics_after(&self, state: &BrokerState) -> usize {
+        (state.topic_count() + self.new_topics).saturating_sub(self.deleting.len())
     }
 
     /// A write that added `name` stabilized (or left): the state counts the name now.
@@ -799,7 +831,7 @@ impl Writes {
                         ),
                     ));
                 }
-                if state.topic_count() + self.new_topics >= self.limits.topics_max {
+                if self.topics_after(state) >= self.limits.topics_max {
                     return Err(ErrorResponse::new(
                         ErrorCode::LimitReached,
                         format!(
