@@ -372,11 +372,7 @@ pub fn authorize(
     let Some((operation, topic)) = required(body) else {
         return Ok(());
     };
-    if let Principal::Certificate {
-        role: Some(Role::Broker),
-        ..
-    } = principal
-    {
+    if is_broker(principal) {
         return Ok(());
     }
     let name = principal.name();
@@ -402,19 +398,75 @@ pub fn authorize(
         Some(t) => format!("topic {t:?}"),
         None => "the cluster".to_owned(),
     };
+    Err(refusal(
+        principal,
+        operation,
+        &resource,
+        topic.unwrap_or("*"),
+    ))
+}
+
+fn is_broker(principal: &Principal) -> bool {
+    matches!(
+        principal,
+        Principal::Certificate {
+            role: Some(Role::Broker),
+            ..
+        }
+    )
+}
+
+/// Whether `principal` may be a member of Kafka consumer group `group` (join, sync,
+/// heartbeat, leave, describe it, commit or read its offsets): an ACL entry with
+/// [`AclOperation::Group`] (or `all`) whose pattern matches the group id, as Kafka asks
+/// for `READ` on the group.
+///
+/// # Errors
+/// `Unauthorized`, naming the principal and the group.
+pub fn authorize_group(
+    settings: &AuthSettings,
+    tables: &SecurityTables,
+    principal: &Principal,
+    group: &str,
+) -> Result<(), ErrorResponse> {
+    if !settings.authorization || is_broker(principal) {
+        return Ok(());
+    }
+    let name = principal.name();
+    if settings.super_users.iter().any(|s| s == name)
+        || tables.allows(name, AclOperation::Group, Some(group))
+    {
+        return Ok(());
+    }
+    Err(refusal(
+        principal,
+        AclOperation::Group,
+        &format!("consumer group {group:?}"),
+        group,
+    ))
+}
+
+/// `Unauthorized` for `principal` lacking `operation` on `resource`, with the hint that
+/// fixes it (an entry on `pattern`, or a login).
+fn refusal(
+    principal: &Principal,
+    operation: AclOperation,
+    resource: &str,
+    pattern: &str,
+) -> ErrorResponse {
+    let name = principal.name();
     let hint = if matches!(principal, Principal::Anonymous) {
         "this connection proved nothing: log in (--user, QUIRE_USER) or show a client certificate"
             .to_owned()
     } else {
         format!(
-            "an administrator can add one: quire acl add --principal '{name}' --operation {operation} --topic '{}'",
-            topic.unwrap_or("*")
+            "an administrator can add one: quire acl add --principal '{name}' --operation {operation} --topic '{pattern}'"
         )
     };
-    Err(ErrorResponse::new(
+    ErrorResponse::new(
         ErrorCode::Unauthorized,
         format!("principal {name:?} has no {operation} right on {resource}: no ACL entry grants it ({hint})"),
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -469,6 +521,56 @@ mod tests {
         // A name that sorts between others, or before "*", finds nothing of theirs.
         assert!(!tables.allows("user", AclOperation::Consume, Some("t1")));
         assert!(!tables.allows("!", AclOperation::Consume, Some("t1")));
+    }
+
+    /// Kafka consumer groups need a `group` entry (Kafka's READ on the group): a topic
+    /// right is not one, `all` is, patterns match group ids, super users and brokers pass,
+    /// and nothing is checked without authorization.
+    #[test]
+    fn a_consumer_group_needs_a_group_entry_for_its_id() {
+        let mut tables = SecurityTables::default();
+        for (principal, operation, pattern) in [
+            ("alice", AclOperation::Group, "billing-*"),
+            ("alice", AclOperation::Consume, "*"),
+            ("bob", AclOperation::All, "reports"),
+        ] {
+            tables.apply_acl(AclAdminEvent {
+                action: AclAction::Add,
+                entry: AclEntry {
+                    principal: principal.into(),
+                    operation,
+                    topic: pattern.into(),
+                },
+            });
+        }
+        let on = AuthSettings {
+            authorization: true,
+            super_users: vec!["root".into()],
+        };
+        let user = |u: &str| Principal::User(u.into());
+        let check = |p: &Principal, g: &str| authorize_group(&on, &tables, p, g);
+        assert!(check(&user("alice"), "billing-eu").is_ok());
+        let refused = check(&user("alice"), "audit").unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unauthorized);
+        assert!(
+            refused.message.contains("consumer group \"audit\"")
+                && refused
+                    .message
+                    .contains("--operation group --topic 'audit'"),
+            "{}",
+            refused.message
+        );
+        assert!(check(&user("bob"), "reports").is_ok(), "all includes group");
+        assert!(check(&user("bob"), "billing-eu").is_err());
+        assert!(check(&Principal::Anonymous, "billing-eu").is_err());
+        assert!(check(&user("root"), "anything").is_ok());
+        let broker = Principal::Certificate {
+            name: "b1".into(),
+            role: Some(Role::Broker),
+        };
+        assert!(check(&broker, "anything").is_ok());
+        let off = AuthSettings::default();
+        assert!(authorize_group(&off, &tables, &Principal::Anonymous, "audit").is_ok());
     }
 
     #[test]

@@ -154,7 +154,11 @@ async fn coordinated_group<B: Backend>(
     g: &GroupId,
 ) -> Result<String, ResponseError> {
     coordinator_epoch(backend, listener).await?;
-    group_id(g)
+    let id = group_id(g)?;
+    if !backend.group_allowed(&id) {
+        return Err(ResponseError::GroupAuthorizationFailed);
+    }
+    Ok(id)
 }
 
 /// The Kafka error for a cursor request's error answer: a broker that is no longer the
@@ -553,6 +557,7 @@ pub(crate) async fn list_groups<B: Backend>(
         .groups()
         .list()
         .into_iter()
+        .filter(|(id, _, _)| backend.group_allowed(id))
         .map(|(id, protocol_type, state)| {
             ListedGroup::default()
                 .with_group_id(GroupId(s(&id)))
@@ -586,6 +591,9 @@ pub(crate) async fn describe_groups<B: Backend>(
             let out = DescribedGroup::default().with_group_id(g.clone());
             if let Err(e) = coordinator {
                 return out.with_error_code(e.code());
+            }
+            if !backend.group_allowed(&g.0) {
+                return out.with_error_code(ResponseError::GroupAuthorizationFailed.code());
             }
             let d = listener.groups().describe(&g.0);
             bytes += d

@@ -92,6 +92,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Counts a failed login from `ip`.
     fn login_failed(&self, ip: std::net::IpAddr);
 
+    /// Whether the principal the requests are made for may be a member of consumer group
+    /// `group` (join, sync, heartbeat, leave, describe, commit and read its offsets): the
+    /// broker's ACL entries for groups, Kafka's `READ` on the group; always, on a broker
+    /// that does not check ACLs.
+    fn group_allowed(&self, group: &str) -> bool;
+
     /// [`Backend::submit`], then its answer.
     fn call(&self, body: Body) -> impl Future<Output = Body> + Send {
         async move { self.submit(body).await.await }

@@ -79,18 +79,24 @@ pub enum AclOperation {
     Commit = 3,
     /// Administer the cluster (users, ACLs, handoff); only with the topic pattern `*`.
     Admin = 4,
-    /// Every operation above.
+    /// Every operation here: the above, and [`AclOperation::Group`].
     All = 5,
+    /// Be a member of the Kafka consumer groups whose ids the entry's pattern matches
+    /// (its `topic` field holds a group id or pattern): join, sync, heartbeat, leave,
+    /// describe, and commit or read the group's offsets (which also need the topic's
+    /// `commit` / `consume`). Kafka's `READ` on a group resource.
+    Group = 6,
 }
 
 impl AclOperation {
     /// Every operation, in numeric order.
-    pub const ALL: [AclOperation; 5] = [
+    pub const ALL: [AclOperation; 6] = [
         AclOperation::Produce,
         AclOperation::Consume,
         AclOperation::Commit,
         AclOperation::Admin,
         AclOperation::All,
+        AclOperation::Group,
     ];
 
     /// The operation's name in ACL listings and on the command line.
@@ -102,6 +108,7 @@ impl AclOperation {
             AclOperation::Commit => "commit",
             AclOperation::Admin => "admin",
             AclOperation::All => "all",
+            AclOperation::Group => "group",
         }
     }
 
@@ -141,7 +148,8 @@ pub struct AclEntry {
     pub principal: String,
     /// May do what.
     pub operation: AclOperation,
-    /// On which topics (a name or a pattern).
+    /// On which topics (a name or a pattern); for [`AclOperation::Group`], on which Kafka
+    /// consumer groups.
     pub topic: String,
 }
 
@@ -182,6 +190,16 @@ impl std::fmt::Display for AclEntry {
                 "do anything, administering the cluster included".to_owned()
             }
             AclOperation::All => format!("do anything on {topics}"),
+            AclOperation::Group => {
+                let groups = if self.topic == "*" {
+                    "every Kafka consumer group".to_owned()
+                } else if let Some(prefix) = self.topic.strip_suffix('*') {
+                    format!("the Kafka consumer groups starting {prefix:?}")
+                } else {
+                    format!("Kafka consumer group {:?}", self.topic)
+                };
+                format!("be a member of {groups}")
+            }
         };
         write!(f, "principal {:?} may {what}", self.principal)
     }

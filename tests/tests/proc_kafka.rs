@@ -569,4 +569,57 @@ fn kcat_over_tls_is_authorized_by_its_certificate_or_its_scram_login() {
         300,
         "the super user's 100, client-2's 100, alice's 100"
     );
+
+    // A consumer group needs a group entry: client-2, given consume and commit on the
+    // topic, is refused the group (GROUP_AUTHORIZATION_FAILED) until it has one for it.
+    for operation in ["consume", "commit"] {
+        admin(&[
+            "acl",
+            "add",
+            "--principal",
+            "client-2",
+            "--operation",
+            operation,
+            "--topic",
+            "secure",
+        ]);
+    }
+    let group_read = || {
+        kcat_as(
+            Some("client-2"),
+            &[
+                "-b",
+                &both,
+                "-G",
+                "billing-1",
+                "secure",
+                "-X",
+                "auto.offset.reset=earliest",
+                "-e",
+                "-q",
+            ],
+        )
+    };
+    let out = group_read();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.stdout.is_empty() && err.to_lowercase().contains("group authorization failed"),
+        "client-2 joined a group it has no entry for: {err}"
+    );
+    admin(&[
+        "acl",
+        "add",
+        "--principal",
+        "client-2",
+        "--operation",
+        "group",
+        "--topic",
+        "billing-*",
+    ]);
+    let out = group_read();
+    assert_eq!(
+        ok(&out, "kcat -G as client-2").lines().count(),
+        300,
+        "with the group entry, the group reads the topic"
+    );
 }

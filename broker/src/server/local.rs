@@ -45,6 +45,18 @@ impl LocalClient {
         }
     }
 
+    /// Whether this client's principal may be a member of Kafka consumer group `group`
+    /// ([`crate::security::authorize_group`]).
+    #[must_use]
+    pub fn group_allowed(&self, group: &str) -> bool {
+        let shared = &self.shared;
+        if !shared.auth.authorization {
+            return true;
+        }
+        let tables = crate::security::current(&shared.security);
+        crate::security::authorize_group(&shared.auth, &tables, &self.principal, group).is_ok()
+    }
+
     /// The SCRAM-SHA-256 credential of `user` in the applied security tables.
     #[must_use]
     pub fn scram_credential(&self, user: &str) -> Option<quire_proto::ScramCredential> {

@@ -378,6 +378,10 @@ impl quire_kafka::Backend for LocalClient {
     fn login_failed(&self, ip: std::net::IpAddr) {
         LocalClient::login_failed(self, ip);
     }
+
+    fn group_allowed(&self, group: &str) -> bool {
+        LocalClient::group_allowed(self, group)
+    }
 }
 
 /// Accepts connections under the bound (quire-net's [`Acceptor`]: beyond it they are
