@@ -54,14 +54,29 @@ pub fn answerable(key: ApiKey) -> bool {
     )
 }
 
-/// An answer whose only error field is the top-level `error_code`.
+/// Answers the request with its response's top-level `error_code` set, for each `Key =>
+/// Request, Response` in the first list, at every version, and in the second list under its
+/// version condition; any other key goes to [`per_entity`].
 macro_rules! top_level {
-    ($req:ty, $resp:ty, $body:expr, $version:expr) => {{
-        <$req>::decode($body, $version)?;
-        let mut r = <$resp>::default();
-        r.error_code = code();
-        encode(&r, $version)
-    }};
+    ($key:expr, $body:expr, $version:expr,
+     [$($name:ident => $req:ident, $resp:ident;)*],
+     [$($gname:ident if $cond:expr => $greq:ident, $gresp:ident;)*]) => {
+        match $key {
+            $(ApiKey::$name => {
+                m::$req::decode($body, $version)?;
+                let mut r = m::$resp::default();
+                r.error_code = code();
+                encode(&r, $version)
+            })*
+            $(ApiKey::$gname if $cond => {
+                m::$greq::decode($body, $version)?;
+                let mut r = m::$gresp::default();
+                r.error_code = code();
+                encode(&r, $version)
+            })*
+            other => per_entity(other, $body, $version),
+        }
+    };
 }
 
 /// The response body (encoded at `version`) that answers request `body` of `key` with
@@ -70,208 +85,64 @@ macro_rules! top_level {
 /// # Errors
 /// The request does not decode at `version`, `key` has no answer here (see the module
 /// docs), or the response cannot be encoded: the connection is then closed.
-#[allow(clippy::too_many_lines)] // one arm per API, each short
 pub fn answer(key: ApiKey, version: i16, mut body: Bytes) -> anyhow::Result<BytesMut> {
     let b = &mut body;
     let v = version;
-    match key {
-        // Top-level error code at every version.
-        ApiKey::AddOffsetsToTxn => {
-            top_level!(m::AddOffsetsToTxnRequest, m::AddOffsetsToTxnResponse, b, v)
-        }
-        ApiKey::EndTxn => top_level!(m::EndTxnRequest, m::EndTxnResponse, b, v),
-        ApiKey::ConsumerGroupHeartbeat => top_level!(
-            m::ConsumerGroupHeartbeatRequest,
-            m::ConsumerGroupHeartbeatResponse,
-            b,
-            v
-        ),
-        ApiKey::DescribeAcls => top_level!(m::DescribeAclsRequest, m::DescribeAclsResponse, b, v),
-        ApiKey::DescribeClientQuotas => top_level!(
-            m::DescribeClientQuotasRequest,
-            m::DescribeClientQuotasResponse,
-            b,
-            v
-        ),
-        ApiKey::DescribeUserScramCredentials => top_level!(
-            m::DescribeUserScramCredentialsRequest,
-            m::DescribeUserScramCredentialsResponse,
-            b,
-            v
-        ),
-        ApiKey::ListTransactions => {
-            top_level!(
-                m::ListTransactionsRequest,
-                m::ListTransactionsResponse,
-                b,
-                v
-            )
-        }
-        ApiKey::OffsetDelete => top_level!(m::OffsetDeleteRequest, m::OffsetDeleteResponse, b, v),
-        ApiKey::UpdateFeatures => {
-            top_level!(m::UpdateFeaturesRequest, m::UpdateFeaturesResponse, b, v)
-        }
-        ApiKey::AlterPartitionReassignments => top_level!(
-            m::AlterPartitionReassignmentsRequest,
-            m::AlterPartitionReassignmentsResponse,
-            b,
-            v
-        ),
-        ApiKey::ListPartitionReassignments => top_level!(
-            m::ListPartitionReassignmentsRequest,
-            m::ListPartitionReassignmentsResponse,
-            b,
-            v
-        ),
-        ApiKey::GetTelemetrySubscriptions => top_level!(
-            m::GetTelemetrySubscriptionsRequest,
-            m::GetTelemetrySubscriptionsResponse,
-            b,
-            v
-        ),
-        ApiKey::PushTelemetry => {
-            top_level!(m::PushTelemetryRequest, m::PushTelemetryResponse, b, v)
-        }
-        ApiKey::CreateDelegationToken => top_level!(
-            m::CreateDelegationTokenRequest,
-            m::CreateDelegationTokenResponse,
-            b,
-            v
-        ),
-        ApiKey::DescribeDelegationToken => top_level!(
-            m::DescribeDelegationTokenRequest,
-            m::DescribeDelegationTokenResponse,
-            b,
-            v
-        ),
-        ApiKey::ExpireDelegationToken => top_level!(
-            m::ExpireDelegationTokenRequest,
-            m::ExpireDelegationTokenResponse,
-            b,
-            v
-        ),
-        ApiKey::RenewDelegationToken => top_level!(
-            m::RenewDelegationTokenRequest,
-            m::RenewDelegationTokenResponse,
-            b,
-            v
-        ),
-        ApiKey::DescribeQuorum => {
-            top_level!(m::DescribeQuorumRequest, m::DescribeQuorumResponse, b, v)
-        }
-        ApiKey::ListConfigResources => top_level!(
-            m::ListConfigResourcesRequest,
-            m::ListConfigResourcesResponse,
-            b,
-            v
-        ),
-        ApiKey::AlterShareGroupOffsets => top_level!(
-            m::AlterShareGroupOffsetsRequest,
-            m::AlterShareGroupOffsetsResponse,
-            b,
-            v
-        ),
-        ApiKey::DeleteShareGroupOffsets => top_level!(
-            m::DeleteShareGroupOffsetsRequest,
-            m::DeleteShareGroupOffsetsResponse,
-            b,
-            v
-        ),
-        ApiKey::ShareGroupHeartbeat => top_level!(
-            m::ShareGroupHeartbeatRequest,
-            m::ShareGroupHeartbeatResponse,
-            b,
-            v
-        ),
-        ApiKey::ShareFetch => top_level!(m::ShareFetchRequest, m::ShareFetchResponse, b, v),
-        ApiKey::ShareAcknowledge => {
-            top_level!(
-                m::ShareAcknowledgeRequest,
-                m::ShareAcknowledgeResponse,
-                b,
-                v
-            )
-        }
-        ApiKey::AddRaftVoter => top_level!(m::AddRaftVoterRequest, m::AddRaftVoterResponse, b, v),
-        ApiKey::RemoveRaftVoter => {
-            top_level!(m::RemoveRaftVoterRequest, m::RemoveRaftVoterResponse, b, v)
-        }
-        ApiKey::UpdateRaftVoter => {
-            top_level!(m::UpdateRaftVoterRequest, m::UpdateRaftVoterResponse, b, v)
-        }
-        ApiKey::AllocateProducerIds => top_level!(
-            m::AllocateProducerIdsRequest,
-            m::AllocateProducerIdsResponse,
-            b,
-            v
-        ),
-        ApiKey::AlterPartition => {
-            top_level!(m::AlterPartitionRequest, m::AlterPartitionResponse, b, v)
-        }
-        ApiKey::AssignReplicasToDirs => top_level!(
-            m::AssignReplicasToDirsRequest,
-            m::AssignReplicasToDirsResponse,
-            b,
-            v
-        ),
-        ApiKey::BeginQuorumEpoch => {
-            top_level!(
-                m::BeginQuorumEpochRequest,
-                m::BeginQuorumEpochResponse,
-                b,
-                v
-            )
-        }
-        ApiKey::EndQuorumEpoch => {
-            top_level!(m::EndQuorumEpochRequest, m::EndQuorumEpochResponse, b, v)
-        }
-        ApiKey::BrokerHeartbeat => {
-            top_level!(m::BrokerHeartbeatRequest, m::BrokerHeartbeatResponse, b, v)
-        }
-        ApiKey::BrokerRegistration => top_level!(
-            m::BrokerRegistrationRequest,
-            m::BrokerRegistrationResponse,
-            b,
-            v
-        ),
-        ApiKey::ControllerRegistration => top_level!(
-            m::ControllerRegistrationRequest,
-            m::ControllerRegistrationResponse,
-            b,
-            v
-        ),
-        ApiKey::Envelope => top_level!(m::EnvelopeRequest, m::EnvelopeResponse, b, v),
-        ApiKey::FetchSnapshot => {
-            top_level!(m::FetchSnapshotRequest, m::FetchSnapshotResponse, b, v)
-        }
-        ApiKey::UnregisterBroker => {
-            top_level!(
-                m::UnregisterBrokerRequest,
-                m::UnregisterBrokerResponse,
-                b,
-                v
-            )
-        }
-        ApiKey::Vote => top_level!(m::VoteRequest, m::VoteResponse, b, v),
-        // Served APIs, at the versions outside the announced range that have a top-level
-        // error code (Metadata 13, Fetch 13–18, and every version of these).
-        ApiKey::Heartbeat => top_level!(m::HeartbeatRequest, m::HeartbeatResponse, b, v),
-        ApiKey::JoinGroup => top_level!(m::JoinGroupRequest, m::JoinGroupResponse, b, v),
-        ApiKey::SyncGroup => top_level!(m::SyncGroupRequest, m::SyncGroupResponse, b, v),
-        ApiKey::LeaveGroup => top_level!(m::LeaveGroupRequest, m::LeaveGroupResponse, b, v),
-        ApiKey::ListGroups => top_level!(m::ListGroupsRequest, m::ListGroupsResponse, b, v),
-        ApiKey::InitProducerId => {
-            top_level!(m::InitProducerIdRequest, m::InitProducerIdResponse, b, v)
-        }
-        ApiKey::DescribeCluster => {
-            top_level!(m::DescribeClusterRequest, m::DescribeClusterResponse, b, v)
-        }
-        ApiKey::Metadata if v >= 13 => {
-            top_level!(m::MetadataRequest, m::MetadataResponse, b, v)
-        }
-        ApiKey::Fetch if v >= 7 => top_level!(m::FetchRequest, m::FetchResponse, b, v),
-        _ => per_entity(key, b, v),
-    }
+    top_level!(key, b, v, [
+            // Not announced; a top-level error code at every version.
+            AddOffsetsToTxn => AddOffsetsToTxnRequest, AddOffsetsToTxnResponse;
+            EndTxn => EndTxnRequest, EndTxnResponse;
+            ConsumerGroupHeartbeat => ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse;
+            DescribeAcls => DescribeAclsRequest, DescribeAclsResponse;
+            DescribeClientQuotas => DescribeClientQuotasRequest, DescribeClientQuotasResponse;
+            DescribeUserScramCredentials => DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse;
+            ListTransactions => ListTransactionsRequest, ListTransactionsResponse;
+            OffsetDelete => OffsetDeleteRequest, OffsetDeleteResponse;
+            UpdateFeatures => UpdateFeaturesRequest, UpdateFeaturesResponse;
+            AlterPartitionReassignments => AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse;
+            ListPartitionReassignments => ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse;
+            GetTelemetrySubscriptions => GetTelemetrySubscriptionsRequest, GetTelemetrySubscriptionsResponse;
+            PushTelemetry => PushTelemetryRequest, PushTelemetryResponse;
+            CreateDelegationToken => CreateDelegationTokenRequest, CreateDelegationTokenResponse;
+            DescribeDelegationToken => DescribeDelegationTokenRequest, DescribeDelegationTokenResponse;
+            ExpireDelegationToken => ExpireDelegationTokenRequest, ExpireDelegationTokenResponse;
+            RenewDelegationToken => RenewDelegationTokenRequest, RenewDelegationTokenResponse;
+            DescribeQuorum => DescribeQuorumRequest, DescribeQuorumResponse;
+            ListConfigResources => ListConfigResourcesRequest, ListConfigResourcesResponse;
+            AlterShareGroupOffsets => AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse;
+            DeleteShareGroupOffsets => DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse;
+            ShareGroupHeartbeat => ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse;
+            ShareFetch => ShareFetchRequest, ShareFetchResponse;
+            ShareAcknowledge => ShareAcknowledgeRequest, ShareAcknowledgeResponse;
+            AddRaftVoter => AddRaftVoterRequest, AddRaftVoterResponse;
+            RemoveRaftVoter => RemoveRaftVoterRequest, RemoveRaftVoterResponse;
+            UpdateRaftVoter => UpdateRaftVoterRequest, UpdateRaftVoterResponse;
+            AllocateProducerIds => AllocateProducerIdsRequest, AllocateProducerIdsResponse;
+            AlterPartition => AlterPartitionRequest, AlterPartitionResponse;
+            AssignReplicasToDirs => AssignReplicasToDirsRequest, AssignReplicasToDirsResponse;
+            BeginQuorumEpoch => BeginQuorumEpochRequest, BeginQuorumEpochResponse;
+            EndQuorumEpoch => EndQuorumEpochRequest, EndQuorumEpochResponse;
+            BrokerHeartbeat => BrokerHeartbeatRequest, BrokerHeartbeatResponse;
+            BrokerRegistration => BrokerRegistrationRequest, BrokerRegistrationResponse;
+            ControllerRegistration => ControllerRegistrationRequest, ControllerRegistrationResponse;
+            Envelope => EnvelopeRequest, EnvelopeResponse;
+            FetchSnapshot => FetchSnapshotRequest, FetchSnapshotResponse;
+            UnregisterBroker => UnregisterBrokerRequest, UnregisterBrokerResponse;
+            Vote => VoteRequest, VoteResponse;
+            // Served, at the versions outside the announced range.
+            Heartbeat => HeartbeatRequest, HeartbeatResponse;
+            JoinGroup => JoinGroupRequest, JoinGroupResponse;
+            SyncGroup => SyncGroupRequest, SyncGroupResponse;
+            LeaveGroup => LeaveGroupRequest, LeaveGroupResponse;
+            ListGroups => ListGroupsRequest, ListGroupsResponse;
+            InitProducerId => InitProducerIdRequest, InitProducerIdResponse;
+            DescribeCluster => DescribeClusterRequest, DescribeClusterResponse;
+        ], [
+            // Served up to 12; a top-level error code from 13 (Metadata), 7 (Fetch).
+            Metadata if v >= 13 => MetadataRequest, MetadataResponse;
+            Fetch if v >= 7 => FetchRequest, FetchResponse;
+        ]
+    )
 }
 
 /// Answers whose error codes sit in the entities the request names.

@@ -174,13 +174,17 @@ impl AclEntry {
 impl std::fmt::Display for AclEntry {
     /// `principal "alice" may produce to topic "orders"`, and so on per operation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let topics = if self.topic == "*" {
-            "every topic".to_owned()
-        } else if let Some(prefix) = self.topic.strip_suffix('*') {
-            format!("the topics starting {prefix:?}")
-        } else {
-            format!("topic {:?}", self.topic)
+        // "every topic", "the topics starting \"a.\"", "topic \"a\"", and so for groups.
+        let matched = |every: &str, some: &str, one: &str| {
+            if self.topic == "*" {
+                every.to_owned()
+            } else if let Some(prefix) = self.topic.strip_suffix('*') {
+                format!("{some} starting {prefix:?}")
+            } else {
+                format!("{one} {:?}", self.topic)
+            }
         };
+        let topics = matched("every topic", "the topics", "topic");
         let what = match self.operation {
             AclOperation::Produce => format!("produce to {topics}"),
             AclOperation::Consume => format!("consume from {topics}"),
@@ -190,16 +194,14 @@ impl std::fmt::Display for AclEntry {
                 "do anything, administering the cluster included".to_owned()
             }
             AclOperation::All => format!("do anything on {topics}"),
-            AclOperation::Group => {
-                let groups = if self.topic == "*" {
-                    "every Kafka consumer group".to_owned()
-                } else if let Some(prefix) = self.topic.strip_suffix('*') {
-                    format!("the Kafka consumer groups starting {prefix:?}")
-                } else {
-                    format!("Kafka consumer group {:?}", self.topic)
-                };
-                format!("be a member of {groups}")
-            }
+            AclOperation::Group => format!(
+                "be a member of {}",
+                matched(
+                    "every Kafka consumer group",
+                    "the Kafka consumer groups",
+                    "Kafka consumer group"
+                )
+            ),
         };
         write!(f, "principal {:?} may {what}", self.principal)
     }
