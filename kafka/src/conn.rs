@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
@@ -43,9 +43,16 @@ struct InFlight {
     header_version: i16,
     what: String,
     answer: api::Finishing,
-    /// Its share of the read budget, given back once answered.
-    _budget: tokio::sync::OwnedSemaphorePermit,
+    /// Its share of the read budget (the listener's and the connection's), given back once
+    /// answered.
+    _budget: Held,
 }
+
+/// Read-budget permits a request holds: the listener-wide budget's and its connection's.
+type Held = (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+);
 
 /// Serves `stream` until the client closes it, sends something unusable, or is idle too
 /// long. Requests are read ahead, up to [`PIPELINE_MAX`]: a produce is handed to the broker
@@ -66,6 +73,13 @@ pub(crate) async fn serve<B: Backend>(
     let mut sasl_state = sasl::Sasl::default();
     tracing::debug!(%peer, "Kafka client connected");
     let (tx, mut rx) = tokio::sync::mpsc::channel::<InFlight>(PIPELINE_MAX);
+    // What one connection's requests may hold of the listener's read budget at once: one
+    // largest request. Answers the client does not read keep theirs (a break-it trial's
+    // client that never read held all 64 MiB, and every other client waited).
+    let own = Arc::new(Semaphore::new(
+        settings.request_bytes_max.min(settings.read_budget_bytes),
+    ));
+    let write_timeout = settings.request_timeout;
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
             let answer = match f.answer.await {
@@ -83,8 +97,12 @@ pub(crate) async fn serve<B: Backend>(
                 Ok(frame) => frame,
                 Err(why) => return why,
             };
-            if let Err(e) = w.write_all(&frame).await {
-                return format!("write failed: {e}");
+            // A client that stops reading its answers is dropped once one has waited this
+            // long, and so gives back its share of the read budget.
+            match tokio::time::timeout(write_timeout, w.write_all(&frame)).await {
+                Err(_) => return "an answer not read in time".to_owned(),
+                Ok(Err(e)) => return format!("write failed: {e}"),
+                Ok(Ok(())) => {}
             }
         }
         "closed".to_owned()
@@ -106,7 +124,7 @@ pub(crate) async fn serve<B: Backend>(
                 settings.request_bytes_max
             );
         }
-        let (buf, permit) = match read_body(&mut r, len, settings, budget).await {
+        let (buf, permit) = match read_body(&mut r, len, settings, budget, &own).await {
             Ok(b) => b,
             Err(why) => break why,
         };
@@ -189,29 +207,37 @@ pub(crate) async fn serve<B: Backend>(
     tracing::debug!(%peer, reason = %why, writer = %written, "Kafka client connection closed");
 }
 
-/// Reads a `len`-byte request body, taking the read budget as bytes arrive.
+/// Reads a `len`-byte request body, taking the read budget as bytes arrive: the
+/// connection's own (`own`) first, then the listener's (`budget`).
 async fn read_body(
     r: &mut quire_tls::ReadHalf,
     len: usize,
     settings: &KafkaSettings,
     budget: &Arc<Semaphore>,
-) -> Result<(BytesMut, tokio::sync::OwnedSemaphorePermit), String> {
+    own: &Arc<Semaphore>,
+) -> Result<(BytesMut, Held), String> {
     let deadline = tokio::time::Instant::now() + settings.request_timeout;
     let mut buf = BytesMut::with_capacity(len.min(READ_CHUNK_BYTES));
-    let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    let mut held: Option<Held> = None;
     while buf.len() < len {
         let n = (len - buf.len()).min(READ_CHUNK_BYTES);
-        // n ≤ 64 KiB: fits the budget's u32 permits.
-        let take = budget
-            .clone()
-            .acquire_many_owned(u32::try_from(n).unwrap_or(u32::MAX));
+        // n ≤ 64 KiB: fits the budgets' u32 permits.
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        let take = async {
+            let mine = own.clone().acquire_many_owned(n32).await?;
+            let shared = budget.clone().acquire_many_owned(n32).await?;
+            Ok::<_, tokio::sync::AcquireError>((shared, mine))
+        };
         let permit = match tokio::time::timeout_at(deadline, take).await {
             Err(_) => return Err("request not whole in time (read budget)".to_owned()),
             Ok(Err(_)) => return Err("stopping".to_owned()),
             Ok(Ok(p)) => p,
         };
         match held.as_mut() {
-            Some(h) => h.merge(permit),
+            Some(h) => {
+                h.0.merge(permit.0);
+                h.1.merge(permit.1);
+            }
             None => held = Some(permit),
         }
         let start = buf.len();
@@ -257,8 +283,9 @@ pub enum Decoded {
         api_key: ApiKey,
         /// The request's API version.
         version: i16,
-        /// The response body, encoded at `version`.
-        answer: BytesMut,
+        /// The response body, encoded at `version`; `None` for a produce with `acks=0`,
+        /// which is never answered.
+        answer: Option<BytesMut>,
     },
 }
 
@@ -298,8 +325,18 @@ pub fn decode_request(mut bytes: Bytes) -> Result<Decoded, String> {
         if !crate::unsupported::answerable(api_key) {
             return Err(format!("{api_key:?} is not served on a client listener"));
         }
+        if bytes.len() > crate::unsupported::REQUEST_BYTES_MAX {
+            return Err(format!(
+                "{api_key:?} v{version} (not served) of {} bytes: at most {} are answered",
+                bytes.len(),
+                crate::unsupported::REQUEST_BYTES_MAX
+            ));
+        }
+        let unanswered = api_key == ApiKey::Produce
+            && ProduceRequest::decode(&mut bytes.clone(), version).is_ok_and(|p| p.acks == 0);
         let answer = crate::unsupported::answer(api_key, version, bytes)
             .map_err(|e| format!("{api_key:?} v{version} (not served): {e:#}"))?;
+        let answer = (!unanswered).then_some(answer);
         return Ok(Decoded::Unsupported {
             correlation_id,
             api_key,
@@ -343,7 +380,8 @@ async fn start<B: Backend>(
             answer,
         } => {
             tracing::debug!(?api_key, version, "answered UNSUPPORTED_VERSION");
-            let answer: api::Finishing = Box::pin(std::future::ready(Ok(Answer::Body(answer))));
+            let answer = answer.map_or(Answer::None, Answer::Body);
+            let answer: api::Finishing = Box::pin(std::future::ready(Ok(answer)));
             Ok((
                 correlation_id,
                 api_key.response_header_version(version),

@@ -18,18 +18,19 @@
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{self as m, ApiKey};
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, Encodable};
 use kafka_protocol::ResponseError;
+
+/// Bytes of an unsupported request's body, at most; a larger one closes the connection.
+/// An answer names every entity its request names (each a few bytes of request, up to about
+/// 15 of answer), so this bounds the answer, which waits unread in the broker's memory
+/// while its client does not read it: a break-it trial turned a 16 MiB FindCoordinator of
+/// one-byte keys into a 1.1 GB answer. Clients that asked ApiVersions send none of these.
+pub const REQUEST_BYTES_MAX: usize = 16 * 1024;
 
 /// The error code every answer carries: `UNSUPPORTED_VERSION` (35).
 fn code() -> i16 {
     ResponseError::UnsupportedVersion.code()
-}
-
-fn message() -> Option<StrBytes> {
-    Some(StrBytes::from_static_str(
-        "not supported by Quire at this version (docs/kafka.md)",
-    ))
 }
 
 fn encode(body: &impl Encodable, version: i16) -> anyhow::Result<BytesMut> {
@@ -241,7 +242,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                     c.node_id = m::BrokerId(-1);
                     c.port = -1;
                     c.error_code = code();
-                    c.error_message = message();
                     r.coordinators.push(c);
                 }
             } else {
@@ -340,7 +340,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
             for _ in req.creations {
                 let mut result = m::create_acls_response::AclCreationResult::default();
                 result.error_code = code();
-                result.error_message = message();
                 r.results.push(result);
             }
             encode(&r, v)
@@ -351,7 +350,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
             for _ in req.filters {
                 let mut result = m::delete_acls_response::DeleteAclsFilterResult::default();
                 result.error_code = code();
-                result.error_message = message();
                 r.filter_results.push(result);
             }
             encode(&r, v)
@@ -375,7 +373,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                 out.resource_type = res.resource_type;
                 out.resource_name = res.resource_name;
                 out.error_code = code();
-                out.error_message = message();
                 r.responses.push(out);
             }
             encode(&r, v)
@@ -389,7 +386,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                 out.resource_type = res.resource_type;
                 out.resource_name = res.resource_name;
                 out.error_code = code();
-                out.error_message = message();
                 r.responses.push(out);
             }
             encode(&r, v)
@@ -420,7 +416,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
             for e in req.entries {
                 let mut entry = m::alter_client_quotas_response::EntryData::default();
                 entry.error_code = code();
-                entry.error_message = message();
                 for d in e.entity {
                     let mut ent = m::alter_client_quotas_response::EntityData::default();
                     ent.entity_type = d.entity_type;
@@ -444,7 +439,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                     m::alter_user_scram_credentials_response::AlterUserScramCredentialsResult::default();
                 result.user = user;
                 result.error_code = code();
-                result.error_message = message();
                 r.results.push(result);
             }
             encode(&r, v)
@@ -476,7 +470,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                     let mut part = m::describe_producers_response::PartitionResponse::default();
                     part.partition_index = p;
                     part.error_code = code();
-                    part.error_message = message();
                     topic.partitions.push(part);
                 }
                 r.topics.push(topic);
@@ -501,7 +494,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                 let mut group = m::consumer_group_describe_response::DescribedGroup::default();
                 group.group_id = g;
                 group.error_code = code();
-                group.error_message = message();
                 r.groups.push(group);
             }
             encode(&r, v)
@@ -542,7 +534,6 @@ fn per_entity(key: ApiKey, b: &mut Bytes, v: i16) -> anyhow::Result<BytesMut> {
                     let mut part = m::elect_leaders_response::PartitionResult::default();
                     part.partition_id = p;
                     part.error_code = code();
-                    part.error_message = message();
                     topic.partition_result.push(part);
                 }
                 r.replica_election_results.push(topic);

@@ -623,3 +623,106 @@ fn kcat_over_tls_is_authorized_by_its_certificate_or_its_scram_login() {
         "with the group entry, the group reads the topic"
     );
 }
+
+/// A Kafka request: size, api key, version, correlation id, null client id (header v1),
+/// then `body`.
+fn kafka_request(key: i16, version: i16, correlation_id: i32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(14 + body.len());
+    out.extend_from_slice(&(i32::try_from(10 + body.len()).unwrap()).to_be_bytes());
+    out.extend_from_slice(&key.to_be_bytes());
+    out.extend_from_slice(&version.to_be_bytes());
+    out.extend_from_slice(&correlation_id.to_be_bytes());
+    out.extend_from_slice(&(-1i16).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Fault: a Kafka client that asks for 64 MiB of answers and never reads them, then sends
+/// requests padded to 15 MiB (75 MiB in all, more than the listener's 64 MiB read budget).
+/// What must hold: another client is still answered at once. A break-it trial locked every
+/// other client out this way; since, one connection holds at most one largest request's
+/// worth of the budget, and one whose answer waits unread for 30 s is dropped. (On this
+/// machine the loopback buffers, up to 32 MiB per socket, absorb enough of the flood that
+/// the test also passes without the per-connection share: it guards that the listener
+/// keeps serving others, not that bound by itself.)
+#[test]
+fn a_kafka_client_that_never_reads_does_not_lock_others_out() {
+    let _guard = quire_tests::serial::proc_test();
+    let mut cluster = Cluster::new(3, 1, Timing::default());
+    let kafka = cluster.enable_kafka();
+    cluster.start_all();
+    cluster.wait_for_master();
+    let brokers = cluster.brokers[0].addr.clone();
+    // 12 MiB of records, so that every fetch below is answered with 8 MiB.
+    let produced = run_bounded(
+        quire_command().args([
+            "produce",
+            "--brokers",
+            &brokers,
+            "--topic",
+            "big",
+            "--count",
+            "12000",
+            "--size",
+            "1024",
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(produced.status.success(), "{produced:?}");
+
+    let mut attacker = TcpStream::connect(&kafka[0]).unwrap();
+    // Fetch v4 of partition 0 of "big" from offset 0, max_bytes and partition_max_bytes
+    // 8 MiB, eight times: 64 MiB of answers the attacker never reads.
+    let mut fetch = Vec::new();
+    fetch.extend_from_slice(&(-1i32).to_be_bytes()); // replica id
+    fetch.extend_from_slice(&0i32.to_be_bytes()); // max wait
+    fetch.extend_from_slice(&1i32.to_be_bytes()); // min bytes
+    fetch.extend_from_slice(&(8i32 << 20).to_be_bytes()); // max bytes
+    fetch.push(0); // isolation level
+    fetch.extend_from_slice(&1i32.to_be_bytes()); // one topic
+    fetch.extend_from_slice(&3i16.to_be_bytes());
+    fetch.extend_from_slice(b"big");
+    fetch.extend_from_slice(&1i32.to_be_bytes()); // one partition
+    fetch.extend_from_slice(&0i32.to_be_bytes());
+    fetch.extend_from_slice(&0i64.to_be_bytes());
+    fetch.extend_from_slice(&(8i32 << 20).to_be_bytes());
+    for i in 0..8 {
+        attacker.write_all(&kafka_request(1, 4, i, &fetch)).unwrap();
+    }
+    // Then ApiVersions v0 padded to 15 MiB, five times, from a thread: the broker stops
+    // reading them once the connection holds its share.
+    let mut writer = attacker.try_clone().unwrap();
+    let padding = vec![b'G'; 15 << 20];
+    let flood = std::thread::spawn(move || {
+        for i in 0..5 {
+            if writer
+                .write_all(&kafka_request(18, 0, 100 + i, &padding))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Another client is answered at once.
+    let started = std::time::Instant::now();
+    let mut victim = TcpStream::connect(&kafka[0]).unwrap();
+    victim
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    victim.write_all(&kafka_request(18, 0, 7, &[])).unwrap();
+    let mut head = [0u8; 8];
+    victim
+        .read_exact(&mut head)
+        .expect("ApiVersions answered while the other client holds its share");
+    assert_eq!(i32::from_be_bytes(head[4..8].try_into().unwrap()), 7);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(victim);
+    let _ = attacker.shutdown(std::net::Shutdown::Both);
+    flood.join().unwrap();
+}
