@@ -50,6 +50,10 @@ pub struct StoreProgress {
     pub addr: String,
     /// Events the store lacks behind the master's log end (`None`: not the master).
     pub lag: Option<u64>,
+    /// Estimated bytes it lacks ([`quire_proto::StoreInfo::lag_bytes`]).
+    pub lag_bytes: Option<u64>,
+    /// Estimated ms until it holds the log end ([`quire_proto::StoreInfo::catch_up_ms`]).
+    pub catch_up_ms: Option<u64>,
 }
 
 /// What the server reports at scrape time.
@@ -420,19 +424,48 @@ impl Collector for SnapshotCollector {
             "Offset of the newest retention checkpoint above the trim point (-1: none)",
             signed(s.last_checkpoint),
         )?;
-        let lag = Family::<[(&'static str, String); 1], Gauge>::default();
-        for st in &s.stores {
-            lag.get_or_create(&[("store", st.addr.clone())])
-                .set(signed(st.lag));
-        }
-        let m = enc.encode_descriptor(
+        per_store(
+            &mut enc,
+            &s.stores,
             "store_lag",
             "Events a store lacks behind the master's log end (-1: unknown, not master)",
-            None,
-            lag.metric_type(),
+            |st| st.lag,
         )?;
-        lag.encode(m)
+        per_store(
+            &mut enc,
+            &s.stores,
+            "store_lag_bytes",
+            "Bytes a store lacks behind the master's log end, estimated from the mean size of \
+             the events the master holds (-1: unknown, not master)",
+            |st| st.lag_bytes,
+        )?;
+        per_store(
+            &mut enc,
+            &s.stores,
+            "store_catch_up_ms",
+            "Estimated ms until a store holds the master's log end at its recent ack rate \
+             (0: in sync; -1: not closing in, unknown, not master)",
+            |st| st.catch_up_ms,
+        )
     }
+}
+
+/// One gauge per store, labelled `store`.
+fn per_store(
+    enc: &mut DescriptorEncoder<'_>,
+    stores: &[StoreProgress],
+    name: &str,
+    help: &str,
+    value: impl Fn(&StoreProgress) -> Option<u64>,
+) -> fmt::Result {
+    let family = Family::<[(&'static str, String); 1], Gauge>::default();
+    for st in stores {
+        family
+            .get_or_create(&[("store", st.addr.clone())])
+            .set(signed(value(st)));
+    }
+    let m = enc.encode_descriptor(name, help, None, family.metric_type())?;
+    family.encode(m)
 }
 
 #[cfg(test)]
@@ -460,6 +493,8 @@ mod tests {
             stores: vec![StoreProgress {
                 addr: "127.0.0.1:7001".into(),
                 lag: Some(3),
+                lag_bytes: Some(3_072),
+                catch_up_ms: None,
             }],
         });
         let text = m.encode().expect("encodes");
@@ -475,6 +510,8 @@ mod tests {
             "quire_trim_point 30",
             "quire_last_checkpoint 35",
             "quire_store_lag{store=\"127.0.0.1:7001\"} 3",
+            "quire_store_lag_bytes{store=\"127.0.0.1:7001\"} 3072",
+            "quire_store_catch_up_ms{store=\"127.0.0.1:7001\"} -1",
             "quire_produce_errors_total{code=\"no_quorum\"} 1",
             "quire_quorum_wait_seconds_bucket",
             "quire_rejected_frames_total{reason=\"frame_too_large\"} 1",

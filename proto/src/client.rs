@@ -91,6 +91,10 @@ pub struct BrokerInfo {
 /// 1      voter                 bool
 /// 1|9    persisted             Option<Offset>: highest through_offset it acked
 /// 1      connected             bool: the answering broker has a connection to it
+/// 1|9    corrupt               Option<Offset>: lowest record known damaged
+/// 1|9    lag_bytes             Option<u64>: estimated bytes it lacks (master's view)
+/// 1|9    catch_up_rate         Option<u64>: offsets/s its acks advanced, last ~10 s
+/// 1|9    catch_up_ms           Option<u64>: estimated ms until it holds the log end
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreInfo {
@@ -110,6 +114,17 @@ pub struct StoreInfo {
     /// The lowest record of the store known damaged and not yet repaired (the master's
     /// view: from the store's `Corrupt` answers and acks; `None` from a slave).
     pub corrupt: Option<Offset>,
+    /// Bytes the store lacks below the master's log end, estimated as its lag in offsets
+    /// times the mean accounted size of the events the master holds in memory (payload
+    /// plus a fixed per-event overhead); `None` from a slave or a master holding none.
+    pub lag_bytes: Option<u64>,
+    /// Offsets per second by which the store's acked offset advanced over the master's
+    /// last ~10 s of samples; `None` from a slave or before a second's worth of samples.
+    pub catch_up_rate: Option<u64>,
+    /// Estimated milliseconds until the store holds the master's log end, at its
+    /// `catch_up_rate` against the rate at which the log end grows: `Some(0)` when it lacks
+    /// nothing, `None` when it is not closing in (or from a slave).
+    pub catch_up_ms: Option<u64>,
 }
 
 /// Producer → master: append `messages` to `topic`.
@@ -385,7 +400,7 @@ pub struct HandoffResponse {
 /// Smallest `BrokerInfo` on the wire: id + empty address.
 const BROKER_INFO_BYTES_MIN: usize = 2 + 2;
 /// Smallest `StoreInfo` on the wire.
-const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1 + 1 + 1;
+const STORE_INFO_BYTES_MIN: usize = 8 + 8 + 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1;
 
 impl BrokerInfo {
     pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
@@ -434,6 +449,9 @@ impl StoreInfo {
         w.opt_offset(self.persisted);
         w.bool(self.connected);
         w.opt_offset(self.corrupt);
+        w.opt_u64(self.lag_bytes);
+        w.opt_u64(self.catch_up_rate);
+        w.opt_u64(self.catch_up_ms);
         Ok(())
     }
 
@@ -446,6 +464,9 @@ impl StoreInfo {
             persisted: r.opt_offset("store persisted")?,
             connected: r.bool("store connected")?,
             corrupt: r.opt_offset("store corrupt")?,
+            lag_bytes: r.opt_u64("store lag bytes")?,
+            catch_up_rate: r.opt_u64("store catch-up rate")?,
+            catch_up_ms: r.opt_u64("store catch-up ms")?,
         })
     }
 }

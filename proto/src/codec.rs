@@ -58,6 +58,15 @@ pub(crate) trait BodyWriter {
             }
         }
     }
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            None => self.u8(0),
+            Some(x) => {
+                self.u8(1);
+                self.u64(x);
+            }
+        }
+    }
     fn opt_position(&mut self, v: Option<LogPosition>) {
         match v {
             None => self.u8(0),
@@ -319,6 +328,14 @@ impl<'a> Reader<'a> {
     pub(crate) fn opt_offset(&mut self, field: &'static str) -> Result<Option<Offset>, WireError> {
         if self.tag(field)? {
             Ok(Some(self.offset(field)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub(crate) fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, WireError> {
+        if self.tag(field)? {
+            Ok(Some(self.u64(field)?))
         } else {
             Ok(None)
         }

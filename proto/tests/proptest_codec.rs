@@ -311,7 +311,8 @@ fn body() -> impl Strategy<Value = Body> {
                     any::<bool>(),
                     opt_off(),
                     any::<bool>(),
-                    opt_off()
+                    opt_off(),
+                    proptest::array::uniform3(proptest::option::of(any::<u64>()))
                 ),
                 0..4
             ),
@@ -322,14 +323,20 @@ fn body() -> impl Strategy<Value = Body> {
                 let stores = stores
                     .into_iter()
                     .map(
-                        |(s, i, addr, voter, persisted, connected, corrupt)| StoreInfo {
-                            store_id: StoreId(s),
-                            incarnation: Incarnation(i),
-                            addr,
-                            voter,
-                            persisted,
-                            connected,
-                            corrupt,
+                        |(s, i, addr, voter, persisted, connected, corrupt, catch_up)| {
+                            let [lag_bytes, catch_up_rate, catch_up_ms] = catch_up;
+                            StoreInfo {
+                                store_id: StoreId(s),
+                                incarnation: Incarnation(i),
+                                addr,
+                                voter,
+                                persisted,
+                                connected,
+                                corrupt,
+                                lag_bytes,
+                                catch_up_rate,
+                                catch_up_ms,
+                            }
                         },
                     )
                     .collect();

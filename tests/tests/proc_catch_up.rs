@@ -11,7 +11,10 @@
 //! what was read.
 //!
 //! What must hold: store 2's log reaches the other stores' last offset within a bound, and
-//! every acknowledged message is fetched back in order.
+//! every acknowledged message is fetched back in order. `quire cluster status` shows the
+//! catch-up figures (issue 15 item 5): while store 2 is stopped, the bytes it lacks (about
+//! the 100 MB it missed) and no estimate ("never": it acks nothing); once it caught up,
+//! nothing to copy and an estimate of 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a panic is a test failure
 
@@ -27,6 +30,27 @@ const MESSAGES: u64 = 100;
 const MESSAGE_BYTES: usize = 1_000_000;
 /// How long store 2 may take to catch up once continued.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+
+/// Store 2's entry of `quire cluster status --format json` once `ok` holds for it (polled
+/// for at most [`CATCH_UP_WAIT`]).
+fn wait_status(
+    broker: &str,
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + CATCH_UP_WAIT;
+    loop {
+        let last = quire_tests::process::wait_cli_master(&[], broker, None)["stores"][2].clone();
+        if ok(&last) {
+            return last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {CATCH_UP_WAIT:?} for {what}, in vain; store 2 is shown as {last}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 fn message(seq: u64) -> Bytes {
     let mut m = vec![(seq % 251) as u8; MESSAGE_BYTES];
@@ -57,6 +81,14 @@ fn proc_a_lagging_store_catches_up_from_another_store_with_large_events() {
             .map(produce_answer);
         assert!(matches!(answer, Ok(Ok(_))), "message {seq}: {answer:?}");
     }
+    let stopped = wait_status(&addr, "store 2 shown stopped", |s| {
+        s["catch_up_rate"] == 0 && s["catch_up_ms"].is_null()
+    });
+    let lag_bytes = stopped["lag_bytes"].as_u64().expect("bytes to copy");
+    assert!(
+        lag_bytes >= MESSAGES / 2 * MESSAGE_BYTES as u64,
+        "store 2 lacks about {MESSAGES} MB: {stopped}"
+    );
     let target = cluster
         .store_tail(0)
         .expect("store 0 answers")
@@ -68,6 +100,10 @@ fn proc_a_lagging_store_catches_up_from_another_store_with_large_events() {
         cluster
             .store_tail(2)
             .is_ok_and(|t| t.last.is_some_and(|l| l.offset >= target))
+    });
+
+    wait_status(&addr, "store 2 shown in sync", |s| {
+        s["catch_up_ms"] == 0 && s["lag_bytes"] == 0 && s["state"] == "in sync"
     });
 
     let got = fetch_all(&mut c, "big", MESSAGES as usize);

@@ -107,6 +107,26 @@ impl Table {
     }
 }
 
+/// `1048576` → `"1 MiB"`, `12288` → `"12 KiB"`, `1000` → `"1000 B"`: the largest unit the
+/// size reaches, as a whole number; from 1 MiB up a size that is no whole number of that
+/// unit is rounded to a tenth of it (`1200000000` → `"1.1 GiB"`, as a fallocated file sized
+/// for the duration is), below 1 MiB it is given in bytes.
+pub fn human_bytes(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes < 1 << shift {
+            continue;
+        }
+        if bytes % (1 << shift) == 0 {
+            return format!("{} {unit}", bytes >> shift);
+        }
+        if shift >= 20 {
+            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
+        }
+        break;
+    }
+    format!("{bytes} B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +165,15 @@ mod tests {
         let mut out = Vec::new();
         emit(&report, OutputFormat::Text, &mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "ops  3\np99  40 us\n");
+    }
+
+    #[test]
+    fn human_bytes_uses_the_largest_unit_reached() {
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+        assert_eq!(human_bytes(256 << 10), "256 KiB");
+        assert_eq!(human_bytes(12288), "12 KiB");
+        assert_eq!(human_bytes(1000), "1000 B");
+        assert_eq!(human_bytes(1_200_000_000), "1.1 GiB");
+        assert_eq!(human_bytes((3 << 20) + 1000), "3.0 MiB");
     }
 }

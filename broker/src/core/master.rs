@@ -845,6 +845,14 @@ impl MasterCore {
         self.log.end()
     }
 
+    /// The mean accounted size, in bytes, of the events this master holds in memory (its
+    /// recent ones); `None` when it holds none.
+    #[must_use]
+    pub fn mean_event_bytes(&self) -> Option<u64> {
+        let n = self.log.mem_len() as u64;
+        (n > 0).then(|| self.log.mem_bytes() / n)
+    }
+
     /// Accounted bytes of the events above the HWM (what backpressure bounds).
     #[must_use]
     pub fn unstable_bytes(&self) -> u64 {

@@ -109,6 +109,8 @@ pub(crate) struct Actor {
     published_security: Arc<crate::security::SecurityTables>,
     /// See [`ActorInit::kafka_advertised`].
     kafka_advertised: Option<String>,
+    /// While master: how fast each store closes in on the log end (sampled at ticks).
+    catch_up: super::catch_up::CatchUp,
 }
 
 /// A write request the engine holds by its token: what answers it.
@@ -230,6 +232,7 @@ impl Actor {
             published_security: crate::security::current(&security),
             security,
             kafka_advertised,
+            catch_up: super::catch_up::CatchUp::default(),
             cfg,
         }
     }
@@ -420,6 +423,7 @@ impl Actor {
                     None => (identity.is_some(), None, None, None),
                 };
                 let shown = identity.or(answered.map(|(id, _)| id)).unwrap_or_default();
+                let (lag_bytes, catch_up_rate, catch_up_ms) = self.store_catch_up(i);
                 StoreInfo {
                     store_id: shown.store_id,
                     incarnation: shown.incarnation,
@@ -428,6 +432,9 @@ impl Actor {
                     persisted,
                     connected: self.engine.slot_up(slot),
                     corrupt,
+                    lag_bytes,
+                    catch_up_rate,
+                    catch_up_ms,
                 }
             })
             .collect();
@@ -701,7 +708,41 @@ impl Actor {
         let now_ms = self.now_ms();
         self.engine.tick(now_ms);
         self.run_commands();
+        self.sample_catch_up(now_ms);
         self.publish_status();
+    }
+
+    /// Samples the log end and every store's acked end while master, for the catch-up
+    /// figures ([`super::catch_up`]).
+    fn sample_catch_up(&mut self, now_ms: u64) {
+        match self.engine.role() {
+            RoleView::Master(core, _) => {
+                let acked_end = (0..self.store_count)
+                    .map(|i| {
+                        core.slot_status(Self::slot_of(i))
+                            .and_then(|s| s.matched)
+                            .map(|o| o.0 + 1)
+                    })
+                    .collect();
+                self.catch_up
+                    .sample(core.epoch().0, now_ms, core.next_offset().0, acked_end);
+            }
+            _ => self.catch_up.clear(),
+        }
+    }
+
+    /// Store `i`'s catch-up figures (all `None` unless master): estimated bytes it lacks,
+    /// its ack rate in offsets/s, and the estimated ms until it holds the log end.
+    fn store_catch_up(&self, i: usize) -> (Option<u64>, Option<u64>, Option<u64>) {
+        let Some(core) = self.engine.master_core() else {
+            return (None, None, None);
+        };
+        let c = self.catch_up.store(i);
+        let lag_bytes = c.lag.and_then(|lag| match lag {
+            0 => Some(0),
+            _ => core.mean_event_bytes().map(|mean| lag.saturating_mul(mean)),
+        });
+        (lag_bytes, c.rate, c.eta_ms)
     }
 
     fn publish_status(&self) {
@@ -743,9 +784,15 @@ impl Actor {
                 .stores
                 .iter()
                 .zip(lags)
-                .map(|(addr, lag)| StoreProgress {
-                    addr: addr.clone(),
-                    lag,
+                .enumerate()
+                .map(|(i, (addr, lag))| {
+                    let (lag_bytes, _, catch_up_ms) = self.store_catch_up(i);
+                    StoreProgress {
+                        addr: addr.clone(),
+                        lag,
+                        lag_bytes,
+                        catch_up_ms,
+                    }
                 })
                 .collect(),
         });

@@ -14,6 +14,7 @@
 //! [`Broker::start`] binds the listeners, checks the data directory and starts the tasks.
 
 mod actor;
+mod catch_up;
 mod conn;
 mod local;
 mod slots;

@@ -279,12 +279,12 @@ impl Report for DiskBenchReport {
         let mut file = match self.layout {
             DiskLayout::Prewritten => format!(
                 "{}, prewritten (prefilled in {:.2} s)",
-                human_bytes(self.file_size),
+                crate::output::human_bytes(self.file_size),
                 self.prefill_s
             ),
             DiskLayout::Fallocated => format!(
                 "{}, fallocated, not written (in {:.2} s)",
-                human_bytes(self.file_size),
+                crate::output::human_bytes(self.file_size),
                 self.prefill_s
             ),
         };
@@ -299,7 +299,11 @@ impl Report for DiskBenchReport {
             .row("file", file)
             .row(
                 "block",
-                format!("{}, qd {}", human_bytes(self.block_size), self.qd),
+                format!(
+                    "{}, qd {}",
+                    crate::output::human_bytes(self.block_size),
+                    self.qd
+                ),
             )
             .row("alignment", alignment)
             .row("duration", format!("{:.2} s", self.duration_s))
@@ -324,26 +328,6 @@ impl Report for DiskBenchReport {
             )
             .write(out)
     }
-}
-
-/// `1048576` → `"1 MiB"`, `12288` → `"12 KiB"`, `1000` → `"1000 B"`: the largest unit the
-/// size reaches, as a whole number; from 1 MiB up a size that is no whole number of that
-/// unit is rounded to a tenth of it (`1200000000` → `"1.1 GiB"`, as a fallocated file sized
-/// for the duration is), below 1 MiB it is given in bytes.
-fn human_bytes(bytes: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes < 1 << shift {
-            continue;
-        }
-        if bytes % (1 << shift) == 0 {
-            return format!("{} {unit}", bytes >> shift);
-        }
-        if shift >= 20 {
-            return format!("{:.1} {unit}", bytes as f64 / (1u64 << shift) as f64);
-        }
-        break;
-    }
-    format!("{bytes} B")
 }
 
 /// Runs the benchmark described by `config`: creates and lays out the bench file, measures,
@@ -1237,17 +1221,6 @@ mod tests {
         for case in cases {
             assert!(validate(&case).is_err(), "accepted {case:?}");
         }
-    }
-
-    #[test]
-    fn human_bytes_uses_the_largest_unit_reached() {
-        assert_eq!(human_bytes(1 << 30), "1 GiB");
-        assert_eq!(human_bytes(256 << 10), "256 KiB");
-        assert_eq!(human_bytes(12288), "12 KiB");
-        assert_eq!(human_bytes(1000), "1000 B");
-        assert_eq!(human_bytes(1_200_000_000), "1.1 GiB");
-        assert_eq!(human_bytes((3 << 20) + 1000), "3.0 MiB");
-        assert_eq!(human_bytes(12289), "12289 B");
     }
 
     /// A failing write must come back as a clear error naming the write (not the fsync it

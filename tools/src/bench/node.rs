@@ -71,8 +71,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::wal::{human_bytes, latency_histogram, payload_bytes, WalIo};
+use super::wal::{latency_histogram, payload_bytes, WalIo};
 use crate::interrupt::Interrupted;
+use crate::output::human_bytes;
 use crate::output::{Report, Table};
 
 /// The broker id in the bench's epochs (`counter << 16 | id`): one no real broker uses in

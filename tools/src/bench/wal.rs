@@ -422,7 +422,7 @@ impl Report for WalBenchReport {
             out,
             "quire bench wal: {} appender(s) of {} events through quire-wal ({}{}), group commit",
             r.appenders,
-            human_bytes(r.event_size),
+            crate::output::human_bytes(r.event_size),
             r.backend,
             if r.direct_io {
                 ", O_DIRECT"
@@ -577,16 +577,6 @@ fn run_rows(table: &mut Table, r: &WalRun) {
             threads.join(", ")
         ),
     );
-}
-
-/// `1048576` → `"1 MiB"`, `1000` → `"1000 B"`.
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
-            return format!("{} {unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes} B")
 }
 
 fn validate(config: &WalBenchConfig) -> anyhow::Result<()> {

@@ -127,6 +127,14 @@ pub struct StoreStatus {
     /// damaged record is being repaired from another store), `"catching up"` (it lacks
     /// offsets at or below the HWM), `"in sync"`; `"unknown"` in a slave's view.
     pub state: &'static str,
+    /// Bytes it lacks below the master's log end, estimated by the master from the mean
+    /// size of the events it holds; `None` in a slave's view.
+    pub lag_bytes: Option<u64>,
+    /// Offsets per second its acks advanced over the master's last ~10 s.
+    pub catch_up_rate: Option<u64>,
+    /// Estimated ms until it holds the master's log end: 0 in sync, `None` when it is not
+    /// closing in (or unknown).
+    pub catch_up_ms: Option<u64>,
 }
 
 /// One broker's answer (or why there is none).
@@ -365,6 +373,21 @@ fn store_status(index: usize, s: &StoreInfo, hwm: Option<u64>, from_master: bool
         connected: from_master.then_some(s.connected),
         damaged: s.corrupt.map(|o| o.0),
         state,
+        lag_bytes: s.lag_bytes,
+        catch_up_rate: s.catch_up_rate,
+        catch_up_ms: s.catch_up_ms,
+    }
+}
+
+/// A store's catch-up estimate for the table: `0s` in sync, `~12s`, `~3m`, `never` when
+/// the master has rates and the store does not close in, `-` without figures.
+fn eta(s: &StoreStatus) -> String {
+    match (s.catch_up_ms, s.catch_up_rate) {
+        (Some(0), _) => "0s".to_owned(),
+        (Some(ms), _) if ms < 120_000 => format!("~{}s", ms.div_ceil(1000)),
+        (Some(ms), _) => format!("~{}m", ms.div_ceil(60_000)),
+        (None, Some(_)) => "never".to_owned(),
+        (None, None) => "-".to_owned(),
     }
 }
 
@@ -399,8 +422,18 @@ impl Report for ClusterStatus {
             .max(4);
         writeln!(
             out,
-            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}  {:<11}  {:>8}",
-            "store", "addr", "store_id", "role", "persisted", "lag", "link", "state", "damaged"
+            "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:>9}  {:>7}  {:<4}  {:<11}  {:>8}",
+            "store",
+            "addr",
+            "store_id",
+            "role",
+            "persisted",
+            "lag",
+            "to copy",
+            "eta",
+            "link",
+            "state",
+            "damaged"
         )?;
         for s in &self.stores {
             let link = match s.connected {
@@ -410,13 +443,16 @@ impl Report for ClusterStatus {
             };
             writeln!(
                 out,
-                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:<4}  {:<11}  {:>8}",
+                "{:<5}  {:<addr_w$}  {:<16}  {:<7}  {:>10}  {:>8}  {:>9}  {:>7}  {:<4}  {:<11}  {:>8}",
                 s.index,
                 s.addr,
                 s.store_id,
                 s.role,
                 opt(s.persisted),
                 opt(s.lag),
+                s.lag_bytes
+                    .map_or_else(|| "-".to_owned(), crate::output::human_bytes),
+                eta(s),
                 link,
                 s.state,
                 opt(s.damaged)
@@ -483,6 +519,9 @@ mod tests {
             persisted: persisted.map(Offset),
             connected: persisted.is_some(),
             corrupt: None,
+            lag_bytes: None,
+            catch_up_rate: None,
+            catch_up_ms: None,
         }
     }
 
@@ -495,9 +534,23 @@ mod tests {
             master: Some(brokers()[0].clone()),
             brokers: brokers(),
             stores: vec![
-                store(1, true, Some(41)),
-                store(2, true, Some(30)),
-                store(3, false, None),
+                StoreInfo {
+                    lag_bytes: Some(0),
+                    catch_up_rate: Some(500),
+                    catch_up_ms: Some(0),
+                    ..store(1, true, Some(41))
+                },
+                StoreInfo {
+                    lag_bytes: Some(11 << 20),
+                    catch_up_rate: Some(800),
+                    catch_up_ms: Some(37_400),
+                    ..store(2, true, Some(30))
+                },
+                StoreInfo {
+                    lag_bytes: Some(42 << 20),
+                    catch_up_rate: Some(0),
+                    ..store(3, false, None)
+                },
                 StoreInfo {
                     corrupt: Some(Offset(7)),
                     ..store(4, true, Some(41))
@@ -554,6 +607,10 @@ mod tests {
         s.write_text(&mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("master  broker 1 at b1:1"), "{text}");
+        let etas: Vec<String> = s.stores.iter().map(eta).collect();
+        assert_eq!(etas, vec!["0s", "~38s", "never", "-"]);
+        assert!(text.contains("11 MiB"), "{text}");
+        assert_eq!(s.stores[1].catch_up_rate, Some(800));
         assert!(text.contains("connect refused"), "{text}");
         assert_eq!(s.kafka_bootstrap.as_deref(), Some("k1:9092,k2:9092"));
         assert!(
@@ -579,10 +636,7 @@ mod tests {
             store_id: StoreId(0),
             incarnation: Incarnation(0),
             addr: "s9:1".into(),
-            voter: false,
-            persisted: None,
-            connected: false,
-            corrupt: None,
+            ..store(9, false, None)
         });
         let s = assemble(&[("b2:2".to_owned(), Ok(stale))]);
         assert_eq!(s.stores[1].role, "unknown");
