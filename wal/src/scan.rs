@@ -5,8 +5,10 @@
 //!
 //! - Segments are read in base-offset order. The first segment's base is where the log
 //!   starts. A later segment's base must not exceed the next expected offset (else a
-//!   segment is missing: corruption, unless neither it nor any later segment holds a valid
-//!   record, which ends the log as a torn tail does, [`BadRecord::SegmentGap`]); a base
+//!   segment or the last records of the previous one are missing: corruption, located at
+//!   the end of the previous segment's last record, unless neither it nor any later
+//!   segment holds a valid record, which ends the log as a torn tail does,
+//!   [`BadRecord::SegmentGap`]); a base
 //!   below it means the segment was started by a truncation, and its first record must be
 //!   an accepted truncation marker at exactly its base.
 //! - A segment that starts with a [`SegmentHeader`] is version 2: its records start after
@@ -626,7 +628,17 @@ pub fn scan_segments_placing<S: Storage>(
                         empty_segments_after: empty,
                     })
                 }
-                _ => ScanEnd::Corruption(WalError::Corruption {
+                // Valid records follow: corruption, located where the missing entries
+                // should begin — after the previous segment's last record.
+                Some(prev) => ScanEnd::Corruption(WalError::Corruption {
+                    segment: prev.path.clone(),
+                    position: prev.end,
+                    offset: expected_at_start,
+                    problem: CorruptionKind::MissingRecords {
+                        next_base: seg.base,
+                    },
+                }),
+                None => ScanEnd::Corruption(WalError::Corruption {
                     segment: seg.path.clone(),
                     position: Position(0),
                     offset: expected_at_start,

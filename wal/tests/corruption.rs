@@ -199,3 +199,59 @@ proptest! {
         prop_assert_eq!(all.last().unwrap().clone(), record(n, 1, 10));
     }
 }
+
+/// A record that reads back as zeros at the end of a sealed segment (a lost or zeroed
+/// write) is reported where it lies — in its own segment, at the end of the record before
+/// it — and not as a segment missing before the next one (issue 15's break-it finding 3).
+/// With `DamagedRecords::Place` the store refuses to start on it too: nothing proves which
+/// entries the zeros were.
+#[test]
+fn a_zeroed_last_record_of_a_sealed_segment_is_located_in_its_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+    let mut next = 0u64;
+    loop {
+        wal.append(Epoch(1), vec![record(next, 1, 200)])
+            .wait()
+            .unwrap();
+        next += 1;
+        if entries_of(dir.path()).1 >= 3 {
+            break;
+        }
+    }
+    drop(wal);
+    let (entries, _) = entries_of(dir.path());
+    let last_of_first = entries.iter().rev().find(|e| e.segment == 0).unwrap();
+    let next_base = entries.iter().find(|e| e.segment == 1).unwrap().offset;
+    let mut bytes = fs::read(&last_of_first.path).unwrap();
+    let at = last_of_first.position as usize;
+    bytes[at..at + last_of_first.bytes as usize].fill(0);
+    fs::write(&last_of_first.path, &bytes).unwrap();
+    let before = files(dir.path());
+
+    let before_it = entries
+        .iter()
+        .find(|e| e.offset.0 + 1 == last_of_first.offset.0)
+        .unwrap();
+    for damaged_records in [DamagedRecords::Refuse, DamagedRecords::Place] {
+        let cfg = quire_wal::WalConfig {
+            damaged_records,
+            ..config(dir.path(), IoBackend::Sync)
+        };
+        match Wal::open(cfg).unwrap_err() {
+            WalError::Corruption {
+                segment,
+                position,
+                offset,
+                problem,
+            } => {
+                assert_eq!(segment, last_of_first.path, "{damaged_records:?}");
+                assert_eq!(position, Position(before_it.position + before_it.bytes));
+                assert_eq!(offset, last_of_first.offset);
+                assert_eq!(problem, CorruptionKind::MissingRecords { next_base });
+            }
+            other => panic!("expected corruption, got {other}"),
+        }
+        assert_eq!(files(dir.path()), before, "a failed open changes nothing");
+    }
+}
