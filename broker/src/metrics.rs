@@ -52,7 +52,7 @@ pub struct StoreProgress {
     pub lag: Option<u64>,
     /// Estimated bytes it lacks ([`quire_proto::StoreInfo::lag_bytes`]).
     pub lag_bytes: Option<u64>,
-    /// Estimated ms until it holds the log end ([`quire_proto::StoreInfo::catch_up_ms`]).
+    /// Estimated ms until it holds the HWM ([`quire_proto::StoreInfo::catch_up_ms`]).
     pub catch_up_ms: Option<u64>,
 }
 
@@ -435,15 +435,15 @@ impl Collector for SnapshotCollector {
             &mut enc,
             &s.stores,
             "store_lag_bytes",
-            "Bytes a store lacks behind the master's log end, estimated from the mean size of \
-             the events the master holds (-1: unknown, not master)",
+            "Bytes of the offsets at or below the HWM a store has not acked (the events the \
+             master holds summed, older ones at their mean size; -1: unknown, not master)",
             |st| st.lag_bytes,
         )?;
         per_store(
             &mut enc,
             &s.stores,
             "store_catch_up_ms",
-            "Estimated ms until a store holds the master's log end at its recent ack rate \
+            "Estimated ms until a store holds the master's HWM at its recent ack rate \
              (0: in sync; -1: not closing in, unknown, not master)",
             |st| st.catch_up_ms,
         )

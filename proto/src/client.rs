@@ -92,9 +92,9 @@ pub struct BrokerInfo {
 /// 1|9    persisted             Option<Offset>: highest through_offset it acked
 /// 1      connected             bool: the answering broker has a connection to it
 /// 1|9    corrupt               Option<Offset>: lowest record known damaged
-/// 1|9    lag_bytes             Option<u64>: estimated bytes it lacks (master's view)
-/// 1|9    catch_up_rate         Option<u64>: offsets/s its acks advanced, last ~10 s
-/// 1|9    catch_up_ms           Option<u64>: estimated ms until it holds the log end
+/// 1|9    lag_bytes             Option<u64>: bytes it lacks below the HWM (master's view)
+/// 1|9    catch_up_rate         Option<u64>: offsets/s its acks advanced, last ~3 s
+/// 1|9    catch_up_ms           Option<u64>: estimated ms until it holds the HWM
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreInfo {
@@ -114,15 +114,16 @@ pub struct StoreInfo {
     /// The lowest record of the store known damaged and not yet repaired (the master's
     /// view: from the store's `Corrupt` answers and acks; `None` from a slave).
     pub corrupt: Option<Offset>,
-    /// Bytes the store lacks below the master's log end, estimated as its lag in offsets
-    /// times the mean accounted size of the events the master holds in memory (payload
-    /// plus a fixed per-event overhead); `None` from a slave or a master holding none.
+    /// Accounted bytes (payload plus a fixed per-event overhead) of the events at or below
+    /// the master's HWM that the store has not acked: summed over the events the master
+    /// holds in memory, the older ones estimated at their mean size; `None` from a slave,
+    /// or while the store has acked nothing to this master.
     pub lag_bytes: Option<u64>,
     /// Offsets per second by which the store's acked offset advanced over the master's
-    /// last ~10 s of samples; `None` from a slave or before a second's worth of samples.
+    /// last ~3 s of samples; `None` from a slave or before a second's worth of samples.
     pub catch_up_rate: Option<u64>,
-    /// Estimated milliseconds until the store holds the master's log end, at its
-    /// `catch_up_rate` against the rate at which the log end grows: `Some(0)` when it lacks
+    /// Estimated milliseconds until the store holds the master's HWM, at its
+    /// `catch_up_rate` against the rate at which the HWM grows: `Some(0)` when it lacks
     /// nothing, `None` when it is not closing in (or from a slave).
     pub catch_up_ms: Option<u64>,
 }

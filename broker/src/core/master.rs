@@ -845,12 +845,32 @@ impl MasterCore {
         self.log.end()
     }
 
-    /// The mean accounted size, in bytes, of the events this master holds in memory (its
-    /// recent ones); `None` when it holds none.
+    /// Accounted bytes of the events at offsets `from..to`: summed exactly over the first
+    /// `exact_events_max` of them this master holds in memory; the rest (below its memory,
+    /// or past that count) estimated at the mean size of the events in memory. `None` when
+    /// an estimate is needed and it holds no event. Used for the catch-up figures, not for
+    /// any decision.
     #[must_use]
-    pub fn mean_event_bytes(&self) -> Option<u64> {
+    pub fn bytes_between(&self, from: Offset, to: Offset, exact_events_max: usize) -> Option<u64> {
+        if from >= to {
+            return Some(0);
+        }
+        let first = from.max(self.log.mem_start()).min(to);
+        let mut exact = 0u64;
+        let mut counted = 0u64;
+        for e in self.log.iter_from(first).take(exact_events_max) {
+            if e.offset >= to {
+                break;
+            }
+            exact += super::event::accounted_bytes(e);
+            counted += 1;
+        }
+        let estimated = (to.0 - from.0) - counted;
+        if estimated == 0 {
+            return Some(exact);
+        }
         let n = self.log.mem_len() as u64;
-        (n > 0).then(|| self.log.mem_bytes() / n)
+        (n > 0).then(|| exact + estimated.saturating_mul(self.log.mem_bytes() / n))
     }
 
     /// Accounted bytes of the events above the HWM (what backpressure bounds).

@@ -1323,3 +1323,32 @@ fn a_slave_behind_the_trim_point_is_sent_the_log_from_the_checkpoint() {
     to(&mut h, slave, 5);
     assert!(h.appends().is_empty());
 }
+
+#[test]
+fn bytes_between_sums_the_events_held_and_estimates_the_rest() {
+    let mut h = H::new(3);
+    for _ in 0..5 {
+        h.propose();
+    }
+    let end = h.m.next_offset();
+    let sizes: Vec<u64> =
+        h.m.log
+            .iter_from(Offset(0))
+            .map(crate::core::event::accounted_bytes)
+            .collect();
+    assert_eq!(sizes.len() as u64, end.0, "everything is in memory");
+    let all: u64 = sizes.iter().sum();
+    assert_eq!(h.m.bytes_between(Offset(0), end, usize::MAX), Some(all));
+    assert_eq!(h.m.bytes_between(end, end, 0), Some(0));
+    assert_eq!(
+        h.m.bytes_between(Offset(2), end, usize::MAX),
+        Some(sizes[2..].iter().sum())
+    );
+    // Two exactly, the rest at the mean of the events held.
+    let mean = all / sizes.len() as u64;
+    let rest = end.0 - 1 - 2;
+    assert_eq!(
+        h.m.bytes_between(Offset(1), end, 2),
+        Some(sizes[1] + sizes[2] + rest * mean)
+    );
+}

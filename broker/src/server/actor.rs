@@ -79,6 +79,12 @@ impl Waiter {
 }
 
 /// The actor. See the module docs.
+/// Events whose sizes `quire cluster status` sums exactly for a store's bytes to copy (a
+/// metadata request is rare); the rest are estimated at the mean size.
+const STATUS_EXACT_EVENTS_MAX: usize = 1 << 20;
+/// The same for the metrics, refreshed at every tick.
+const TICK_EXACT_EVENTS_MAX: usize = 4_096;
+
 pub(crate) struct Actor {
     /// Fetches planned again after a store answered `Corrupt`: how many times, and the
     /// last damaged offset (a fetch no store can serve is then answered `Corrupt`).
@@ -423,7 +429,8 @@ impl Actor {
                     None => (identity.is_some(), None, None, None),
                 };
                 let shown = identity.or(answered.map(|(id, _)| id)).unwrap_or_default();
-                let (lag_bytes, catch_up_rate, catch_up_ms) = self.store_catch_up(i);
+                let (lag_bytes, catch_up_rate, catch_up_ms) =
+                    self.store_catch_up(i, STATUS_EXACT_EVENTS_MAX);
                 StoreInfo {
                     store_id: shown.store_id,
                     incarnation: shown.incarnation,
@@ -712,37 +719,54 @@ impl Actor {
         self.publish_status();
     }
 
-    /// Samples the log end and every store's acked end while master, for the catch-up
-    /// figures ([`super::catch_up`]).
+    /// Samples the HWM and every store's acked end while master, for the catch-up rates
+    /// ([`super::catch_up`]).
     fn sample_catch_up(&mut self, now_ms: u64) {
         match self.engine.role() {
             RoleView::Master(core, _) => {
                 let acked_end = (0..self.store_count)
-                    .map(|i| {
-                        core.slot_status(Self::slot_of(i))
-                            .and_then(|s| s.matched)
-                            .map(|o| o.0 + 1)
-                    })
+                    .map(|i| Self::acked_end(core, i))
                     .collect();
+                let stable_end = core.hwm().map_or(0, |h| h.0 + 1);
                 self.catch_up
-                    .sample(core.epoch().0, now_ms, core.next_offset().0, acked_end);
+                    .sample(core.epoch().0, now_ms, stable_end, acked_end);
             }
             _ => self.catch_up.clear(),
         }
     }
 
-    /// Store `i`'s catch-up figures (all `None` unless master): estimated bytes it lacks,
-    /// its ack rate in offsets/s, and the estimated ms until it holds the log end.
-    fn store_catch_up(&self, i: usize) -> (Option<u64>, Option<u64>, Option<u64>) {
+    /// One past the last offset store `i` acked to this master (`None`: nothing yet).
+    fn acked_end(core: &crate::core::master::MasterCore, i: usize) -> Option<u64> {
+        core.slot_status(Self::slot_of(i))
+            .and_then(|s| s.matched)
+            .map(|o| o.0 + 1)
+    }
+
+    /// Store `i`'s catch-up figures, all `None` unless master or while the store has acked
+    /// nothing to it: the bytes it lacks below the HWM (the events this master holds summed
+    /// exactly, up to `exact_events_max` of them, the rest at their mean size), its ack
+    /// rate in offsets/s, and the estimated ms until it holds the HWM. The lag is read now;
+    /// only the rates come from the samples.
+    fn store_catch_up(
+        &self,
+        i: usize,
+        exact_events_max: usize,
+    ) -> (Option<u64>, Option<u64>, Option<u64>) {
         let Some(core) = self.engine.master_core() else {
             return (None, None, None);
         };
-        let c = self.catch_up.store(i);
-        let lag_bytes = c.lag.and_then(|lag| match lag {
-            0 => Some(0),
-            _ => core.mean_event_bytes().map(|mean| lag.saturating_mul(mean)),
-        });
-        (lag_bytes, c.rate, c.eta_ms)
+        let Some(acked) = Self::acked_end(core, i) else {
+            return (None, None, None);
+        };
+        let stable_end = core.hwm().map_or(0, |h| h.0 + 1);
+        let lag = stable_end.saturating_sub(acked);
+        let lag_bytes = core.bytes_between(Offset(acked), Offset(stable_end), exact_events_max);
+        let rates = self.catch_up.rates(i);
+        (
+            lag_bytes,
+            rates.map(|(rate, _)| rate),
+            super::catch_up::estimate(lag, rates),
+        )
     }
 
     fn publish_status(&self) {
@@ -786,7 +810,7 @@ impl Actor {
                 .zip(lags)
                 .enumerate()
                 .map(|(i, (addr, lag))| {
-                    let (lag_bytes, _, catch_up_ms) = self.store_catch_up(i);
+                    let (lag_bytes, _, catch_up_ms) = self.store_catch_up(i, TICK_EXACT_EVENTS_MAX);
                     StoreProgress {
                         addr: addr.clone(),
                         lag,

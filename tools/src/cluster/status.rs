@@ -127,12 +127,13 @@ pub struct StoreStatus {
     /// damaged record is being repaired from another store), `"catching up"` (it lacks
     /// offsets at or below the HWM), `"in sync"`; `"unknown"` in a slave's view.
     pub state: &'static str,
-    /// Bytes it lacks below the master's log end, estimated by the master from the mean
-    /// size of the events it holds; `None` in a slave's view.
+    /// Bytes of the offsets at or below the HWM it has not acked (the master sums the
+    /// events it holds and estimates older ones at their mean size); `None` in a slave's
+    /// view or while it has acked nothing to this master.
     pub lag_bytes: Option<u64>,
-    /// Offsets per second its acks advanced over the master's last ~10 s.
+    /// Offsets per second its acks advanced over the master's last ~3 s.
     pub catch_up_rate: Option<u64>,
-    /// Estimated ms until it holds the master's log end: 0 in sync, `None` when it is not
+    /// Estimated ms until it holds the master's HWM: 0 in sync, `None` when it is not
     /// closing in (or unknown).
     pub catch_up_ms: Option<u64>,
 }
