@@ -234,18 +234,20 @@ pub enum CorruptionKind {
     /// A segment's base offset leaves a gap after the previous segment.
     #[error("a segment is missing before this one")]
     MissingSegment,
-    /// The previous segment's records end (the error's position, in that segment) before
-    /// the offset the next segment starts at, and valid records follow: the entries in
-    /// between are missing. Either the last of them were in this segment and read back as
-    /// zeros (a lost, misdirected or zeroed write), or a whole segment between the two was
-    /// lost.
+    /// The log's records end here (the error's position: after the last record that
+    /// counts) and the next valid record, later in this segment or at the start of the
+    /// next one, has a higher offset than expected: the entries in between are missing.
+    /// Either they were here and read back as zeros (a lost, misdirected or zeroed write),
+    /// or a whole segment between was lost.
     #[error(
-        "entries up to offset {next_base}, where the next segment starts, are missing: only \
-         zeros follow here (a lost or zeroed write), or a segment between was lost"
+        "the entries from here to offset {next_offset} (excluded), the next valid record's, \
+         are missing: only zeros lie between (a lost or zeroed write), or a segment between \
+         was lost"
     )]
     MissingRecords {
-        /// The base offset of the next segment.
-        next_base: quire_proto::Offset,
+        /// The offset of the next valid record (the next segment's base, when it starts
+        /// that segment).
+        next_offset: quire_proto::Offset,
     },
     /// A record read back through the index does not match what was written.
     #[error("a record read back does not match the index")]

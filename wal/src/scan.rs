@@ -635,7 +635,7 @@ pub fn scan_segments_placing<S: Storage>(
                     position: prev.end,
                     offset: expected_at_start,
                     problem: CorruptionKind::MissingRecords {
-                        next_base: seg.base,
+                        next_offset: seg.base,
                     },
                 }),
                 None => ScanEnd::Corruption(WalError::Corruption {
@@ -841,15 +841,35 @@ pub fn scan_segments_placing<S: Storage>(
                 valid_after = false;
                 empty_after = segments[si + 1..].iter().map(|s| s.path.clone()).collect();
             }
+            // A valid record ahead of the expected offset after bytes that are not ours
+            // (zeros): the entries between are missing, located where they should begin.
+            let skipped_to = match (problem, header) {
+                (BadRecord::UnexpectedOffset { expected }, Some(h)) if h.offset > expected => {
+                    Some(h.offset)
+                }
+                _ => None,
+            };
             end = if valid_after {
-                ScanEnd::Corruption(WalError::Corruption {
-                    segment: seg.path.clone(),
-                    position: Position(bad_pos),
-                    offset,
-                    problem: if problem == BadRecord::SegmentStart {
-                        CorruptionKind::SegmentStart
-                    } else {
-                        CorruptionKind::BadRecordBeforeValid
+                ScanEnd::Corruption(match skipped_to {
+                    Some(next_offset) => WalError::Corruption {
+                        segment: seg.path.clone(),
+                        position: if accepted_here > 0 {
+                            report.end
+                        } else {
+                            Position(reader.data_start)
+                        },
+                        offset,
+                        problem: CorruptionKind::MissingRecords { next_offset },
+                    },
+                    None => WalError::Corruption {
+                        segment: seg.path.clone(),
+                        position: Position(bad_pos),
+                        offset,
+                        problem: if problem == BadRecord::SegmentStart {
+                            CorruptionKind::SegmentStart
+                        } else {
+                            CorruptionKind::BadRecordBeforeValid
+                        },
                     },
                 })
             } else {

@@ -248,10 +248,72 @@ fn a_zeroed_last_record_of_a_sealed_segment_is_located_in_its_segment() {
                 assert_eq!(segment, last_of_first.path, "{damaged_records:?}");
                 assert_eq!(position, Position(before_it.position + before_it.bytes));
                 assert_eq!(offset, last_of_first.offset);
-                assert_eq!(problem, CorruptionKind::MissingRecords { next_base });
+                assert_eq!(
+                    problem,
+                    CorruptionKind::MissingRecords {
+                        next_offset: next_base
+                    }
+                );
             }
             other => panic!("expected corruption, got {other}"),
         }
         assert_eq!(files(dir.path()), before, "a failed open changes nothing");
+    }
+}
+
+/// A zeroed record inside a sealed segment — its first, or one in the middle — is reported
+/// where the missing entry begins (after the record before it, or right after the
+/// segment's header), not at the next valid record after the zeros.
+#[test]
+fn a_zeroed_record_inside_a_segment_is_located_where_it_begins() {
+    for victim_of in ["first", "middle"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(config(dir.path(), IoBackend::Sync)).unwrap();
+        let mut next = 0u64;
+        while entries_of(dir.path()).1 < 3 {
+            wal.append(Epoch(1), vec![record(next, 1, 200)])
+                .wait()
+                .unwrap();
+            next += 1;
+        }
+        drop(wal);
+        let (entries, _) = entries_of(dir.path());
+        let in_second: Vec<&Entry> = entries.iter().filter(|e| e.segment == 1).collect();
+        let victim = match victim_of {
+            "first" => in_second[0],
+            _ => in_second[in_second.len() / 2],
+        };
+        let mut bytes = fs::read(&victim.path).unwrap();
+        let at = victim.position as usize;
+        bytes[at..at + victim.bytes as usize].fill(0);
+        fs::write(&victim.path, &bytes).unwrap();
+        // After the record before it; for a segment's first record, where the segment's
+        // records may begin (right after its header: only zeros lie between).
+        let expected_position = entries
+            .iter()
+            .find(|e| e.segment == 1 && e.offset.0 + 1 == victim.offset.0)
+            .map_or(quire_wal::format::SEGMENT_HEADER_BYTES, |before| {
+                before.position + before.bytes
+            });
+        match Wal::open(config(dir.path(), IoBackend::Sync)).unwrap_err() {
+            WalError::Corruption {
+                segment,
+                position,
+                offset,
+                problem,
+            } => {
+                assert_eq!(segment, victim.path, "{victim_of}");
+                assert_eq!(position, Position(expected_position), "{victim_of}");
+                assert_eq!(offset, victim.offset, "{victim_of}");
+                assert_eq!(
+                    problem,
+                    CorruptionKind::MissingRecords {
+                        next_offset: victim.offset.next()
+                    },
+                    "{victim_of}"
+                );
+            }
+            other => panic!("{victim_of}: expected corruption, got {other}"),
+        }
     }
 }
