@@ -115,8 +115,8 @@ pub struct StoreInfo {
     /// view: from the store's `Corrupt` answers and acks; `None` from a slave).
     pub corrupt: Option<Offset>,
     /// Accounted bytes (payload plus a fixed per-event overhead) of the events at or below
-    /// the master's HWM that the store has not acked: summed over the events the master
-    /// holds in memory, the older ones estimated at their mean size; `None` from a slave,
+    /// the master's HWM that the store has not acked: summed over the first 4,096 of them
+    /// the master holds in memory, the others estimated at the mean size; `None` from a slave,
     /// or while the store has acked nothing to this master.
     pub lag_bytes: Option<u64>,
     /// Offsets per second by which the store's acked offset advanced over the master's

@@ -79,11 +79,10 @@ impl Waiter {
 }
 
 /// The actor. See the module docs.
-/// Events whose sizes `quire cluster status` sums exactly for a store's bytes to copy (a
-/// metadata request is rare); the rest are estimated at the mean size.
-const STATUS_EXACT_EVENTS_MAX: usize = 1 << 20;
-/// The same for the metrics, refreshed at every tick.
-const TICK_EXACT_EVENTS_MAX: usize = 4_096;
+/// Events whose sizes a metadata answer (`quire cluster status`, but also every Kafka
+/// client's Metadata request) and the metrics at each tick sum exactly for a store's bytes
+/// to copy; the rest are estimated at the mean size. Bounds the work on the actor.
+const EXACT_EVENTS_MAX: usize = 4_096;
 
 pub(crate) struct Actor {
     /// Fetches planned again after a store answered `Corrupt`: how many times, and the
@@ -430,7 +429,7 @@ impl Actor {
                 };
                 let shown = identity.or(answered.map(|(id, _)| id)).unwrap_or_default();
                 let (lag_bytes, catch_up_rate, catch_up_ms) =
-                    self.store_catch_up(i, STATUS_EXACT_EVENTS_MAX);
+                    self.store_catch_up(i, EXACT_EVENTS_MAX);
                 StoreInfo {
                     store_id: shown.store_id,
                     incarnation: shown.incarnation,
@@ -810,7 +809,7 @@ impl Actor {
                 .zip(lags)
                 .enumerate()
                 .map(|(i, (addr, lag))| {
-                    let (lag_bytes, _, catch_up_ms) = self.store_catch_up(i, TICK_EXACT_EVENTS_MAX);
+                    let (lag_bytes, _, catch_up_ms) = self.store_catch_up(i, EXACT_EVENTS_MAX);
                     StoreProgress {
                         addr: addr.clone(),
                         lag,
