@@ -154,6 +154,11 @@ pub enum Applied {
         /// The voters it counts.
         voters: Vec<Voter>,
     },
+    /// A new voter set (DESIGN.md "Membership changes").
+    Config {
+        /// The voters from this event on.
+        voters: Vec<Voter>,
+    },
     /// Anything else (topic admin, trim), or a body this build cannot decode.
     Other,
 }
@@ -437,6 +442,10 @@ impl BrokerState {
                     broker: s.broker,
                     voters: s.voters,
                 }
+            }
+            EventBody::Config(c) => {
+                self.voters.clone_from(&c.voters);
+                Applied::Config { voters: c.voters }
             }
             EventBody::Trim(t) => {
                 // Trim points only grow; a stale lower one changes nothing.

@@ -57,6 +57,10 @@
 //!                                  2+n  topic    string (name, `*`, or `prefix*`)
 //! (ScramCredential: 2+n salt, 4 iterations u32, 32 stored_key, 32 server_key; see
 //! crate::security)
+//!
+//! Config (kind 8)
+//! 1    version  u8
+//! 4    voter count u32 (1..=MEMBERS_MAX), voters as in EpochStart
 //! ```
 
 use bytes::{Bytes, BytesMut};
@@ -176,6 +180,17 @@ pub struct EpochStartEvent {
     /// The new master.
     pub broker: BrokerId,
     /// The voting stores' identities, at most `MEMBERS_MAX`, by store index.
+    pub voters: Vec<Voter>,
+}
+
+/// A new voter set (kind [`EventKind::Config`]): the set in force from this event on, for
+/// every broker whose log holds it, stabilized or not (DESIGN.md "Membership changes",
+/// rule 1; Raft thesis §4.1). It differs from the set before it by one store added or
+/// removed, or by the identity of one store rebound (a removed slot added back under a new
+/// identity is two events: remove, then add).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigEvent {
+    /// The voting stores, by store index (at least one, at most `MEMBERS_MAX`).
     pub voters: Vec<Voter>,
 }
 
@@ -582,6 +597,8 @@ pub enum EventBody {
     UserAdmin(UserAdminEvent),
     /// [`AclAdminEvent`].
     AclAdmin(AclAdminEvent),
+    /// [`ConfigEvent`].
+    Config(ConfigEvent),
 }
 
 impl EventBody {
@@ -596,6 +613,7 @@ impl EventBody {
             EventBody::Trim(_) => EventKind::Trim,
             EventBody::UserAdmin(_) => EventKind::UserAdmin,
             EventBody::AclAdmin(_) => EventKind::AclAdmin,
+            EventBody::Config(_) => EventKind::Config,
         }
     }
 
@@ -740,6 +758,15 @@ impl EventBody {
             }
             EventKind::UserAdmin => EventBody::UserAdmin(UserAdminEvent::read(&mut r)?),
             EventKind::AclAdmin => EventBody::AclAdmin(AclAdminEvent::read(&mut r)?),
+            EventKind::Config => {
+                let voters = read_voters(&mut r, "config voters")?;
+                if voters.is_empty() {
+                    return Err(WireError::EmptyName {
+                        field: "config voters",
+                    });
+                }
+                EventBody::Config(ConfigEvent { voters })
+            }
         };
         r.finish()?;
         Ok(body)
@@ -796,6 +823,7 @@ impl EventBody {
             }
             EventBody::UserAdmin(u) => u.write(w)?,
             EventBody::AclAdmin(a) => a.write(w)?,
+            EventBody::Config(c) => write_voters(w, "config voters", &c.voters)?,
         }
         Ok(())
     }

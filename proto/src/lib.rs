@@ -57,10 +57,10 @@ pub use error_response::{ErrorDetail, ErrorResponse};
 pub use event_body::{
     encode_message_event, encode_message_header, encode_message_header_as, message_body_version,
     message_event_bytes, message_header_bytes, message_header_bytes_as, trim_part_index,
-    BrokerSnapshot, CheckpointPart, CursorCommitEvent, EpochStartEvent, EventBody, MessageEvent,
-    MessageFormat, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction, TopicAdminEvent,
-    TrimEvent, Voter, CHECKPOINT_PARTS_MAX, EVENT_BODY_VERSION, SNAPSHOT_CURSORS_MAX,
-    SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
+    BrokerSnapshot, CheckpointPart, ConfigEvent, CursorCommitEvent, EpochStartEvent, EventBody,
+    MessageEvent, MessageFormat, SnapshotCursor, SnapshotProducer, SnapshotRun, TopicAction,
+    TopicAdminEvent, TrimEvent, Voter, CHECKPOINT_PARTS_MAX, EVENT_BODY_VERSION,
+    SNAPSHOT_CURSORS_MAX, SNAPSHOT_PRODUCERS_MAX, SNAPSHOT_RUNS_MAX, SNAPSHOT_TOPICS_MAX,
 };
 pub use frame::{
     check_older_version, decode, decode_frame_body, decode_slice, encode, encode_body,

@@ -1457,6 +1457,13 @@ fn event_bodies_round_trip() {
                 },
             ],
         }),
+        EventBody::Config(ConfigEvent {
+            voters: vec![Voter {
+                store_index: 3,
+                store_id: StoreId(11),
+                incarnation: Incarnation(12),
+            }],
+        }),
         EventBody::Trim(TrimEvent::plain(Offset(1000))),
         EventBody::Trim(TrimEvent {
             before: Offset(1000),

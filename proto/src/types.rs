@@ -145,6 +145,8 @@ pub enum EventKind {
     UserAdmin = 6,
     /// An ACL entry added or removed (`quire acl`).
     AclAdmin = 7,
+    /// A new voter set: one store added or removed (DESIGN.md "Membership changes").
+    Config = 8,
 }
 
 impl EventKind {
@@ -159,6 +161,7 @@ impl EventKind {
             5 => EventKind::Trim,
             6 => EventKind::UserAdmin,
             7 => EventKind::AclAdmin,
+            8 => EventKind::Config,
             _ => return None,
         })
     }

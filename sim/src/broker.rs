@@ -139,11 +139,7 @@ impl SimBroker {
 
     /// The engine's configuration for a start of this broker.
     fn engine_config(&self) -> EngineConfig {
-        let mut slots: Vec<SlotKind> = self
-            .cluster_file
-            .iter()
-            .map(|&identity| SlotKind::Store { identity })
-            .collect();
+        let mut slots = SlotKind::stores_from_bound(&self.cluster_file);
         for b in 0..self.params.brokers {
             let b = u8::try_from(b).expect("invariant: few brokers");
             if b != self.index {

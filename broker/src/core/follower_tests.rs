@@ -301,6 +301,7 @@ fn a_slave_follows_a_master_core() {
         epoch: Epoch(8),
         log: crate::core::Log::new(),
         applied: None,
+        voters: None,
     };
     let mut mout = Vec::new();
     let cfg = MasterConfig {

@@ -59,7 +59,7 @@
 
 use std::collections::VecDeque;
 
-use quire_proto::{Epoch, EventKind, LogPosition, Offset, Payload};
+use quire_proto::{ConfigEvent, Epoch, EventBody, EventKind, LogPosition, Offset, Payload, Voter};
 use thiserror::Error;
 
 use super::event::{accounted_bytes, Event};
@@ -372,6 +372,40 @@ pub enum ProposeError {
     },
 }
 
+/// Why [`MasterCore::propose_config`] refused a voter-set change (DESIGN.md "Membership
+/// changes", rule 2). Nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ConfigChangeError {
+    /// The master's epoch-start event is not stabilized yet (Ongaro's 2015 fix: a change
+    /// before it can meet a change of an earlier master that this log dropped). Retry
+    /// shortly.
+    #[error("this master's epoch-start event (offset {epoch_start}) is not stabilized yet; retry shortly")]
+    EpochStartUnstable {
+        /// The epoch-start event's offset.
+        epoch_start: Offset,
+    },
+    /// An earlier change is not stabilized yet: two changes in flight could have disjoint
+    /// quorums.
+    #[error("the voter-set change at offset {offset} is not stabilized yet; one change at a time")]
+    ChangePending {
+        /// The pending `Config` event's offset.
+        offset: Offset,
+    },
+    /// The new set is not the one in force with exactly one store added or removed.
+    #[error("a change adds or removes exactly one store; this one changes {changes} (remove a store before adding another identity at its slot)")]
+    NotOneChange {
+        /// Voters added plus voters removed.
+        changes: usize,
+    },
+    /// The new set is not valid here (empty, an index that is not a store slot, a store id
+    /// twice).
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// The master could not take the event.
+    #[error(transparent)]
+    Propose(#[from] ProposeError),
+}
+
 /// Whether a slot can be sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotLink {
@@ -504,6 +538,8 @@ pub struct MasterCore {
     voted_tick: Vec<Option<u64>>,
     /// Set once [`MasterCommand::QuorumLost`] was emitted.
     quorum_lost: bool,
+    /// Offset of the last `Config` event this master appended.
+    last_config: Option<Offset>,
     /// Last offsets of the batches marked with [`MasterCore::end_batch`] that are still in
     /// memory, in order: the places an append may stop.
     batch_ends: VecDeque<Offset>,
@@ -517,6 +553,8 @@ impl MasterCore {
     /// sends every slot a first probe carrying it (`prev` = the adopted log's last entry).
     /// Every slot starts as connected; the driver reports the ones that are not.
     ///
+    /// The cluster counts in `adopted.voters` when the adopted log names a voter set.
+    ///
     /// The HWM starts at `adopted.applied` (already stabilized and applied by this broker);
     /// the first [`MasterCommand::Stabilized`] covers the rest of the adopted log together
     /// with the epoch-start event (DESIGN.md "Failover" step 4: when it is stabilized,
@@ -527,18 +565,22 @@ impl MasterCore {
     /// at or above `adopted.epoch`, `applied` is past the log's end, or events above
     /// `applied` are not in memory.
     pub fn new(
-        config: MasterConfig,
+        mut config: MasterConfig,
         adopted: AdoptedLog,
         epoch_start_payload: Payload,
         out: &mut Vec<MasterCommand>,
     ) -> Result<MasterCore, ConfigError> {
-        config.cluster.validate()?;
-        config.limits.validate()?;
         let AdoptedLog {
             epoch,
             mut log,
             applied,
+            voters,
         } = adopted;
+        if let Some(voters) = &voters {
+            config.cluster.set_voters(voters)?;
+        }
+        config.cluster.validate()?;
+        config.limits.validate()?;
         if log.last().is_some_and(|last| last.epoch >= epoch) {
             return Err(ConfigError::BadHandover {
                 why: "the log holds an entry of the new epoch or a later one",
@@ -599,6 +641,7 @@ impl MasterCore {
             check_quorum_since: 0,
             voted_tick: vec![None; slot_count],
             quorum_lost: false,
+            last_config: None,
             batch_ends: VecDeque::new(),
             stats: MasterStats::default(),
         };
@@ -676,6 +719,60 @@ impl MasterCore {
         Ok(offset)
     }
 
+    /// Appends a `Config` event naming `voters` (DESIGN.md "Membership changes"): the new set
+    /// is in force from the moment it is appended (rule 1: the HWM is counted in it from
+    /// now on, and slots whose identity changed start counting afresh).
+    ///
+    /// Returns the event's offset; the change is done when a [`MasterCommand::Stabilized`]
+    /// covers it. Like [`MasterCore::propose_deferred`], nothing is sent until
+    /// [`MasterCore::flush`].
+    ///
+    /// # Errors
+    /// [`ConfigChangeError`]: the epoch-start event not stabilized, an earlier change
+    /// pending, more or less than one store changed, an invalid set, or a refused proposal.
+    pub fn propose_config(&mut self, voters: Vec<Voter>) -> Result<Offset, ConfigChangeError> {
+        if self.hwm < Some(self.epoch_start) {
+            return Err(ConfigChangeError::EpochStartUnstable {
+                epoch_start: self.epoch_start,
+            });
+        }
+        if let Some(offset) = self.pending_config() {
+            return Err(ConfigChangeError::ChangePending { offset });
+        }
+        let current = self.cluster.voters();
+        let changes = voters.iter().filter(|v| !current.contains(v)).count()
+            + current.iter().filter(|v| !voters.contains(v)).count();
+        if changes != 1 {
+            return Err(ConfigChangeError::NotOneChange { changes });
+        }
+        let mut next = self.cluster.clone();
+        next.set_voters(&voters)?;
+        let payload = EventBody::Config(ConfigEvent { voters })
+            .to_payload()
+            .map_err(|_| ConfigError::BadLimit {
+                name: "voters",
+                why: "more voters than an event can name",
+            })?;
+        let offset = self.propose_deferred(EventKind::Config, payload)?;
+        self.end_batch();
+        for i in 0..self.slots.len() {
+            let slot = SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"));
+            if next.expected_identity(slot) != self.cluster.expected_identity(slot) {
+                self.slots[i].voted_through = None;
+                self.voted_tick[i] = None;
+            }
+        }
+        self.cluster = next;
+        self.last_config = Some(offset);
+        Ok(offset)
+    }
+
+    /// Offset of the last voter-set change this master appended while it is not stabilized.
+    #[must_use]
+    pub fn pending_config(&self) -> Option<Offset> {
+        self.last_config.filter(|&c| self.hwm < Some(c))
+    }
+
     /// Marks the events proposed so far as the end of a batch (a producer's produce, a
     /// cursor commit): an append never stops inside a batch unless the batch alone is larger
     /// than one append may be ([`ReplicationLimits::append_events_max`],
@@ -719,10 +816,11 @@ impl MasterCore {
                 identity,
                 voter,
             } => {
-                let Some(SlotKind::Store { identity: expected }) = self.cluster.kind(slot) else {
+                let Some(SlotKind::Store { .. }) = self.cluster.kind(slot) else {
                     self.stats.acks_unknown_slot += 1;
                     return;
                 };
+                let expected = self.cluster.expected_identity(slot);
                 let votes = voter && expected == Some(identity);
                 self.on_ack(slot, append, epoch, through, votes, out);
             }
@@ -1133,7 +1231,7 @@ impl MasterCore {
             .voted_tick
             .iter()
             .zip(&self.cluster.slots)
-            .filter(|(t, kind)| kind.is_store() && t.is_some_and(|t| t >= since))
+            .filter(|(t, kind)| kind.is_voter() && t.is_some_and(|t| t >= since))
             .count();
         let ack_quorum = self.cluster.ack_quorum;
         if voters_heard >= ack_quorum {
@@ -1171,7 +1269,7 @@ impl MasterCore {
     fn advance_hwm(&mut self, out: &mut Vec<MasterCommand>) {
         self.scratch.clear();
         for (s, kind) in self.slots.iter().zip(&self.cluster.slots) {
-            if let (true, Some(v)) = (kind.is_store(), s.voted_through) {
+            if let (true, Some(v)) = (kind.is_voter(), s.voted_through) {
                 self.scratch.push(v);
             }
         }
@@ -1224,7 +1322,7 @@ impl MasterCore {
             .slots
             .iter()
             .zip(&self.cluster.slots)
-            .filter(|(_, kind)| kind.is_store())
+            .filter(|(_, kind)| kind.is_voter())
             .filter_map(|(s, _)| s.voted_through)
             .max();
         let Some(limit) = voted_max.map(|v| v.min(h)) else {
@@ -1354,7 +1452,7 @@ impl MasterCore {
             .enumerate()
             .filter(|&(j, (s, kind))| {
                 j != target
-                    && kind.is_store()
+                    && kind.is_voter()
                     && s.link == SlotLink::Up
                     && s.voted_through >= Some(last)
                     && !s.corrupt_in(first, last)

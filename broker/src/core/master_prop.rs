@@ -252,11 +252,7 @@ struct World {
 
 impl World {
     fn new(s: &Setup) -> World {
-        let mut slots: Vec<SlotKind> = (0..s.n)
-            .map(|i| SlotKind::Store {
-                identity: Some(ident(i)),
-            })
-            .collect();
+        let mut slots: Vec<SlotKind> = (0..s.n).map(|i| SlotKind::voter(Some(ident(i)))).collect();
         let mut stores: Vec<StoreSim> = (0..s.n)
             .map(|i| {
                 let st = &s.starts[i as usize];
@@ -268,7 +264,7 @@ impl World {
             .collect();
         if let Some((slot, unknown)) = s.learner {
             if unknown {
-                slots[slot as usize] = SlotKind::Store { identity: None };
+                slots[slot as usize] = SlotKind::voter(None);
             } else {
                 stores[slot as usize].voter = false;
             }
@@ -286,7 +282,7 @@ impl World {
         );
         let applied = s.applied.map(|a| Offset(a as u64));
         let expected = cluster.slots.iter().map(|k| match k {
-            SlotKind::Store { identity } => *identity,
+            SlotKind::Store { identity, .. } => *identity,
             SlotKind::Slave { .. } => None,
         });
         let oracle = Oracle {
@@ -309,6 +305,7 @@ impl World {
                 epoch: E,
                 log,
                 applied,
+                voters: None,
             },
             Bytes::new().into(),
             &mut out,

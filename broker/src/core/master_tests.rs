@@ -35,6 +35,7 @@ impl H {
             epoch: E,
             log,
             applied,
+            voters: None,
         };
         let m = MasterCore::new(
             MasterConfig { cluster, limits },
@@ -297,7 +298,7 @@ fn acks_from_non_voters_move_progress_but_never_the_hwm() {
 #[test]
 fn a_store_of_unknown_identity_does_not_vote_until_the_configuration_names_it() {
     let mut cluster = stores(3);
-    cluster.slots[1] = SlotKind::Store { identity: None };
+    cluster.slots[1] = SlotKind::voter(None);
     let mut h = H::with(cluster, ReplicationLimits::default(), Log::new(), None);
     let probes = h.appends();
     h.ack_append(&probes[0]);
@@ -905,6 +906,7 @@ fn config_and_handover_are_validated() {
             epoch: E,
             log: Log::new(),
             applied: None,
+            voters: None,
         },
         Bytes::new().into(),
         &mut out,
@@ -919,6 +921,7 @@ fn config_and_handover_are_validated() {
             epoch: E,
             log: log_of(&[100]),
             applied: None,
+            voters: None,
         },
         Bytes::new().into(),
         &mut out,
@@ -936,6 +939,7 @@ fn config_and_handover_are_validated() {
             epoch: E,
             log: Log::new(),
             applied: None,
+            voters: None,
         },
         Bytes::new().into(),
         &mut out,
@@ -1351,4 +1355,91 @@ fn bytes_between_sums_the_events_held_and_estimates_the_rest() {
         h.m.bytes_between(Offset(1), end, 2),
         Some(sizes[1] + sizes[2] + rest * mean)
     );
+}
+
+fn voter_of(slot: u16, identity: StoreIdentity) -> quire_proto::Voter {
+    quire_proto::Voter {
+        store_index: slot,
+        store_id: identity.store_id,
+        incarnation: identity.incarnation,
+    }
+}
+
+#[test]
+fn a_voter_set_change_follows_the_membership_rules() {
+    let mut h = H::new(3);
+    let probes = h.appends();
+    let all: Vec<_> = (0..3).map(|i| voter_of(i, ident(u64::from(i)))).collect();
+    let without_2 = all[..2].to_vec();
+    // Rule 2: not before the epoch-start event is stabilized.
+    assert_eq!(
+        h.m.propose_config(without_2.clone()),
+        Err(ConfigChangeError::EpochStartUnstable {
+            epoch_start: Offset(0)
+        })
+    );
+    h.ack_append(&probes[0]);
+    h.ack_append(&probes[1]);
+    h.ack_append(&probes[2]);
+    assert_eq!(h.stabilized(), vec![Offset(0)]);
+    // One store at a time.
+    assert_eq!(
+        h.m.propose_config(all[..1].to_vec()),
+        Err(ConfigChangeError::NotOneChange { changes: 2 })
+    );
+    assert_eq!(
+        h.m.propose_config(all.clone()),
+        Err(ConfigChangeError::NotOneChange { changes: 0 })
+    );
+    let at =
+        h.m.propose_config(without_2.clone())
+            .expect("one store removed");
+    h.m.flush(&mut h.out);
+    assert_eq!(at, Offset(1));
+    assert_eq!(h.m.pending_config(), Some(at));
+    assert_eq!(h.m.cluster().voter_count(), 2);
+    // Rule 2: one change at a time.
+    assert_eq!(
+        h.m.propose_config(all.clone()),
+        Err(ConfigChangeError::ChangePending { offset: at })
+    );
+    // Rule 1: the new set counts at once; slot 2's acks no longer count, Qa = 2 of 2.
+    let appends = h.appends();
+    h.ack_append(
+        &for_slot(&appends, 2)
+            .pop()
+            .expect("slot 2 still gets the log"),
+    );
+    h.ack_append(&for_slot(&appends, 0).pop().expect("to slot 0"));
+    assert!(h.stabilized().is_empty(), "slot 2 is no longer a voter");
+    h.ack_append(&for_slot(&appends, 1).pop().expect("to slot 1"));
+    assert_eq!(h.stabilized(), vec![at]);
+    assert_eq!(h.m.pending_config(), None);
+    // Slot 2 comes back under a new identity: its old acks never count for it.
+    let fresh = StoreIdentity {
+        store_id: quire_proto::StoreId(77),
+        incarnation: quire_proto::Incarnation(2),
+    };
+    let mut back = without_2.clone();
+    back.push(voter_of(2, fresh));
+    let at2 = h.m.propose_config(back).expect("one store added");
+    h.m.flush(&mut h.out);
+    assert_eq!(h.m.cluster().expected_identity(SlotId(2)), Some(fresh));
+    assert_eq!(
+        h.m.slot_status(SlotId(2)).and_then(|s| s.voted_through),
+        None
+    );
+    let appends = h.appends();
+    h.ack_append(&for_slot(&appends, 0).pop().expect("to slot 0"));
+    assert!(h.stabilized().is_empty(), "Qa = 2 of 3 again");
+    let to2 = for_slot(&appends, 2).pop().expect("to slot 2");
+    h.handle(MasterInput::Persisted {
+        slot: SlotId(2),
+        append: to2.append,
+        epoch: to2.epoch,
+        through: to2.through(),
+        identity: fresh,
+        voter: true,
+    });
+    assert_eq!(h.stabilized(), vec![at2]);
 }

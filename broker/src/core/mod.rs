@@ -51,7 +51,7 @@ mod testkit;
 
 use std::fmt;
 
-use quire_proto::{BrokerId, Incarnation, StoreId};
+use quire_proto::{BrokerId, Incarnation, StoreId, Voter};
 use thiserror::Error;
 
 pub use event::Event;
@@ -60,8 +60,8 @@ pub use follower::{
 };
 pub use log::Log;
 pub use master::{
-    AppendCommand, AppendEvents, MasterCommand, MasterConfig, MasterCore, MasterInput, MasterStats,
-    ProposeError, ReplicationLimits, SlotLink, SlotStatus,
+    AppendCommand, AppendEvents, ConfigChangeError, MasterCommand, MasterConfig, MasterCore,
+    MasterInput, MasterStats, ProposeError, ReplicationLimits, SlotLink, SlotStatus,
 };
 pub use takeover::{
     AbortReason, AdoptedLog, FenceRefusal, LocalLog, TakeoverCommand, TakeoverConfig, TakeoverCore,
@@ -117,13 +117,18 @@ pub struct StoreIdentity {
 /// What one slot of the cluster is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotKind {
-    /// An event store (`quire-node`). Counts toward N, the ack quorum and the fence quorum.
+    /// An event store (`quire-node`). While `voting`, it counts toward N, the ack quorum
+    /// and the fence quorum; every store slot receives the log.
     Store {
         /// The voter identity expected at this slot, or `None` while it is not known yet: a
         /// store whose identity the broker does not know never counts toward a quorum (it
         /// still receives the log, as a learner). Set it from the durable cluster
-        /// configuration only — never from the store's own claim.
+        /// configuration or the log's voter set only — never from the store's own claim.
         identity: Option<StoreIdentity>,
+        /// Whether the slot is in the voter set in force (DESIGN.md "Membership changes"):
+        /// `false` for a slot a `Config` event left out. Such a slot is a learner: it is
+        /// outside N and its acks and grants never count.
+        voting: bool,
     },
     /// A slave broker following the master's stream. Never counts toward any quorum.
     Slave {
@@ -137,6 +142,37 @@ impl SlotKind {
     #[must_use]
     pub fn is_store(self) -> bool {
         matches!(self, SlotKind::Store { .. })
+    }
+
+    /// Whether this slot is a store in the voter set.
+    #[must_use]
+    pub fn is_voter(self) -> bool {
+        matches!(self, SlotKind::Store { voting: true, .. })
+    }
+
+    /// The store slots for the identities a broker has bound (its cluster file), by store
+    /// index: before any is bound, every slot is a voter of unknown identity (a new
+    /// cluster); once some are, a slot without one is outside the voter set (a voter set
+    /// is always learned whole, from an epoch-start or `Config` event or a bootstrap).
+    #[must_use]
+    pub fn stores_from_bound(bound: &[Option<StoreIdentity>]) -> Vec<SlotKind> {
+        let any = bound.iter().any(Option::is_some);
+        bound
+            .iter()
+            .map(|&identity| SlotKind::Store {
+                identity,
+                voting: identity.is_some() || !any,
+            })
+            .collect()
+    }
+
+    /// A voting store slot, identity known or not.
+    #[must_use]
+    pub fn voter(identity: Option<StoreIdentity>) -> SlotKind {
+        SlotKind::Store {
+            identity,
+            voting: true,
+        }
     }
 }
 
@@ -163,7 +199,7 @@ impl ClusterConfig {
     /// A configuration with majority quorums (Qa = F = N/2 + 1).
     #[must_use]
     pub fn with_majorities(slots: Vec<SlotKind>) -> ClusterConfig {
-        let n = slots.iter().filter(|k| k.is_store()).count();
+        let n = slots.iter().filter(|k| k.is_voter()).count();
         ClusterConfig {
             slots,
             ack_quorum: quorum::majority(n),
@@ -171,10 +207,94 @@ impl ClusterConfig {
         }
     }
 
-    /// N: the number of store slots.
+    /// The number of store slots, voting or not.
     #[must_use]
     pub fn store_count(&self) -> usize {
         self.slots.iter().filter(|k| k.is_store()).count()
+    }
+
+    /// N: the number of store slots in the voter set.
+    #[must_use]
+    pub fn voter_count(&self) -> usize {
+        self.slots.iter().filter(|k| k.is_voter()).count()
+    }
+
+    /// The voter set in force, as a `Config` or epoch-start event names it: every voting
+    /// slot whose identity is known, by store index.
+    #[must_use]
+    pub fn voters(&self) -> Vec<Voter> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| match *k {
+                SlotKind::Store {
+                    identity: Some(id),
+                    voting: true,
+                } => Some(Voter {
+                    store_index: u16::try_from(i).ok()?,
+                    store_id: id.store_id,
+                    incarnation: id.incarnation,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Makes `voters` the voter set in force (DESIGN.md "Membership changes", rule 1): the
+    /// named slots vote with the named identities, every other store slot is a learner.
+    /// Quorums follow the new N: majorities stay majorities (Qa = F = N/2 + 1); flexible
+    /// quorums keep Qa (at most N) and take F = N + 1 - Qa.
+    ///
+    /// Returns `true` if anything changed.
+    ///
+    /// # Errors
+    /// [`ConfigError::NoStores`] for an empty set, [`ConfigError::NotAStoreSlot`] for a
+    /// voter whose index is not a store slot here, [`ConfigError::DuplicateStore`] for a
+    /// store id named twice; nothing changes then.
+    pub fn set_voters(&mut self, voters: &[Voter]) -> Result<bool, ConfigError> {
+        if voters.is_empty() {
+            return Err(ConfigError::NoStores);
+        }
+        let mut next = self.slots.clone();
+        for k in &mut next {
+            if let SlotKind::Store { voting, .. } = k {
+                *voting = false;
+            }
+        }
+        for v in voters {
+            match next.get_mut(usize::from(v.store_index)) {
+                Some(SlotKind::Store { identity, voting }) if !*voting => {
+                    *identity = Some(StoreIdentity {
+                        store_id: v.store_id,
+                        incarnation: v.incarnation,
+                    });
+                    *voting = true;
+                }
+                _ => {
+                    return Err(ConfigError::NotAStoreSlot {
+                        store_index: v.store_index,
+                    })
+                }
+            }
+        }
+        let mut candidate = ClusterConfig {
+            slots: next,
+            ack_quorum: self.ack_quorum,
+            fence_quorum: self.fence_quorum,
+        };
+        let (old_n, n) = (self.voter_count(), candidate.voter_count());
+        let majority = quorum::majority(old_n);
+        if self.ack_quorum == majority && self.fence_quorum == majority {
+            candidate.ack_quorum = quorum::majority(n);
+            candidate.fence_quorum = quorum::majority(n);
+        } else {
+            candidate.ack_quorum = self.ack_quorum.min(n);
+            candidate.fence_quorum = n + 1 - candidate.ack_quorum;
+        }
+        candidate.validate()?;
+        let changed = candidate != *self;
+        *self = candidate;
+        Ok(changed)
     }
 
     /// The kind of `slot`, or `None` for an unknown slot.
@@ -188,8 +308,11 @@ impl ClusterConfig {
     #[must_use]
     pub fn expected_identity(&self, slot: SlotId) -> Option<StoreIdentity> {
         match self.kind(slot)? {
-            SlotKind::Store { identity } => identity,
-            SlotKind::Slave { .. } => None,
+            SlotKind::Store {
+                identity,
+                voting: true,
+            } => identity,
+            SlotKind::Store { voting: false, .. } | SlotKind::Slave { .. } => None,
         }
     }
 
@@ -202,6 +325,7 @@ impl ClusterConfig {
         match self.slots.get_mut(slot.index()) {
             Some(SlotKind::Store {
                 identity: known @ None,
+                voting: true,
             }) => {
                 *known = Some(identity);
                 true
@@ -221,7 +345,7 @@ impl ClusterConfig {
                 max: SLOTS_MAX,
             });
         }
-        let stores = self.store_count();
+        let stores = self.voter_count();
         if stores == 0 {
             return Err(ConfigError::NoStores);
         }
@@ -248,7 +372,10 @@ impl ClusterConfig {
             .slots
             .iter()
             .filter_map(|k| match k {
-                SlotKind::Store { identity: Some(id) } => Some(id.store_id),
+                SlotKind::Store {
+                    identity: Some(id),
+                    voting: true,
+                } => Some(id.store_id),
                 _ => None,
             })
             .collect();
@@ -305,6 +432,13 @@ pub enum ConfigError {
         /// The repeated id.
         store_id: StoreId,
     },
+    /// A voter set names an index that is not a store slot of this broker's store list (or
+    /// names one slot twice).
+    #[error("the voter set names store index {store_index}, which is not a store slot here (or is named twice)")]
+    NotAStoreSlot {
+        /// The index named.
+        store_index: u16,
+    },
     /// A bound in [`ReplicationLimits`] or another core setting is zero or inconsistent.
     #[error("setting {name} is invalid: {why}")]
     BadLimit {
@@ -326,12 +460,10 @@ mod tests {
     use super::*;
 
     fn store(id: u64) -> SlotKind {
-        SlotKind::Store {
-            identity: Some(StoreIdentity {
-                store_id: StoreId(id),
-                incarnation: Incarnation(1),
-            }),
-        }
+        SlotKind::voter(Some(StoreIdentity {
+            store_id: StoreId(id),
+            incarnation: Incarnation(1),
+        }))
     }
 
     #[test]
@@ -369,8 +501,7 @@ mod tests {
 
     #[test]
     fn identity_is_learned_once_and_never_replaced() {
-        let mut c =
-            ClusterConfig::with_majorities(vec![SlotKind::Store { identity: None }, store(2)]);
+        let mut c = ClusterConfig::with_majorities(vec![SlotKind::voter(None), store(2)]);
         let id = StoreIdentity {
             store_id: StoreId(9),
             incarnation: Incarnation(4),
@@ -384,5 +515,64 @@ mod tests {
         assert!(!c.learn_identity(SlotId(0), other));
         assert_eq!(c.expected_identity(SlotId(0)), Some(id));
         assert!(!c.learn_identity(SlotId(7), other));
+    }
+
+    fn voter(index: u16, id: u64, incarnation: u64) -> Voter {
+        Voter {
+            store_index: index,
+            store_id: StoreId(id),
+            incarnation: Incarnation(incarnation),
+        }
+    }
+
+    #[test]
+    fn a_voter_set_sets_n_the_quorums_and_who_counts() {
+        let mut c = ClusterConfig::with_majorities(vec![store(1), store(2), store(3)]);
+        assert_eq!(c.voters().len(), 3);
+        // Remove index 2: N = 2, majorities 2.
+        assert_eq!(c.set_voters(&[voter(0, 1, 1), voter(1, 2, 1)]), Ok(true));
+        assert_eq!((c.voter_count(), c.ack_quorum, c.fence_quorum), (2, 2, 2));
+        assert_eq!(c.expected_identity(SlotId(2)), None);
+        assert_eq!(c.store_count(), 3);
+        // A removed slot learns nothing by itself.
+        let new = StoreIdentity {
+            store_id: StoreId(9),
+            incarnation: Incarnation(2),
+        };
+        assert!(!c.learn_identity(SlotId(2), new));
+        // Add it back under a new identity: N = 3.
+        let back = [voter(0, 1, 1), voter(1, 2, 1), voter(2, 9, 2)];
+        assert_eq!(c.set_voters(&back), Ok(true));
+        assert_eq!(c.expected_identity(SlotId(2)), Some(new));
+        assert_eq!((c.ack_quorum, c.fence_quorum), (2, 2));
+        assert_eq!(c.set_voters(&back), Ok(false));
+        assert_eq!(c.voters(), back.to_vec());
+        // Bad sets change nothing.
+        let before = c.clone();
+        assert_eq!(c.set_voters(&[]), Err(ConfigError::NoStores));
+        assert_eq!(
+            c.set_voters(&[voter(5, 1, 1)]),
+            Err(ConfigError::NotAStoreSlot { store_index: 5 })
+        );
+        assert_eq!(
+            c.set_voters(&[voter(0, 1, 1), voter(0, 1, 1)]),
+            Err(ConfigError::NotAStoreSlot { store_index: 0 })
+        );
+        assert_eq!(
+            c.set_voters(&[voter(0, 1, 1), voter(1, 1, 1)]),
+            Err(ConfigError::DuplicateStore {
+                store_id: StoreId(1)
+            })
+        );
+        assert_eq!(c, before);
+    }
+
+    #[test]
+    fn flexible_quorums_keep_qa_and_intersect() {
+        let mut c = ClusterConfig::with_majorities(vec![store(1), store(2), store(3)]);
+        c.ack_quorum = 3;
+        c.fence_quorum = 1;
+        assert_eq!(c.set_voters(&[voter(0, 1, 1), voter(1, 2, 1)]), Ok(true));
+        assert_eq!((c.ack_quorum, c.fence_quorum), (2, 1));
     }
 }

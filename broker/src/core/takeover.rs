@@ -41,7 +41,9 @@
 //!   offset, have epochs that never go down and never exceed the granted epoch, and end
 //!   exactly at the granted `(epoch, offset)`; anything else aborts the attempt.
 
-use quire_proto::{trim_part_index, BrokerId, Epoch, EventKind, LogPosition, Offset, TailCut};
+use quire_proto::{
+    trim_part_index, BrokerId, Epoch, EventBody, EventKind, LogPosition, Offset, TailCut, Voter,
+};
 
 use super::event::Event;
 use super::log::Log;
@@ -120,6 +122,11 @@ pub struct AdoptedLog {
     /// Highest offset this broker already applied (stabilized); the new master's HWM
     /// starts here.
     pub applied: Option<Offset>,
+    /// The voter set the adopted log names above `applied` (its latest `Config` or
+    /// epoch-start event there), or `None` if it names none there: then the set in force is
+    /// the one the broker knew when it fenced. The new master counts in it (DESIGN.md
+    /// "Membership changes", rule 1).
+    pub voters: Option<Vec<Voter>>,
 }
 
 /// Why a store refused a fence.
@@ -312,6 +319,12 @@ pub enum AbortReason {
     },
     /// The 48-bit epoch counter is used up; no retry can succeed.
     EpochsExhausted,
+    /// The adopted log names a voter set this broker cannot use (a store index outside its
+    /// store list): its store list is older than the cluster's.
+    VoterSetUnusable {
+        /// The index named.
+        store_index: u16,
+    },
 }
 
 /// A takeover rule switched off on purpose. **Test-only**: the deterministic simulation
@@ -351,6 +364,9 @@ pub struct TakeoverStats {
     pub fetches_stale: u64,
     /// Fetches answered "trimmed" that restarted the local log at a checkpoint.
     pub fetches_rebased: u64,
+    /// Adoptions put off because the adopted log names a voter set whose majority the
+    /// grants held do not contain (DESIGN.md "Membership changes", rule 3).
+    pub adoptions_deferred: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -413,8 +429,12 @@ pub struct TakeoverCore {
     epoch: Epoch,
     highest_seen: Epoch,
     phase: Phase,
-    /// Per slot: the store's grant of this attempt's fence, once it granted.
-    grants: Vec<Option<Grant>>,
+    /// Per slot: the store's grant of this attempt's fence and the identity it answered
+    /// with, once it granted.
+    grants: Vec<Option<(StoreIdentity, Grant)>>,
+    /// Voter sets named by logs this takeover adopted, besides the one it fenced with: the
+    /// grants must hold a majority of each (rule 3).
+    named_sets: Vec<ClusterConfig>,
     stats: TakeoverStats,
     mutation: TakeoverMutation,
     /// Adoptions the mutation changed (a log other than the one Raft's rule picks).
@@ -452,6 +472,7 @@ impl TakeoverCore {
         let highest_seen = highest_seen.max(local.log.last().map_or(Epoch::ZERO, |l| l.epoch));
         let mut core = TakeoverCore {
             grants: vec![None; config.cluster.slots.len()],
+            named_sets: Vec::new(),
             config,
             local,
             durable_counter,
@@ -587,17 +608,14 @@ impl TakeoverCore {
     /// Number of distinct voting stores that granted this attempt's fence.
     #[must_use]
     pub fn grant_count(&self) -> usize {
-        self.grants.iter().filter(|g| g.is_some()).count()
+        self.granted_in(&self.config.cluster).0
     }
 
     /// Number of distinct voting stores that granted this attempt's fence without a
     /// tail-cut mark.
     #[must_use]
     pub fn unmarked_grant_count(&self) -> usize {
-        self.grants
-            .iter()
-            .filter(|g| g.is_some_and(|g| !g.tail_cut))
-            .count()
+        self.granted_in(&self.config.cluster).1
     }
 
     /// Whether the current attempt is waiting for something (not done, stepped back or
@@ -640,6 +658,40 @@ impl TakeoverCore {
     }
 
     // ----------------------------------------------------------------
+
+    /// Grants held from voters of `set` with the identity it names: (all, without a
+    /// tail-cut mark).
+    fn granted_in(&self, set: &ClusterConfig) -> (usize, usize) {
+        let mut counts = (0, 0);
+        for (i, g) in self.grants.iter().enumerate() {
+            let Some((identity, grant)) = g else { continue };
+            let slot = SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"));
+            if set.expected_identity(slot) == Some(*identity) {
+                counts.0 += 1;
+                counts.1 += usize::from(!grant.tail_cut);
+            }
+        }
+        counts
+    }
+
+    /// Whether a grant from `slot` answering as `identity` counts: its identity is the
+    /// slot's in the set fenced with or in a set an adopted log named.
+    fn counts(&self, slot: SlotId, identity: StoreIdentity) -> bool {
+        std::iter::once(&self.config.cluster)
+            .chain(&self.named_sets)
+            .any(|set| set.expected_identity(slot) == Some(identity))
+    }
+
+    /// Rule 3 and the tail-cut rule: the grants held reach the fence quorum of the set
+    /// fenced with and a majority of every set an adopted log named.
+    fn quorum_reached(&self) -> bool {
+        std::iter::once(&self.config.cluster)
+            .chain(&self.named_sets)
+            .all(|set| {
+                let (granted, unmarked) = self.granted_in(set);
+                fence_quorum_reached(unmarked, granted, set.voter_count(), set.fence_quorum)
+            })
+    }
 
     fn begin_attempt(&mut self, out: &mut Vec<TakeoverCommand>) {
         let base = self
@@ -706,7 +758,7 @@ impl TakeoverCore {
         out: &mut Vec<TakeoverCommand>,
     ) {
         let last = grant.last;
-        if self.phase != Phase::Fencing {
+        if !matches!(self.phase, Phase::Fencing | Phase::Fetching(_)) {
             // Late grants (after adopting, or for an attempt not yet fencing) change nothing.
             self.stats.grants_other_epoch += u64::from(epoch != self.epoch);
             return;
@@ -716,7 +768,15 @@ impl TakeoverCore {
             return;
         }
         if self.config.cluster.expected_identity(slot) != Some(identity) {
+            // Kept: a set an adopted log names may count it.
             self.stats.grants_not_voting += 1;
+        }
+        if !self
+            .config
+            .cluster
+            .kind(slot)
+            .is_some_and(SlotKind::is_store)
+        {
             return;
         }
         if last.is_some_and(|l| l.epoch >= self.epoch) {
@@ -727,19 +787,18 @@ impl TakeoverCore {
             return;
         }
         let g = &mut self.grants[slot.index()];
-        if g.is_some() {
+        if g.is_some_and(|(held, _)| held == identity) {
             self.stats.grants_duplicate += 1;
             return;
         }
-        *g = Some(grant);
-        self.stats.grants_counted += 1;
-        self.stats.grants_tail_cut += u64::from(grant.tail_cut);
-        if fence_quorum_reached(
-            self.unmarked_grant_count(),
-            self.grant_count(),
-            self.config.cluster.store_count(),
-            self.config.cluster.fence_quorum,
-        ) {
+        *g = Some((identity, grant));
+        if self.counts(slot, identity) {
+            self.stats.grants_counted += 1;
+            self.stats.grants_tail_cut += u64::from(grant.tail_cut);
+        }
+        // A grant that arrives while fetching is kept: rule 3 may need it if the adopted
+        // log names a newer voter set.
+        if self.phase == Phase::Fencing && self.quorum_reached() {
             self.adopt(out);
         }
     }
@@ -748,9 +807,13 @@ impl TakeoverCore {
     fn adopt(&mut self, out: &mut Vec<TakeoverCommand>) {
         let mut best: Option<(SlotId, Option<LogPosition>)> = None;
         for (i, g) in self.grants.iter().enumerate() {
-            let Some(Grant { last, .. }) = *g else {
+            let Some((identity, Grant { last, .. })) = *g else {
                 continue;
             };
+            let slot = SlotId(u16::try_from(i).expect("invariant: slots <= SLOTS_MAX"));
+            if !self.counts(slot, identity) {
+                continue;
+            }
             let key = last.map(|l| self.adopt_key(l));
             if best.is_none_or(|(_, b)| key > b.map(|l| self.adopt_key(l))) {
                 best = Some((
@@ -765,7 +828,7 @@ impl TakeoverCore {
                 .grants
                 .iter()
                 .flatten()
-                .map(|g| g.last)
+                .map(|(_, g)| g.last)
                 .max_by_key(|l| l.map(LogPosition::up_to_date_key));
             if raft != Some(target) {
                 self.mutated_steps += 1;
@@ -1047,13 +1110,57 @@ impl TakeoverCore {
             self.local.log.last().is_none_or(|l| l.epoch < self.epoch),
             "the adopted log is older than the takeover's epoch"
         );
+        // Rule 3: the adopted log may name a newer voter set than the one fenced with; the
+        // grants must hold a majority of it too, or more grants are awaited (the same
+        // epoch), and the log is adopted again among all grants held.
+        let voters = self.adopted_voters();
+        if let Some(voters) = &voters {
+            let mut named = self.config.cluster.clone();
+            if let Err(e) = named.set_voters(voters) {
+                let store_index = match e {
+                    ConfigError::NotAStoreSlot { store_index } => store_index,
+                    _ => voters.first().map_or(0, |v| v.store_index),
+                };
+                self.abort(AbortReason::VoterSetUnusable { store_index }, out);
+                return;
+            }
+            if named.voters() != self.config.cluster.voters()
+                && !self.named_sets.iter().any(|s| s.voters() == named.voters())
+            {
+                self.named_sets.push(named);
+                if !self.quorum_reached() {
+                    self.stats.adoptions_deferred += 1;
+                    self.phase = Phase::Fencing;
+                    return;
+                }
+            }
+        }
         self.phase = Phase::Done;
         let log = std::mem::take(&mut self.local.log);
         out.push(TakeoverCommand::BecomeMaster(AdoptedLog {
             epoch: self.epoch,
             log,
             applied: self.local.applied,
+            voters,
         }));
+    }
+
+    /// The voters named by the adopted log's latest `Config` or epoch-start event above
+    /// `applied` (in memory), if any.
+    fn adopted_voters(&self) -> Option<Vec<Voter>> {
+        let from = self.local.applied.map_or(Offset::ZERO, Offset::next);
+        let mut voters = None;
+        for ev in self.local.log.iter_from(from) {
+            if !matches!(ev.kind, EventKind::Config | EventKind::EpochStart) {
+                continue;
+            }
+            match EventBody::decode(ev.kind, &ev.payload) {
+                Ok(EventBody::Config(c)) => voters = Some(c.voters),
+                Ok(EventBody::EpochStart(e)) if !e.voters.is_empty() => voters = Some(e.voters),
+                _ => {}
+            }
+        }
+        voters
     }
 }
 

@@ -712,7 +712,7 @@ fn bootstrap_grants_count_only_after_the_identities_are_known() {
     let unknown = TakeoverConfig {
         broker: ME,
         cluster: crate::core::ClusterConfig::with_majorities(
-            (0..3).map(|_| SlotKind::Store { identity: None }).collect(),
+            (0..3).map(|_| SlotKind::voter(None)).collect(),
         ),
         fetch_events_max: 64,
     };
@@ -1014,4 +1014,97 @@ fn a_checkpoint_after_an_entry_of_another_epoch_is_not_restarted_from() {
         ),
         "{out:?}"
     );
+}
+
+fn config_event(epoch: u64, offset: u64, slots: &[u16]) -> Event {
+    let voters = slots
+        .iter()
+        .map(|&i| quire_proto::Voter {
+            store_index: i,
+            store_id: ident(u64::from(i)).store_id,
+            incarnation: ident(u64::from(i)).incarnation,
+        })
+        .collect();
+    Event {
+        epoch: Epoch(epoch),
+        offset: Offset(offset),
+        kind: EventKind::Config,
+        payload: EventBody::Config(quire_proto::ConfigEvent { voters })
+            .to_payload()
+            .expect("encodes"),
+    }
+}
+
+/// DESIGN.md "Membership changes", rule 3: a log naming a larger voter set is adopted only
+/// once the grants hold a majority of that set too.
+#[test]
+fn an_adopted_log_naming_a_new_voter_set_needs_a_majority_of_it() {
+    let mut cluster = stores(4);
+    let three: Vec<_> = cluster.voters()[..3].to_vec();
+    cluster.set_voters(&three).expect("valid");
+    let cfg = TakeoverConfig {
+        broker: ME,
+        cluster,
+        fetch_events_max: 64,
+    };
+    let (mut t, e) = fencing(cfg, LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(1, e, None), &mut out);
+    t.handle(grant(0, e, Some(pos(1, 1))), &mut out);
+    assert!(
+        matches!(
+            out[..],
+            [TakeoverCommand::Fetch {
+                slot: SlotId(0),
+                ..
+            }]
+        ),
+        "2 of the 3 voters fenced with: adopt slot 0's log, {out:?}"
+    );
+    out.clear();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events: vec![event(1, 0, 3), config_event(1, 1, &[0, 1, 2, 3])],
+        },
+        &mut out,
+    );
+    assert!(
+        out.is_empty(),
+        "2 of the 4 voters it names is no majority: {out:?}"
+    );
+    assert_eq!(t.stats().adoptions_deferred, 1);
+    // The store the new set added grants: 3 of 4.
+    t.handle(grant(3, e, None), &mut out);
+    let [TakeoverCommand::BecomeMaster(adopted)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(adopted.log.last(), Some(pos(1, 1)));
+    assert_eq!(adopted.voters.as_ref().map(Vec::len), Some(4));
+}
+
+/// Rule 3 with a smaller set: a log that removed a store is adopted with a majority of
+/// both the set fenced with and the set it names.
+#[test]
+fn an_adopted_log_naming_a_smaller_set_is_counted_in_both() {
+    let (mut t, e) = fencing(config(3), LocalLog::empty());
+    let mut out = Vec::new();
+    t.handle(grant(2, e, None), &mut out);
+    t.handle(grant(0, e, Some(pos(1, 1))), &mut out);
+    out.clear();
+    t.handle(
+        TakeoverInput::Fetched {
+            slot: SlotId(0),
+            epoch: e,
+            events: vec![event(1, 0, 3), config_event(1, 1, &[0, 1])],
+        },
+        &mut out,
+    );
+    assert!(out.is_empty(), "slot 2 is not in {{0, 1}}: 1 of 2: {out:?}");
+    t.handle(grant(1, e, Some(pos(1, 0))), &mut out);
+    let [TakeoverCommand::BecomeMaster(adopted)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(adopted.voters.as_ref().map(Vec::len), Some(2));
 }

@@ -20,13 +20,7 @@ pub(crate) fn ident(i: u64) -> StoreIdentity {
 
 /// N store slots with known identities and majority quorums.
 pub(crate) fn stores(n: u64) -> ClusterConfig {
-    ClusterConfig::with_majorities(
-        (0..n)
-            .map(|i| SlotKind::Store {
-                identity: Some(ident(i)),
-            })
-            .collect(),
-    )
+    ClusterConfig::with_majorities((0..n).map(|i| SlotKind::voter(Some(ident(i)))).collect())
 }
 
 /// An event with a payload of `len` bytes.

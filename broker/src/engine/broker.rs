@@ -1390,7 +1390,9 @@ impl Engine {
                 Applied::Message { topic } => {
                     topics.insert(topic);
                 }
-                Applied::EpochStart { voters, .. } => self.learn_voters(&voters),
+                Applied::EpochStart { voters, .. } | Applied::Config { voters } => {
+                    self.learn_voters(&voters);
+                }
                 _ => {}
             }
             self.retention_applied(e);
@@ -1425,7 +1427,9 @@ impl Engine {
                     tracing::info!(checkpoint = %first, parts = event.offset.0 - first.0 + 1, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint written in parts");
                     self.state = state;
                     self.state_gap = false;
-                    return Some(Applied::Other);
+                    return Some(Applied::Config {
+                        voters: self.state.voters().to_vec(),
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(checkpoint = %parts.first(), offset = %event.offset, error = %e, "a checkpoint in parts could not be gathered: the broker state waits for the next checkpoint");
@@ -1437,7 +1441,9 @@ impl Engine {
             tracing::info!(checkpoint = %event.offset, trim_point = %state.trim_point(), "broker state rebuilt from a retention checkpoint");
             self.state = state;
             self.state_gap = false;
-            return Some(Applied::Other);
+            return Some(Applied::Config {
+                voters: self.state.voters().to_vec(),
+            });
         }
         if let Some(parts) = CheckpointParts::start(event) {
             // The state is rebuilt once the last part is here.
@@ -1449,37 +1455,45 @@ impl Engine {
         None
     }
 
+    /// Makes the voter set named by an applied epoch-start or `Config` event (or a
+    /// checkpoint) the one in force here (DESIGN.md "Membership changes", rule 1; a master
+    /// applies its own changes when it proposes them). An empty list (no identity known to
+    /// the master that wrote it) changes nothing.
     fn learn_voters(&mut self, voters: &[Voter]) {
-        for v in voters {
-            let slot = SlotId(v.store_index);
-            if !self.is_store(slot) {
-                tracing::error!(
-                    store_index = v.store_index,
-                    "an epoch-start event names a store outside the store list"
-                );
-                continue;
-            }
-            let identity = StoreIdentity {
-                store_id: v.store_id,
-                incarnation: v.incarnation,
-            };
-            match self.cluster.expected_identity(slot) {
-                Some(known) if known == identity => {}
-                Some(known) => {
-                    tracing::error!(%slot, ?known, ?identity, "an epoch-start event names another identity for a bound store; keeping the bound one")
-                }
-                None => {
-                    self.cluster.learn_identity(slot, identity);
-                    if let Role::Master(m) = &mut self.role {
-                        let mut out = Vec::new();
-                        m.core
-                            .handle(MasterInput::StoreIdentityKnown { slot, identity }, &mut out);
-                    }
-                    tracing::info!(%slot, store_id = identity.store_id.0, incarnation = identity.incarnation.0, "learned a voter identity");
-                    self.identities_dirty = true;
-                }
+        if voters.is_empty() {
+            return;
+        }
+        let before = self.cluster.clone();
+        match self.cluster.set_voters(voters) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the log names a voter set this broker cannot use (is its store list older than the cluster's?); keeping the one it has");
+                return;
             }
         }
+        for i in 0..self.store_count {
+            let slot = slot_of(i);
+            let (was, now) = (
+                before.expected_identity(slot),
+                self.cluster.expected_identity(slot),
+            );
+            if was == now {
+                continue;
+            }
+            if let (None, Some(identity), Role::Master(m)) = (was, now, &mut self.role) {
+                let mut out = Vec::new();
+                m.core
+                    .handle(MasterInput::StoreIdentityKnown { slot, identity }, &mut out);
+            }
+            match now {
+                Some(identity) => {
+                    tracing::info!(%slot, store_id = identity.store_id.0, incarnation = identity.incarnation.0, "the store is a voter")
+                }
+                None => tracing::info!(%slot, "the store is no longer a voter"),
+            }
+        }
+        self.identities_dirty = true;
         self.persist_identities(None);
     }
 
@@ -1681,16 +1695,11 @@ impl Engine {
         };
         let epoch = adopted.epoch;
         self.see_epoch(epoch);
-        let voters: Vec<Voter> = (0..self.store_count)
-            .filter_map(|i| {
-                let id = self.cluster.expected_identity(slot_of(i))?;
-                Some(Voter {
-                    store_index: u16::try_from(i).ok()?,
-                    store_id: id.store_id,
-                    incarnation: id.incarnation,
-                })
-            })
-            .collect();
+        if let Some(named) = &adopted.voters {
+            // Rule 1: the adopted log's set is in force for the new master.
+            self.learn_voters(named);
+        }
+        let voters = self.cluster.voters();
         let payload = EventBody::EpochStart(EpochStartEvent {
             epoch,
             broker: self.cfg.me,

@@ -35,9 +35,7 @@ fn store(i: usize) -> SlotId {
 /// stores' identities (false: a new cluster, bootstrap).
 fn config(known: bool) -> EngineConfig {
     let mut slots: Vec<SlotKind> = (0..STORES)
-        .map(|i| SlotKind::Store {
-            identity: known.then(|| ident(i)),
-        })
+        .map(|i| SlotKind::voter(known.then(|| ident(i))))
         .collect();
     slots.push(SlotKind::Slave {
         broker: BrokerId(2),

@@ -47,11 +47,7 @@ struct H {
 impl H {
     fn new() -> H {
         let cluster = ClusterConfig::with_majorities(
-            (0..3)
-                .map(|i| SlotKind::Store {
-                    identity: Some(ident(i)),
-                })
-                .collect(),
+            (0..3).map(|i| SlotKind::voter(Some(ident(i)))).collect(),
         );
         let payload = EventBody::EpochStart(EpochStartEvent {
             epoch: E,
@@ -73,6 +69,7 @@ impl H {
                 epoch: E,
                 log: Log::new(),
                 applied: None,
+                voters: None,
             },
             payload,
             &mut cmds,

@@ -173,18 +173,19 @@ impl Actor {
         } = init;
         let store_count = cfg.stores.len();
         let identities = cluster_file.identities_by_slot();
-        let mut kinds: Vec<SlotKind> = identities
-            .iter()
-            .map(|&identity| SlotKind::Store { identity })
-            .collect();
+        let mut kinds = SlotKind::stores_from_bound(&identities);
         for (b, _) in &cfg.brokers {
             if *b != cfg.id {
                 kinds.push(SlotKind::Slave { broker: *b });
             }
         }
         let mut cluster = ClusterConfig::with_majorities(kinds);
-        cluster.ack_quorum = cfg.ack_quorum;
-        cluster.fence_quorum = (store_count + 1).saturating_sub(cfg.ack_quorum).max(1);
+        if cfg.ack_quorum != crate::core::quorum::majority(store_count) {
+            // Flexible quorums (docs/operations.md); a voter-set change keeps Qa.
+            let n = cluster.voter_count();
+            cluster.ack_quorum = cfg.ack_quorum.min(n);
+            cluster.fence_quorum = (n + 1).saturating_sub(cluster.ack_quorum).max(1);
+        }
         let seed = u64::from(std::process::id())
             ^ std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -77,6 +77,11 @@ pub enum DecodedEvent {
         /// The voting stores.
         voters: Vec<DecodedVoter>,
     },
+    /// A new voter set (a membership change).
+    Config {
+        /// The voting stores from this event on.
+        voters: Vec<DecodedVoter>,
+    },
     /// A user added, replaced or removed (the credential's keys are never printed).
     UserAdmin {
         /// `"set"` or `"remove"`.
@@ -206,15 +211,10 @@ pub fn decode(kind: u8, payload: &[u8], mode: PayloadMode) -> Result<Option<Deco
         EventBody::EpochStart(e) => DecodedEvent::EpochStart {
             epoch: e.epoch.0,
             broker: e.broker.0,
-            voters: e
-                .voters
-                .iter()
-                .map(|v| DecodedVoter {
-                    store_index: v.store_index,
-                    store_id: format!("{:016x}", v.store_id.0),
-                    incarnation: format!("{:016x}", v.incarnation.0),
-                })
-                .collect(),
+            voters: decoded_voters(&e.voters),
+        },
+        EventBody::Config(c) => DecodedEvent::Config {
+            voters: decoded_voters(&c.voters),
         },
         EventBody::Trim(t) => DecodedEvent::Trim {
             before: t.before.0,
@@ -326,17 +326,10 @@ impl DecodedEvent {
                 broker,
                 voters,
             } => {
-                write!(out, "epoch={epoch} broker={broker} voters=[")?;
-                for (i, v) in voters.iter().enumerate() {
-                    let sep = if i == 0 { "" } else { "," };
-                    write!(
-                        out,
-                        "{sep}{}:{}/{}",
-                        v.store_index, v.store_id, v.incarnation
-                    )?;
-                }
-                write!(out, "]")
+                write!(out, "epoch={epoch} broker={broker} ")?;
+                write_voters(out, voters)
             }
+            DecodedEvent::Config { voters } => write_voters(out, voters),
             DecodedEvent::Trim {
                 before,
                 checkpoint,
@@ -362,6 +355,31 @@ impl DecodedEvent {
             }
         }
     }
+}
+
+fn decoded_voters(voters: &[quire_proto::Voter]) -> Vec<DecodedVoter> {
+    voters
+        .iter()
+        .map(|v| DecodedVoter {
+            store_index: v.store_index,
+            store_id: format!("{:016x}", v.store_id.0),
+            incarnation: format!("{:016x}", v.incarnation.0),
+        })
+        .collect()
+}
+
+/// `voters=[index:store_id/incarnation,...]`.
+fn write_voters(out: &mut dyn Write, voters: &[DecodedVoter]) -> io::Result<()> {
+    write!(out, "voters=[")?;
+    for (i, v) in voters.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        write!(
+            out,
+            "{sep}{}:{}/{}",
+            v.store_index, v.store_id, v.incarnation
+        )?;
+    }
+    write!(out, "]")
 }
 
 #[cfg(test)]

@@ -344,6 +344,7 @@ pub fn kind_name(kind: u8) -> &'static str {
         Some(EventKind::Trim) => "trim",
         Some(EventKind::UserAdmin) => "user_admin",
         Some(EventKind::AclAdmin) => "acl_admin",
+        Some(EventKind::Config) => "config",
         None => "unknown",
     }
 }
