@@ -345,7 +345,8 @@ pub fn required(body: &Body) -> Option<(AclOperation, Option<&str>)> {
         | Body::AclAdminRequest(_)
         | Body::DescribeSecurityRequest(_)
         | Body::HandoffRequest(_)
-        | Body::TopicAdminRequest(_) => (AclOperation::Admin, None),
+        | Body::TopicAdminRequest(_)
+        | Body::VoterChangeRequest(_) => (AclOperation::Admin, None),
         _ => return None,
     })
 }

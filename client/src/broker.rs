@@ -209,6 +209,22 @@ impl BrokerClient {
         }
     }
 
+    /// Adds a store to the voter set or removes one (the master; returns once the `Config`
+    /// event is stabilized). DESIGN.md "Membership changes".
+    ///
+    /// # Errors
+    /// A lost connection, [`ClientError::Timeout`], [`ClientError::Remote`] (`NotMaster`,
+    /// `VoterChangeRefused`, `ChangeInProgress`, `StoreCatchingUp`, `Unauthorized`, ...).
+    pub async fn change_voters(
+        &self,
+        change: quire_proto::VoterChangeRequest,
+    ) -> Result<(), ClientError> {
+        match self.request(Body::VoterChangeRequest(change)).await?.body {
+            Body::AdminResponse(_) => Ok(()),
+            other => Err(remote_or_unexpected(FrameType::VoterChangeRequest, other)),
+        }
+    }
+
     /// The topics the broker's state holds, by name.
     ///
     /// # Errors

@@ -478,6 +478,8 @@ mod tests {
             stores: Vec::new(),
             applied: None,
             kafka: None,
+            ack_quorum: 2,
+            change_pending: None,
         }
     }
 

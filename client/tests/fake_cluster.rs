@@ -234,6 +234,8 @@ fn handle(id: u16, body: Body, st: &Shared) -> Option<(Body, Option<Duration>)> 
                 stores: Vec::new(),
                 applied: None,
                 kafka: None,
+                ack_quorum: 1,
+                change_pending: None,
             }
             .into()
         }

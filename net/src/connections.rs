@@ -147,6 +147,7 @@ pub fn is_peer_frame(frame_type: FrameType) -> bool {
         | FrameType::DescribeSecurityRequest
         | FrameType::DescribeSecurityResponse
         | FrameType::TopicAdminRequest
+        | FrameType::VoterChangeRequest
         // An operator's audit tool, not a peer: it waits for a place in the pool.
         | FrameType::RangeDigestRequest
         | FrameType::RangeDigestResponse => false,

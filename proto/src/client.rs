@@ -307,6 +307,44 @@ pub struct TopicAdminRequest {
     pub partitions: u32,
 }
 
+/// Add or remove one voter (DESIGN.md "Membership changes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VoterChange {
+    /// Make the store a voter.
+    Add = 1,
+    /// Make the store a learner.
+    Remove = 2,
+}
+
+/// Operator → master: add one store to the voter set or remove one, naming it by its
+/// position in the brokers' store list and the identity expected there (what
+/// `quire cluster status` shows), so a store that changed since is not changed by mistake.
+///
+/// The master appends a `Config` event naming the new set and answers with an empty
+/// `AdminResponse` once it is stabilized. Refusals, nothing changed: `VoterChangeRefused`
+/// (the message says why), `ChangeInProgress` (one change at a time; retry),
+/// `StoreCatchingUp` (an added store must hold the log up to the HWM first; retry),
+/// `NotMaster`. Needs the `admin` right.
+///
+/// ```text
+/// off   size   field
+/// 0     1      action                u8: 1 add, 2 remove
+/// 1     2      store_index           u16: position in the store list
+/// 3     8      store_id              u64
+/// 11    8      incarnation           u64
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VoterChangeRequest {
+    /// Add or remove.
+    pub action: VoterChange,
+    /// The store's position in the brokers' store list.
+    pub store_index: u16,
+    /// The store's id.
+    pub store_id: StoreId,
+    /// The store's incarnation.
+    pub incarnation: Incarnation,
+}
+
 /// Anyone → any broker: who is master, and what the cluster looks like.
 ///
 /// ```text
@@ -331,6 +369,8 @@ pub struct MetadataRequest {
 /// ..    1|9    applied               Option<Offset>: highest offset applied to this broker's state
 /// ..    1|3+n  kafka                 Option<string ≤ ADDR_BYTES_MAX>: tag u8, then this
 ///                                    broker's advertised Kafka address ("host:port")
+/// ..    2      ack_quorum            u16: Qa of the voter set in force here
+/// ..    1|9    change_pending        Option<Offset>: a voter-set change not stabilized yet
 /// then, only if the request asked for topics and there are any:
 /// ..    4      topic count           u32, ≤ SNAPSHOT_TOPICS_MAX, then a string each
 /// ```
@@ -354,6 +394,12 @@ pub struct MetadataResponse {
     /// its `kafka_brokers` entry, else the bound `kafka_listen` address); `None` when it
     /// has no Kafka listener. What `quire cluster status` prints as bootstrap servers.
     pub kafka: Option<String>,
+    /// Qa: voting stores that must persist an event before it is stabilized, in the voter
+    /// set in force at this broker (a majority of the voters unless configured).
+    pub ack_quorum: u16,
+    /// Offset of a voter-set change the master appended and has not stabilized yet
+    /// (`None` from a slave, or when no change is in flight).
+    pub change_pending: Option<Offset>,
     /// The topics this broker's state holds, by name, when the request asked for them
     /// ([`MetadataRequest::topics`]); empty otherwise.
     pub topics: Vec<String>,
@@ -685,6 +731,31 @@ impl TopicAdminRequest {
     }
 }
 
+impl VoterChangeRequest {
+    pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
+        w.u8(self.action as u8);
+        w.u16(self.store_index);
+        w.u64(self.store_id.0);
+        w.u64(self.incarnation.0);
+        Ok(())
+    }
+
+    pub(crate) fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let field = "voter change action";
+        let action = match r.u8(field)? {
+            1 => VoterChange::Add,
+            2 => VoterChange::Remove,
+            byte => return Err(WireError::InvalidTag { field, byte }),
+        };
+        Ok(VoterChangeRequest {
+            action,
+            store_index: r.u16("voter change store index")?,
+            store_id: StoreId(r.u64("voter change store id")?),
+            incarnation: Incarnation(r.u64("voter change incarnation")?),
+        })
+    }
+}
+
 impl MetadataRequest {
     pub(crate) fn write<W: BodyWriter>(&self, w: &mut W) -> Result<(), WireError> {
         if self.topics {
@@ -721,6 +792,8 @@ impl MetadataResponse {
                 w.string("metadata kafka", addr, ADDR_BYTES_MAX)?;
             }
         }
+        w.u16(self.ack_quorum);
+        w.opt_offset(self.change_pending);
         if !self.topics.is_empty() {
             w.count("metadata topics", self.topics.len(), SNAPSHOT_TOPICS_MAX)?;
             for t in &self.topics {
@@ -755,6 +828,8 @@ impl MetadataResponse {
                 })
             }
         };
+        let ack_quorum = r.u16("metadata ack quorum")?;
+        let change_pending = r.opt_offset("metadata change pending")?;
         let mut topics = Vec::new();
         if r.remaining() > 0 {
             let count = r.count("metadata topics", SNAPSHOT_TOPICS_MAX, 3)?;
@@ -772,6 +847,8 @@ impl MetadataResponse {
             stores,
             applied,
             kafka,
+            ack_quorum,
+            change_pending,
         })
     }
 }

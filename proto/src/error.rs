@@ -354,11 +354,22 @@ pub enum ErrorCode {
     /// table does not hold (never seen, or forgotten for newer ones) starts past sequence
     /// 0; the producer starts over (the Kafka listener's `UNKNOWN_PRODUCER_ID`).
     UnknownProducer = 212,
+    /// Broker: a voter-set change was refused and nothing changed: the store is not in the
+    /// brokers' store list, unreachable, a learner by its own directory
+    /// (`quire-node init --learner`), already a voter (or not one, for a removal), or the
+    /// change would leave fewer reachable voters than a quorum. The message says which.
+    VoterChangeRefused = 213,
+    /// Broker: an earlier voter-set change, or the master's epoch-start event, is not
+    /// stabilized yet: one change at a time. Retry once it is.
+    ChangeInProgress = 214,
+    /// Broker: the store to add has not caught up with the master's HWM yet (it is copying
+    /// the log as a learner). Retry once `quire cluster status` shows it caught up.
+    StoreCatchingUp = 215,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order (for tables and tests).
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::Malformed,
         ErrorCode::UnsupportedVersion,
         ErrorCode::UnknownFrameType,
@@ -388,6 +399,9 @@ impl ErrorCode {
         ErrorCode::TopicExists,
         ErrorCode::InvalidPartitions,
         ErrorCode::UnknownProducer,
+        ErrorCode::VoterChangeRefused,
+        ErrorCode::ChangeInProgress,
+        ErrorCode::StoreCatchingUp,
     ];
 
     /// The code's number on the wire.
@@ -416,7 +430,7 @@ mod tests {
     #[test]
     fn error_codes_are_stable_numbers() {
         // These numbers are a wire contract: this test fails if one is renumbered.
-        let expected: [(ErrorCode, u16); 29] = [
+        let expected: [(ErrorCode, u16); 32] = [
             (ErrorCode::Malformed, 1),
             (ErrorCode::UnsupportedVersion, 2),
             (ErrorCode::UnknownFrameType, 3),
@@ -446,13 +460,16 @@ mod tests {
             (ErrorCode::TopicExists, 210),
             (ErrorCode::InvalidPartitions, 211),
             (ErrorCode::UnknownProducer, 212),
+            (ErrorCode::VoterChangeRefused, 213),
+            (ErrorCode::ChangeInProgress, 214),
+            (ErrorCode::StoreCatchingUp, 215),
         ];
         for (code, number) in expected {
             assert_eq!(code.as_u16(), number);
             assert_eq!(ErrorCode::from_u16(number), Some(code));
         }
         assert_eq!(ErrorCode::ALL.len(), expected.len());
-        for n in [0u16, 14, 99, 103, 199, 213, 299, u16::MAX] {
+        for n in [0u16, 14, 99, 103, 199, 216, 299, u16::MAX] {
             assert_eq!(ErrorCode::from_u16(n), None, "code {n}");
         }
     }

@@ -36,7 +36,7 @@ use bytes::{Bytes, BytesMut};
 use crate::client::{
     CommitCursorRequest, CommitCursorResponse, CursorRequest, CursorResponse, FetchRequest,
     FetchResponse, HandoffRequest, HandoffResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, TopicAdminRequest,
+    ProduceRequest, ProduceResponse, TopicAdminRequest, VoterChangeRequest,
 };
 use crate::codec::{BodyWriter, ChunkWriter, CountingWriter, Reader};
 use crate::error::WireError;
@@ -282,6 +282,8 @@ bodies! {
     DescribeSecurityResponse = 0x0313, response;
     /// [`TopicAdminRequest`]: operator → master (answered with [`AdminResponse`]).
     TopicAdminRequest = 0x0314, request;
+    /// [`VoterChangeRequest`]: operator → master (answered with [`AdminResponse`]).
+    VoterChangeRequest = 0x0315, request;
 }
 
 impl Body {

@@ -49,7 +49,7 @@ pub use client::{
     validate_cursor, validate_topic, BrokerInfo, CommitCursorRequest, CommitCursorResponse,
     CursorRequest, CursorResponse, FetchRequest, FetchResponse, HandoffRequest, HandoffResponse,
     MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, StoreInfo,
-    TopicAdminRequest,
+    TopicAdminRequest, VoterChange, VoterChangeRequest,
 };
 pub use digest::{EntryId, RangeDigest};
 pub use error::{ErrorCode, WireError};

@@ -331,6 +331,13 @@ pub(crate) fn samples() -> Vec<Body> {
             partitions: 1,
         }
         .into(),
+        crate::VoterChangeRequest {
+            action: crate::VoterChange::Remove,
+            store_index: 2,
+            store_id: StoreId(7),
+            incarnation: Incarnation(3),
+        }
+        .into(),
         crate::DescribeSecurityRequest.into(),
         crate::DescribeSecurityResponse {
             authorization: true,
@@ -388,6 +395,8 @@ pub(crate) fn samples() -> Vec<Body> {
             ],
             applied: Some(Offset(500)),
             kafka: None,
+            ack_quorum: 2,
+            change_pending: None,
         }
         .into(),
         ErrorResponse::trimmed(Offset(3), Offset(0x1_0000)).into(),
@@ -428,6 +437,8 @@ pub(crate) fn samples() -> Vec<Body> {
             stores: vec![],
             applied: None,
             kafka: Some("k1:9092".into()),
+            ack_quorum: 3,
+            change_pending: Some(Offset(41)),
             topics: vec!["a".into(), "b.c".into()],
         }
         .into(),

@@ -349,6 +349,8 @@ fn body() -> impl Strategy<Value = Body> {
                     stores,
                     applied,
                     kafka,
+                    ack_quorum: u16::try_from(epoch.0 % 7).unwrap_or(1),
+                    change_pending: hwm,
                 }
                 .into()
             }),

@@ -956,8 +956,8 @@ impl SimBroker {
                 request: r.request,
                 ok: true,
             },
-            Reply::SecurityChanged | Reply::TopicChanged => {
-                panic!("the simulated clients send no user, ACL or topic changes")
+            Reply::SecurityChanged | Reply::TopicChanged | Reply::VotersChanged => {
+                panic!("the simulated clients send no user, ACL, topic or voter changes")
             }
             Reply::NotMaster => self.failed(r, ProduceError::NotMaster { hint: None }, now_ms),
             Reply::Error(e) => {

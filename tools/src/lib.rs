@@ -97,6 +97,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let report = cluster::handoff::run(&args)?;
             cluster::handoff::print(&report, args.format.format)?;
         }
+        Command::Cluster(ClusterCommand::AddStore(mut args)) => {
+            args.options.brokers.resolve(None, &env)?;
+            let report = cluster::members::add(&args)?;
+            cluster::members::print(&report, args.options.format.format)?;
+        }
+        Command::Cluster(ClusterCommand::RemoveStore(mut args)) => {
+            args.options.brokers.resolve(None, &env)?;
+            let report = cluster::members::remove(&args)?;
+            cluster::members::print(&report, args.options.format.format)?;
+        }
+        Command::Cluster(ClusterCommand::ReplaceStore(mut args)) => {
+            args.options.brokers.resolve(None, &env)?;
+            let report = cluster::members::replace(&args)?;
+            cluster::members::print(&report, args.options.format.format)?;
+        }
         Command::Cluster(ClusterCommand::Status(mut args)) => {
             args.brokers.resolve(None, &env)?;
             let status = cluster::status::run(&args.to_config()?)?;

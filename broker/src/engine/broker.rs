@@ -27,8 +27,8 @@
 use std::collections::BTreeSet;
 
 use quire_proto::{
-    AppendRejected, AppendRequest, BrokerId, Epoch, EpochStartEvent, EventBody, FenceGranted,
-    LogPosition, Offset, Voter,
+    AppendRejected, AppendRequest, BrokerId, Epoch, EpochStartEvent, ErrorCode, ErrorResponse,
+    EventBody, FenceGranted, LogPosition, Offset, Voter, VoterChange, VoterChangeRequest,
 };
 
 use super::recent::RecentEvents;
@@ -1224,6 +1224,169 @@ impl Engine {
         true
     }
 
+    /// An operator's voter-set change for this master (DESIGN.md "Membership changes"):
+    /// checked against what the master sees of the store, then appended as a `Config` event
+    /// through the write path ([`WriteRequest::Voters`]) and answered once stabilized.
+    /// Refusals are answered at once: `VoterChangeRefused` (not a store slot, unreachable,
+    /// another identity, a learner directory, already or not a voter, too few reachable
+    /// voters left), `StoreCatchingUp` (an added store must hold the log up to the HWM
+    /// first), `ChangeInProgress`. Returns `false` (and keeps nothing) when this broker is
+    /// not master.
+    pub fn change_voters(
+        &mut self,
+        token: RequestToken,
+        change: VoterChangeRequest,
+        received_ms: u64,
+        now_ms: u64,
+    ) -> bool {
+        self.at(now_ms);
+        let Role::Master(m) = &self.role else {
+            return false;
+        };
+        match self.plan_voter_change(m, change) {
+            Ok(voters) => {
+                self.write(token, WriteRequest::Voters(voters), received_ms, now_ms);
+                self.sync_master_cluster();
+            }
+            Err(e) => self.push_writes(vec![WriteCommand::Answer {
+                token,
+                kind: super::WriteKind::Voters,
+                reply: super::Reply::Error(e),
+                error_label: None,
+            }]),
+        }
+        true
+    }
+
+    /// The voter set `change` asks for, or why it is refused.
+    fn plan_voter_change(
+        &self,
+        m: &MasterRun,
+        change: VoterChangeRequest,
+    ) -> Result<Vec<Voter>, ErrorResponse> {
+        let refuse = |why: String| ErrorResponse::new(ErrorCode::VoterChangeRefused, why);
+        let cluster = m.core.cluster();
+        let i = usize::from(change.store_index);
+        if i >= self.store_count {
+            return Err(refuse(format!(
+                "store index {i} is not in the brokers' store list ({} stores): add its address to every broker's `stores` first",
+                self.store_count
+            )));
+        }
+        if let Some(offset) = m.core.pending_config() {
+            return Err(ErrorResponse::new(
+                ErrorCode::ChangeInProgress,
+                format!("the voter-set change at offset {offset} is not stabilized yet; one change at a time"),
+            ));
+        }
+        let slot = slot_of(i);
+        let identity = StoreIdentity {
+            store_id: change.store_id,
+            incarnation: change.incarnation,
+        };
+        let named = format!(
+            "store {i} ({:016x}/{:016x})",
+            identity.store_id.0, identity.incarnation.0
+        );
+        let mut voters = cluster.voters();
+        match change.action {
+            VoterChange::Add => {
+                match cluster.expected_identity(slot) {
+                    Some(v) if v == identity => {
+                        return Err(refuse(format!("{named} is already a voter")))
+                    }
+                    Some(v) => {
+                        return Err(refuse(format!(
+                            "store index {i} holds the voter {:016x}/{:016x}: remove it first (one store per change)",
+                            v.store_id.0, v.incarnation.0
+                        )))
+                    }
+                    None => {}
+                }
+                match m.store_answers.get(i).copied().flatten() {
+                    None => {
+                        return Err(refuse(format!(
+                            "{named} has not answered this master (is it running and reachable?)"
+                        )))
+                    }
+                    Some((answered, _)) if answered != identity => {
+                        return Err(refuse(format!(
+                            "the store at index {i} answers as {:016x}/{:016x}, not as {named}",
+                            answered.store_id.0, answered.incarnation.0
+                        )))
+                    }
+                    Some((_, false)) => {
+                        return Err(refuse(format!(
+                            "{named} was initialised as a learner (quire-node init --learner): it never grants a fence"
+                        )))
+                    }
+                    Some((_, true)) => {}
+                }
+                if !self.slot_up(slot) {
+                    return Err(refuse(format!("{named} is not connected")));
+                }
+                let held = m.core.slot_status(slot).and_then(|s| s.matched);
+                let hwm = m.core.hwm();
+                if held < hwm {
+                    return Err(ErrorResponse::new(
+                        ErrorCode::StoreCatchingUp,
+                        format!(
+                            "{named} holds the log through {}, the HWM is {}: it is still catching up as a learner",
+                            held.map_or_else(|| "nothing".to_owned(), |o| o.to_string()),
+                            hwm.map_or_else(|| "-".to_owned(), |o| o.to_string())
+                        ),
+                    ));
+                }
+                voters.push(Voter {
+                    store_index: change.store_index,
+                    store_id: identity.store_id,
+                    incarnation: identity.incarnation,
+                });
+                voters.sort_by_key(|v| v.store_index);
+            }
+            VoterChange::Remove => {
+                if cluster.expected_identity(slot) != Some(identity) {
+                    return Err(refuse(format!("{named} is not a voter")));
+                }
+                voters.retain(|v| v.store_index != change.store_index);
+                if voters.is_empty() {
+                    return Err(refuse(format!("{named} is the last voter")));
+                }
+                let recent = self.cfg.election_timeout_ms;
+                let reachable = voters
+                    .iter()
+                    .filter(|v| {
+                        m.voted_at_ms
+                            .get(usize::from(v.store_index))
+                            .copied()
+                            .flatten()
+                            .is_some_and(|t| self.now_ms.saturating_sub(t) < recent)
+                    })
+                    .count();
+                let quorum = crate::core::quorum::majority(voters.len());
+                if reachable < quorum {
+                    return Err(refuse(format!(
+                        "removing {named} leaves {} voters of which {reachable} acked recently; a quorum of them is {quorum}",
+                        voters.len()
+                    )));
+                }
+            }
+        }
+        Ok(voters)
+    }
+
+    /// A master's voter set changes when it proposes a change: this broker's copy follows.
+    fn sync_master_cluster(&mut self) {
+        let Role::Master(m) = &self.role else {
+            return;
+        };
+        if m.core.cluster() != &self.cluster {
+            self.cluster = m.core.cluster().clone();
+            self.identities_dirty = true;
+            self.persist_identities(None);
+        }
+    }
+
     /// Retries the blocked write requests in order while they fit (after the driver
     /// released a hold).
     pub fn retry_blocked(&mut self, now_ms: u64) {
@@ -1236,6 +1399,7 @@ impl Engine {
         m.writes
             .retry_blocked(&mut m.core, &self.state, gate, &mut out);
         self.push_writes(out);
+        self.sync_master_cluster();
     }
 
     /// Sends the proposals deferred to the end of a batch of inputs (call once the

@@ -28,12 +28,12 @@ use bytes::BytesMut;
 use quire_proto::{
     encode_message_header_as, message_event_bytes, message_header_bytes_as, CommitCursorRequest,
     CursorCommitEvent, ErrorCode, ErrorResponse, EventBody, EventKind, MessageFormat, Offset,
-    Payload, ProduceRequest, TopicAction, TopicAdminEvent, TopicAdminRequest,
+    Payload, ProduceRequest, TopicAction, TopicAdminEvent, TopicAdminRequest, Voter,
 };
 
 use super::RequestToken;
 use crate::core::event::EVENT_OVERHEAD_BYTES;
-use crate::core::MasterCore;
+use crate::core::{ConfigChangeError, MasterCore, ProposeError};
 use crate::security::SecurityChange;
 use crate::state::{BrokerState, Dedup};
 
@@ -69,6 +69,10 @@ pub enum WriteRequest {
     Security(SecurityChange),
     /// Create or delete a topic (one topic-admin event, likewise).
     TopicAdmin(TopicAdminRequest),
+    /// Make this the voter set (one `Config` event through
+    /// [`MasterCore::propose_config`]; the engine checked the change against what the
+    /// master sees of the store first).
+    Voters(Vec<Voter>),
 }
 
 impl Arrival {
@@ -90,6 +94,7 @@ impl WriteRequest {
             WriteRequest::CommitCursor(_) => WriteKind::CommitCursor,
             WriteRequest::Security(_) => WriteKind::Security,
             WriteRequest::TopicAdmin(_) => WriteKind::TopicAdmin,
+            WriteRequest::Voters(_) => WriteKind::Voters,
         }
     }
 }
@@ -105,6 +110,8 @@ pub enum WriteKind {
     Security,
     /// A topic create or delete: one topic-admin event.
     TopicAdmin,
+    /// A voter-set change: one `Config` event.
+    Voters,
 }
 
 /// Whether the driver lets new writes be proposed now.
@@ -132,6 +139,8 @@ pub enum Reply {
     SecurityChanged,
     /// The topic create or delete is stabilized.
     TopicChanged,
+    /// The voter-set change is stabilized.
+    VotersChanged,
     /// This broker is not (or no longer) the master; the driver adds where the master is.
     NotMaster,
     /// A typed error.
@@ -375,6 +384,7 @@ impl Writes {
                     WriteKind::CommitCursor => Reply::CursorCommitted,
                     WriteKind::Security => Reply::SecurityChanged,
                     WriteKind::TopicAdmin => Reply::TopicChanged,
+                    WriteKind::Voters => Reply::VotersChanged,
                 };
                 out.push(WriteCommand::Answer {
                     token: w.token,
@@ -497,6 +507,9 @@ impl Writes {
             });
         };
         let (payloads, batch, adds) = match &b.request {
+            WriteRequest::Voters(voters) => {
+                return self.try_change_voters(core, b.clone(), voters.clone(), out);
+            }
             WriteRequest::Produce(p) => {
                 if let Some((i, msg)) = p
                     .messages
@@ -705,6 +718,7 @@ impl Writes {
             WriteRequest::Security(SecurityChange::User(_)) => EventKind::UserAdmin,
             WriteRequest::Security(SecurityChange::Acl(_)) => EventKind::AclAdmin,
             WriteRequest::TopicAdmin(_) => EventKind::TopicAdmin,
+            WriteRequest::Voters(_) => EventKind::Config,
         };
         let count = payloads.len() as u64;
         let mut base = None;
@@ -773,6 +787,62 @@ impl Writes {
                 }],
             },
         );
+        None
+    }
+
+    /// Proposes a voter-set change ([`MasterCore::propose_config`]). Returns the request
+    /// while it must wait (the epoch-start event not stabilized yet, no room below the
+    /// in-flight bound); answers a refusal at once.
+    fn try_change_voters(
+        &mut self,
+        core: &mut MasterCore,
+        b: Arrival,
+        voters: Vec<Voter>,
+        out: &mut Vec<WriteCommand>,
+    ) -> Option<Arrival> {
+        let refuse = |code, why: String| Reply::Error(ErrorResponse::new(code, why));
+        let reply = match core.propose_config(voters) {
+            Ok(offset) => {
+                self.needs_flush = true;
+                out.push(WriteCommand::Proposed { last: offset });
+                self.pending.insert(
+                    offset,
+                    Pending {
+                        kind: WriteKind::Voters,
+                        base: offset,
+                        count: 1,
+                        batch: None,
+                        adds: None,
+                        removes: None,
+                        waiters: vec![Waiting {
+                            token: b.token,
+                            kind: WriteKind::Voters,
+                            deadline_ms: b
+                                .received_ms
+                                .saturating_add(self.limits.produce_timeout_ms),
+                        }],
+                    },
+                );
+                return None;
+            }
+            Err(
+                ConfigChangeError::EpochStartUnstable { .. }
+                | ConfigChangeError::Propose(ProposeError::Backpressure { .. }),
+            ) => return Some(b),
+            Err(e @ ConfigChangeError::ChangePending { .. }) => {
+                refuse(ErrorCode::ChangeInProgress, e.to_string())
+            }
+            Err(e @ (ConfigChangeError::NotOneChange { .. } | ConfigChangeError::Invalid(_))) => {
+                refuse(ErrorCode::VoterChangeRefused, e.to_string())
+            }
+            Err(ConfigChangeError::Propose(_)) => Reply::NotMaster,
+        };
+        out.push(WriteCommand::Answer {
+            token: b.token,
+            kind: WriteKind::Voters,
+            reply,
+            error_label: None,
+        });
         None
     }
 

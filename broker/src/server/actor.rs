@@ -31,8 +31,8 @@ use super::conn::{Permits, Request, Responder};
 use super::slots::{AppendMeta, Internal, SlotHandle, SlotSend};
 use crate::config::BrokerConfig;
 use crate::core::{
-    AppendCommand, AppendEvents, AppendId, ClusterConfig, Event, ReplicationLimits, SlotId,
-    SlotKind, StoreIdentity,
+    AppendCommand, AppendEvents, AppendId, ClusterConfig, Event, MasterCore, ReplicationLimits,
+    SlotId, SlotKind, StoreIdentity,
 };
 use crate::durable::{self, ClusterFile};
 use crate::engine::{
@@ -358,7 +358,8 @@ impl Actor {
             Body::CommitCursorRequest(_)
             | Body::UserAdminRequest(_)
             | Body::AclAdminRequest(_)
-            | Body::TopicAdminRequest(_) => self.on_write_request(r),
+            | Body::TopicAdminRequest(_)
+            | Body::VoterChangeRequest(_) => self.on_write_request(r),
             Body::DescribeSecurityRequest(_) => {
                 let tables = self.engine.state().security();
                 let body = quire_proto::DescribeSecurityResponse {
@@ -462,6 +463,8 @@ impl Actor {
             stores,
             applied: self.engine.state().applied(),
             kafka: self.kafka_advertised.clone(),
+            ack_quorum: u16::try_from(self.engine.cluster().ack_quorum).unwrap_or(u16::MAX),
+            change_pending: master_core.and_then(MasterCore::pending_config),
         }
     }
 
@@ -1051,7 +1054,7 @@ impl Actor {
                         ProduceResponse { base_offset, count }.into()
                     }
                     Reply::CursorCommitted => CommitCursorResponse.into(),
-                    Reply::SecurityChanged | Reply::TopicChanged => {
+                    Reply::SecurityChanged | Reply::TopicChanged | Reply::VotersChanged => {
                         quire_proto::AdminResponse.into()
                     }
                     Reply::NotMaster => {
@@ -1075,12 +1078,17 @@ impl Actor {
             self.not_master(&r.reply, r.request_id);
             return;
         }
+        let voter_change = match &r.body {
+            Body::VoterChangeRequest(c) => Some(*c),
+            _ => None,
+        };
         let request = match r.body {
             Body::ProduceRequest(p) => WriteRequest::Produce(p),
             Body::CommitCursorRequest(c) => WriteRequest::CommitCursor(c),
             Body::UserAdminRequest(u) => WriteRequest::Security(SecurityChange::User(u.0)),
             Body::AclAdminRequest(a) => WriteRequest::Security(SecurityChange::Acl(a.0)),
             Body::TopicAdminRequest(t) => WriteRequest::TopicAdmin(t),
+            Body::VoterChangeRequest(_) => WriteRequest::Voters(Vec::new()),
             _ => return,
         };
         let token = RequestToken(self.next_token);
@@ -1096,7 +1104,10 @@ impl Actor {
             },
         );
         let now = self.now_ms();
-        self.engine.write(token, request, received_ms, now);
+        match voter_change {
+            Some(change) => self.engine.change_voters(token, change, received_ms, now),
+            None => self.engine.write(token, request, received_ms, now),
+        };
         self.run_commands();
     }
 

@@ -12,6 +12,7 @@
 pub mod audit;
 pub mod handoff;
 pub mod master;
+pub mod members;
 pub mod status;
 pub mod up;
 
@@ -41,6 +42,21 @@ pub enum ClusterCommand {
     /// batches, waits until its HWM covers all it accepted, tells the slave to take over
     /// and becomes a slave itself. Producers see a short pause, no error.
     Handoff(handoff::HandoffArgs),
+
+    /// Make a store a voter (a membership change through the log, DESIGN.md "Membership
+    /// changes"): the master appends a Config event naming the new voter set and answers
+    /// once it is stabilized. Waits while the store is still catching up or another change
+    /// is in flight; any other refusal says why, and nothing changes.
+    AddStore(members::AddStoreArgs),
+
+    /// Remove a voter: it keeps receiving the log as a learner but no longer counts toward
+    /// a quorum. Refused if the remaining voters that acked recently are fewer than their
+    /// quorum.
+    RemoveStore(members::RemoveStoreArgs),
+
+    /// Replace a voter (a dead or wiped disk) with another store: two changes, one store
+    /// at a time — remove OLD, then add the store at --with once it has caught up.
+    ReplaceStore(members::ReplaceStoreArgs),
 
     /// Which store holds which offsets, where their logs diverge, whether a quorum of voters
     /// holds every offset up to the high-water mark, and what a takeover would adopt now.

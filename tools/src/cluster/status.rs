@@ -19,6 +19,7 @@
 //!  "stores":[{"index":0,"addr":"127.0.0.1:7101","store_id":"00c0ffee00c0ffee",
 //!             "incarnation":"1234567890abcdef","role":"voter","voter":true,
 //!             "persisted":41,"lag":0,"connected":true}],
+//!  "voters":1,"ack_quorum":1,"change_pending":null,
 //!  "brokers":[{"id":1,"addr":"127.0.0.1:7201","role":"master","epoch":65537,"hwm":41,
 //!              "applied":41,"master_id":1,"error":null}],
 //!  "view_of":{"id":1,"addr":"127.0.0.1:7201"}}
@@ -170,6 +171,13 @@ pub struct ClusterStatus {
     pub epoch: Option<u64>,
     /// High-water mark of the view shown.
     pub hwm: Option<u64>,
+    /// Stores in the voter set in force (role `"voter"`), in the view shown.
+    pub voters: usize,
+    /// Qa in the view shown: voting stores that must persist an event before it is
+    /// stabilized.
+    pub ack_quorum: Option<u16>,
+    /// Offset of a voter-set change the master appended and has not stabilized yet.
+    pub change_pending: Option<u64>,
     /// Every store.
     pub stores: Vec<StoreStatus>,
     /// Every broker asked.
@@ -336,6 +344,9 @@ pub fn assemble(answers: &[Answer]) -> ClusterStatus {
         master: master_ref,
         epoch: view.map(|(_, m)| m.epoch.0),
         hwm,
+        voters: stores.iter().filter(|s| s.role == "voter").count(),
+        ack_quorum: view.map(|(_, m)| m.ack_quorum),
+        change_pending: view.and_then(|(_, m)| m.change_pending.map(|o| o.0)),
         stores,
         brokers,
         view_of: view.map(|(addr, _)| BrokerRef {
@@ -404,6 +415,19 @@ impl Report for ClusterStatus {
         }
         writeln!(out, "epoch   {}", opt(self.epoch))?;
         writeln!(out, "hwm     {}", opt(self.hwm))?;
+        writeln!(
+            out,
+            "voters  {} of {} stores, Qa {}",
+            self.voters,
+            self.stores.len(),
+            opt(self.ack_quorum)
+        )?;
+        if let Some(c) = self.change_pending {
+            writeln!(
+                out,
+                "change  a voter-set change at offset {c} is not stabilized yet"
+            )?;
+        }
         if let Some(k) = &self.kafka_bootstrap {
             writeln!(out, "kafka   {k}  (bootstrap.servers)")?;
         }
@@ -559,6 +583,8 @@ mod tests {
             ],
             applied: Some(Offset(41)),
             kafka: Some("k1:9092".into()),
+            ack_quorum: 3,
+            change_pending: Some(Offset(40)),
         };
         let slave_view = MetadataResponse {
             topics: Vec::new(),
@@ -594,6 +620,10 @@ mod tests {
         assert_eq!(states, vec!["in sync", "catching up", "down", "repairing"]);
         assert_eq!(s.stores[3].damaged, Some(7));
         assert_eq!(s.stores[2].role, "learner");
+        assert_eq!(
+            (s.voters, s.ack_quorum, s.change_pending),
+            (3, Some(3), Some(40))
+        );
         let roles: Vec<&str> = s.brokers.iter().map(|b| b.role).collect();
         assert_eq!(roles, vec!["unreachable", "master", "slave"]);
         assert_eq!(s.brokers[2].hwm, Some(40));
@@ -608,6 +638,11 @@ mod tests {
         s.write_text(&mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("master  broker 1 at b1:1"), "{text}");
+        assert!(text.contains("voters  3 of 4 stores, Qa 3"), "{text}");
+        assert!(
+            text.contains("change at offset 40 is not stabilized"),
+            "{text}"
+        );
         let etas: Vec<String> = s.stores.iter().map(eta).collect();
         assert_eq!(etas, vec!["0s", "~38s", "never", "-"]);
         assert!(text.contains("11 MiB"), "{text}");
@@ -631,6 +666,8 @@ mod tests {
             stores: vec![store(1, true, None)],
             applied: None,
             kafka: None,
+            ack_quorum: 2,
+            change_pending: None,
         };
         let mut stale = stale;
         stale.stores.push(StoreInfo {
