@@ -1352,21 +1352,25 @@ impl Engine {
                 if voters.is_empty() {
                     return Err(refuse(format!("{named} is the last voter")));
                 }
+                // Reachable: connected now and acked as a voter within the election timeout
+                // (etcd's strict reconfiguration check does the same).
                 let recent = self.cfg.election_timeout_ms;
                 let reachable = voters
                     .iter()
                     .filter(|v| {
-                        m.voted_at_ms
-                            .get(usize::from(v.store_index))
-                            .copied()
-                            .flatten()
-                            .is_some_and(|t| self.now_ms.saturating_sub(t) < recent)
+                        let j = usize::from(v.store_index);
+                        self.slot_up(slot_of(j))
+                            && m.voted_at_ms
+                                .get(j)
+                                .copied()
+                                .flatten()
+                                .is_some_and(|t| self.now_ms.saturating_sub(t) < recent)
                     })
                     .count();
                 let quorum = crate::core::quorum::majority(voters.len());
                 if reachable < quorum {
                     return Err(refuse(format!(
-                        "removing {named} leaves {} voters of which {reachable} acked recently; a quorum of them is {quorum}",
+                        "removing {named} leaves {} voters of which {reachable} are connected and acked recently; a quorum of them is {quorum}",
                         voters.len()
                     )));
                 }
@@ -1499,6 +1503,11 @@ impl Engine {
     }
 
     fn new_follower(&mut self, local: LocalLog, known_epoch: Epoch) -> FollowerCore {
+        // A broker that is not master counts in the set of what it applied; a set named
+        // above it (a master's change not stabilized) is read from the log a takeover
+        // adopts (DESIGN.md "Membership changes", rule 3).
+        let applied_set = self.state.voters().to_vec();
+        self.learn_voters(&applied_set);
         self.seed = self
             .seed
             .wrapping_mul(6_364_136_223_846_793_005)
