@@ -304,6 +304,10 @@ impl ClusterFile {
 /// is on disk (with the identities bound so far).
 ///
 /// # Errors
+/// A store list that only grew at its end, with majority quorums before and after, is no
+/// mismatch: the file takes the longer list (the new stores are learners until a voter-set
+/// change names them).
+///
 /// [`DurableError::ClusterMismatch`] naming the first setting that differs;
 /// [`DurableError::Corrupt`] for a file that does not parse or names a slot outside the
 /// store list; I/O errors.
@@ -335,6 +339,19 @@ pub fn load_or_create_cluster(
         recorded,
         given,
     };
+    // A store list that grew at its end (stores that join as learners, then voters through
+    // `quire cluster add-store`) is taken, with the majority quorum of the longer list.
+    let majority = |n: usize| n / 2 + 1;
+    let grown = given.stores.len() > recorded.stores.len()
+        && given.stores.starts_with(&recorded.stores)
+        && recorded.ack_quorum == majority(recorded.stores.len())
+        && given.ack_quorum == majority(given.stores.len());
+    if grown && recorded.brokers == given.brokers {
+        let mut updated = given.clone();
+        updated.identities.clone_from(&recorded.identities);
+        store_cluster(dir, &updated)?;
+        return Ok(updated);
+    }
     if recorded.stores != given.stores {
         return Err(mismatch(
             "the store list",
@@ -489,6 +506,36 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_store_list_grown_at_its_end_is_taken_with_the_identities() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut f = load_or_create_cluster(dir.path(), &given()).expect("creates");
+        let bound = Some(StoreIdentity {
+            store_id: StoreId(7),
+            incarnation: Incarnation(1),
+        });
+        f.set_identities(&[bound, bound, bound]);
+        store_cluster(dir.path(), &f).expect("stores");
+        let mut longer = given();
+        longer.stores.push("127.0.0.1:4".into());
+        longer.stores.push("127.0.0.1:5".into());
+        longer.ack_quorum = 3;
+        let taken = load_or_create_cluster(dir.path(), &longer).expect("grown");
+        assert_eq!(taken.stores.len(), 5);
+        assert_eq!(
+            taken.identities_by_slot(),
+            vec![bound, bound, bound, None, None]
+        );
+        assert_eq!(
+            load_or_create_cluster(dir.path(), &longer).expect("recorded"),
+            taken
+        );
+        // Reordered, or with a flexible quorum: still a mismatch.
+        let mut reordered = longer.clone();
+        reordered.stores.swap(0, 4);
+        assert!(load_or_create_cluster(dir.path(), &reordered).is_err());
     }
 
     #[test]
