@@ -26,7 +26,7 @@ use quire_broker::engine::{
 use quire_broker::retention::RetentionPolicy;
 use quire_proto::{
     AppendRequest, BrokerId, CommitCursorRequest, Epoch, ErrorCode, ErrorResponse, FenceRequest,
-    Offset, ProduceRequest, ReadResponse,
+    Offset, ProduceRequest, ReadResponse, VoterChangeRequest,
 };
 
 use crate::msg::{AppendMeta, Msg, NodeId, ProduceError, ReadPurpose};
@@ -332,6 +332,31 @@ impl SimBroker {
         self.next_token += 1;
         let to = BrokerId(u16::from(to) + 1);
         self.drive(now_ms, out, |e, t| e.handoff_request(token, to, t));
+    }
+
+    /// The operator asks this broker for a voter-set change (answered, if at all, to
+    /// nobody: the operator reads the master's voter set instead, [`SimBroker::voter_at`]).
+    pub(crate) fn request_voter_change(
+        &mut self,
+        change: VoterChangeRequest,
+        now_ms: u64,
+        out: &mut Out,
+    ) {
+        let token = RequestToken(self.next_token);
+        self.next_token += 1;
+        self.drive(now_ms, out, |e, t| {
+            e.change_voters(token, change, t, t);
+        });
+    }
+
+    /// If master: the identity store slot `s` votes with in its voter set (`None`: not a
+    /// voter), and whether a change is not stabilized yet.
+    pub(crate) fn voter_at(&self, s: u8) -> Option<(Option<StoreIdentity>, bool)> {
+        let core = self.engine.as_ref()?.master_core()?;
+        Some((
+            core.cluster().expected_identity(SlotId(u16::from(s))),
+            core.pending_config().is_some(),
+        ))
     }
 
     /// The epoch counter write for `counter` completed.

@@ -343,6 +343,8 @@ pub struct RunStats {
     pub store_pauses: u64,
     /// Stores wiped and re-initialised.
     pub store_wipes: u64,
+    /// Wiped stores made voters again by the operator's voter-set changes.
+    pub replacements: u64,
     /// Bit flips injected.
     pub bit_flips: u64,
     /// Store starts whose recovery cut a torn tail (a torn write or a flip in the last
@@ -401,6 +403,7 @@ impl RunStats {
         self.store_crashes += o.store_crashes;
         self.store_pauses += o.store_pauses;
         self.store_wipes += o.store_wipes;
+        self.replacements += o.replacements;
         self.bit_flips += o.bit_flips;
         self.tail_cuts += o.tail_cuts;
         self.fsync_eio += o.fsync_eio;

@@ -251,13 +251,14 @@ fn print_summary(c: &Campaign, config: &SimConfig, base: u64, jobs: usize) {
         stats.stabilized
     );
     println!(
-        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {}, bit flips {}, tail cuts {}, fsync EIO {}, ENOSPC {}, partitions {}, handoffs {} (done {}, failed {})",
+        "  masters elected {}, broker crashes {} pauses {}, store crashes {} pauses {} wipes {} (replaced {}), bit flips {}, tail cuts {}, fsync EIO {}, ENOSPC {}, partitions {}, handoffs {} (done {}, failed {})",
         stats.masters,
         stats.broker_crashes,
         stats.broker_pauses,
         stats.store_crashes,
         stats.store_pauses,
         stats.store_wipes,
+        stats.replacements,
         stats.bit_flips,
         stats.tail_cuts,
         stats.fsync_eio,

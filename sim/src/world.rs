@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use quire_broker::core::{quorum, ReplicationLimits, SlotId, StoreIdentity};
 use quire_node::Role;
-use quire_proto::{Epoch, Incarnation, StoreId};
+use quire_proto::{Epoch, Incarnation, StoreId, VoterChange, VoterChangeRequest};
 
 use crate::broker::{BrokerParams, SimBroker};
 use crate::checker::{Checker, ProducedBatch, TopicRead, Violation};
@@ -91,6 +91,10 @@ enum Ev {
     Reinit(u8),
     /// The operator restarts a store whose log failed.
     OperatorRestart(u8),
+    /// The operator makes a re-initialised store a voter in place of its old identity
+    /// (`quire cluster replace-store`): one change per visit, until the master's voter set
+    /// names the store's identity.
+    Replace(u8),
     Resume(NodeId),
     Heal(u64),
     FaultTick,
@@ -144,6 +148,7 @@ impl Ev {
             Ev::StartStore(s) => [7, u64::from(*s), 0, 0, 0],
             Ev::Reinit(s) => [8, u64::from(*s), 0, 0, 0],
             Ev::OperatorRestart(s) => [19, u64::from(*s), 0, 0, 0],
+            Ev::Replace(s) => [22, u64::from(*s), 0, 0, 0],
             Ev::Resume(n) => [9, n.code(), 0, 0, 0],
             Ev::Heal(c) => [10, *c, 0, 0, 0],
             Ev::FaultTick => [11, 0, 0, 0, 0],
@@ -254,6 +259,10 @@ pub(crate) struct World {
     /// Stores whose restart is scheduled (so faults do not stack restarts).
     store_restart_pending: Vec<bool>,
     reinit_pending: Vec<bool>,
+    /// Per store: the operator is replacing its old identity in the voter set.
+    replacing: Vec<bool>,
+    /// Per store: its wipe counted as a lost voter (undone when it is a voter again).
+    wipe_lost: Vec<bool>,
     broker_restart_pending: Vec<bool>,
     identities: Vec<StoreIdentity>,
     fence_quorum: usize,
@@ -433,6 +442,8 @@ impl World {
             paused: BTreeMap::new(),
             store_restart_pending: vec![false; n_stores],
             reinit_pending: vec![false; n_stores],
+            replacing: vec![false; n_stores],
+            wipe_lost: vec![false; n_stores],
             broker_restart_pending: vec![false; n_brokers],
             identities,
             fence_quorum,
@@ -752,7 +763,13 @@ impl World {
                 self.stats.store_wipes += 1;
                 self.note(|| format!("S{s} re-initialised (new identity)"));
                 self.start_store(s);
+                if !self.replacing[i] {
+                    self.replacing[i] = true;
+                    let d = self.rng.range(50, 500);
+                    self.after(d, Ev::Replace(s));
+                }
             }
+            Ev::Replace(s) => self.replace(s),
             Ev::Resume(node) => self.resume(node),
             Ev::Heal(id) => {
                 self.cuts.retain(|c| c.id != id);
@@ -1174,6 +1191,54 @@ impl World {
         }
     }
 
+    /// One visit of the operator replacing store `s`'s old identity (see [`Ev::Replace`]).
+    fn replace(&mut self, s: u8) {
+        let i = usize::from(s);
+        let id = self.stores[i].identity();
+        let current = StoreIdentity {
+            store_id: id.store_id,
+            incarnation: id.incarnation,
+        };
+        let master = (0..self.brokers.len()).find(|&b| {
+            self.brokers[b].is_serving_master()
+                && !self.paused.contains_key(&NodeId::Broker(b as u8))
+        });
+        let view = master.and_then(|b| Some((b, self.brokers[b].voter_at(s)?)));
+        let change = match view {
+            Some((_, (Some(voting), false))) if voting == current => {
+                self.replacing[i] = false;
+                self.identities[i] = current;
+                if std::mem::take(&mut self.wipe_lost[i]) {
+                    self.losses -= 1;
+                }
+                self.stats.replacements += 1;
+                self.note(|| format!("operator: S{s} is a voter again under its new identity"));
+                return;
+            }
+            Some((b, (Some(old), false))) => Some((b, VoterChange::Remove, old)),
+            Some((b, (None, false))) if self.stores[i].up => Some((b, VoterChange::Add, current)),
+            _ => None,
+        };
+        if let Some((b, action, identity)) = change {
+            self.note(|| format!("operator: {action:?} S{s} on B{}", b + 1));
+            let mut out = Out::default();
+            let now = self.now;
+            self.brokers[b].request_voter_change(
+                VoterChangeRequest {
+                    action,
+                    store_index: u16::from(s),
+                    store_id: identity.store_id,
+                    incarnation: identity.incarnation,
+                },
+                now,
+                &mut out,
+            );
+            self.process(NodeId::Broker(b as u8), out);
+        }
+        let d = self.rng.range(100, 600);
+        self.after(d, Ev::Replace(s));
+    }
+
     fn pause(&mut self, node: NodeId, ms: u64) {
         if self.paused.contains_key(&node) || self.boot_of(node).is_none() {
             return;
@@ -1277,6 +1342,7 @@ impl World {
             if !voter || (self.losses < self.losses_max && self.loss_allowed(s)) {
                 if voter {
                     self.losses += 1;
+                    self.wipe_lost[s] = true;
                 }
                 self.crash_store(s as u8);
                 self.note(|| format!("S{s}'s disk is lost"));
