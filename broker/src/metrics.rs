@@ -54,6 +54,9 @@ pub struct StoreProgress {
     pub lag_bytes: Option<u64>,
     /// Estimated ms until it holds the HWM ([`quire_proto::StoreInfo::catch_up_ms`]).
     pub catch_up_ms: Option<u64>,
+    /// Whether it is in the voter set in force at this broker (its expected identity
+    /// known); `false`: a learner.
+    pub voter: bool,
 }
 
 /// What the server reports at scrape time.
@@ -71,6 +74,8 @@ pub struct StatusSnapshot {
     pub trim_point: u64,
     /// Offset of the newest retention checkpoint above the trim point (`None`: none).
     pub last_checkpoint: Option<u64>,
+    /// Qa in the voter set in force at this broker.
+    pub ack_quorum: u64,
     /// Per store, in slot order.
     pub stores: Vec<StoreProgress>,
 }
@@ -424,6 +429,20 @@ impl Collector for SnapshotCollector {
             "Offset of the newest retention checkpoint above the trim point (-1: none)",
             signed(s.last_checkpoint),
         )?;
+        gauge(
+            &mut enc,
+            "ack_quorum",
+            "Qa: voting stores that must persist an event before it is stabilized, in the \
+             voter set in force at this broker",
+            i64::try_from(s.ack_quorum).unwrap_or(i64::MAX),
+        )?;
+        per_store(
+            &mut enc,
+            &s.stores,
+            "store_voter",
+            "1 while a store is in the voter set in force at this broker, 0 for a learner",
+            |st| Some(u64::from(st.voter)),
+        )?;
         per_store(
             &mut enc,
             &s.stores,
@@ -490,11 +509,13 @@ mod tests {
             applied: Some(41),
             trim_point: 30,
             last_checkpoint: Some(35),
+            ack_quorum: 2,
             stores: vec![StoreProgress {
                 addr: "127.0.0.1:7001".into(),
                 lag: Some(3),
                 lag_bytes: Some(3_072),
                 catch_up_ms: None,
+                voter: true,
             }],
         });
         let text = m.encode().expect("encodes");
@@ -512,6 +533,8 @@ mod tests {
             "quire_store_lag{store=\"127.0.0.1:7001\"} 3",
             "quire_store_lag_bytes{store=\"127.0.0.1:7001\"} 3072",
             "quire_store_catch_up_ms{store=\"127.0.0.1:7001\"} -1",
+            "quire_store_voter{store=\"127.0.0.1:7001\"} 1",
+            "quire_ack_quorum 2",
             "quire_produce_errors_total{code=\"no_quorum\"} 1",
             "quire_quorum_wait_seconds_bucket",
             "quire_rejected_frames_total{reason=\"frame_too_large\"} 1",

@@ -806,6 +806,7 @@ impl Actor {
             applied: state.applied().map(|a| a.0),
             trim_point: state.trim_point().0,
             last_checkpoint: state.last_checkpoint().map(|c| c.0),
+            ack_quorum: self.engine.cluster().ack_quorum as u64,
             stores: self
                 .cfg
                 .stores
@@ -819,6 +820,11 @@ impl Actor {
                         lag,
                         lag_bytes,
                         catch_up_ms,
+                        voter: self
+                            .engine
+                            .cluster()
+                            .expected_identity(Self::slot_of(i))
+                            .is_some(),
                     }
                 })
                 .collect(),
