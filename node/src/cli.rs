@@ -40,7 +40,9 @@ pub struct InitArgs {
     #[arg(long, value_name = "DIR")]
     pub data_dir: PathBuf,
     /// Create the store as a learner: it receives the log but never grants a fence nor
-    /// counts toward a quorum (for a store replacing a failed disk).
+    /// counts toward a quorum, even once a voter-set change names it (a read-only copy).
+    /// A store replacing a failed disk is initialised without it and made a voter with
+    /// `quire cluster replace-store`.
     #[arg(long)]
     pub learner: bool,
 }

@@ -7,16 +7,15 @@
 //! # Inputs
 //! - Requests, each identified by an opaque token `T` the driver chooses: [`Engine::append`],
 //!   [`Engine::fence`], [`Engine::heartbeat`], [`Engine::tail`].
-//! - Completions: [`Engine::promise_persisted`], [`Engine::learner_persisted`],
+//! - Completions: [`Engine::promise_persisted`],
 //!   [`Engine::resolved`] (WAL submission `seq` durable or failed),
 //!   [`Engine::refused`] (the WAL refused submission `seq` at once),
 //!   [`Engine::tail_cut_cleared`].
 //! - The log, through [`StoreLog`], at every input: the engine keeps no copy of it.
 //!
 //! # Commands
-//! Drained with [`Engine::take_commands`], executed in order. [`Command::PersistPromise`] and
-//! [`Command::PersistLearner`] block the engine: the driver feeds no request until it
-//! reported the outcome ([`Engine::is_blocked`]). [`Command::Submit`] carries the
+//! Drained with [`Engine::take_commands`], executed in order. [`Command::PersistPromise`]
+//! blocks the engine: the driver feeds no request until it reported the outcome ([`Engine::is_blocked`]). [`Command::Submit`] carries the
 //! submission's sequence number (1, 2, ...): the driver reports each `seq` resolved, in
 //! order.
 //!
@@ -98,8 +97,6 @@ pub struct Mutations {
 pub enum Command<T> {
     /// Store the promised epoch durably, then call [`Engine::promise_persisted`].
     PersistPromise(Epoch),
-    /// Record durably that this store is a learner, then call [`Engine::learner_persisted`].
-    PersistLearner,
     /// Submit `events` (all of epoch `<= epoch`, contiguous offsets) to the WAL as
     /// submission `seq`; `truncates`: the first replaces an entry (a suffix truncation).
     /// Report it with [`Engine::resolved`] (or [`Engine::refused`]).
@@ -167,9 +164,6 @@ enum Blocked<T> {
         token: T,
         epoch: Epoch,
         promise: Epoch,
-    },
-    Learner {
-        token: T,
     },
 }
 
@@ -304,8 +298,8 @@ impl<T> Engine<T> {
         self.tail_cut
     }
 
-    /// Whether the engine waits for a [`Command::PersistPromise`] or
-    /// [`Command::PersistLearner`] outcome (no request may be fed until then).
+    /// Whether the engine waits for a [`Command::PersistPromise`] outcome (no request may
+    /// be fed until then).
     #[must_use]
     pub fn is_blocked(&self) -> bool {
         self.blocked.is_some()
@@ -403,14 +397,18 @@ impl<T> Engine<T> {
                 self.mutant_wiped_votes(token, req, log);
             }
             FenceDecision::BecomeLearner => {
+                // Not a voter for this broker: it expects the identity this address had
+                // before (a wiped disk), or its voter set names another store here. The
+                // store stays a voter directory, so a voter-set change can name it later
+                // (DESIGN.md "Store identity", "Membership changes").
                 tracing::warn!(
                     expected = ?req.expected,
                     store_id = self.replica.store_id().0,
                     incarnation = self.replica.incarnation().0,
-                    "a broker expects another store identity at this address: becoming a learner for good"
+                    "a broker expects another store identity at this address: not a voter for it"
                 );
-                self.commands.push(Command::PersistLearner);
-                self.blocked = Some(Blocked::Learner { token });
+                let body = self.not_voter();
+                self.answer(token, body);
             }
             FenceDecision::Refuse => {
                 let body = FenceRefused {
@@ -496,33 +494,6 @@ impl<T> Engine<T> {
                 self.grant(token, epoch, log);
             }
             _ => unreachable!(),
-        }
-    }
-
-    /// The [`Command::PersistLearner`] outcome.
-    ///
-    /// # Panics
-    /// If no learner role was asked for.
-    pub fn learner_persisted(&mut self, result: Result<(), String>) {
-        let Some(Blocked::Learner { token }) = self.blocked.take() else {
-            panic!("invariant: a learner outcome answers a PersistLearner");
-        };
-        match result {
-            Ok(()) => {
-                self.replica.become_learner();
-                let body = self.not_voter();
-                self.answer(token, body);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot record the learner role");
-                self.answer(
-                    token,
-                    ErrorResponse::new(
-                        ErrorCode::Internal,
-                        format!("cannot record the learner role: {e}"),
-                    ),
-                );
-            }
         }
     }
 
@@ -1251,11 +1222,24 @@ mod tests {
             epoch: Epoch(epoch),
             expected,
         };
-        // Every rule on: a fence that expects another identity makes the store a learner.
+        // Every rule on: a fence that expects another identity is answered "not a voter",
+        // and the store stays a voter directory (a voter-set change may name it later).
         let mut e = engine(1);
         let log = MemLog::default();
         e.fence(1, other(2), &log);
-        assert_eq!(e.take_commands(), vec![Command::PersistLearner]);
+        assert!(
+            matches!(
+                &e.take_commands()[..],
+                [Command::Answer { body: Body::ErrorResponse(r), .. }] if r.code == ErrorCode::NotVoter
+            ),
+            "not a voter"
+        );
+        let mine = FenceRequest {
+            epoch: Epoch(3),
+            expected: Some((StoreId(1), Incarnation(1))),
+        };
+        e.fence(2, mine, &log);
+        assert_eq!(e.take_commands(), vec![Command::PersistPromise(Epoch(3))]);
 
         let mut e = mutant(
             1,

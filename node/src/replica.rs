@@ -13,7 +13,8 @@
 //!   `promised` rises to `epoch` first (durably) when `epoch > promised`. The ack names
 //!   `prev.offset + events.len()`, never the store's own log end.
 //! - **Fence** `{epoch, expected}`: a learner answers `NotVoter`; a store whose identity
-//!   differs from `expected` becomes a learner (durably) and answers `NotVoter`; otherwise
+//!   differs from `expected` answers `NotVoter` to that fence (it stays a voter directory:
+//!   a voter-set change may name it); otherwise
 //!   granted when `epoch > promised` (promise it durably) or `epoch == promised` (the same
 //!   takeover asking again), refused below.
 //! - **HWM**: learned from heartbeats and appends whose epoch is at least `promised`; the

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::conn::Reply;
 use crate::engine::{self, Engine, Mutations};
-use crate::identity::{Identity, Role};
+use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::replica::Replica;
 use crate::submissions::Submissions;
@@ -81,7 +81,6 @@ enum Asked {
 pub(crate) struct Store {
     wal: Wal,
     data_dir: PathBuf,
-    identity: Identity,
     /// `None` only while a promise is being written on the blocking pool.
     promised_file: Option<PromisedEpoch>,
     engine: Engine<u64>,
@@ -115,7 +114,6 @@ impl Store {
         let store = Store {
             wal,
             data_dir,
-            identity,
             promised_file: Some(promised_file),
             engine: Engine::new(replica, tail_cut, Mutations::default()),
             asked: HashMap::new(),
@@ -217,10 +215,6 @@ impl Store {
             engine::Command::PersistPromise(epoch) => {
                 let r = self.promise(epoch).await.map_err(|e| e.to_string());
                 self.engine.promise_persisted(r, &self.wal);
-            }
-            engine::Command::PersistLearner => {
-                let r = self.become_learner().await.map_err(|e| e.to_string());
-                self.engine.learner_persisted(r);
             }
             engine::Command::Submit {
                 seq,
@@ -359,26 +353,5 @@ impl Store {
         });
         self.promised_file = file;
         result
-    }
-
-    /// Records the learner role in the identity file (on the blocking pool), then in
-    /// memory.
-    async fn become_learner(&mut self) -> Result<(), crate::identity::IdentityError> {
-        let learner = Identity {
-            role: Role::Learner,
-            ..self.identity
-        };
-        let dir = self.data_dir.clone();
-        tokio::task::spawn_blocking(move || learner.store(&dir))
-            .await
-            .unwrap_or_else(|e| {
-                Err(crate::identity::IdentityError::Io {
-                    op: "store identity",
-                    path: self.data_dir.clone(),
-                    source: std::io::Error::other(e.to_string()),
-                })
-            })?;
-        self.identity = learner;
-        Ok(())
     }
 }

@@ -526,19 +526,6 @@ impl SimStore {
                 );
                 r.engine.promise_persisted(stored, &r.wal);
             }
-            Command::PersistLearner => {
-                let learner = Identity {
-                    role: Role::Learner,
-                    ..self.identity
-                };
-                store_identity(&self.disk, learner);
-                self.identity = learner;
-                out.seen.push(Seen::Note(format!(
-                    "{} expected another identity: became a learner",
-                    self.node()
-                )));
-                self.running().engine.learner_persisted(Ok(()));
-            }
             Command::Submit {
                 seq, epoch, events, ..
             } => self.submit(seq, epoch, events, out),

@@ -5,8 +5,10 @@
 //!
 //! - **A wiped store replaced.** 3 stores, 2 brokers. Store 2's process is killed -9 and its
 //!   directory deleted (a dead disk); a new directory is initialised with `quire-node init`
-//!   and started at the same address. `quire cluster replace-store 2 --with ADDR` removes
-//!   the old identity and adds the new one, one change at a time, without any file edited.
+//!   and started at the same address; the master is killed -9 and restarted (the new
+//!   master fences the new store expecting its old identity: it refuses, and must stay
+//!   addable). `quire cluster replace-store 2 --with ADDR` removes the old identity and adds
+//!   the new one, one change at a time, without any file edited.
 //!   Then store 0 is killed -9: producing must go on (the 2 remaining voters are a quorum
 //!   of 3 only because the new store votes), and after that the master is killed -9: the
 //!   slave takes over with the voter set the log names.
@@ -165,6 +167,18 @@ fn proc_a_wiped_store_is_replaced_under_load_and_the_cluster_survives_the_next_l
     // The fault: store 2's disk dies; a new one is initialised at the same address.
     let new_id = wipe_and_replace_disk(&mut cluster, 2);
     under_load(&cluster);
+    // A failover before the replacement: the new master fences the new store expecting
+    // its old identity; the store refuses that fence and must stay addable (a break-it
+    // trial found it made itself a learner for good).
+    let master = cluster.wait_for_master();
+    cluster.broker(master).kill9();
+    under_load(&cluster);
+    cluster.broker(master).start();
+    cluster.wait_rejoined(master, None);
+    // A replacement naming a store that is already a voter removes nothing.
+    let voter_addr = cluster.stores[1].addr.clone();
+    let typo = cli_refused(&cluster, &["replace-store", "2", "--with", &voter_addr]);
+    assert!(typo.contains("nothing was removed"), "{typo}");
     let status = quire_tests::process::wait_cli_master(&[], &brokers(&cluster), None);
     assert_eq!(status["stores"][2]["role"], "learner", "{status}");
     assert_eq!(

@@ -1245,6 +1245,7 @@ impl Engine {
         };
         match self.plan_voter_change(m, change) {
             Ok(voters) => {
+                tracing::info!(action = ?change.action, store_index = change.store_index, store_id = %format_args!("{:016x}", change.store_id.0), voters = voters.len(), "appending a voter-set change");
                 self.write(token, WriteRequest::Voters(voters), received_ms, now_ms);
                 self.sync_master_cluster();
             }
@@ -1386,6 +1387,11 @@ impl Engine {
         };
         if m.core.cluster() != &self.cluster {
             self.cluster = m.core.cluster().clone();
+            tracing::info!(
+                voters = self.cluster.voter_count(),
+                ack_quorum = self.cluster.ack_quorum,
+                "the master counts in a new voter set (not stabilized yet)"
+            );
             self.identities_dirty = true;
             self.persist_identities(None);
         }

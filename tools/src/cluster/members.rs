@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use quire_client::{BrokerClient, ClientError, ConnConfig, Discovery, DiscoveryConfig};
+use quire_client::{ClientError, ConnConfig, Discovery, DiscoveryConfig};
 use quire_proto::{ErrorCode, Incarnation, StoreId, StoreInfo, VoterChange, VoterChangeRequest};
 use serde::Serialize;
 
@@ -202,26 +202,65 @@ fn run(options: &ChangeOptions, steps: &[Step<'_>]) -> anyhow::Result<MembersRep
         });
         let discovery =
             Discovery::new(options.brokers.addrs(), config).context("reading --brokers")?;
-        let master = find_master_noting(&discovery, bound).await?;
-        let client = &master.client;
-        let mut changes = Vec::new();
+        let ask = Ask {
+            discovery: &discovery,
+            bound: &bound,
+            deadline,
+            timeout,
+        };
+        if let [Step::Remove(old), Step::Add(with)] = steps {
+            // A replacement checks what it can of the store to add before it removes
+            // anything, so a typo does not leave the cluster a voter short.
+            let master = find_master_noting(&discovery, bound.clone()).await?;
+            let m = master
+                .client
+                .metadata()
+                .await
+                .context("reading the stores")?;
+            let (old_index, _) = resolve(&m.stores, old, VoterChange::Remove)?;
+            let by_index = with.parse::<usize>().ok();
+            let with_index = m
+                .stores
+                .iter()
+                .position(|s| s.addr == *with)
+                .or(by_index.filter(|&i| i < m.stores.len()));
+            match with_index {
+                None => {
+                    resolve(&m.stores, with, VoterChange::Add)?;
+                }
+                Some(i) if i == usize::from(old_index) => {}
+                Some(_) => {
+                    let (i, s) = resolve(&m.stores, with, VoterChange::Add)?;
+                    if s.voter {
+                        bail!(
+                            "store {i} ({}) is already a voter: nothing was removed",
+                            s.addr
+                        );
+                    }
+                }
+            }
+        }
+        let mut changes: Vec<ChangeMade> = Vec::new();
         for step in steps {
             let (action, named) = match step {
                 Step::Add(s) => (VoterChange::Add, *s),
                 Step::Remove(s) => (VoterChange::Remove, *s),
             };
-            let done = change(client, action, named, deadline, timeout)
+            let done = ask
+                .change(action, named)
                 .await
                 .map_err(|e| match changes.last() {
                     Some(ChangeMade { index, addr, .. }) => e.context(format!(
-                        "store {index} ({addr}) was removed from the voter set already; \
-                         add a store with `quire cluster add-store`"
+                        "this command removed store {index} ({addr}) from the voter set; \
+                     add a store with `quire cluster add-store`"
                     )),
                     None => e,
                 })?;
             changes.push(done);
         }
-        let m = client
+        let master = find_master_noting(&discovery, bound.clone()).await?;
+        let m = master
+            .client
             .metadata()
             .await
             .context("reading the cluster after the change")?;
@@ -234,69 +273,123 @@ fn run(options: &ChangeOptions, steps: &[Step<'_>]) -> anyhow::Result<MembersRep
     })
 }
 
-/// One change: resolve the store in the master's current answer, ask, and ask again while
-/// the master says "not yet".
-async fn change(
-    client: &BrokerClient,
-    action: VoterChange,
-    named: &str,
+/// What every change needs to find the master and to give up.
+struct Ask<'a> {
+    discovery: &'a Discovery,
+    bound: &'a MasterBound,
     deadline: Instant,
     timeout: Duration,
-) -> anyhow::Result<ChangeMade> {
-    let mut noted = false;
-    loop {
-        let m = client
-            .metadata()
-            .await
-            .context("reading the stores from the master")?;
-        let (index, store) = resolve(&m.stores, named, action)?;
-        let request = VoterChangeRequest {
-            action,
-            store_index: index,
-            store_id: store.store_id,
-            incarnation: store.incarnation,
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let answer = tokio::time::timeout(left, client.change_voters(request)).await;
-        let made = ChangeMade {
-            action: match action {
-                VoterChange::Add => "add",
-                VoterChange::Remove => "remove",
-            },
-            index,
-            addr: store.addr.clone(),
-            store_id: format!("{:016x}", store.store_id.0),
-            incarnation: format!("{:016x}", store.incarnation.0),
-        };
-        let e = match answer {
-            Ok(Ok(())) => return Ok(made),
-            Ok(Err(e)) => e,
-            Err(_) => bail!(
-                "the master did not confirm the change within {} (--timeout sets it); \
-                 `quire cluster status` shows whether it is in progress",
-                format_duration(timeout)
-            ),
-        };
-        let retry = matches!(
-            &e,
-            ClientError::Remote(r)
-                if matches!(r.code, ErrorCode::ChangeInProgress | ErrorCode::StoreCatchingUp)
-        );
-        if !retry {
-            return Err(anyhow::Error::new(e).context(format!(
-                "the master refused to {} store {index} ({})",
-                made.action, store.addr
-            )));
+}
+
+impl Ask<'_> {
+    /// One change: resolve the store in the master's current answer, ask, and ask again
+    /// while the master says "not yet" or the outcome is unknown (a lost connection, a
+    /// master that stepped down, a timeout), at the master found then. A retried change
+    /// that the master finds already made ("already a voter", "not a voter") was made by an
+    /// earlier attempt.
+    async fn change(&self, action: VoterChange, named: &str) -> anyhow::Result<ChangeMade> {
+        let mut noted = false;
+        let mut sent: Option<VoterChangeRequest> = None;
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "not done within {} (--timeout sets it); `quire cluster status` shows \
+                     whether a change is in progress",
+                    format_duration(self.timeout)
+                );
+            }
+            let master = find_master_noting(
+                self.discovery,
+                MasterBound {
+                    timeout: left,
+                    ..self.bound.clone()
+                },
+            )
+            .await?;
+            let client = &master.client;
+            let m = match client.metadata().await {
+                Ok(m) => m,
+                Err(e) => {
+                    self.pause(&mut noted, &e).await;
+                    continue;
+                }
+            };
+            let request = match sent {
+                Some(r) => r,
+                None => {
+                    let (index, store) = resolve(&m.stores, named, action)?;
+                    VoterChangeRequest {
+                        action,
+                        store_index: index,
+                        store_id: store.store_id,
+                        incarnation: store.incarnation,
+                    }
+                }
+            };
+            let addr = m
+                .stores
+                .get(usize::from(request.store_index))
+                .map_or_else(String::new, |s| s.addr.clone());
+            let made = ChangeMade {
+                action: match action {
+                    VoterChange::Add => "add",
+                    VoterChange::Remove => "remove",
+                },
+                index: request.store_index,
+                addr,
+                store_id: format!("{:016x}", request.store_id.0),
+                incarnation: format!("{:016x}", request.incarnation.0),
+            };
+            let answer = tokio::time::timeout(left, client.change_voters(request)).await;
+            let e = match answer {
+                Ok(Ok(())) => return Ok(made),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    sent = Some(request);
+                    continue;
+                }
+            };
+            let code = match &e {
+                ClientError::Remote(r) => Some((r.code, r.message.clone())),
+                _ => None,
+            };
+            match code {
+                Some((ErrorCode::ChangeInProgress | ErrorCode::StoreCatchingUp, _)) => {}
+                Some((ErrorCode::VoterChangeRefused, message)) if sent.is_some() => {
+                    let already = match action {
+                        VoterChange::Add => message.contains("is already a voter"),
+                        VoterChange::Remove => message.contains("is not a voter"),
+                    };
+                    if already {
+                        return Ok(made);
+                    }
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "the master refused to {} store {}",
+                        made.action, made.index
+                    )));
+                }
+                Some((ErrorCode::NotMaster | ErrorCode::NoQuorum | ErrorCode::Timeout, _))
+                | None => {
+                    // The outcome is unknown: ask again, at whichever master there is.
+                    sent = Some(request);
+                }
+                Some(_) => {
+                    return Err(anyhow::Error::new(e).context(format!(
+                        "the master refused to {} store {} ({})",
+                        made.action, made.index, made.addr
+                    )));
+                }
+            }
+            self.pause(&mut noted, &e).await;
         }
-        if Instant::now() + RETRY_PAUSE >= deadline {
-            return Err(anyhow::Error::new(e).context(format!(
-                "still not done after {} (--timeout sets it)",
-                format_duration(timeout)
-            )));
-        }
-        if !noted {
-            eprintln!("waiting: {e}");
-            noted = true;
+    }
+
+    /// Waits before the next attempt; says why once.
+    async fn pause(&self, noted: &mut bool, why: &ClientError) {
+        if !*noted {
+            eprintln!("waiting: {why}");
+            *noted = true;
         }
         tokio::time::sleep(RETRY_PAUSE).await;
     }
@@ -306,24 +399,43 @@ async fn change(
 /// stores, with the identity to name in the request.
 ///
 /// # Errors
-/// No store matches, or the master does not know the store's identity (it never answered).
+/// No store matches (the message says which kind of name was not found), or the master
+/// does not know the store's identity (it never answered).
 pub fn resolve<'a>(
     stores: &'a [StoreInfo],
     named: &str,
     action: VoterChange,
 ) -> anyhow::Result<(u16, &'a StoreInfo)> {
-    let by_index = named.parse::<usize>().ok().filter(|&i| i < stores.len());
+    let position = named.parse::<usize>().ok();
     let by_id = (named.len() == 16)
         .then(|| u64::from_str_radix(named, 16).ok())
         .flatten();
     let found = stores.iter().enumerate().find(|(i, s)| {
-        s.addr == named || Some(*i) == by_index || by_id.is_some_and(|id| s.store_id.0 == id)
+        s.addr == named || Some(*i) == position || by_id.is_some_and(|id| s.store_id.0 == id)
     });
     let Some((i, s)) = found else {
+        if let Some(p) = position {
+            bail!(
+                "there is no store at position {p}: the store list has {} (0..={})",
+                stores.len(),
+                stores.len().saturating_sub(1)
+            );
+        }
+        if by_id.is_some() {
+            let ids: Vec<String> = stores
+                .iter()
+                .map(|s| format!("{:016x}", s.store_id.0))
+                .collect();
+            bail!(
+                "no store has id {named} (the master knows {}); `quire cluster status` shows them",
+                ids.join(", ")
+            );
+        }
         let known: Vec<&str> = stores.iter().map(|s| s.addr.as_str()).collect();
         bail!(
-            "no store {named:?} in the brokers' store list ({}); a new address must be added to \
-             every broker's `stores` setting first",
+            "no store {named:?} in the brokers' store list ({}); name a store by its address, \
+             its position or its 16-hex-digit id; a new address must be added to every \
+             broker's `stores` setting first",
             known.join(", ")
         );
     };
