@@ -444,8 +444,12 @@ fn proc_log_matching_and_truncation_survive_restart() {
     });
 }
 
+/// A fence that expects another identity at this address (a wiped disk's old one, or a
+/// voter set that names another store here) is refused `NotVoter`, and nothing is
+/// recorded: the store stays a voter directory, also after a restart, and a fence that
+/// expects its own identity (a voter set that names it) is granted.
 #[test]
-fn proc_identity_mismatch_makes_a_learner_also_after_restart() {
+fn proc_identity_mismatch_refuses_that_fence_and_records_nothing() {
     let _t = quire_tests::proc_test();
     let dir = TestDir::new();
     init(&dir.data(), false);
@@ -463,7 +467,7 @@ fn proc_identity_mismatch_makes_a_learner_also_after_restart() {
             c.fence(Epoch(4), Some(me)).await.unwrap(),
             FenceOutcome::Granted(_)
         ));
-        // Another identity expected at this address: not a voter, for good.
+        // Another identity expected at this address: not a voter for that fence.
         let wrong = (me.0, Incarnation(me.1 .0 ^ 1));
         assert_eq!(
             c.fence(Epoch(5), Some(wrong)).await.unwrap(),
@@ -472,26 +476,24 @@ fn proc_identity_mismatch_makes_a_learner_also_after_restart() {
                 incarnation: me.1
             }
         );
+        assert_eq!(
+            c.tail().await.unwrap().promised,
+            Epoch(4),
+            "nothing promised"
+        );
         let ack = persisted(c.append(append(4, Some(pos(3, 0)), 4, &one)).await.unwrap());
-        assert!(!ack.voter);
-        assert!(!c.tail().await.unwrap().voter);
+        assert!(ack.voter, "still a voter directory");
         me
     });
     node = node.restart();
     block_on(async {
         let c = connect(&node).await;
-        assert!(!c.tail().await.unwrap().voter);
-        for expected in [Some(me), None] {
-            assert!(matches!(
-                c.fence(Epoch(9), expected).await.unwrap(),
-                FenceOutcome::NotVoter { .. }
-            ));
-        }
-        // Still a learner that takes appends.
-        let ack = persisted(c.append(append(4, Some(pos(4, 1)), 4, &one)).await.unwrap());
-        assert!(!ack.voter);
-        assert_eq!(ack.through_offset, Some(Offset(2)));
-        assert_eq!(c.tail().await.unwrap().promised, Epoch(4));
+        assert!(c.tail().await.unwrap().voter);
+        assert!(matches!(
+            c.fence(Epoch(9), Some(me)).await.unwrap(),
+            FenceOutcome::Granted(_)
+        ));
+        assert_eq!(c.tail().await.unwrap().promised, Epoch(9));
     });
 }
 
