@@ -20,11 +20,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use quire_client::{ConnConfig, Discovery, DiscoveryConfig};
 use quire_proto::{Body, BrokerId, ErrorCode, HandoffRequest};
 use serde::Serialize;
 
-use super::master::{find_master_noting, MasterBound};
+use super::master::{admin_discovery, find_master_noting};
 use super::{runtime, BrokersArgs};
 use crate::cli::FormatArgs;
 use crate::output::{OutputFormat, Report};
@@ -97,21 +96,7 @@ pub fn run(args: &HandoffArgs) -> anyhow::Result<HandoffReport> {
     let rt = runtime("handoff")?;
     let timeout = args.timeout.max(Duration::from_secs(1));
     rt.block_on(async {
-        let bound = MasterBound {
-            timeout,
-            flag: Some("--timeout"),
-            tls: args.brokers.tls()?,
-            sasl: args.brokers.sasl()?,
-        };
-        let config = bound.discovery_config(DiscoveryConfig {
-            conn: ConnConfig {
-                request_timeout: timeout,
-                ..ConnConfig::default()
-            },
-            ..DiscoveryConfig::default()
-        });
-        let discovery =
-            Discovery::new(args.brokers.addrs(), config).context("reading --brokers")?;
+        let (discovery, bound) = admin_discovery(&args.brokers, timeout)?;
         let master = find_master_noting(&discovery, bound).await?;
         let from = BrokerRef {
             id: master.master.id.0,

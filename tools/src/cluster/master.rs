@@ -18,6 +18,7 @@
 use std::io::{self, Write};
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
 use quire_client::discovery::Backoff;
 use quire_client::{ClientError, Discovery, DiscoveryConfig, MasterConn};
@@ -95,6 +96,33 @@ impl MasterBound {
             ..base
         }
     }
+}
+
+/// The discovery of an admin command that talks to the master (`quire cluster handoff`,
+/// `add-store`, ...): `brokers` to start from, each request and the search for the master
+/// bounded by `timeout` (set by `--timeout`).
+///
+/// # Errors
+/// TLS or login files that cannot be read; an unusable broker list.
+pub fn admin_discovery(
+    brokers: &super::BrokersArgs,
+    timeout: std::time::Duration,
+) -> anyhow::Result<(Discovery, MasterBound)> {
+    let bound = MasterBound {
+        timeout,
+        flag: Some("--timeout"),
+        tls: brokers.tls()?,
+        sasl: brokers.sasl()?,
+    };
+    let config = bound.discovery_config(DiscoveryConfig {
+        conn: quire_client::ConnConfig {
+            request_timeout: timeout,
+            ..quire_client::ConnConfig::default()
+        },
+        ..DiscoveryConfig::default()
+    });
+    let discovery = Discovery::new(brokers.addrs(), config).context("reading --brokers")?;
+    Ok((discovery, bound))
 }
 
 /// No master was found within the bound.

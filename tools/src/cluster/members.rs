@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use quire_client::{ClientError, ConnConfig, Discovery, DiscoveryConfig};
+use quire_client::{ClientError, Discovery};
 use quire_proto::{ErrorCode, Incarnation, StoreId, StoreInfo, VoterChange, VoterChangeRequest};
 use serde::Serialize;
 
-use super::master::{find_master_noting, MasterBound};
+use super::master::{admin_discovery, find_master_noting, MasterBound};
 use super::{runtime, BrokersArgs};
 use crate::cli::FormatArgs;
 use crate::output::{OutputFormat, Report};
@@ -187,21 +187,7 @@ fn run(options: &ChangeOptions, steps: &[Step<'_>]) -> anyhow::Result<MembersRep
     let timeout = options.timeout.max(Duration::from_secs(1));
     let deadline = Instant::now() + timeout;
     rt.block_on(async {
-        let bound = MasterBound {
-            timeout,
-            flag: Some("--timeout"),
-            tls: options.brokers.tls()?,
-            sasl: options.brokers.sasl()?,
-        };
-        let config = bound.discovery_config(DiscoveryConfig {
-            conn: ConnConfig {
-                request_timeout: timeout,
-                ..ConnConfig::default()
-            },
-            ..DiscoveryConfig::default()
-        });
-        let discovery =
-            Discovery::new(options.brokers.addrs(), config).context("reading --brokers")?;
+        let (discovery, bound) = admin_discovery(&options.brokers, timeout)?;
         let ask = Ask {
             discovery: &discovery,
             bound: &bound,
