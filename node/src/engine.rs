@@ -393,10 +393,10 @@ impl<T> Engine<T> {
                 let body = self.not_voter();
                 self.answer(token, body);
             }
-            FenceDecision::BecomeLearner if self.mutations.wiped_votes => {
+            FenceDecision::OtherIdentity if self.mutations.wiped_votes => {
                 self.mutant_wiped_votes(token, req, log);
             }
-            FenceDecision::BecomeLearner => {
+            FenceDecision::OtherIdentity => {
                 // Not a voter for this broker: it expects the identity this address had
                 // before (a wiped disk), or its voter set names another store here. The
                 // store stays a voter directory, so a voter-set change can name it later

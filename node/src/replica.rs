@@ -94,9 +94,9 @@ pub enum FenceDecision {
     Refuse,
     /// The store is a learner: answer `NotVoter`.
     NotVoter,
-    /// The fencing broker expects another identity: record durably that this store is a
-    /// learner, then answer `NotVoter`.
-    BecomeLearner,
+    /// The fencing broker expects another identity at this address: answer `NotVoter` to
+    /// this fence and record nothing (a voter set may name this store later).
+    OtherIdentity,
 }
 
 /// The replication state of one store. See the module docs.
@@ -210,7 +210,7 @@ impl Replica {
         }
         if let Some(expected) = req.expected {
             if expected != (self.store_id, self.incarnation) {
-                return FenceDecision::BecomeLearner;
+                return FenceDecision::OtherIdentity;
             }
         }
         if req.epoch > self.promised {
@@ -235,11 +235,6 @@ impl Replica {
             self.promised
         );
         self.promised = epoch;
-    }
-
-    /// Records that the store is now durably a learner.
-    pub fn become_learner(&mut self) {
-        self.role = Role::Learner;
     }
 
     /// Learns `hwm` from a master of `epoch` (heartbeat or append): kept if `epoch >=
@@ -542,15 +537,15 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn identity_mismatch_makes_a_learner_for_good() {
-        let mut r = replica(5);
+    fn identity_mismatch_refuses_that_fence_and_a_learner_never_grants() {
+        let r = replica(5);
         let wrong = FenceRequest {
             epoch: Epoch(9),
             expected: Some((StoreId(1), Incarnation(3))),
         };
-        assert_eq!(r.decide_fence(&wrong), FenceDecision::BecomeLearner);
-        r.become_learner();
-        assert_eq!(r.role(), Role::Learner);
+        assert_eq!(r.decide_fence(&wrong), FenceDecision::OtherIdentity);
+        assert_eq!(r.role(), Role::Voter);
+        let r = Replica::new(StoreId(1), Incarnation(2), Role::Learner, Epoch(5));
         for expected in [None, Some((StoreId(1), Incarnation(2)))] {
             let f = FenceRequest {
                 epoch: Epoch(10),
